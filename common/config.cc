@@ -1,0 +1,227 @@
+#include "common/config.h"
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/text_format.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace monsoon::common {
+namespace {
+
+// Collects parser errors so that the message names the line and column.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (!errors_.empty()) errors_ += "; ";
+    absl::StrAppend(&errors_, "line ", line + 1, " column ", column + 1, ": ",
+                    message);
+  }
+  const std::string& errors() const { return errors_; }
+
+ private:
+  std::string errors_;
+};
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("config field '", field, "' ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingConfig> ParseConfigText(absl::string_view text) {
+  TrainingConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot parse the training config (text-format "
+                     "monsoon.TrainingConfig): ",
+                     errors.errors()));
+  }
+  return config;
+}
+
+absl::StatusOr<TrainingConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read the config file '", path,
+                     "': check the --config path"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  absl::StatusOr<TrainingConfig> config = ParseConfigText(buffer.str());
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+absl::StatusOr<TrainingConfig> LoadResolvedConfig(const std::string& path) {
+  TrainingConfig raw;
+  if (!path.empty()) {
+    absl::StatusOr<TrainingConfig> loaded = LoadConfigFile(path);
+    if (!loaded.ok()) return loaded.status();
+    raw = *std::move(loaded);
+  }
+  absl::StatusOr<TrainingConfig> resolved = ResolveConfig(raw);
+  if (!resolved.ok() && !path.empty()) {
+    return absl::Status(resolved.status().code(),
+                        absl::StrCat(path, ": ", resolved.status().message()));
+  }
+  return resolved;
+}
+
+absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
+  TrainingConfig c = input;
+  if (c.layer_sizes_size() == 0) {
+    for (int size : {784, 256, 128, 10}) c.add_layer_sizes(size);
+  }
+  if (c.layer_sizes_size() < 2) {
+    return Invalid("layer_sizes", "needs at least an input and an output size");
+  }
+  for (int size : c.layer_sizes()) {
+    if (size <= 0 || size > (1 << 20)) {
+      return Invalid("layer_sizes",
+                     absl::StrCat("has size ", size,
+                                  "; every layer needs 1 to 1048576 units"));
+    }
+  }
+  if (c.layer_sizes(c.layer_sizes_size() - 1) < 2) {
+    return Invalid("layer_sizes", "needs at least 2 classes in the last layer");
+  }
+  c.set_mode(c.mode());
+  if (c.mode() == MODE_UNSPECIFIED) {
+    return Invalid("mode", "must be one of sync, downpour, easgd, hogwild, onebit");
+  }
+  if (c.mode() != SYNC && c.mode() != DOWNPOUR) {
+    return Invalid("mode", absl::StrCat("'", ModeName(c.mode()),
+                                        "' is not implemented yet; use sync or "
+                                        "downpour"));
+  }
+  if (c.optimizer() == OPTIMIZER_AUTO) {
+    c.set_optimizer(c.mode() == SYNC ? SGD : ADAGRAD);
+  }
+  if (!c.has_learning_rate()) {
+    c.set_learning_rate(c.optimizer() == SGD ? 0.1f : 0.01f);
+  }
+  if (!c.has_momentum()) c.set_momentum(c.mode() == SYNC ? 0.9f : 0.0f);
+  if (!c.has_local_learning_rate()) c.set_local_learning_rate(0.05f);
+  c.set_adagrad_initial_accumulator(c.adagrad_initial_accumulator());
+  c.set_batch_size(c.batch_size());
+  c.set_n_fetch(c.n_fetch());
+  c.set_n_push(c.n_push());
+  c.set_epochs(c.epochs());
+  c.set_seed(c.seed());
+  c.set_data_dir(c.data_dir());
+  c.set_sync_timeout_s(c.sync_timeout_s());
+  c.set_chunk_bytes(c.chunk_bytes());
+
+  auto positive_finite = [](float v) { return v > 0 && v < 1e6f; };
+  if (!positive_finite(c.learning_rate())) {
+    return Invalid("learning_rate", "must be a positive number below 1e6");
+  }
+  if (!positive_finite(c.local_learning_rate())) {
+    return Invalid("local_learning_rate", "must be a positive number below 1e6");
+  }
+  if (!(c.momentum() >= 0 && c.momentum() < 1)) {
+    return Invalid("momentum", "must be in [0, 1)");
+  }
+  if (!positive_finite(c.adagrad_initial_accumulator())) {
+    return Invalid("adagrad_initial_accumulator", "must be positive");
+  }
+  if (c.batch_size() < 1 || c.batch_size() > 65536) {
+    return Invalid("batch_size", "must be in [1, 65536]");
+  }
+  if (c.n_fetch() < 1) return Invalid("n_fetch", "must be at least 1");
+  if (c.n_push() < 1) return Invalid("n_push", "must be at least 1");
+  if (c.epochs() < 1 || c.epochs() > 100000) {
+    return Invalid("epochs", "must be in [1, 100000]");
+  }
+  if (c.sync_timeout_s() < 1) {
+    return Invalid("sync_timeout_s", "must be at least 1 second");
+  }
+  if (c.chunk_bytes() < (256 << 10) || c.chunk_bytes() > (4 << 20) ||
+      c.chunk_bytes() % 4 != 0) {
+    return Invalid("chunk_bytes",
+                   "must be a multiple of 4 from 262144 (256 KiB) to 4194304 "
+                   "(4 MiB)");
+  }
+  return c;
+}
+
+uint64_t ConfigFingerprint(const TrainingConfig& resolved) {
+  TrainingConfig copy = resolved;
+  copy.clear_data_dir();
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    copy.SerializeToCodedStream(&coded);
+  }
+  // FNV-1a: stable across processes and builds, unlike absl::Hash.
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char byte : bytes) {
+    hash ^= byte;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+std::string ModeName(Mode mode) {
+  return absl::AsciiStrToLower(Mode_Name(mode));
+}
+
+absl::StatusOr<Mode> ParseMode(absl::string_view name) {
+  Mode mode;
+  if (!Mode_Parse(absl::AsciiStrToUpper(name), &mode) ||
+      mode == MODE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown mode '", name,
+                     "'; use one of sync, downpour, easgd, hogwild, onebit"));
+  }
+  return mode;
+}
+
+std::string OptimizerName(Optimizer optimizer) {
+  if (optimizer == OPTIMIZER_AUTO) return "auto";
+  return absl::AsciiStrToLower(Optimizer_Name(optimizer));
+}
+
+std::string ConfigToText(const TrainingConfig& config) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(config, &text);
+  return text;
+}
+
+absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text) {
+  std::vector<int> values;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int value;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &value) ||
+        value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", part, "' in '", text,
+                       "' is not a positive integer (expected e.g. 256,128)"));
+    }
+    values.push_back(value);
+  }
+  return values;
+}
+
+}  // namespace monsoon::common

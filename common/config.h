@@ -1,0 +1,51 @@
+// Loading, resolving and fingerprinting the training config (proto/config.proto).
+// Every daemon reads the same text-format file, resolves the mode-dependent
+// defaults with ResolveConfig, and presents ConfigFingerprint at registration.
+// Stateless; thread-safe.
+#ifndef MONSOON_COMMON_CONFIG_H_
+#define MONSOON_COMMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/config.pb.h"
+
+namespace monsoon::common {
+
+// Parses text-format TrainingConfig. INVALID_ARGUMENT names the line on error.
+absl::StatusOr<TrainingConfig> ParseConfigText(absl::string_view text);
+
+// Reads and parses a config file. NOT_FOUND when it cannot be read.
+absl::StatusOr<TrainingConfig> LoadConfigFile(const std::string& path);
+
+// Loads `path` (every default when empty) and resolves it.
+absl::StatusOr<TrainingConfig> LoadResolvedConfig(const std::string& path);
+
+// Fills every default (mode-dependent ones included) so that every field is
+// set explicitly, and validates ranges. INVALID_ARGUMENT says which field is
+// wrong and what is allowed.
+absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& config);
+
+// A stable 64-bit hash of everything in a resolved config that must agree
+// between daemons (all but data_dir).
+uint64_t ConfigFingerprint(const TrainingConfig& resolved);
+
+// "sync", "downpour", ... and back. ParseMode accepts either case.
+std::string ModeName(Mode mode);
+absl::StatusOr<Mode> ParseMode(absl::string_view name);
+
+// "sgd", "adagrad"; "auto" for OPTIMIZER_AUTO.
+std::string OptimizerName(Optimizer optimizer);
+
+// The text format of a config, for writing a file that other daemons read.
+std::string ConfigToText(const TrainingConfig& config);
+
+// Parses "256,128" into layer sizes. INVALID_ARGUMENT on a non-positive or
+// non-numeric entry.
+absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text);
+
+}  // namespace monsoon::common
+
+#endif  // MONSOON_COMMON_CONFIG_H_

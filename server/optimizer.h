@@ -1,0 +1,56 @@
+// Server-side optimizers: how a shard turns a gradient into a weight update.
+// An Optimizer owns its state (momentum, Adagrad accumulators) for one shard.
+// Not thread-safe: the update rule serializes calls, except Hogwild, whose
+// plain SGD keeps no state.
+#ifndef MONSOON_SERVER_OPTIMIZER_H_
+#define MONSOON_SERVER_OPTIMIZER_H_
+
+#include <atomic>
+#include <memory>
+
+#include "absl/types/span.h"
+#include "proto/config.pb.h"
+
+namespace monsoon::server {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // weights -= update(grad), element by element with relaxed atomics.
+  // grad.size() == weights.size().
+  virtual void Apply(absl::Span<const float> grad,
+                     absl::Span<std::atomic<float>> weights) = 0;
+};
+
+// SGD with (heavy-ball) momentum: v = momentum*v + g; w -= lr*v.
+class SgdOptimizer : public Optimizer {
+ public:
+  SgdOptimizer(size_t size, float learning_rate, float momentum);
+  void Apply(absl::Span<const float> grad,
+             absl::Span<std::atomic<float>> weights) override;
+
+ private:
+  const float learning_rate_;
+  const float momentum_;
+  std::vector<float> velocity_;
+};
+
+// Adagrad: h += g*g; w -= lr * g / sqrt(h), h starting at initial_accumulator.
+class AdagradOptimizer : public Optimizer {
+ public:
+  AdagradOptimizer(size_t size, float learning_rate, float initial_accumulator);
+  void Apply(absl::Span<const float> grad,
+             absl::Span<std::atomic<float>> weights) override;
+
+ private:
+  const float learning_rate_;
+  std::vector<float> accumulator_;
+};
+
+// The optimizer a resolved config names, sized for one shard.
+std::unique_ptr<Optimizer> MakeOptimizer(const TrainingConfig& resolved,
+                                         size_t size);
+
+}  // namespace monsoon::server
+
+#endif  // MONSOON_SERVER_OPTIMIZER_H_

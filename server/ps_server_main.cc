@@ -1,0 +1,110 @@
+// ps_server: one parameter-server shard. Flags (or MONSOON_* environment
+// variables) name its index, the shard and worker counts, the listen address
+// and the training config. Runs until SIGTERM or SIGINT.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/flag_env.h"
+#include "common/log.h"
+#include "common/termination.h"
+#include "server/shard_server.h"
+
+ABSL_FLAG(int, shard, 0, "This shard's index, 0-based (env MONSOON_SHARD).");
+ABSL_FLAG(int, num_shards, 1, "How many shards the model is split into "
+          "(env MONSOON_NUM_SHARDS).");
+ABSL_FLAG(int, num_workers, 1, "How many workers train (sync waits for all "
+          "of them at every step) (env MONSOON_NUM_WORKERS).");
+ABSL_FLAG(std::string, listen, "0.0.0.0:5000", "host:port to serve on; port 0 "
+          "picks a free one (env MONSOON_LISTEN).");
+ABSL_FLAG(std::string, config, "", "Training config, text-format "
+          "monsoon.TrainingConfig; empty means every default (env "
+          "MONSOON_CONFIG).");
+ABSL_FLAG(std::string, port_file, "", "If set, write the chosen port to this "
+          "file once serving (for launchers that use port 0).");
+ABSL_FLAG(double, shutdown_grace_s, 5, "Seconds that running calls get to "
+          "finish after SIGTERM.");
+
+namespace {
+
+constexpr int kConfigError = 2;
+
+int Fail(int code, const std::string& message) {
+  monsoon::common::Log("ps_server: error: %s", message);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Monsoon parameter-server shard.\n\n"
+      "  ps_server --shard=0 --num_shards=2 --num_workers=4 "
+      "--listen=0.0.0.0:5000 --config=train.textproto\n\n"
+      "Every flag may also come from MONSOON_<FLAG> in the environment; a "
+      "flag on the command line wins. Exit codes: 0 after SIGTERM/SIGINT, 2 "
+      "for a configuration error, 1 otherwise.");
+  monsoon::common::TerminationWatcher termination;
+  absl::Status env = monsoon::common::ApplyFlagEnvironment(
+      {"shard", "num_shards", "num_workers", "listen", "config"});
+  if (!env.ok()) return Fail(kConfigError, env.ToString());
+  absl::ParseCommandLine(argc, argv);
+
+  auto config =
+      monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) return Fail(kConfigError, config.status().ToString());
+
+  monsoon::server::ShardServerOptions options;
+  options.config = *config;
+  options.shard = absl::GetFlag(FLAGS_shard);
+  options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  auto server = monsoon::server::ShardServer::Start(options);
+  if (!server.ok()) {
+    return Fail(server.status().code() == absl::StatusCode::kInvalidArgument
+                    ? kConfigError
+                    : 1,
+                server.status().ToString());
+  }
+  const auto range = (*server)->state()->range();
+  monsoon::common::Log(
+      "ps_server: shard %d/%d serving on port %d, mode %s, optimizer %s, "
+      "params [%d, %d) of %d, config %016x",
+      options.shard, options.num_shards, (*server)->port(),
+      monsoon::common::ModeName(config->mode()),
+      monsoon::common::OptimizerName(config->optimizer()), range.begin,
+      range.end,
+      monsoon::common::ModelLayout::FromConfig(*config).num_params(),
+      monsoon::common::ConfigFingerprint(*config));
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    // Write then rename, so that a reader never sees a partial file.
+    const std::string tmp = port_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << (*server)->port() << "\n";
+      if (!out) return Fail(1, absl::StrCat("cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      return Fail(1, absl::StrCat("cannot rename ", tmp, " to ", port_file));
+    }
+  }
+
+  termination.terminated().WaitForNotification();
+  monsoon::common::Log("ps_server: shard %d: signal %d, shutting down",
+                       options.shard, termination.signal());
+  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  const monsoon::StatsResponse stats = (*server)->state()->Stats();
+  monsoon::common::Log("ps_server: shard %d stopped at version %d after %d "
+                       "pushes (%d rejected)",
+                       options.shard, stats.version(), stats.pushes(),
+                       stats.rejected_pushes());
+  return 0;
+}

@@ -1,0 +1,78 @@
+#include "server/shard_server.h"
+
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/model_layout.h"
+
+namespace monsoon::server {
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
+    const ShardServerOptions& options) {
+  const common::ModelLayout layout =
+      common::ModelLayout::FromConfig(options.config);
+  if (options.num_shards < 1 ||
+      static_cast<uint64_t>(options.num_shards) > layout.num_params()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num_shards must be from 1 to the parameter count (",
+                     layout.num_params(), "), got ", options.num_shards));
+  }
+  if (options.shard < 0 || options.shard >= options.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard must be in [0, ", options.num_shards, "), got ",
+                     options.shard));
+  }
+  if (options.num_workers < 1 || options.num_workers > 100000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_workers must be from 1 to 100000, got ", options.num_workers));
+  }
+  std::unique_ptr<ShardServer> server(new ShardServer());
+  server->state_ = std::make_unique<ShardState>(
+      layout, options.config.seed(), options.shard, options.num_shards);
+  server->rule_ = MakeUpdateRule(options.config, options.num_workers,
+                                 server->state_.get());
+  if (server->rule_ == nullptr) {
+    return absl::InvalidArgumentError("no update rule for this mode");
+  }
+  server->service_ = std::make_unique<ParameterServiceImpl>(
+      options.config, options.num_workers, server->state_.get(),
+      server->rule_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", options.listen_address,
+                     "': is the address valid and the port free?"));
+  }
+  const absl::string_view address = options.listen_address;
+  server->host_ = std::string(address.substr(0, address.rfind(':')));
+  auto* health = server->server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  return server;
+}
+
+ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+
+std::string ShardServer::address() const {
+  return absl::StrCat(host_, ":", port_);
+}
+
+void ShardServer::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace monsoon::server

@@ -1,0 +1,106 @@
+#include "server/shard_state.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace monsoon::server {
+
+ShardState::ShardState(const common::ModelLayout& layout, uint64_t seed,
+                       int shard, int num_shards)
+    : shard_(shard),
+      num_shards_(num_shards),
+      range_(common::ShardRangeFor(layout.num_params(), num_shards, shard)),
+      weights_(new std::atomic<float>[range_.size()]),
+      staleness_counts_(kStalenessBuckets, 0) {
+  for (uint64_t i = 0; i < range_.size(); ++i) {
+    weights_[i].store(common::InitialValue(layout, seed, range_.begin + i),
+                      std::memory_order_relaxed);
+  }
+}
+
+void ShardState::CopyWeights(std::vector<float>* out) const {
+  out->resize(size());
+  for (size_t i = 0; i < size(); ++i) {
+    (*out)[i] = weights_[i].load(std::memory_order_relaxed);
+  }
+}
+
+int64_t ShardState::version() const {
+  absl::MutexLock lock(&waiters_mu_);
+  return version_;
+}
+
+uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready) {
+  {
+    absl::MutexLock lock(&waiters_mu_);
+    if (version_ < min_version) {
+      const uint64_t id = next_waiter_id_++;
+      waiters_.emplace(id, Pending{min_version, std::move(ready)});
+      return id;
+    }
+  }
+  ready();
+  return 0;
+}
+
+bool ShardState::CancelWaiter(uint64_t id) {
+  absl::MutexLock lock(&waiters_mu_);
+  return waiters_.erase(id) > 0;
+}
+
+std::vector<ShardState::Waiter> ShardState::AdvanceVersion(int64_t version) {
+  std::vector<Waiter> ready;
+  absl::MutexLock lock(&waiters_mu_);
+  version_ = std::max(version_, version);
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->second.min_version <= version_) {
+      ready.push_back(std::move(it->second.ready));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ready;
+}
+
+void ShardState::RecordPush(int64_t staleness, int64_t samples, int64_t bytes) {
+  absl::MutexLock lock(&stats_mu_);
+  ++pushes_;
+  samples_ += samples;
+  bytes_pushed_ += bytes;
+  staleness = std::max<int64_t>(staleness, 0);
+  staleness_max_ = std::max(staleness_max_, staleness);
+  ++staleness_counts_[std::min<int64_t>(staleness, kStalenessBuckets - 1)];
+}
+
+void ShardState::RecordRejectedPush() {
+  absl::MutexLock lock(&stats_mu_);
+  ++rejected_pushes_;
+}
+
+void ShardState::RecordPulledBytes(int64_t bytes) {
+  absl::MutexLock lock(&stats_mu_);
+  bytes_pulled_ += bytes;
+}
+
+StatsResponse ShardState::Stats() const {
+  StatsResponse stats;
+  stats.set_shard(shard_);
+  stats.set_version(version());
+  absl::MutexLock lock(&stats_mu_);
+  stats.set_pushes(pushes_);
+  stats.set_rejected_pushes(rejected_pushes_);
+  stats.set_samples(samples_);
+  stats.set_bytes_pushed(bytes_pushed_);
+  stats.set_bytes_pulled(bytes_pulled_);
+  stats.set_staleness_max(staleness_max_);
+  // Trim trailing zero buckets to keep the message small.
+  size_t used = staleness_counts_.size();
+  while (used > 0 && staleness_counts_[used - 1] == 0) --used;
+  for (size_t i = 0; i < used; ++i) {
+    stats.add_staleness_counts(staleness_counts_[i]);
+  }
+  return stats;
+}
+
+}  // namespace monsoon::server

@@ -1,0 +1,101 @@
+// ShardState: one shard's slice of the flattened parameters, its version
+// counter, the pulls waiting for a version, and its statistics.
+//
+// Weights are std::atomic<float> read and written with relaxed order, so that
+// a lock-free rule (Hogwild) may race element by element without undefined
+// behaviour; rules that serialize pushes do so with their own mutex.
+// Thread-safe.
+#ifndef MONSOON_SERVER_SHARD_STATE_H_
+#define MONSOON_SERVER_SHARD_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/model_layout.h"
+#include "proto/service.pb.h"
+
+namespace monsoon::server {
+
+class ShardState {
+ public:
+  // Pushes with staleness >= this share the last histogram bucket.
+  static constexpr int kStalenessBuckets = 1024;
+
+  // Initial weights are InitialValue(layout, seed, range.begin + i).
+  ShardState(const common::ModelLayout& layout, uint64_t seed, int shard,
+             int num_shards);
+  ShardState(const ShardState&) = delete;
+  ShardState& operator=(const ShardState&) = delete;
+
+  int shard() const { return shard_; }
+  int num_shards() const { return num_shards_; }
+  common::ShardRange range() const { return range_; }
+  size_t size() const { return range_.size(); }
+
+  // The weights, for update rules to read and write with relaxed order.
+  absl::Span<std::atomic<float>> weights() {
+    return absl::MakeSpan(weights_.get(), size());
+  }
+  // Copies the weights with relaxed loads (not atomic as a whole).
+  void CopyWeights(std::vector<float>* out) const;
+
+  int64_t version() const;
+
+  // A callback that a pull registers; it runs once, without locks held.
+  using Waiter = std::function<void()>;
+
+  // Runs `ready` once the version is at least `min_version`: at once on this
+  // thread if it already is (returns 0), else later on the thread that
+  // advances the version (returns an id for CancelWaiter).
+  uint64_t WhenVersionAtLeast(int64_t min_version, Waiter ready);
+
+  // Removes a waiting callback. True if it was removed before it ran, in
+  // which case it never will.
+  bool CancelWaiter(uint64_t id);
+
+  // Sets the version (rules call it as they apply updates) and returns the
+  // waiters it made ready; the caller runs them after releasing its own locks.
+  std::vector<Waiter> AdvanceVersion(int64_t version);
+
+  // Statistics.
+  void RecordPush(int64_t staleness, int64_t samples, int64_t bytes);
+  void RecordRejectedPush();
+  void RecordPulledBytes(int64_t bytes);
+  StatsResponse Stats() const;
+
+ private:
+  // Constant after construction.
+  const int shard_;
+  const int num_shards_;
+  const common::ShardRange range_;
+  const std::unique_ptr<std::atomic<float>[]> weights_;
+
+  mutable absl::Mutex waiters_mu_;
+  int64_t version_ ABSL_GUARDED_BY(waiters_mu_) = 0;
+  uint64_t next_waiter_id_ ABSL_GUARDED_BY(waiters_mu_) = 1;
+  struct Pending {
+    int64_t min_version;
+    Waiter ready;
+  };
+  std::map<uint64_t, Pending> waiters_ ABSL_GUARDED_BY(waiters_mu_);
+
+  mutable absl::Mutex stats_mu_;
+  int64_t pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t rejected_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t samples_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t bytes_pushed_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t bytes_pulled_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t staleness_max_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  std::vector<int64_t> staleness_counts_ ABSL_GUARDED_BY(stats_mu_);
+};
+
+}  // namespace monsoon::server
+
+#endif  // MONSOON_SERVER_SHARD_STATE_H_

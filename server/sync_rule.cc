@@ -1,0 +1,95 @@
+// sync: a barrier per step. Every worker pushes its step-t gradient (computed
+// from version t); when all have arrived the shard averages them, applies the
+// optimizer once and becomes version t+1, which wakes the pulls waiting for it.
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "server/optimizer.h"
+#include "server/update_rule.h"
+
+namespace monsoon::server {
+namespace {
+
+class SyncRule : public UpdateRule {
+ public:
+  SyncRule(const TrainingConfig& resolved, int num_workers, ShardState* state)
+      : num_workers_(num_workers),
+        state_(state),
+        optimizer_(MakeOptimizer(resolved, state->size())),
+        sum_(state->size(), 0.0f),
+        arrived_(num_workers, false) {}
+
+  absl::StatusOr<PushResult> Apply(const PushData& push) override {
+    std::vector<ShardState::Waiter> ready;
+    PushResult result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (push.base_version < version_) {
+        return absl::AbortedError(absl::StrCat(
+            "sync push for step ", push.base_version, " but shard ",
+            state_->shard(), " is at version ", version_,
+            ": that step is closed; pull and retry"));
+      }
+      if (push.base_version > version_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sync push for step ", push.base_version, " but shard ",
+            state_->shard(), " is only at version ", version_));
+      }
+      if (arrived_[push.worker_rank]) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "worker ", push.worker_rank, " already pushed step ", version_,
+            " to shard ", state_->shard()));
+      }
+      arrived_[push.worker_rank] = true;
+      ++count_;
+      for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += push.values[i];
+      state_->RecordPush(/*staleness=*/0, push.samples, push.wire_bytes);
+      if (count_ == num_workers_) {
+        const float scale = 1.0f / static_cast<float>(num_workers_);
+        for (float& v : sum_) v *= scale;
+        optimizer_->Apply(sum_, state_->weights());
+        std::fill(sum_.begin(), sum_.end(), 0.0f);
+        std::fill(arrived_.begin(), arrived_.end(), false);
+        count_ = 0;
+        ++version_;
+        ready = state_->AdvanceVersion(version_);
+      }
+      result.version = version_;
+    }
+    for (auto& waiter : ready) waiter();
+    return result;
+  }
+
+  void Snapshot(std::vector<float>* weights, int64_t* version) override {
+    absl::MutexLock lock(&mu_);
+    state_->CopyWeights(weights);
+    *version = version_;
+  }
+
+ private:
+  // Constant after construction.
+  const int num_workers_;
+  ShardState* const state_;
+
+  absl::Mutex mu_;
+  const std::unique_ptr<Optimizer> optimizer_ ABSL_PT_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
+  int count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<UpdateRule> MakeSyncRule(const TrainingConfig& resolved,
+                                         int num_workers, ShardState* state) {
+  return std::make_unique<SyncRule>(resolved, num_workers, state);
+}
+
+}  // namespace monsoon::server

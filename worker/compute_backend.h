@@ -1,0 +1,71 @@
+// ComputeBackend: the one interface between training code and hardware. The
+// MLP (mlp.h) is written once against these operations; cpu_backend.cc runs
+// them with OpenBLAS, and a CUDA backend runs them on a GPU.
+//
+// Every pointer given to an operation comes from the same backend's
+// Allocate* and lives in its device's memory; host memory crosses only
+// through CopyToDevice and CopyToHost. Operations may run asynchronously:
+// Synchronize() waits for them and reports the first error any of them hit.
+// Matrices are row-major and contiguous. A backend is used by one thread at a
+// time; several backends (one per worker) may share a device.
+#ifndef MONSOON_WORKER_COMPUTE_BACKEND_H_
+#define MONSOON_WORKER_COMPUTE_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace monsoon::worker {
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  // "cpu (OpenBLAS, 1 thread)", "cuda:0 (NVIDIA H100 ...)", ...
+  virtual std::string Name() const = 0;
+
+  // Device memory; RESOURCE_EXHAUSTED when there is not enough.
+  virtual absl::StatusOr<float*> AllocateFloats(size_t n) = 0;
+  virtual absl::StatusOr<int32_t*> AllocateInts(size_t n) = 0;
+  virtual void Free(void* device) = 0;
+
+  virtual absl::Status CopyToDevice(const void* host, void* device,
+                                    size_t bytes) = 0;
+  // Waits for queued work that writes `device` before copying.
+  virtual absl::Status CopyToHost(const void* device, void* host,
+                                  size_t bytes) = 0;
+
+  // C[m x n] = alpha * op(A) * op(B) + beta * C, where op(A) is m x k and
+  // op(B) is k x n; trans_a means A is stored k x m (likewise B).
+  virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k,
+                    float alpha, const float* a, const float* b, float beta,
+                    float* c) = 0;
+  // y[r][c] += bias[c] for a rows x cols matrix y.
+  virtual void AddBias(int rows, int cols, const float* bias, float* y) = 0;
+  // y = max(y, 0).
+  virtual void Relu(size_t n, float* y) = 0;
+  // dy[i] = 0 where y[i] <= 0 (y is the ReLU's output).
+  virtual void ReluBackward(size_t n, const float* y, float* dy) = 0;
+  // sums[c] = sum over r of x[r][c].
+  virtual void ColumnSums(int rows, int cols, const float* x, float* sums) = 0;
+  // Row-wise softmax cross-entropy of logits (rows x cols) against labels.
+  // stats[0] += summed loss, stats[1] += rows whose arg-max is the label.
+  // If dlogits is not null it gets (softmax - onehot(label)) / rows.
+  virtual void SoftmaxCrossEntropy(int rows, int cols, const float* logits,
+                                   const int32_t* labels, float* dlogits,
+                                   float* stats) = 0;
+  // y += alpha * x.
+  virtual void Axpy(size_t n, float alpha, const float* x, float* y) = 0;
+  // y[i] = value.
+  virtual void Fill(size_t n, float value, float* y) = 0;
+
+  // Waits for all queued work; the first error since the last call.
+  virtual absl::Status Synchronize() = 0;
+};
+
+}  // namespace monsoon::worker
+
+#endif  // MONSOON_WORKER_COMPUTE_BACKEND_H_

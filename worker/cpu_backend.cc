@@ -1,0 +1,143 @@
+#include "worker/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace monsoon::worker {
+namespace {
+
+class CpuBackend : public ComputeBackend {
+ public:
+  explicit CpuBackend(int threads) {
+    if (threads > 0) openblas_set_num_threads(threads);
+    threads_ = openblas_get_num_threads();
+  }
+
+  std::string Name() const override {
+    return absl::StrCat("cpu (OpenBLAS, ", threads_, " thread",
+                        threads_ == 1 ? "" : "s", ")");
+  }
+
+  absl::StatusOr<float*> AllocateFloats(size_t n) override {
+    void* memory = Allocate(n * sizeof(float));
+    if (memory == nullptr) return OutOfMemory(n * sizeof(float));
+    return static_cast<float*>(memory);
+  }
+  absl::StatusOr<int32_t*> AllocateInts(size_t n) override {
+    void* memory = Allocate(n * sizeof(int32_t));
+    if (memory == nullptr) return OutOfMemory(n * sizeof(int32_t));
+    return static_cast<int32_t*>(memory);
+  }
+  void Free(void* device) override { std::free(device); }
+
+  absl::Status CopyToDevice(const void* host, void* device,
+                            size_t bytes) override {
+    std::memcpy(device, host, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(const void* device, void* host,
+                          size_t bytes) override {
+    std::memcpy(host, device, bytes);
+    return absl::OkStatus();
+  }
+
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+            const float* a, const float* b, float beta, float* c) override {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+  }
+
+  void AddBias(int rows, int cols, const float* bias, float* y) override {
+    for (int r = 0; r < rows; ++r) {
+      float* row = y + static_cast<size_t>(r) * cols;
+      for (int c = 0; c < cols; ++c) row[c] += bias[c];
+    }
+  }
+
+  void Relu(size_t n, float* y) override {
+    for (size_t i = 0; i < n; ++i) y[i] = std::max(y[i], 0.0f);
+  }
+
+  void ReluBackward(size_t n, const float* y, float* dy) override {
+    for (size_t i = 0; i < n; ++i) {
+      if (y[i] <= 0) dy[i] = 0;
+    }
+  }
+
+  void ColumnSums(int rows, int cols, const float* x, float* sums) override {
+    std::fill(sums, sums + cols, 0.0f);
+    for (int r = 0; r < rows; ++r) {
+      const float* row = x + static_cast<size_t>(r) * cols;
+      for (int c = 0; c < cols; ++c) sums[c] += row[c];
+    }
+  }
+
+  void SoftmaxCrossEntropy(int rows, int cols, const float* logits,
+                           const int32_t* labels, float* dlogits,
+                           float* stats) override {
+    double loss = 0;
+    int correct = 0;
+    for (int r = 0; r < rows; ++r) {
+      const float* z = logits + static_cast<size_t>(r) * cols;
+      int arg_max = 0;
+      for (int c = 1; c < cols; ++c) {
+        if (z[c] > z[arg_max]) arg_max = c;
+      }
+      const float max = z[arg_max];
+      double sum = 0;
+      for (int c = 0; c < cols; ++c) sum += std::exp(z[c] - max);
+      const double log_sum = std::log(sum);
+      const int label = labels[r];
+      loss += log_sum - (z[label] - max);
+      if (arg_max == label) ++correct;
+      if (dlogits != nullptr) {
+        float* d = dlogits + static_cast<size_t>(r) * cols;
+        for (int c = 0; c < cols; ++c) {
+          const double p = std::exp(z[c] - max - log_sum);
+          d[c] = static_cast<float>((p - (c == label ? 1.0 : 0.0)) / rows);
+        }
+      }
+    }
+    stats[0] += static_cast<float>(loss);
+    stats[1] += static_cast<float>(correct);
+  }
+
+  void Axpy(size_t n, float alpha, const float* x, float* y) override {
+    cblas_saxpy(static_cast<int>(n), alpha, x, 1, y, 1);
+  }
+
+  void Fill(size_t n, float value, float* y) override {
+    std::fill(y, y + n, value);
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  static absl::Status OutOfMemory(size_t bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+  }
+
+  static void* Allocate(size_t bytes) {
+    // Round up: aligned_alloc wants a multiple of the alignment.
+    const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    return std::aligned_alloc(64, rounded);
+  }
+
+  int threads_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<ComputeBackend> MakeCpuBackend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace monsoon::worker

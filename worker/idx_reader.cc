@@ -1,0 +1,97 @@
+#include "worker/idx_reader.h"
+
+#include <zlib.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace monsoon::worker {
+
+uint64_t IdxArray::item_size() const {
+  uint64_t size = 1;
+  for (size_t i = 1; i < dims.size(); ++i) size *= dims[i];
+  return size;
+}
+
+absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes) {
+  auto u8 = [&](size_t i) { return static_cast<uint8_t>(bytes[i]); };
+  if (bytes.size() < 4 || u8(0) != 0 || u8(1) != 0) {
+    return absl::InvalidArgumentError(
+        "not an IDX file: it must start with two zero bytes");
+  }
+  if (u8(2) != 0x08) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IDX element type 0x", absl::Hex(u8(2)),
+        " is not supported; only unsigned bytes (0x08) are"));
+  }
+  const int rank = u8(3);
+  if (rank < 1 || rank > 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("IDX rank ", rank, " is outside 1 to 4"));
+  }
+  const size_t header = 4 + 4 * static_cast<size_t>(rank);
+  if (bytes.size() < header) {
+    return absl::InvalidArgumentError("IDX file truncated inside its header");
+  }
+  IdxArray array;
+  uint64_t total = 1;
+  for (int d = 0; d < rank; ++d) {
+    const size_t at = 4 + 4 * d;
+    const uint32_t dim = (uint32_t{u8(at)} << 24) | (uint32_t{u8(at + 1)} << 16) |
+                         (uint32_t{u8(at + 2)} << 8) | uint32_t{u8(at + 3)};
+    array.dims.push_back(dim);
+    total *= dim;
+    if (total > (uint64_t{1} << 34)) {
+      return absl::InvalidArgumentError("IDX dimensions are implausibly large");
+    }
+  }
+  const uint64_t body = bytes.size() - header;
+  if (body < total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IDX file truncated: the header promises ", total, " bytes of data, "
+        "the file has ", body));
+  }
+  if (body > total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IDX file has ", body - total, " bytes after its data"));
+  }
+  array.data.assign(bytes.begin() + header, bytes.end());
+  return array;
+}
+
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+  FILE* probe = std::fopen(path.c_str(), "rb");
+  if (probe == nullptr) {
+    return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  }
+  std::fclose(probe);
+  // gzread reads plain files unchanged, so one path handles both.
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  }
+  std::string bytes;
+  char buffer[1 << 16];
+  int n;
+  while ((n = gzread(file, buffer, sizeof(buffer))) > 0) {
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  int error = Z_OK;
+  const char* message = gzerror(file, &error);
+  const std::string zlib_message = message == nullptr ? "" : message;
+  gzclose(file);
+  if (n < 0 || (error != Z_OK && error != Z_STREAM_END)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path, "' is corrupt: gzip error: ", zlib_message,
+        " (reinstall the data or download it again)"));
+  }
+  absl::StatusOr<IdxArray> array = ParseIdx(bytes);
+  if (!array.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "': ", array.status().message()));
+  }
+  return array;
+}
+
+}  // namespace monsoon::worker

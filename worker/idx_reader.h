@@ -1,0 +1,33 @@
+// Reading IDX files (the MNIST family's format), gzip-compressed or plain.
+// Stateless; thread-safe.
+#ifndef MONSOON_WORKER_IDX_READER_H_
+#define MONSOON_WORKER_IDX_READER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace monsoon::worker {
+
+// An IDX array of unsigned bytes: dims[0] items of dims[1]*dims[2]*... each.
+struct IdxArray {
+  std::vector<uint32_t> dims;
+  std::vector<uint8_t> data;
+  uint64_t item_size() const;
+};
+
+// Parses the bytes of an (uncompressed) IDX file whose element type is
+// unsigned byte (0x08). INVALID_ARGUMENT says what is wrong: bad magic, an
+// unsupported type, a truncated body or trailing bytes.
+absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes);
+
+// Reads a file (gzip or plain, detected from its content) and parses it.
+// NOT_FOUND when the file is missing; INVALID_ARGUMENT when it is corrupt
+// (the message names the file).
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path);
+
+}  // namespace monsoon::worker
+
+#endif  // MONSOON_WORKER_IDX_READER_H_

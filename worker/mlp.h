@@ -1,0 +1,81 @@
+// Mlp: the multilayer perceptron of ModelLayout (ReLU hidden layers, softmax
+// cross-entropy) on a ComputeBackend. Parameters, gradients and activations
+// stay in the backend's memory, allocated once for the largest batch; host
+// data crosses only in the calls that take or return host spans.
+// Not thread-safe: one worker thread owns it.
+#ifndef MONSOON_WORKER_MLP_H_
+#define MONSOON_WORKER_MLP_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model_layout.h"
+#include "worker/compute_backend.h"
+
+namespace monsoon::worker {
+
+struct BatchResult {
+  double loss = 0;   // mean over the examples
+  int64_t correct = 0;
+  int64_t examples = 0;
+};
+
+class Mlp {
+ public:
+  // `backend` is not owned and must outlive the Mlp.
+  static absl::StatusOr<std::unique_ptr<Mlp>> Create(
+      ComputeBackend* backend, const common::ModelLayout& layout,
+      int max_batch);
+  ~Mlp();
+
+  const common::ModelLayout& layout() const { return layout_; }
+  ComputeBackend* backend() { return backend_; }
+
+  absl::Status SetParams(absl::Span<const float> params);
+  absl::Status GetParams(absl::Span<float> params);
+
+  // Forward and backward on `batch` examples (host memory): the gradient of
+  // the mean loss lands in the device gradient buffer.
+  absl::StatusOr<BatchResult> ComputeGradients(const float* images,
+                                               const int32_t* labels,
+                                               int batch);
+  absl::Status GetGradients(absl::Span<float> grads);
+  // The device gradient buffer, for backends that process it in place.
+  float* device_gradients() { return grads_; }
+  float* device_params() { return params_; }
+
+  // params -= learning_rate * gradients, on the device.
+  void ApplyGradients(float learning_rate);
+
+  // Loss and accuracy over n examples, forward only, max_batch at a time.
+  absl::StatusOr<BatchResult> Evaluate(const float* images,
+                                       const int32_t* labels, int64_t n);
+
+ private:
+  Mlp(ComputeBackend* backend, const common::ModelLayout& layout, int max_batch)
+      : backend_(backend), layout_(layout), max_batch_(max_batch) {}
+  absl::Status Allocate();
+  // Runs the forward pass on the batch in activations_[0] / labels_ and adds
+  // its loss and correct count to stats_; fills deltas for the top layer if
+  // `backward`.
+  void Forward(int batch, bool backward);
+  absl::StatusOr<BatchResult> ReadStats(int batch);
+  absl::Status Upload(const float* images, const int32_t* labels, int batch);
+
+  ComputeBackend* const backend_;
+  const common::ModelLayout layout_;
+  const int max_batch_;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  float* stats_ = nullptr;
+  int32_t* labels_ = nullptr;
+  std::vector<float*> activations_;  // [0] input, [l+1] output of layer l
+  std::vector<float*> deltas_;       // [l+1] dLoss/d(pre-activation of l)
+};
+
+}  // namespace monsoon::worker
+
+#endif  // MONSOON_WORKER_MLP_H_

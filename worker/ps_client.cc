@@ -1,0 +1,349 @@
+#include "worker/ps_client.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "common/config.h"
+#include "common/float_bytes.h"
+#include "common/grpc_status.h"
+
+namespace monsoon::worker {
+namespace {
+
+constexpr int kMaxMessageBytes = 8 << 20;
+
+// Collects one status per shard and wakes Wait() when all are in.
+class ShardCalls : public PendingCall {
+ public:
+  explicit ShardCalls(int shards) : statuses_(shards), pending_(shards) {}
+
+  // Called once per shard, from any thread.
+  void Done(int shard, absl::Status status) {
+    statuses_[shard] = std::move(status);
+    pending_.DecrementCount();
+  }
+
+  absl::Status Wait() override {
+    if (!waited_) {
+      pending_.Wait();
+      waited_ = true;
+      calls_.clear();  // every reactor has reached OnDone
+    }
+    for (const absl::Status& status : statuses_) {
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  }
+
+  // Keeps a shard's reactor alive until Wait().
+  template <typename T>
+  T* Own(std::unique_ptr<T> call) {
+    T* raw = call.get();
+    calls_.push_back(std::shared_ptr<void>(std::move(call)));
+    return raw;
+  }
+
+  ~ShardCalls() override { Wait().IgnoreError(); }
+
+ private:
+  std::vector<absl::Status> statuses_;  // slot s written by shard s's call
+  absl::BlockingCounter pending_;
+  bool waited_ = false;
+  std::vector<std::shared_ptr<void>> calls_;
+};
+
+absl::Status Annotate(const absl::Status& status, int shard,
+                      const std::string& address) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("shard ", shard, " at ",
+                                                  address, ": ",
+                                                  status.message()));
+}
+
+// Streams one shard's slice of a gradient.
+class PushCall : public grpc::ClientWriteReactor<PushChunk> {
+ public:
+  PushCall(ParameterService::Stub* stub, ShardCalls* calls, int shard,
+           const std::string& address, PushHeader header,
+           absl::Span<const float> values, size_t chunk_values,
+           std::atomic<int64_t>* bytes, PushResponse* response)
+      : calls_(calls),
+        shard_(shard),
+        address_(address),
+        header_(std::move(header)),
+        values_(values),
+        chunk_values_(chunk_values),
+        bytes_(bytes),
+        response_(response) {
+    stub->async()->Push(&context_, response_, this);
+    WriteNext();
+    StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;  // the server ended the call; OnDone has its status
+    WriteNext();
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    calls_->Done(shard_,
+                 Annotate(common::ToAbslStatus(status), shard_, address_));
+  }
+
+ private:
+  void WriteNext() {
+    if (sent_ == values_.size() && !first_) {
+      StartWritesDone();
+      return;
+    }
+    chunk_.Clear();
+    if (first_) *chunk_.mutable_header() = header_;
+    first_ = false;
+    const size_t n = std::min(chunk_values_, values_.size() - sent_);
+    chunk_.set_offset(sent_);
+    common::AppendFloatBytes(values_.subspan(sent_, n), chunk_.mutable_data());
+    sent_ += n;
+    bytes_->fetch_add(static_cast<int64_t>(chunk_.ByteSizeLong()));
+    StartWrite(&chunk_);
+  }
+
+  grpc::ClientContext context_;
+  ShardCalls* const calls_;
+  const int shard_;
+  const std::string address_;
+  const PushHeader header_;
+  const absl::Span<const float> values_;
+  const size_t chunk_values_;
+  std::atomic<int64_t>* const bytes_;
+  PushResponse* const response_;
+  PushChunk chunk_;
+  size_t sent_ = 0;
+  bool first_ = true;
+};
+
+// Receives one shard's slice of the weights.
+class PullCall : public grpc::ClientReadReactor<PullChunk> {
+ public:
+  PullCall(ParameterService::Stub* stub, ShardCalls* calls, int shard,
+           const std::string& address, const PullRequest& request,
+           absl::Duration timeout, absl::Span<float> out,
+           std::atomic<int64_t>* bytes, int64_t* version)
+      : calls_(calls),
+        shard_(shard),
+        address_(address),
+        request_(request),
+        out_(out),
+        bytes_(bytes),
+        version_(version) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    stub->async()->Pull(&context_, &request_, this);
+    StartRead(&chunk_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // end of stream; OnDone follows
+    if (error_.ok()) error_ = Take();
+    if (!error_.ok()) context_.TryCancel();
+    StartRead(&chunk_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::Status result = error_;
+    if (result.ok()) result = common::ToAbslStatus(status);
+    if (result.ok() && received_ != out_.size()) {
+      result = absl::DataLossError(absl::StrCat(
+          "pull ended after ", received_, " of ", out_.size(), " values"));
+    }
+    calls_->Done(shard_, Annotate(result, shard_, address_));
+  }
+
+ private:
+  absl::Status Take() {
+    bytes_->fetch_add(static_cast<int64_t>(chunk_.ByteSizeLong()));
+    if (chunk_.offset() != received_ || chunk_.data().size() % 4 != 0 ||
+        chunk_.data().size() / 4 > out_.size() - received_) {
+      return absl::DataLossError(absl::StrCat(
+          "malformed pull chunk at offset ", chunk_.offset(), " with ",
+          chunk_.data().size(), " bytes (", received_, " of ", out_.size(),
+          " values received)"));
+    }
+    if (received_ == 0) {
+      *version_ = chunk_.version();
+    } else if (chunk_.version() != *version_) {
+      return absl::DataLossError("pull chunks of different versions");
+    }
+    common::CopyBytesToFloats(chunk_.data(), out_.data() + received_);
+    received_ += chunk_.data().size() / 4;
+    return absl::OkStatus();
+  }
+
+  grpc::ClientContext context_;
+  ShardCalls* const calls_;
+  const int shard_;
+  const std::string address_;
+  const PullRequest request_;
+  const absl::Span<float> out_;
+  std::atomic<int64_t>* const bytes_;
+  int64_t* const version_;
+  PullChunk chunk_;
+  size_t received_ = 0;
+  absl::Status error_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Reconnect quickly while the servers start.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
+    const PsClientOptions& options) {
+  if (options.server_addresses.empty()) {
+    return absl::InvalidArgumentError(
+        "no parameter servers given (--servers=host:port,...)");
+  }
+  std::unique_ptr<PsClient> client(new PsClient());
+  client->config_ = options.config;
+  client->worker_rank_ = options.worker_rank;
+  client->chunk_values_ =
+      static_cast<size_t>(options.config.chunk_bytes()) / sizeof(float);
+  client->addresses_ = options.server_addresses;
+  const int shards = static_cast<int>(options.server_addresses.size());
+  const uint64_t params =
+      common::ModelLayout::FromConfig(options.config).num_params();
+  const uint64_t fingerprint = common::ConfigFingerprint(options.config);
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  for (int s = 0; s < shards; ++s) {
+    const std::string& address = options.server_addresses[s];
+    client->stubs_.push_back(ParameterService::NewStub(MakeChannel(address)));
+    RegisterRequest request;
+    request.set_worker_rank(options.worker_rank);
+    request.set_shard(s);
+    request.set_config_fingerprint(fingerprint);
+    RegisterResponse response;
+    absl::Duration backoff = absl::Milliseconds(100);
+    while (true) {
+      grpc::ClientContext context;
+      context.set_wait_for_ready(true);
+      context.set_deadline(absl::ToChronoTime(deadline));
+      grpc::Status status =
+          client->stubs_[s]->Register(&context, request, &response);
+      if (status.ok()) break;
+      const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                         absl::Now() + backoff < deadline;
+      if (!retry) {
+        if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+            status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+          return absl::UnavailableError(absl::StrCat(
+              "could not reach parameter server shard ", s, " at ", address,
+              " within ", absl::FormatDuration(options.connect_timeout),
+              " (", status.error_message(),
+              "): is ps_server running there, and --servers in shard order?"));
+        }
+        return Annotate(common::ToAbslStatus(status), s, address);
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+    const common::ShardRange expected =
+        common::ShardRangeFor(params, shards, s);
+    if (response.num_shards() != shards || response.offset() != expected.begin ||
+        response.length() != expected.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " at ", address, " serves [", response.offset(), ", ",
+          response.offset() + response.length(), ") of ",
+          response.num_shards(), " shards, but this worker expects [",
+          expected.begin, ", ", expected.end, ") of ", shards,
+          ": check --servers and the servers' --num_shards"));
+    }
+    client->ranges_.push_back(expected);
+    client->initial_versions_.push_back(response.version());
+  }
+  return client;
+}
+
+std::unique_ptr<PendingCall> PsClient::PullAsync(
+    int64_t min_version, absl::Duration timeout, absl::Span<float> params,
+    std::vector<int64_t>* versions) {
+  auto calls = std::make_unique<ShardCalls>(num_shards());
+  versions->assign(num_shards(), 0);
+  for (int s = 0; s < num_shards(); ++s) {
+    PullRequest request;
+    request.set_worker_rank(worker_rank_);
+    request.set_shard(s);
+    request.set_min_version(min_version);
+    calls->Own(std::make_unique<PullCall>(
+        stubs_[s].get(), calls.get(), s, addresses_[s], request, timeout,
+        params.subspan(ranges_[s].begin, ranges_[s].size()), &bytes_pulled_,
+        &(*versions)[s]));
+  }
+  return calls;
+}
+
+absl::Status PsClient::Pull(int64_t min_version, absl::Duration timeout,
+                            absl::Span<float> params,
+                            std::vector<int64_t>* versions) {
+  return PullAsync(min_version, timeout, params, versions)->Wait();
+}
+
+std::unique_ptr<PendingCall> PsClient::PushAsync(
+    absl::Span<const float> grads, const std::vector<int64_t>& base_versions,
+    int64_t samples, std::vector<PushResponse>* results) {
+  auto calls = std::make_unique<ShardCalls>(num_shards());
+  if (results != nullptr) results->assign(num_shards(), PushResponse());
+  for (int s = 0; s < num_shards(); ++s) {
+    PushHeader header;
+    header.set_worker_rank(worker_rank_);
+    header.set_shard(s);
+    header.set_base_version(base_versions[s]);
+    header.set_length(ranges_[s].size());
+    header.set_samples(samples);
+    // A response slot per shard; a scratch one when the caller wants none.
+    PushResponse* response =
+        results != nullptr ? &(*results)[s]
+                           : calls->Own(std::make_unique<PushResponse>());
+    calls->Own(std::make_unique<PushCall>(
+        stubs_[s].get(), calls.get(), s, addresses_[s], std::move(header),
+        grads.subspan(ranges_[s].begin, ranges_[s].size()), chunk_values_,
+        &bytes_pushed_, response));
+  }
+  return calls;
+}
+
+absl::Status PsClient::Push(absl::Span<const float> grads,
+                            const std::vector<int64_t>& base_versions,
+                            int64_t samples,
+                            std::vector<PushResponse>* results) {
+  return PushAsync(grads, base_versions, samples, results)->Wait();
+}
+
+absl::StatusOr<std::vector<StatsResponse>> PsClient::Stats(
+    absl::Duration timeout) {
+  std::vector<StatsResponse> stats(num_shards());
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    grpc::Status status = stubs_[s]->Stats(&context, StatsRequest(), &stats[s]);
+    if (!status.ok()) {
+      return Annotate(common::ToAbslStatus(status), s, addresses_[s]);
+    }
+  }
+  return stats;
+}
+
+}  // namespace monsoon::worker

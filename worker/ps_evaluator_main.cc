@@ -1,0 +1,135 @@
+// ps_evaluator: pulls the weights from every shard every few seconds and
+// measures loss and accuracy on the test set; on SIGTERM it evaluates once
+// more and exits. Writes the curve (text-format monsoon.EvalCurve) to
+// --curve_out after every point.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/text_format.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/flag_env.h"
+#include "common/log.h"
+#include "common/model_layout.h"
+#include "common/termination.h"
+#include "proto/metrics.pb.h"
+#include "worker/backend_factory.h"
+#include "worker/dataset.h"
+#include "worker/evaluator.h"
+#include "worker/mlp.h"
+#include "worker/ps_client.h"
+
+ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every "
+          "ps_server, in shard order (env MONSOON_SERVERS).");
+ABSL_FLAG(std::string, config, "", "Training config (env MONSOON_CONFIG); "
+          "must match the servers'.");
+ABSL_FLAG(std::string, data_dir, "", "Overrides the config's data_dir "
+          "(env MONSOON_DATA_DIR).");
+ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda.");
+ABSL_FLAG(double, interval_s, 2, "Seconds between evaluations.");
+ABSL_FLAG(std::string, curve_out, "", "Where to write the curve "
+          "(text-format monsoon.EvalCurve); empty: log only.");
+ABSL_FLAG(double, connect_timeout_s, 60, "How long to keep trying to reach "
+          "the servers at start-up.");
+
+namespace {
+
+constexpr int kConfigError = 2;
+
+int Fail(int code, const absl::Status& status) {
+  monsoon::common::Log("ps_evaluator: error: %s", status.ToString());
+  return code;
+}
+
+// Replaces `path` atomically, so that a reader never sees half a file.
+absl::Status WriteCurve(const std::string& path,
+                        const monsoon::EvalCurve& curve) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(curve, &text);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out) return absl::InternalError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError("cannot rename " + tmp + " to " + path);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Monsoon evaluator: test loss and accuracy of the servers' weights "
+      "over time.\n\n  ps_evaluator --servers=ps-0:5000,ps-1:5000 "
+      "--config=train.textproto --curve_out=curve.textproto");
+  monsoon::common::TerminationWatcher termination;
+  absl::Status env = monsoon::common::ApplyFlagEnvironment(
+      {"servers", "config", "data_dir"});
+  if (!env.ok()) return Fail(kConfigError, env);
+  absl::ParseCommandLine(argc, argv);
+  const absl::Time start = absl::Now();
+
+  auto config =
+      monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) return Fail(kConfigError, config.status());
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
+    config->set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  }
+  auto test = monsoon::worker::LoadDatasetFor(*config,
+                                              monsoon::worker::Split::kTest);
+  if (!test.ok()) return Fail(kConfigError, test.status());
+  auto backend =
+      monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device), 1);
+  if (!backend.ok()) return Fail(kConfigError, backend.status());
+  auto mlp = monsoon::worker::Mlp::Create(
+      backend->get(), monsoon::common::ModelLayout::FromConfig(*config), 500);
+  if (!mlp.ok()) return Fail(1, mlp.status());
+  monsoon::worker::PsClientOptions options;
+  options.server_addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',',
+                                            absl::SkipWhitespace());
+  options.config = *config;
+  options.worker_rank = -1;
+  options.connect_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  auto client = monsoon::worker::PsClient::Connect(options);
+  if (!client.ok()) {
+    return Fail(client.status().code() == absl::StatusCode::kFailedPrecondition
+                    ? kConfigError
+                    : 1,
+                client.status());
+  }
+  monsoon::worker::Evaluator evaluator(client->get(), mlp->get(), &*test,
+                                       start);
+  monsoon::EvalCurve curve;
+  const absl::Duration interval =
+      absl::Seconds(absl::GetFlag(FLAGS_interval_s));
+  bool last = false;
+  while (!last) {
+    last = termination.terminated().WaitForNotificationWithTimeout(interval);
+    absl::StatusOr<monsoon::EvalPoint> point = evaluator.EvaluateNow();
+    if (!point.ok()) {
+      monsoon::common::Log("ps_evaluator: cannot evaluate now: %s",
+                           point.status().ToString());
+      continue;
+    }
+    *curve.add_points() = *point;
+    monsoon::common::Log(
+        "eval: %.1f s  samples %d  version %d  test accuracy %.4f  loss %.4f%s",
+        point->time_s(), point->samples(), point->version(),
+        point->test_accuracy(), point->test_loss(), last ? "  (final)" : "");
+    if (!absl::GetFlag(FLAGS_curve_out).empty()) {
+      absl::Status written = WriteCurve(absl::GetFlag(FLAGS_curve_out), curve);
+      if (!written.ok()) return Fail(1, written);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,132 @@
+// ps_worker: one training replica. Flags (or MONSOON_* environment
+// variables) name its rank, the worker count, the shards' addresses in shard
+// order, the config, the device and the data.
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/flag_env.h"
+#include "common/log.h"
+#include "common/model_layout.h"
+#include "common/termination.h"
+#include "worker/backend_factory.h"
+#include "worker/dataset.h"
+#include "worker/mlp.h"
+#include "worker/ps_client.h"
+#include "worker/training_loop.h"
+
+ABSL_FLAG(int, rank, 0, "This worker's rank, 0-based (env MONSOON_RANK).");
+ABSL_FLAG(int, num_workers, 1, "How many workers train; worker r trains on "
+          "the r-th 1/num_workers of the training set (env "
+          "MONSOON_NUM_WORKERS).");
+ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every "
+          "ps_server, in shard order (env MONSOON_SERVERS).");
+ABSL_FLAG(std::string, config, "", "Training config, text-format "
+          "monsoon.TrainingConfig; empty means every default (env "
+          "MONSOON_CONFIG). Must match the servers'.");
+ABSL_FLAG(std::string, data_dir, "", "Overrides the config's data_dir "
+          "(env MONSOON_DATA_DIR).");
+ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda (env "
+          "MONSOON_DEVICE).");
+ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads for the CPU backend.");
+ABSL_FLAG(double, connect_timeout_s, 60, "How long to keep trying to reach "
+          "the servers at start-up.");
+ABSL_FLAG(double, log_every_s, 5, "Seconds between progress lines (0: none).");
+
+namespace {
+
+constexpr int kConfigError = 2;
+
+int Fail(int code, const absl::Status& status) {
+  monsoon::common::Log("ps_worker: error: %s", status.ToString());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Monsoon worker: trains the config's model on its slice of the data.\n\n"
+      "  ps_worker --rank=0 --num_workers=2 "
+      "--servers=ps-0:5000,ps-1:5000 --config=train.textproto\n\n"
+      "Every flag may also come from MONSOON_<FLAG> in the environment; a "
+      "flag on the command line wins. Exit codes: 0 when training is done, "
+      "2 for a configuration error, 1 otherwise.");
+  monsoon::common::TerminationWatcher termination;
+  absl::Status env = monsoon::common::ApplyFlagEnvironment(
+      {"rank", "num_workers", "servers", "config", "data_dir", "device"});
+  if (!env.ok()) return Fail(kConfigError, env);
+  absl::ParseCommandLine(argc, argv);
+
+  auto config =
+      monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) return Fail(kConfigError, config.status());
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
+    config->set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  }
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int num_workers = absl::GetFlag(FLAGS_num_workers);
+  if (num_workers < 1 || rank < 0 || rank >= num_workers) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(absl::StrFormat(
+                    "--rank=%d must be in [0, --num_workers=%d)", rank,
+                    num_workers)));
+  }
+  std::vector<std::string> servers = absl::StrSplit(
+      absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
+  if (servers.empty()) {
+    return Fail(kConfigError, absl::InvalidArgumentError(
+                                  "--servers is empty: give every shard's "
+                                  "host:port, in shard order"));
+  }
+  auto train = monsoon::worker::LoadDatasetFor(*config,
+                                               monsoon::worker::Split::kTrain);
+  if (!train.ok()) return Fail(kConfigError, train.status());
+
+  auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device),
+                                              absl::GetFlag(FLAGS_cpu_threads));
+  if (!backend.ok()) return Fail(kConfigError, backend.status());
+  const monsoon::common::ModelLayout layout =
+      monsoon::common::ModelLayout::FromConfig(*config);
+  auto mlp = monsoon::worker::Mlp::Create(backend->get(), layout,
+                                          config->batch_size());
+  if (!mlp.ok()) return Fail(1, mlp.status());
+
+  monsoon::worker::PsClientOptions options;
+  options.server_addresses = servers;
+  options.config = *config;
+  options.worker_rank = rank;
+  options.connect_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  auto client = monsoon::worker::PsClient::Connect(options);
+  if (!client.ok()) {
+    return Fail(client.status().code() ==
+                        absl::StatusCode::kFailedPrecondition
+                    ? kConfigError
+                    : 1,
+                client.status());
+  }
+  monsoon::common::Log(
+      "ps_worker: rank %d/%d, mode %s, device %s, %d training examples, %d "
+      "parameters on %d shards",
+      rank, num_workers, monsoon::common::ModeName(config->mode()),
+      (*backend)->Name(), train->size, layout.num_params(), servers.size());
+
+  monsoon::worker::WorkerContext context;
+  context.config = *config;
+  context.rank = rank;
+  context.num_workers = num_workers;
+  context.train = &*train;
+  context.mlp = mlp->get();
+  context.client = client->get();
+  context.log_interval = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
+  // SIGTERM or SIGINT stops training between steps.
+  context.stop = &termination.terminated();
+  auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
+  if (!result.ok()) return Fail(1, result.status());
+  return 0;
+}

@@ -1,0 +1,61 @@
+// sync: pull the weights of version t (waiting at the barrier), compute a
+// gradient, push it as step t, and wait for version t+1.
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/training_loop.h"
+
+namespace monsoon::worker {
+namespace {
+
+class SyncLoop : public TrainingLoop {
+ public:
+  absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
+    absl::StatusOr<BatchStream> batches =
+        BatchStream::Create(c.train, c.config, c.rank, c.num_workers);
+    if (!batches.ok()) return batches.status();
+    const size_t p = c.mlp->layout().num_params();
+    std::vector<float> params(p), grads(p);
+    std::vector<int64_t> versions;
+    const std::vector<int64_t>& initial = c.client->initial_versions();
+    int64_t version = *std::max_element(initial.begin(), initial.end());
+    const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
+    ProgressLog progress(c, *batches);
+    while (batches->Next()) {
+      if (c.stop != nullptr && c.stop->HasBeenNotified()) {
+        return absl::CancelledError("stopped");
+      }
+      absl::Status status = c.client->Pull(version, timeout,
+                                           absl::MakeSpan(params), &versions);
+      if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "waited more than ", c.config.sync_timeout_s(),
+            " s for the barrier of step ", version,
+            ": has another worker stopped? (", status.message(), ")"));
+      }
+      if (!status.ok()) return status;
+      if (auto s = c.mlp->SetParams(params); !s.ok()) return s;
+      absl::StatusOr<BatchResult> step = c.mlp->ComputeGradients(
+          batches->images(), batches->labels(), batches->batch_size());
+      if (!step.ok()) return step.status();
+      if (auto s = c.mlp->GetGradients(absl::MakeSpan(grads)); !s.ok()) {
+        return s;
+      }
+      status = c.client->Push(grads, versions, batches->batch_size());
+      if (!status.ok()) return status;
+      version = *std::max_element(versions.begin(), versions.end()) + 1;
+      progress.Step(step->loss, batches->batch_size());
+    }
+    return progress.Finish();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<TrainingLoop> MakeSyncLoop() {
+  return std::make_unique<SyncLoop>();
+}
+
+}  // namespace monsoon::worker

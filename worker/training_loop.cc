@@ -1,0 +1,109 @@
+#include "worker/training_loop.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace monsoon::worker {
+
+std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode) {
+  switch (mode) {
+    case SYNC:
+      return MakeSyncLoop();
+    case DOWNPOUR:
+      return MakeDownpourLoop();
+    default:
+      return nullptr;
+  }
+}
+
+absl::StatusOr<BatchStream> BatchStream::Create(const Dataset* data,
+                                                const TrainingConfig& config,
+                                                int rank, int num_workers) {
+  BatchStream stream;
+  stream.data_ = data;
+  stream.partition_ = PartitionFor(data->size, num_workers, rank);
+  stream.seed_ = config.seed();
+  stream.rank_ = rank;
+  stream.batch_size_ = config.batch_size();
+  stream.epochs_ = config.epochs();
+  stream.steps_per_epoch_ =
+      SmallestPartition(data->size, num_workers) / config.batch_size();
+  if (stream.steps_per_epoch_ < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "each of ", num_workers, " workers gets ",
+        SmallestPartition(data->size, num_workers),
+        " training examples, fewer than one batch of ", config.batch_size(),
+        ": lower batch_size or the worker count"));
+  }
+  stream.images_.resize(static_cast<size_t>(config.batch_size()) * data->dim);
+  stream.labels_.resize(config.batch_size());
+  return stream;
+}
+
+bool BatchStream::Next() {
+  if (epoch_ < 0 || step_ == steps_per_epoch_) {
+    if (epoch_ + 1 >= epochs_) return false;
+    ++epoch_;
+    step_ = 0;
+    order_ = ShuffledOrder(partition_, seed_, rank_, epoch_);
+  }
+  const int64_t first = step_ * batch_size_;
+  for (int i = 0; i < batch_size_; ++i) {
+    const int64_t example = order_[first + i];
+    std::memcpy(images_.data() + static_cast<size_t>(i) * data_->dim,
+                data_->example(example), data_->dim * sizeof(float));
+    labels_[i] = data_->labels[example];
+  }
+  ++step_;
+  return true;
+}
+
+ProgressLog::ProgressLog(const WorkerContext& context,
+                         const BatchStream& batches)
+    : context_(context),
+      batches_(batches),
+      start_(absl::Now()),
+      last_log_(start_) {}
+
+void ProgressLog::Step(double loss, int64_t samples) {
+  ++result_.steps;
+  result_.samples += samples;
+  result_.last_loss = loss;
+  loss_sum_ += loss;
+  ++loss_count_;
+  const absl::Time now = absl::Now();
+  if (context_.log_interval <= absl::ZeroDuration() ||
+      now - last_log_ < context_.log_interval) {
+    return;
+  }
+  const double seconds = absl::ToDoubleSeconds(now - last_log_);
+  common::Log(
+      "worker %d: epoch %d/%d step %d/%d loss %.4f samples/s %.0f pushed "
+      "%.1f MB pulled %.1f MB",
+      context_.rank, batches_.epoch() + 1, context_.config.epochs(),
+      batches_.step_in_epoch(), batches_.steps_per_epoch(),
+      loss_sum_ / loss_count_,
+      (result_.samples - last_samples_) / seconds,
+      context_.client->bytes_pushed() / 1e6,
+      context_.client->bytes_pulled() / 1e6);
+  last_log_ = now;
+  last_samples_ = result_.samples;
+  loss_sum_ = 0;
+  loss_count_ = 0;
+}
+
+WorkerResult ProgressLog::Finish() {
+  result_.elapsed = absl::Now() - start_;
+  const double seconds = absl::ToDoubleSeconds(result_.elapsed);
+  common::Log(
+      "worker %d: done: %d steps, %d samples in %.1f s (%.0f samples/s), "
+      "last loss %.4f",
+      context_.rank, result_.steps, result_.samples, seconds,
+      seconds > 0 ? result_.samples / seconds : 0.0, result_.last_loss);
+  return result_;
+}
+
+}  // namespace monsoon::worker

@@ -1,0 +1,117 @@
+// TrainingLoop: how a worker trains in one mode, one implementation per file
+// (sync_loop.cc, downpour_loop.cc, ...), chosen by MakeTrainingLoop. Also the
+// pieces every loop shares: the stream of batches over a worker's partition
+// and the progress log.
+#ifndef MONSOON_WORKER_TRAINING_LOOP_H_
+#define MONSOON_WORKER_TRAINING_LOOP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/config.pb.h"
+#include "worker/dataset.h"
+#include "worker/mlp.h"
+#include "worker/ps_client.h"
+
+namespace monsoon::worker {
+
+// What a loop needs; nothing here is owned by the loop.
+struct WorkerContext {
+  TrainingConfig config;  // resolved
+  int rank = 0;
+  int num_workers = 1;
+  const Dataset* train = nullptr;
+  Mlp* mlp = nullptr;
+  PsClient* client = nullptr;
+  // Progress lines every this often (0: never).
+  absl::Duration log_interval = absl::Seconds(5);
+  // Notified by another thread to stop early (the loop then returns
+  // CANCELLED between steps).
+  const absl::Notification* stop = nullptr;
+};
+
+struct WorkerResult {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double last_loss = 0;
+  absl::Duration elapsed;
+};
+
+class TrainingLoop {
+ public:
+  virtual ~TrainingLoop() = default;
+  // Trains for config.epochs over the worker's partition. Errors from the
+  // servers come back with the shard named.
+  virtual absl::StatusOr<WorkerResult> Run(const WorkerContext& context) = 0;
+};
+
+// The loop for `mode`, or nullptr for a mode not built.
+std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode);
+std::unique_ptr<TrainingLoop> MakeSyncLoop();
+std::unique_ptr<TrainingLoop> MakeDownpourLoop();
+
+// The batches of one worker: config.epochs passes over its partition, each
+// shuffled from (seed, rank, epoch). Every worker gets the same number of
+// steps per epoch (the smallest partition's, in whole batches), which the
+// sync barrier needs.
+class BatchStream {
+ public:
+  // INVALID_ARGUMENT when the partition holds less than one batch.
+  static absl::StatusOr<BatchStream> Create(const Dataset* data,
+                                            const TrainingConfig& config,
+                                            int rank, int num_workers);
+
+  // Copies the next batch into images()/labels(). False after the last.
+  bool Next();
+  const float* images() const { return images_.data(); }
+  const int32_t* labels() const { return labels_.data(); }
+  int batch_size() const { return batch_size_; }
+  int epoch() const { return epoch_; }          // 0-based, of the last batch
+  int64_t step_in_epoch() const { return step_; }  // 1-based, of the last batch
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t total_steps() const { return steps_per_epoch_ * epochs_; }
+
+ private:
+  BatchStream() = default;
+
+  const Dataset* data_ = nullptr;
+  Partition partition_{0, 0};
+  uint64_t seed_ = 0;
+  int rank_ = 0;
+  int batch_size_ = 0;
+  int epochs_ = 0;
+  int64_t steps_per_epoch_ = 0;
+  int epoch_ = -1;
+  int64_t step_ = 0;
+  std::vector<int64_t> order_;
+  std::vector<float> images_;
+  std::vector<int32_t> labels_;
+};
+
+// Logs "worker R: epoch e/E step s/S loss ... samples/s ..." at most once per
+// interval, and a summary at the end.
+class ProgressLog {
+ public:
+  ProgressLog(const WorkerContext& context, const BatchStream& batches);
+  void Step(double loss, int64_t samples);
+  WorkerResult Finish();
+
+ private:
+  const WorkerContext& context_;
+  const BatchStream& batches_;
+  const absl::Time start_;
+  absl::Time last_log_;
+  int64_t last_samples_ = 0;
+  WorkerResult result_;
+  double loss_sum_ = 0;
+  int loss_count_ = 0;
+};
+
+}  // namespace monsoon::worker
+
+#endif  // MONSOON_WORKER_TRAINING_LOOP_H_
