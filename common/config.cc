@@ -117,7 +117,7 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
     c.set_optimizer(c.mode() == SYNC ? SGD : ADAGRAD);
   }
   if (!c.has_learning_rate()) {
-    c.set_learning_rate(c.optimizer() == SGD ? 0.1f : 0.01f);
+    c.set_learning_rate(0.05f);
   }
   if (!c.has_momentum()) c.set_momentum(c.mode() == SYNC ? 0.9f : 0.0f);
   if (!c.has_local_learning_rate()) c.set_local_learning_rate(0.05f);
@@ -130,6 +130,8 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
   c.set_data_dir(c.data_dir());
   c.set_sync_timeout_s(c.sync_timeout_s());
   c.set_chunk_bytes(c.chunk_bytes());
+  c.set_input_mean(c.input_mean());
+  c.set_input_std(c.input_std());
 
   auto positive_finite = [](float v) { return v > 0 && v < 1e6f; };
   if (!positive_finite(c.learning_rate())) {
@@ -151,6 +153,12 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
   if (c.n_push() < 1) return Invalid("n_push", "must be at least 1");
   if (c.epochs() < 1 || c.epochs() > 100000) {
     return Invalid("epochs", "must be in [1, 100000]");
+  }
+  if (!(c.input_std() > 0 && c.input_std() < 1e6f)) {
+    return Invalid("input_std", "must be a positive number below 1e6");
+  }
+  if (!(c.input_mean() > -1e6f && c.input_mean() < 1e6f)) {
+    return Invalid("input_mean", "must be a finite number");
   }
   if (c.sync_timeout_s() < 1) {
     return Invalid("sync_timeout_s", "must be at least 1 second");

@@ -67,6 +67,16 @@ absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir, Split split) {
   return data;
 }
 
+absl::Status CheckIdxDatasetFiles(const std::string& dir) {
+  for (const char* name :
+       {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    absl::StatusOr<std::string> path = FindFile(dir, name);
+    if (!path.ok()) return path.status();
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Dataset> LoadDatasetFor(const TrainingConfig& config,
                                        Split split) {
   absl::StatusOr<Dataset> data = LoadIdxDataset(config.data_dir(), split);
@@ -75,6 +85,9 @@ absl::StatusOr<Dataset> LoadDatasetFor(const TrainingConfig& config,
   absl::Status fits =
       CheckDatasetFits(*data, sizes[0], sizes[sizes.size() - 1]);
   if (!fits.ok()) return fits;
+  const float mean = config.input_mean();
+  const float inverse_std = 1.0f / config.input_std();
+  for (float& x : data->images) x = (x - mean) * inverse_std;
   return data;
 }
 

@@ -29,7 +29,12 @@ enum class Split { kTrain, kTest };
 // Fashion-MNIST folder names the Debian package that provides it.
 absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir, Split split);
 
-// Loads `split` from config.data_dir and checks that it fits the model.
+// NOT_FOUND (with the same advice as LoadIdxDataset) unless all four files
+// of an IDX data set are in `dir`. Reads nothing.
+absl::Status CheckIdxDatasetFiles(const std::string& dir);
+
+// Loads `split` from config.data_dir, checks that it fits the model and
+// standardizes it with config.input_mean and input_std.
 absl::StatusOr<Dataset> LoadDatasetFor(const TrainingConfig& config,
                                        Split split);
 

@@ -1,0 +1,204 @@
+// launch_local: a whole Monsoon cluster on this machine. Starts --servers
+// shards, --workers replicas and an evaluator on loopback, streams their logs
+// with role prefixes, stops everything at the end or on Ctrl-C, and writes
+// the run's metrics as JSON.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "tools/local_cluster.h"
+#include "tools/metrics.h"
+#include "tools/process_supervisor.h"
+#include "worker/dataset.h"
+
+ABSL_FLAG(std::string, mode, "", "sync or downpour (default: the config's "
+          "mode, else sync).");
+ABSL_FLAG(int, servers, 2, "Parameter-server shards to start.");
+ABSL_FLAG(int, workers, 2, "Worker replicas to start.");
+ABSL_FLAG(int, epochs, 0, "Passes over each worker's data (0: the config's, "
+          "default 3).");
+ABSL_FLAG(std::string, metrics_out, "", "Write the run's metrics (JSON) "
+          "here; they are printed either way.");
+ABSL_FLAG(std::string, config, "", "Base training config (text-format "
+          "monsoon.TrainingConfig); the flags below override it.");
+ABSL_FLAG(double, learning_rate, 0, "Server optimizer's learning rate (0: "
+          "the config's or the mode's default).");
+ABSL_FLAG(double, local_learning_rate, 0, "Workers' local learning rate in "
+          "downpour (0: the config's or 0.05).");
+ABSL_FLAG(int, batch_size, 0, "Examples per worker step (0: the config's, "
+          "default 64).");
+ABSL_FLAG(std::string, hidden, "", "Hidden layer sizes, e.g. 256,128 (empty: "
+          "the config's, default 256,128).");
+ABSL_FLAG(int64_t, seed, -1, "Seed for initial weights and shuffles (-1: "
+          "the config's, default 1).");
+ABSL_FLAG(int, n_fetch, 0, "downpour: pull every n_fetch steps (0: config).");
+ABSL_FLAG(int, n_push, 0, "downpour: push every n_push steps (0: config).");
+ABSL_FLAG(std::string, data_dir, "", "IDX data set folder (empty: the "
+          "config's, default /usr/share/datasets/fashion-mnist).");
+ABSL_FLAG(double, eval_interval_s, 2, "Seconds between evaluations.");
+ABSL_FLAG(std::string, bin_dir, "", "Folder holding server/ps_server and "
+          "worker/ps_{worker,evaluator} (default: found beside this binary).");
+ABSL_FLAG(std::string, work_dir, "", "Folder for the run's config and curve "
+          "(default: a new /tmp/monsoon-run-XXXXXX).");
+
+namespace {
+
+constexpr int kConfigError = 2;
+
+int Fail(int code, const absl::Status& status) {
+  monsoon::common::Log("launch: error: %s", status.ToString());
+  return code;
+}
+
+// bazel-bin/tools/launch_local -> bazel-bin, where server/ and worker/ are.
+std::string DefaultBinDir() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return ".";
+  std::string exe(path, static_cast<size_t>(n));
+  std::string dir = exe.substr(0, exe.rfind('/'));
+  return dir.substr(0, dir.rfind('/'));
+}
+
+absl::StatusOr<monsoon::TrainingConfig> BuildConfig() {
+  monsoon::TrainingConfig config;
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    auto loaded = monsoon::common::LoadConfigFile(absl::GetFlag(FLAGS_config));
+    if (!loaded.ok()) return loaded.status();
+    config = *loaded;
+  }
+  if (!absl::GetFlag(FLAGS_mode).empty()) {
+    auto mode = monsoon::common::ParseMode(absl::GetFlag(FLAGS_mode));
+    if (!mode.ok()) return mode.status();
+    config.set_mode(*mode);
+  }
+  if (absl::GetFlag(FLAGS_epochs) != 0) {
+    config.set_epochs(absl::GetFlag(FLAGS_epochs));
+  }
+  if (absl::GetFlag(FLAGS_learning_rate) != 0) {
+    config.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
+  }
+  if (absl::GetFlag(FLAGS_local_learning_rate) != 0) {
+    config.set_local_learning_rate(absl::GetFlag(FLAGS_local_learning_rate));
+  }
+  if (absl::GetFlag(FLAGS_batch_size) != 0) {
+    config.set_batch_size(absl::GetFlag(FLAGS_batch_size));
+  }
+  if (absl::GetFlag(FLAGS_seed) >= 0) {
+    config.set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+  }
+  if (absl::GetFlag(FLAGS_n_fetch) != 0) {
+    config.set_n_fetch(absl::GetFlag(FLAGS_n_fetch));
+  }
+  if (absl::GetFlag(FLAGS_n_push) != 0) {
+    config.set_n_push(absl::GetFlag(FLAGS_n_push));
+  }
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
+    config.set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  }
+  if (!absl::GetFlag(FLAGS_hidden).empty()) {
+    auto hidden = monsoon::common::ParseIntList(absl::GetFlag(FLAGS_hidden));
+    if (!hidden.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hidden: ", hidden.status().message()));
+    }
+    auto resolved = monsoon::common::ResolveConfig(config);
+    if (!resolved.ok()) return resolved.status();
+    const auto& sizes = resolved->layer_sizes();
+    config.clear_layer_sizes();
+    config.add_layer_sizes(sizes[0]);
+    for (int h : *hidden) config.add_layer_sizes(h);
+    config.add_layer_sizes(sizes[sizes.size() - 1]);
+  }
+  return monsoon::common::ResolveConfig(config);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Runs a Monsoon cluster on this machine and reports its metrics.\n\n"
+      "  launch_local --mode=downpour --servers=2 --workers=2 --epochs=3 "
+      "--metrics_out=/tmp/downpour.json\n\n"
+      "Each process's log lines are prefixed with its role. Ctrl-C stops "
+      "everything. Exit codes: 0 done, 2 bad flags or config, 130 "
+      "interrupted, 1 a process failed.");
+  // Before any thread: the supervisor takes over SIGINT, SIGTERM, SIGCHLD.
+  monsoon::tools::ProcessSupervisor supervisor;
+  absl::ParseCommandLine(argc, argv);
+
+  auto config = BuildConfig();
+  if (!config.ok()) return Fail(kConfigError, config.status());
+  const int servers = absl::GetFlag(FLAGS_servers);
+  const int workers = absl::GetFlag(FLAGS_workers);
+  if (servers < 1 || servers > 64 || workers < 1 || workers > 256) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(
+                    "--servers must be in [1, 64] and --workers in [1, 256]"));
+  }
+  if (auto s = monsoon::worker::CheckIdxDatasetFiles(config->data_dir());
+      !s.ok()) {
+    return Fail(kConfigError, s);
+  }
+  monsoon::tools::LocalClusterOptions options;
+  options.config = *config;
+  options.servers = servers;
+  options.workers = workers;
+  options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
+                        ? DefaultBinDir()
+                        : absl::GetFlag(FLAGS_bin_dir);
+  options.eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
+  options.work_dir = absl::GetFlag(FLAGS_work_dir);
+  if (options.work_dir.empty()) {
+    char pattern[] = "/tmp/monsoon-run-XXXXXX";
+    if (mkdtemp(pattern) == nullptr) {
+      return Fail(1, absl::InternalError("cannot create a folder in /tmp"));
+    }
+    options.work_dir = pattern;
+  }
+  monsoon::common::Log(
+      "launch: mode %s, %d servers, %d workers, %d epochs, batch %d, layers "
+      "%s, optimizer %s lr %g; work dir %s",
+      monsoon::common::ModeName(config->mode()), servers, workers,
+      config->epochs(), config->batch_size(),
+      absl::StrJoin(config->layer_sizes(), "-"),
+      monsoon::common::OptimizerName(config->optimizer()),
+      config->learning_rate(), options.work_dir);
+
+  auto metrics = monsoon::tools::RunLocalCluster(options, &supervisor);
+  if (!metrics.ok()) {
+    const bool interrupted =
+        metrics.status().code() == absl::StatusCode::kCancelled;
+    monsoon::common::Log("launch: %s; stopping every process",
+                         interrupted ? "interrupted" : "run failed");
+    supervisor.StopAll(absl::Seconds(5));
+    return Fail(interrupted ? 130 : 1, metrics.status());
+  }
+  const std::string json = monsoon::tools::MetricsJson(*metrics);
+  std::fputs(json.c_str(), stdout);
+  const std::string out_path = absl::GetFlag(FLAGS_metrics_out);
+  if (!out_path.empty()) {
+    std::ofstream out(out_path);
+    out << json;
+    if (!out) {
+      return Fail(1, absl::InternalError("cannot write " + out_path));
+    }
+    monsoon::common::Log("launch: metrics written to %s", out_path);
+  }
+  const auto& last = metrics->curve.points(metrics->curve.points_size() - 1);
+  monsoon::common::Log(
+      "launch: %s done: final test accuracy %.4f, wall time %.1f s",
+      monsoon::common::ModeName(config->mode()), last.test_accuracy(),
+      metrics->wall_time_s);
+  return 0;
+}

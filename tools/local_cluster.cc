@@ -1,0 +1,205 @@
+#include "tools/local_cluster.h"
+
+#include <signal.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <google/protobuf/text_format.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "worker/ps_client.h"
+
+namespace monsoon::tools {
+namespace {
+
+bool ReadFile(const std::string& path, std::string* text) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  *text = buffer.str();
+  return true;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+// A child that exited while it should not have: the run cannot go on.
+absl::Status ChildFailed(const ProcessSupervisor& s, int id) {
+  return absl::InternalError(absl::StrCat(
+      s.role(id), " exited with code ", s.exit_code(id),
+      " (its log lines above say why); command: ", s.command_line(id)));
+}
+
+}  // namespace
+
+absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
+                                           ProcessSupervisor* supervisor) {
+  ProcessSupervisor& sup = *supervisor;
+  const std::string config_path = options.work_dir + "/config.textproto";
+  if (auto s = WriteFile(config_path, common::ConfigToText(options.config));
+      !s.ok()) {
+    return s;
+  }
+  const std::string S = absl::StrCat(options.servers);
+  const std::string W = absl::StrCat(options.workers);
+
+  // 1. Servers on free ports; each writes its port once it listens.
+  std::vector<int> servers;
+  std::vector<std::string> port_files;
+  for (int s = 0; s < options.servers; ++s) {
+    port_files.push_back(absl::StrCat(options.work_dir, "/server-", s, ".port"));
+    std::remove(port_files.back().c_str());
+    absl::StatusOr<int> id = sup.Start(
+        absl::StrCat("server ", s),
+        {options.bin_dir + "/server/ps_server", absl::StrCat("--shard=", s),
+         "--num_shards=" + S, "--num_workers=" + W, "--listen=127.0.0.1:0",
+         "--port_file=" + port_files.back(), "--config=" + config_path});
+    if (!id.ok()) return id.status();
+    servers.push_back(*id);
+  }
+  std::vector<std::string> addresses(options.servers);
+  absl::Status failed;
+  auto servers_ready = [&] {
+    bool all = true;
+    for (int s = 0; s < options.servers; ++s) {
+      if (!sup.running(servers[s])) {
+        failed = ChildFailed(sup, servers[s]);
+        return true;
+      }
+      std::string text;
+      int port = 0;
+      if (addresses[s].empty() && ReadFile(port_files[s], &text) &&
+          absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
+        addresses[s] = absl::StrCat("127.0.0.1:", port);
+      }
+      all = all && !addresses[s].empty();
+    }
+    return all;
+  };
+  absl::Status status =
+      sup.Pump(servers_ready, absl::Seconds(options.start_timeout_s));
+  if (status.ok()) status = failed;
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    status = absl::DeadlineExceededError(absl::StrCat(
+        "the servers did not start listening within ",
+        options.start_timeout_s, " s"));
+  }
+  if (!status.ok()) return status;
+  const std::string server_list = absl::StrJoin(addresses, ",");
+  common::Log("launch: %d servers up at %s", options.servers, server_list);
+
+  // 2. The evaluator and the workers, started together: the curve's time 0
+  // is the start of training.
+  const std::string curve_path = options.work_dir + "/curve.textproto";
+  std::remove(curve_path.c_str());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int> evaluator = sup.Start(
+      "eval", {options.bin_dir + "/worker/ps_evaluator",
+               "--servers=" + server_list, "--config=" + config_path,
+               "--device=" + options.device,
+               absl::StrCat("--interval_s=", options.eval_interval_s),
+               "--curve_out=" + curve_path});
+  if (!evaluator.ok()) return evaluator.status();
+  std::vector<int> workers;
+  for (int r = 0; r < options.workers; ++r) {
+    absl::StatusOr<int> id = sup.Start(
+        absl::StrCat("worker ", r),
+        {options.bin_dir + "/worker/ps_worker", absl::StrCat("--rank=", r),
+         "--num_workers=" + W, "--servers=" + server_list,
+         "--config=" + config_path, "--device=" + options.device},
+        {"OPENBLAS_NUM_THREADS=1"});
+    if (!id.ok()) return id.status();
+    workers.push_back(*id);
+  }
+
+  // 3. Training: until every worker has exited; any failure ends the run.
+  auto training_done = [&] {
+    bool all = true;
+    for (int id : workers) {
+      if (sup.running(id)) {
+        all = false;
+      } else if (sup.exit_code(id) != 0) {
+        failed = ChildFailed(sup, id);
+        return true;
+      }
+    }
+    for (int id : servers) {
+      if (!sup.running(id)) {
+        failed = ChildFailed(sup, id);
+        return true;
+      }
+    }
+    return all;
+  };
+  status = sup.Pump(training_done, absl::InfiniteDuration());
+  if (status.ok()) status = failed;
+  if (!status.ok()) return status;
+  RunMetrics metrics;
+  metrics.config = options.config;
+  metrics.servers = options.servers;
+  metrics.workers = options.workers;
+  metrics.wall_time_s = absl::ToDoubleSeconds(absl::Now() - start);
+  common::Log("launch: training done in %.1f s; final evaluation",
+              metrics.wall_time_s);
+
+  // 4. The shards' counters, while they still run.
+  {
+  worker::PsClientOptions client_options;
+  client_options.server_addresses = addresses;
+  client_options.config = options.config;
+  client_options.worker_rank = -1;
+  client_options.connect_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(client_options);
+  if (!client.ok()) return client.status();
+  absl::StatusOr<std::vector<StatsResponse>> stats =
+      (*client)->Stats(absl::Seconds(10));
+  if (!stats.ok()) return stats.status();
+  metrics.shard_stats = *stats;
+  }  // closes the channel before the servers shut down
+
+  // 5. The evaluator's last point (on SIGTERM it evaluates once more), then
+  // the servers.
+  sup.Signal(*evaluator, SIGTERM);
+  status = sup.Pump([&] { return !sup.running(*evaluator); },
+                    absl::Seconds(120));
+  if (!status.ok()) return status;
+  if (sup.exit_code(*evaluator) != 0) return ChildFailed(sup, *evaluator);
+  for (int id : servers) sup.Signal(id, SIGTERM);
+  status = sup.Pump(
+      [&] {
+        for (int id : servers) {
+          if (sup.running(id)) return false;
+        }
+        return true;
+      },
+      absl::Seconds(30));
+  if (!status.ok()) return status;
+  for (int id : servers) {
+    if (sup.exit_code(id) != 0) return ChildFailed(sup, id);
+  }
+
+  std::string curve_text;
+  if (!ReadFile(curve_path, &curve_text) ||
+      !google::protobuf::TextFormat::ParseFromString(curve_text,
+                                                     &metrics.curve) ||
+      metrics.curve.points_size() == 0) {
+    return absl::InternalError(
+        absl::StrCat("the evaluator left no curve in ", curve_path));
+  }
+  return metrics;
+}
+
+}  // namespace monsoon::tools

@@ -1,0 +1,115 @@
+#include "tools/metrics.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/config.h"
+
+namespace monsoon::tools {
+namespace {
+
+// JSON numbers: integers exactly, others with enough digits to round-trip
+// what matters here.
+std::string Number(double value) { return absl::StrFormat("%.6g", value); }
+
+}  // namespace
+
+StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
+  std::vector<int64_t> counts;
+  StalenessSummary summary;
+  for (const StatsResponse& shard : shards) {
+    if (counts.size() < static_cast<size_t>(shard.staleness_counts_size())) {
+      counts.resize(shard.staleness_counts_size(), 0);
+    }
+    for (int i = 0; i < shard.staleness_counts_size(); ++i) {
+      counts[i] += shard.staleness_counts(i);
+    }
+    summary.max = std::max(summary.max, shard.staleness_max());
+  }
+  double sum = 0;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    summary.pushes += counts[s];
+    sum += static_cast<double>(s) * counts[s];
+  }
+  if (summary.pushes == 0) return summary;
+  summary.mean = sum / summary.pushes;
+  auto percentile = [&](double q) -> int64_t {
+    // Nearest rank: the ceil(q * n)-th smallest value (1-based).
+    const int64_t rank = std::max<int64_t>(
+        1, static_cast<int64_t>(q * summary.pushes + 0.999999999));
+    int64_t seen = 0;
+    for (size_t s = 0; s < counts.size(); ++s) {
+      seen += counts[s];
+      if (seen >= rank) return static_cast<int64_t>(s);
+    }
+    return static_cast<int64_t>(counts.size()) - 1;
+  };
+  summary.p50 = percentile(0.50);
+  summary.p99 = percentile(0.99);
+  return summary;
+}
+
+std::string MetricsJson(const RunMetrics& run) {
+  int64_t samples = 0, bytes_pushed = 0, bytes_pulled = 0, pushes = 0,
+          rejected = 0;
+  for (const StatsResponse& shard : run.shard_stats) {
+    bytes_pushed += shard.bytes_pushed();
+    bytes_pulled += shard.bytes_pulled();
+    rejected += shard.rejected_pushes();
+  }
+  if (!run.shard_stats.empty()) {
+    // Every push reaches every shard: shard 0 counts each once.
+    samples = run.shard_stats[0].samples();
+    pushes = run.shard_stats[0].pushes();
+  }
+  const StalenessSummary staleness = SummarizeStaleness(run.shard_stats);
+  double final_accuracy = 0, final_loss = 0;
+  if (run.curve.points_size() > 0) {
+    const EvalPoint& last = run.curve.points(run.curve.points_size() - 1);
+    final_accuracy = last.test_accuracy();
+    final_loss = last.test_loss();
+  }
+  const TrainingConfig& c = run.config;
+  std::string json = "{\n";
+  absl::StrAppend(&json, "  \"mode\": \"", common::ModeName(c.mode()), "\",\n");
+  absl::StrAppend(&json, "  \"servers\": ", run.servers, ",\n");
+  absl::StrAppend(&json, "  \"workers\": ", run.workers, ",\n");
+  absl::StrAppend(&json, "  \"wall_time_s\": ", Number(run.wall_time_s), ",\n");
+  absl::StrAppend(&json, "  \"samples\": ", samples, ",\n");
+  absl::StrAppend(&json, "  \"samples_per_s\": ",
+                  Number(run.wall_time_s > 0 ? samples / run.wall_time_s : 0),
+                  ",\n");
+  absl::StrAppend(&json, "  \"final_test_accuracy\": ", Number(final_accuracy),
+                  ",\n");
+  absl::StrAppend(&json, "  \"final_test_loss\": ", Number(final_loss), ",\n");
+  absl::StrAppend(&json, "  \"bytes_pushed\": ", bytes_pushed, ",\n");
+  absl::StrAppend(&json, "  \"bytes_pulled\": ", bytes_pulled, ",\n");
+  absl::StrAppend(&json, "  \"pushes\": ", pushes, ",\n");
+  absl::StrAppend(&json, "  \"rejected_pushes\": ", rejected, ",\n");
+  absl::StrAppend(&json, "  \"staleness\": {\"mean\": ", Number(staleness.mean),
+                  ", \"p50\": ", staleness.p50, ", \"p99\": ", staleness.p99,
+                  ", \"max\": ", staleness.max, "},\n");
+  absl::StrAppend(
+      &json, "  \"config\": {\"layer_sizes\": [",
+      absl::StrJoin(c.layer_sizes(), ", "), "], \"optimizer\": \"",
+      common::OptimizerName(c.optimizer()), "\", \"learning_rate\": ",
+      Number(c.learning_rate()), ", \"momentum\": ", Number(c.momentum()),
+      ", \"local_learning_rate\": ", Number(c.local_learning_rate()),
+      ", \"batch_size\": ", c.batch_size(), ", \"n_fetch\": ", c.n_fetch(),
+      ", \"n_push\": ", c.n_push(), ", \"epochs\": ", c.epochs(),
+      ", \"seed\": ", c.seed(), "},\n");
+  json += "  \"curve\": [";
+  for (int i = 0; i < run.curve.points_size(); ++i) {
+    const EvalPoint& p = run.curve.points(i);
+    absl::StrAppend(&json, i == 0 ? "\n" : ",\n", "    {\"time_s\": ",
+                    Number(p.time_s()), ", \"samples\": ", p.samples(),
+                    ", \"test_accuracy\": ", Number(p.test_accuracy()),
+                    ", \"test_loss\": ", Number(p.test_loss()), "}");
+  }
+  json += run.curve.points_size() > 0 ? "\n  ]\n}\n" : "]\n}\n";
+  return json;
+}
+
+}  // namespace monsoon::tools

@@ -1,0 +1,46 @@
+// Metrics of one run, as DESIGN.md specifies them: assembled from the
+// shards' statistics and the evaluator's curve, and written as one JSON
+// object. Stateless functions; thread-safe.
+#ifndef MONSOON_TOOLS_METRICS_H_
+#define MONSOON_TOOLS_METRICS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "proto/config.pb.h"
+#include "proto/metrics.pb.h"
+#include "proto/service.pb.h"
+
+namespace monsoon::tools {
+
+struct StalenessSummary {
+  double mean = 0;
+  int64_t p50 = 0;
+  int64_t p99 = 0;
+  int64_t max = 0;
+  int64_t pushes = 0;
+};
+
+// Merges the shards' staleness histograms. Percentiles are nearest-rank: the
+// smallest staleness s such that at least q of the pushes have staleness <= s.
+StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards);
+
+struct RunMetrics {
+  TrainingConfig config;  // resolved
+  int servers = 0;
+  int workers = 0;
+  double wall_time_s = 0;  // first worker start to last worker exit
+  std::vector<StatsResponse> shard_stats;
+  EvalCurve curve;
+};
+
+// The JSON object: mode, servers, workers, wall_time_s, samples,
+// samples_per_s, final_test_accuracy, final_test_loss, bytes_pushed,
+// bytes_pulled, pushes, rejected_pushes, staleness {mean, p50, p99, max},
+// config {...}, curve [{time_s, samples, test_accuracy, test_loss}, ...].
+std::string MetricsJson(const RunMetrics& run);
+
+}  // namespace monsoon::tools
+
+#endif  // MONSOON_TOOLS_METRICS_H_

@@ -1,0 +1,80 @@
+// ProcessSupervisor: starts child processes, streams their output line by
+// line with a role prefix ("[worker 1] ..."), notices their exits, and stops
+// them. SIGINT and SIGTERM sent to the supervising process interrupt Pump()
+// instead of killing it, so that it can stop its children first; children
+// also get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG), so none is
+// orphaned.
+//
+// Construct it in main() before any thread starts: it blocks SIGINT, SIGTERM
+// and SIGCHLD (threads started later inherit that) and reads them from a
+// signalfd. At most one per process. Not thread-safe.
+#ifndef MONSOON_TOOLS_PROCESS_SUPERVISOR_H_
+#define MONSOON_TOOLS_PROCESS_SUPERVISOR_H_
+
+#include <sys/types.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace monsoon::tools {
+
+class ProcessSupervisor {
+ public:
+  // Prefixed output goes to `out` (not owned).
+  explicit ProcessSupervisor(FILE* out = stdout);
+  ~ProcessSupervisor();  // stops every child still running
+  ProcessSupervisor(const ProcessSupervisor&) = delete;
+  ProcessSupervisor& operator=(const ProcessSupervisor&) = delete;
+
+  // Starts argv[0] (a path) with the current environment plus `env`
+  // ("NAME=value" entries). Returns the child's id for the calls below.
+  absl::StatusOr<int> Start(const std::string& role,
+                            const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env = {});
+
+  // Streams output and reaps children until `done()` is true (checked after
+  // every event) or `timeout` passes (DEADLINE_EXCEEDED). CANCELLED when
+  // SIGINT or SIGTERM arrives.
+  absl::Status Pump(const std::function<bool()>& done, absl::Duration timeout);
+
+  bool running(int id) const { return children_[id].running; }
+  // Exit status once not running: the exit code, or 128 + signal.
+  int exit_code(int id) const { return children_[id].exit_code; }
+  const std::string& role(int id) const { return children_[id].role; }
+  int size() const { return static_cast<int>(children_.size()); }
+  // The command line, as it was started (for logs).
+  std::string command_line(int id) const;
+
+  void Signal(int id, int sig);
+  // SIGTERM to every running child, SIGKILL to those still running after
+  // `grace`; then all are reaped and their output drained.
+  void StopAll(absl::Duration grace);
+
+ private:
+  struct Child {
+    std::string role;
+    std::vector<std::string> argv;
+    pid_t pid = -1;
+    int out_fd = -1;  // read end of the child's stdout+stderr pipe
+    std::string partial;
+    bool running = false;
+    int exit_code = -1;
+  };
+  void ReadOutput(Child& child);
+  void Reap();
+  void PrintLine(const Child& child, const std::string& line);
+
+  FILE* const out_;
+  int signal_fd_ = -1;
+  std::vector<Child> children_;
+};
+
+}  // namespace monsoon::tools
+
+#endif  // MONSOON_TOOLS_PROCESS_SUPERVISOR_H_

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs, from Debian's packages, everything Monsoon's build, tests and demo
+# need. Idempotent: does nothing when all of it is already installed.
+set -euo pipefail
+
+packages=(
+  g++
+  bazel-bootstrap        # Bazel 4 (pulls in a JDK)
+  bazel-rules-java       # @rules_java, declared locally in WORKSPACE
+  libgrpc++-dev protobuf-compiler-grpc
+  libprotobuf-dev protobuf-compiler
+  libabsl-dev
+  libgtest-dev libgmock-dev
+  libopenblas-dev
+  zlib1g-dev
+  dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then
+    sudo="sudo"
+  else
+    echo "setup: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
