@@ -108,19 +108,40 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
   if (c.mode() == MODE_UNSPECIFIED) {
     return Invalid("mode", "must be one of sync, downpour, easgd, hogwild, onebit");
   }
-  if (c.mode() != SYNC && c.mode() != DOWNPOUR) {
-    return Invalid("mode", absl::StrCat("'", ModeName(c.mode()),
-                                        "' is not implemented yet; use sync or "
-                                        "downpour"));
-  }
   if (c.optimizer() == OPTIMIZER_AUTO) {
-    c.set_optimizer(c.mode() == SYNC ? SGD : ADAGRAD);
+    c.set_optimizer(c.mode() == DOWNPOUR || c.mode() == ONEBIT ? ADAGRAD : SGD);
+  }
+  if (c.mode() == HOGWILD && c.optimizer() != SGD) {
+    return Invalid("optimizer", "must be SGD in hogwild: lock-free shards "
+                                "apply plain SGD, which keeps no state");
   }
   if (!c.has_learning_rate()) {
-    c.set_learning_rate(0.05f);
+    c.set_learning_rate(c.mode() == HOGWILD ? 0.1f : 0.05f);
   }
   if (!c.has_momentum()) c.set_momentum(c.mode() == SYNC ? 0.9f : 0.0f);
-  if (!c.has_local_learning_rate()) c.set_local_learning_rate(0.05f);
+  if (c.mode() == HOGWILD && c.momentum() != 0) {
+    return Invalid("momentum", "must be 0 in hogwild (plain SGD)");
+  }
+  if (!c.has_local_learning_rate()) {
+    c.set_local_learning_rate(c.mode() == EASGD ? 0.01f : 0.05f);
+  }
+  if (!c.has_local_momentum()) {
+    c.set_local_momentum(c.mode() == EASGD ? 0.9f : 0.0f);
+  }
+  if (c.compression() == COMPRESSION_AUTO) {
+    c.set_compression(c.mode() == ONEBIT ? COMPRESSION_ONEBIT
+                                         : COMPRESSION_NONE);
+  }
+  if (c.mode() == ONEBIT && c.compression() != COMPRESSION_ONEBIT) {
+    return Invalid("compression", "must be ONEBIT (or unset) in mode onebit");
+  }
+  if ((c.mode() == EASGD || c.mode() == HOGWILD) &&
+      c.compression() == COMPRESSION_ONEBIT) {
+    return Invalid("compression",
+                   "ONEBIT works with sync, downpour and onebit only");
+  }
+  c.set_tau(c.tau());
+  c.set_onebit_bucket_size(c.onebit_bucket_size());
   c.set_adagrad_initial_accumulator(c.adagrad_initial_accumulator());
   c.set_batch_size(c.batch_size());
   c.set_n_fetch(c.n_fetch());
@@ -159,6 +180,16 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
   }
   if (!(c.input_mean() > -1e6f && c.input_mean() < 1e6f)) {
     return Invalid("input_mean", "must be a finite number");
+  }
+  if (c.tau() < 1) return Invalid("tau", "must be at least 1");
+  if (c.has_alpha() && !(c.alpha() > 0 && c.alpha() < 1)) {
+    return Invalid("alpha", "must be in (0, 1)");
+  }
+  if (!(c.local_momentum() >= 0 && c.local_momentum() < 1)) {
+    return Invalid("local_momentum", "must be in [0, 1)");
+  }
+  if (c.onebit_bucket_size() < 1 || c.onebit_bucket_size() > (1 << 20)) {
+    return Invalid("onebit_bucket_size", "must be in [1, 1048576]");
   }
   if (c.sync_timeout_s() < 1) {
     return Invalid("sync_timeout_s", "must be at least 1 second");

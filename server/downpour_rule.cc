@@ -31,7 +31,9 @@ class DownpourRule : public UpdateRule {
             state_->shard(), " is only at version ", version_));
       }
       result.staleness = version_ - push.base_version;
+      state_->BeginApply();
       optimizer_->Apply(push.values, state_->weights());
+      state_->EndApply();
       ++version_;
       result.version = version_;
       state_->RecordPush(result.staleness, push.samples, push.wire_bytes);

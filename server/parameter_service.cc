@@ -24,11 +24,13 @@ grpc::Status InvalidArgument(const std::string& message) {
 class PushReactor : public grpc::ServerReadReactor<PushChunk> {
  public:
   PushReactor(grpc::CallbackServerContext* context, ShardState* state,
-              UpdateRule* rule, int num_workers, PushResponse* response)
+              UpdateRule* rule, int num_workers, PushEncoding encoding,
+              int bucket_size, PushResponse* response)
       : context_(context),
         state_(state),
         rule_(rule),
-        decoder_(state->shard(), state->size(), num_workers),
+        decoder_(state->shard(), state->size(), num_workers, encoding,
+                 bucket_size),
         response_(response) {
     StartRead(&chunk_);
   }
@@ -147,6 +149,8 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
     : fingerprint_(common::ConfigFingerprint(resolved)),
       num_workers_(num_workers),
       chunk_values_(static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float)),
+      encoding_(PushEncodingFor(resolved)),
+      bucket_size_(resolved.onebit_bucket_size()),
       state_(state),
       rule_(rule) {}
 
@@ -188,7 +192,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
 
 grpc::ServerReadReactor<PushChunk>* ParameterServiceImpl::Push(
     grpc::CallbackServerContext* context, PushResponse* response) {
-  return new PushReactor(context, state_, rule_, num_workers_, response);
+  return new PushReactor(context, state_, rule_, num_workers_, encoding_,
+                         bucket_size_, response);
 }
 
 namespace {

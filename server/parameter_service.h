@@ -36,6 +36,8 @@ class ParameterServiceImpl final : public ParameterService::CallbackService {
   const uint64_t fingerprint_;
   const int num_workers_;
   const size_t chunk_values_;
+  const PushEncoding encoding_;
+  const int bucket_size_;
   ShardState* const state_;
   UpdateRule* const rule_;
 };

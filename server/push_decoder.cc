@@ -1,15 +1,26 @@
 #include "server/push_decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/float_bytes.h"
+#include "common/onebit.h"
 
 namespace monsoon::server {
 
-PushDecoder::PushDecoder(int shard, uint64_t shard_size, int num_workers)
-    : shard_(shard), shard_size_(shard_size), num_workers_(num_workers) {}
+PushEncoding PushEncodingFor(const TrainingConfig& resolved) {
+  return resolved.compression() == COMPRESSION_ONEBIT ? ENCODING_ONEBIT : ENCODING_FLOAT32;
+}
+
+PushDecoder::PushDecoder(int shard, uint64_t shard_size, int num_workers,
+                         PushEncoding encoding, int bucket_size)
+    : shard_(shard),
+      shard_size_(shard_size),
+      num_workers_(num_workers),
+      encoding_(encoding),
+      bucket_size_(bucket_size) {}
 
 absl::Status PushDecoder::Add(const PushChunk& chunk) {
   data_.wire_bytes += static_cast<int64_t>(chunk.ByteSizeLong());
@@ -34,6 +45,17 @@ absl::Status PushDecoder::Add(const PushChunk& chunk) {
           absl::StrCat("push of ", h.length(), " values, but shard ", shard_,
                        " holds ", shard_size_));
     }
+    if (h.encoding() != encoding_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push encoded as ", PushEncoding_Name(h.encoding()),
+          " but this run's config makes workers push ",
+          PushEncoding_Name(encoding_)));
+    }
+    if (encoding_ == ENCODING_ONEBIT && h.bucket_size() != bucket_size_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "1-bit push in buckets of ", h.bucket_size(), " but the config's "
+          "onebit_bucket_size is ", bucket_size_));
+    }
     if (h.base_version() < 0 || h.samples() < 0) {
       return absl::InvalidArgumentError(
           "push header has a negative base_version or samples");
@@ -51,6 +73,10 @@ absl::Status PushDecoder::Add(const PushChunk& chunk) {
         absl::StrCat("chunk at offset ", chunk.offset(), " but ", received_,
                      " values have arrived: chunks must be in order"));
   }
+  if (encoding_ == ENCODING_ONEBIT) return AddOneBit(chunk);
+  if (!chunk.scales().empty()) {
+    return absl::InvalidArgumentError("a float32 push chunk carries scales");
+  }
   if (chunk.data().size() % sizeof(float) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk of ", chunk.data().size(),
@@ -63,6 +89,31 @@ absl::Status PushDecoder::Add(const PushChunk& chunk) {
                      " values of shard ", shard_));
   }
   common::CopyBytesToFloats(chunk.data(), data_.values.data() + received_);
+  received_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status PushDecoder::AddOneBit(const PushChunk& chunk) {
+  // Chunks hold whole buckets: the scales say how many.
+  constexpr uint64_t kScaleBytes = 2 * sizeof(float);
+  if (chunk.scales().size() % kScaleBytes != 0 || chunk.scales().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "1-bit chunk has ", chunk.scales().size(),
+        " bytes of scales; it needs two float32 per bucket, at least one"));
+  }
+  const uint64_t buckets = chunk.scales().size() / kScaleBytes;
+  const uint64_t left = shard_size_ - received_;
+  if (buckets > common::OneBitBuckets(left, bucket_size_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "1-bit chunk has ", buckets, " buckets but only ", left,
+        " values of shard ", shard_, " remain (buckets of ", bucket_size_,
+        ")"));
+  }
+  const uint64_t n = std::min<uint64_t>(left, buckets * bucket_size_);
+  absl::Status status = common::OneBitDecode(
+      chunk.data(), chunk.scales(), bucket_size_,
+      absl::MakeSpan(data_.values.data() + received_, n));
+  if (!status.ok()) return status;
   received_ += n;
   return absl::OkStatus();
 }

@@ -48,6 +48,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // gRPC sets SO_REUSEPORT by default, which would let a second shard bind
+  // a port already in use and silently share its connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(

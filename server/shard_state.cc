@@ -63,6 +63,15 @@ std::vector<ShardState::Waiter> ShardState::AdvanceVersion(int64_t version) {
   return ready;
 }
 
+void ShardState::BeginApply() {
+  const int now = applying_.fetch_add(1) + 1;
+  int seen = max_applying_.load();
+  while (now > seen && !max_applying_.compare_exchange_weak(seen, now)) {
+  }
+}
+
+void ShardState::EndApply() { applying_.fetch_sub(1); }
+
 void ShardState::RecordPush(int64_t staleness, int64_t samples, int64_t bytes) {
   absl::MutexLock lock(&stats_mu_);
   ++pushes_;
@@ -94,6 +103,7 @@ StatsResponse ShardState::Stats() const {
   stats.set_bytes_pushed(bytes_pushed_);
   stats.set_bytes_pulled(bytes_pulled_);
   stats.set_staleness_max(staleness_max_);
+  stats.set_max_concurrent_applies(max_applying_.load());
   // Trim trailing zero buckets to keep the message small.
   size_t used = staleness_counts_.size();
   while (used > 0 && staleness_counts_[used - 1] == 0) --used;

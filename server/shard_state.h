@@ -64,6 +64,11 @@ class ShardState {
   // waiters it made ready; the caller runs them after releasing its own locks.
   std::vector<Waiter> AdvanceVersion(int64_t version);
 
+  // Rules bracket their writes to the weights with these, so that Stats can
+  // report how many pushes wrote at the same moment.
+  void BeginApply();
+  void EndApply();
+
   // Statistics.
   void RecordPush(int64_t staleness, int64_t samples, int64_t bytes);
   void RecordRejectedPush();
@@ -85,6 +90,9 @@ class ShardState {
     Waiter ready;
   };
   std::map<uint64_t, Pending> waiters_ ABSL_GUARDED_BY(waiters_mu_);
+
+  std::atomic<int> applying_{0};
+  std::atomic<int> max_applying_{0};
 
   mutable absl::Mutex stats_mu_;
   int64_t pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;

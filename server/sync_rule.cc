@@ -53,7 +53,9 @@ class SyncRule : public UpdateRule {
       if (count_ == num_workers_) {
         const float scale = 1.0f / static_cast<float>(num_workers_);
         for (float& v : sum_) v *= scale;
+        state_->BeginApply();
         optimizer_->Apply(sum_, state_->weights());
+        state_->EndApply();
         std::fill(sum_.begin(), sum_.end(), 0.0f);
         std::fill(arrived_.begin(), arrived_.end(), false);
         count_ = 0;

@@ -8,9 +8,13 @@ std::unique_ptr<UpdateRule> MakeUpdateRule(const TrainingConfig& resolved,
     case SYNC:
       return MakeSyncRule(resolved, num_workers, state);
     case DOWNPOUR:
+    case ONEBIT:  // PushDecoder has already decoded the 1-bit payload
       return MakeDownpourRule(resolved, state);
+    case EASGD:
+      return MakeEasgdRule(state);
+    case HOGWILD:
+      return MakeHogwildRule(resolved, state);
     default:
-      // ResolveConfig refuses the modes not built yet.
       return nullptr;
   }
 }

@@ -1,5 +1,6 @@
 // UpdateRule: what a shard does with a push, one implementation per mode
-// (sync_rule.cc, downpour_rule.cc, ...), chosen by MakeUpdateRule.
+// (sync_rule.cc, downpour_rule.cc, easgd_rule.cc,
+// hogwild_rule.cc; onebit is downpour after PushDecoder has decoded), chosen by MakeUpdateRule.
 //
 // The service validates every push (length, shard, worker rank, finite
 // values) before a rule sees it; a rule that still refuses one returns an
@@ -55,6 +56,9 @@ std::unique_ptr<UpdateRule> MakeSyncRule(const TrainingConfig& resolved,
                                          int num_workers, ShardState* state);
 std::unique_ptr<UpdateRule> MakeDownpourRule(const TrainingConfig& resolved,
                                              ShardState* state);
+std::unique_ptr<UpdateRule> MakeEasgdRule(ShardState* state);
+std::unique_ptr<UpdateRule> MakeHogwildRule(const TrainingConfig& resolved,
+                                            ShardState* state);
 
 }  // namespace monsoon::server
 

@@ -21,7 +21,8 @@
 #include "tools/process_supervisor.h"
 #include "worker/dataset.h"
 
-ABSL_FLAG(std::string, mode, "", "sync or downpour (default: the config's "
+ABSL_FLAG(std::string, mode, "", "sync, downpour, easgd, hogwild or onebit "
+          "(default: the config's "
           "mode, else sync).");
 ABSL_FLAG(int, servers, 2, "Parameter-server shards to start.");
 ABSL_FLAG(int, workers, 2, "Worker replicas to start.");

@@ -59,6 +59,8 @@ class ComputeBackend {
                                    float* stats) = 0;
   // y += alpha * x.
   virtual void Axpy(size_t n, float alpha, const float* x, float* y) = 0;
+  // y *= alpha.
+  virtual void Scale(size_t n, float alpha, float* y) = 0;
   // y[i] = value.
   virtual void Fill(size_t n, float value, float* y) = 0;
 

@@ -113,6 +113,10 @@ class CpuBackend : public ComputeBackend {
     cblas_saxpy(static_cast<int>(n), alpha, x, 1, y, 1);
   }
 
+  void Scale(size_t n, float alpha, float* y) override {
+    cblas_sscal(static_cast<int>(n), alpha, y, 1);
+  }
+
   void Fill(size_t n, float value, float* y) override {
     std::fill(y, y + n, value);
   }

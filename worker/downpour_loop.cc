@@ -1,6 +1,7 @@
 // downpour (Dean et al. 2012): fetch the weights every n_fetch steps; between
 // fetches apply its own gradients locally (local_learning_rate); push the
 // gradient accumulated over n_push steps, never waiting for other workers.
+// Also the onebit mode's loop: PsClient quantizes the pushes.
 
 #include <algorithm>
 #include <vector>
@@ -47,7 +48,11 @@ class DownpourLoop : public TrainingLoop {
       if (auto s = c.mlp->GetGradients(absl::MakeSpan(grads)); !s.ok()) {
         return s;
       }
-      c.mlp->ApplyGradients(c.config.local_learning_rate());
+      if (auto s = c.mlp->ApplyGradients(c.config.local_learning_rate(),
+                                         c.config.local_momentum());
+          !s.ok()) {
+        return s;
+      }
       for (size_t i = 0; i < p; ++i) accumulated[i] += grads[i];
       ++pending;
       ++step;

@@ -41,10 +41,12 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes) {
     const uint32_t dim = (uint32_t{u8(at)} << 24) | (uint32_t{u8(at + 1)} << 16) |
                          (uint32_t{u8(at + 2)} << 8) | uint32_t{u8(at + 3)};
     array.dims.push_back(dim);
-    total *= dim;
-    if (total > (uint64_t{1} << 34)) {
+    // Checked before multiplying: total * dim could wrap around to a small
+    // number (2^31 * 4 * 2^31 = 2^64 = 0) and pass as an empty array.
+    if (dim != 0 && total > (uint64_t{1} << 34) / dim) {
       return absl::InvalidArgumentError("IDX dimensions are implausibly large");
     }
+    total *= dim;
   }
   const uint64_t body = bytes.size() - header;
   if (body < total) {

@@ -19,7 +19,8 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(
 
 Mlp::~Mlp() {
   for (void* p : {static_cast<void*>(params_), static_cast<void*>(grads_),
-                  static_cast<void*>(stats_), static_cast<void*>(labels_)}) {
+                  static_cast<void*>(velocity_), static_cast<void*>(stats_),
+                  static_cast<void*>(labels_)}) {
     if (p != nullptr) backend_->Free(p);
   }
   for (float* p : activations_) {
@@ -155,8 +156,22 @@ absl::StatusOr<BatchResult> Mlp::ComputeGradients(const float* images,
   return ReadStats(batch);
 }
 
-void Mlp::ApplyGradients(float learning_rate) {
-  backend_->Axpy(layout_.num_params(), -learning_rate, grads_, params_);
+absl::Status Mlp::ApplyGradients(float learning_rate, float momentum) {
+  const size_t p = layout_.num_params();
+  if (momentum <= 0) {
+    backend_->Axpy(p, -learning_rate, grads_, params_);
+    return absl::OkStatus();
+  }
+  if (velocity_ == nullptr) {
+    absl::StatusOr<float*> velocity = backend_->AllocateFloats(p);
+    if (!velocity.ok()) return velocity.status();
+    velocity_ = *velocity;
+    backend_->Fill(p, 0.0f, velocity_);
+  }
+  backend_->Scale(p, momentum, velocity_);
+  backend_->Axpy(p, 1.0f, grads_, velocity_);
+  backend_->Axpy(p, -learning_rate, velocity_, params_);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<BatchResult> Mlp::Evaluate(const float* images,

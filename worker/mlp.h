@@ -47,8 +47,10 @@ class Mlp {
   float* device_gradients() { return grads_; }
   float* device_params() { return params_; }
 
-  // params -= learning_rate * gradients, on the device.
-  void ApplyGradients(float learning_rate);
+  // params -= learning_rate * gradients, on the device. With momentum > 0:
+  // velocity = momentum * velocity + gradients; params -= lr * velocity
+  // (velocity starts at 0, allocated on first use).
+  absl::Status ApplyGradients(float learning_rate, float momentum = 0);
 
   // Loss and accuracy over n examples, forward only, max_batch at a time.
   absl::StatusOr<BatchResult> Evaluate(const float* images,
@@ -70,6 +72,7 @@ class Mlp {
   const int max_batch_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
+  float* velocity_ = nullptr;
   float* stats_ = nullptr;
   int32_t* labels_ = nullptr;
   std::vector<float*> activations_;  // [0] input, [l+1] output of layer l

@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
+#include "common/onebit.h"
 
 namespace monsoon::worker {
 namespace {
@@ -67,29 +68,29 @@ absl::Status Annotate(const absl::Status& status, int shard,
                                                   status.message()));
 }
 
-// Streams one shard's slice of a gradient.
+// Streams one shard's push, already cut into chunks.
 class PushCall : public grpc::ClientWriteReactor<PushChunk> {
  public:
   PushCall(ParameterService::Stub* stub, ShardCalls* calls, int shard,
-           const std::string& address, PushHeader header,
-           absl::Span<const float> values, size_t chunk_values,
-           std::atomic<int64_t>* bytes, PushResponse* response)
+           const std::string& address, std::vector<PushChunk> chunks,
+           PushResponse* response)
       : calls_(calls),
         shard_(shard),
         address_(address),
-        header_(std::move(header)),
-        values_(values),
-        chunk_values_(chunk_values),
-        bytes_(bytes),
+        chunks_(std::move(chunks)),
         response_(response) {
     stub->async()->Push(&context_, response_, this);
-    WriteNext();
+    StartWrite(&chunks_[0]);
     StartCall();
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) return;  // the server ended the call; OnDone has its status
-    WriteNext();
+    if (++next_ < chunks_.size()) {
+      StartWrite(&chunks_[next_]);
+    } else {
+      StartWritesDone();
+    }
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -98,34 +99,13 @@ class PushCall : public grpc::ClientWriteReactor<PushChunk> {
   }
 
  private:
-  void WriteNext() {
-    if (sent_ == values_.size() && !first_) {
-      StartWritesDone();
-      return;
-    }
-    chunk_.Clear();
-    if (first_) *chunk_.mutable_header() = header_;
-    first_ = false;
-    const size_t n = std::min(chunk_values_, values_.size() - sent_);
-    chunk_.set_offset(sent_);
-    common::AppendFloatBytes(values_.subspan(sent_, n), chunk_.mutable_data());
-    sent_ += n;
-    bytes_->fetch_add(static_cast<int64_t>(chunk_.ByteSizeLong()));
-    StartWrite(&chunk_);
-  }
-
   grpc::ClientContext context_;
   ShardCalls* const calls_;
   const int shard_;
   const std::string address_;
-  const PushHeader header_;
-  const absl::Span<const float> values_;
-  const size_t chunk_values_;
-  std::atomic<int64_t>* const bytes_;
+  const std::vector<PushChunk> chunks_;  // never empty
   PushResponse* const response_;
-  PushChunk chunk_;
-  size_t sent_ = 0;
-  bool first_ = true;
+  size_t next_ = 0;
 };
 
 // Receives one shard's slice of the weights.
@@ -272,6 +252,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
           ": check --servers and the servers' --num_shards"));
     }
     client->ranges_.push_back(expected);
+    if (options.config.compression() == COMPRESSION_ONEBIT) {
+      client->residual_.assign(params, 0.0f);
+    }
     client->initial_versions_.push_back(response.version());
   }
   return client;
@@ -301,11 +284,59 @@ absl::Status PsClient::Pull(int64_t min_version, absl::Duration timeout,
   return PullAsync(min_version, timeout, params, versions)->Wait();
 }
 
+std::vector<PushChunk> PsClient::EncodeShard(int shard,
+                                             absl::Span<const float> values,
+                                             PushHeader header) {
+  std::vector<PushChunk> chunks;
+  const common::ShardRange range = ranges_[shard];
+  if (header.encoding() == ENCODING_FLOAT32) {
+    for (size_t sent = 0; sent < values.size() || chunks.empty();) {
+      const size_t n = std::min(chunk_values_, values.size() - sent);
+      PushChunk& chunk = chunks.emplace_back();
+      chunk.set_offset(sent);
+      common::AppendFloatBytes(values.subspan(sent, n), chunk.mutable_data());
+      sent += n;
+    }
+  } else {
+    // Quantize v = g + residual, bucket by bucket within this shard's slice,
+    // then cut the encoding into chunks of whole buckets.
+    const int bucket = config_.onebit_bucket_size();
+    common::OneBitEncoded encoded;
+    common::OneBitEncode(
+        values, absl::MakeSpan(residual_).subspan(range.begin, range.size()),
+        bucket, &encoded);
+    const uint64_t bucket_bytes = (bucket + 7) / 8 + 2 * sizeof(float);
+    const uint64_t per_chunk = std::max<uint64_t>(
+        1, static_cast<uint64_t>(config_.chunk_bytes()) / bucket_bytes);
+    const uint64_t buckets = common::OneBitBuckets(values.size(), bucket);
+    size_t bits_at = 0;
+    for (uint64_t b = 0; b < buckets; b += per_chunk) {
+      const uint64_t count = std::min(per_chunk, buckets - b);
+      const uint64_t first = b * bucket;
+      const uint64_t n = std::min<uint64_t>(values.size() - first,
+                                            count * bucket);
+      const uint64_t bits = common::OneBitBitsBytes(n, bucket);
+      PushChunk& chunk = chunks.emplace_back();
+      chunk.set_offset(first);
+      chunk.set_data(encoded.bits.substr(bits_at, bits));
+      chunk.set_scales(
+          encoded.scales.substr(b * 2 * sizeof(float), count * 2 * sizeof(float)));
+      bits_at += bits;
+    }
+  }
+  *chunks[0].mutable_header() = std::move(header);
+  for (const PushChunk& chunk : chunks) {
+    bytes_pushed_.fetch_add(static_cast<int64_t>(chunk.ByteSizeLong()));
+  }
+  return chunks;
+}
+
 std::unique_ptr<PendingCall> PsClient::PushAsync(
     absl::Span<const float> grads, const std::vector<int64_t>& base_versions,
     int64_t samples, std::vector<PushResponse>* results) {
   auto calls = std::make_unique<ShardCalls>(num_shards());
   if (results != nullptr) results->assign(num_shards(), PushResponse());
+  const bool onebit = config_.compression() == COMPRESSION_ONEBIT;
   for (int s = 0; s < num_shards(); ++s) {
     PushHeader header;
     header.set_worker_rank(worker_rank_);
@@ -313,14 +344,19 @@ std::unique_ptr<PendingCall> PsClient::PushAsync(
     header.set_base_version(base_versions[s]);
     header.set_length(ranges_[s].size());
     header.set_samples(samples);
+    if (onebit) {
+      header.set_encoding(ENCODING_ONEBIT);
+      header.set_bucket_size(config_.onebit_bucket_size());
+    }
     // A response slot per shard; a scratch one when the caller wants none.
     PushResponse* response =
         results != nullptr ? &(*results)[s]
                            : calls->Own(std::make_unique<PushResponse>());
     calls->Own(std::make_unique<PushCall>(
-        stubs_[s].get(), calls.get(), s, addresses_[s], std::move(header),
-        grads.subspan(ranges_[s].begin, ranges_[s].size()), chunk_values_,
-        &bytes_pushed_, response));
+        stubs_[s].get(), calls.get(), s, addresses_[s],
+        EncodeShard(s, grads.subspan(ranges_[s].begin, ranges_[s].size()),
+                    std::move(header)),
+        response));
   }
   return calls;
 }

@@ -4,8 +4,8 @@
 // plain forms wait at once. Tensors are the whole flattened parameter vector;
 // the client cuts and joins the shards' slices.
 //
-// Thread-safe for calls that do not share output buffers; counters are
-// atomic. A PendingCall must be waited on before its buffers go away.
+// Thread-safe for calls that do not share output buffers, except that 1-bit
+// pushes (which update the residual) must not overlap; counters are atomic. A PendingCall must be waited on before its buffers go away.
 #ifndef MONSOON_WORKER_PS_CLIENT_H_
 #define MONSOON_WORKER_PS_CLIENT_H_
 
@@ -71,6 +71,9 @@ class PsClient {
 
   // Sends shard s the slice of `grads` it owns, computed from
   // base_versions[s]. results (if not null) gets each shard's response.
+  // With the config's COMPRESSION_ONEBIT the values are quantized to 1 bit
+  // with this client's residual (error feedback), which the call updates:
+  // one push at a time then.
   std::unique_ptr<PendingCall> PushAsync(
       absl::Span<const float> grads, const std::vector<int64_t>& base_versions,
       int64_t samples, std::vector<PushResponse>* results);
@@ -86,6 +89,10 @@ class PsClient {
 
  private:
   PsClient() = default;
+  // Cuts (and, for 1-bit, quantizes) one shard's slice into chunks; the
+  // header goes into the first.
+  std::vector<PushChunk> EncodeShard(int shard, absl::Span<const float> values,
+                                     PushHeader header);
 
   // Constant after Connect.
   TrainingConfig config_;
@@ -95,6 +102,9 @@ class PsClient {
   std::vector<std::unique_ptr<ParameterService::Stub>> stubs_;
   std::vector<common::ShardRange> ranges_;
   std::vector<int64_t> initial_versions_;
+
+  // 1-bit error feedback: what earlier pushes' quantization lost.
+  std::vector<float> residual_;
 
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};

@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
       "--servers=ps-0:5000,ps-1:5000 --config=train.textproto\n\n"
       "Every flag may also come from MONSOON_<FLAG> in the environment; a "
       "flag on the command line wins. Exit codes: 0 when training is done, "
-      "2 for a configuration error, 1 otherwise.");
+      "2 for a configuration error, 128+N after signal N (SIGTERM or SIGINT "
+      "stop training between steps), 1 otherwise.");
   monsoon::common::TerminationWatcher termination;
   absl::Status env = monsoon::common::ApplyFlagEnvironment(
       {"rank", "num_workers", "servers", "config", "data_dir", "device"});
@@ -127,6 +128,12 @@ int main(int argc, char** argv) {
   // SIGTERM or SIGINT stops training between steps.
   context.stop = &termination.terminated();
   auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
+  if (!result.ok() && termination.terminated().HasBeenNotified()) {
+    // Errors after a signal are the shutdown's echo (servers going away).
+    monsoon::common::Log("ps_worker: rank %d stopped by signal %d", rank,
+                         termination.signal());
+    return 128 + termination.signal();
+  }
   if (!result.ok()) return Fail(1, result.status());
   return 0;
 }

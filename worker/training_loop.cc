@@ -13,7 +13,12 @@ std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode) {
     case SYNC:
       return MakeSyncLoop();
     case DOWNPOUR:
+    case ONEBIT:  // PsClient quantizes the pushes
       return MakeDownpourLoop();
+    case EASGD:
+      return MakeEasgdLoop();
+    case HOGWILD:
+      return MakeHogwildLoop();
     default:
       return nullptr;
   }

@@ -1,5 +1,6 @@
 // TrainingLoop: how a worker trains in one mode, one implementation per file
-// (sync_loop.cc, downpour_loop.cc, ...), chosen by MakeTrainingLoop. Also the
+// (sync_loop.cc, downpour_loop.cc, easgd_loop.cc,
+// hogwild_loop.cc; onebit is downpour with 1-bit pushes), chosen by MakeTrainingLoop. Also the
 // pieces every loop shares: the stream of batches over a worker's partition
 // and the progress log.
 #ifndef MONSOON_WORKER_TRAINING_LOOP_H_
@@ -53,7 +54,9 @@ class TrainingLoop {
 // The loop for `mode`, or nullptr for a mode not built.
 std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode);
 std::unique_ptr<TrainingLoop> MakeSyncLoop();
-std::unique_ptr<TrainingLoop> MakeDownpourLoop();
+std::unique_ptr<TrainingLoop> MakeDownpourLoop();  // also onebit's
+std::unique_ptr<TrainingLoop> MakeEasgdLoop();
+std::unique_ptr<TrainingLoop> MakeHogwildLoop();
 
 // The batches of one worker: config.epochs passes over its partition, each
 // shuffled from (seed, rank, epoch). Every worker gets the same number of
