@@ -68,6 +68,7 @@ void ShardState::BeginApply() {
   int seen = max_applying_.load();
   while (now > seen && !max_applying_.compare_exchange_weak(seen, now)) {
   }
+  if (apply_hook_) apply_hook_();
 }
 
 void ShardState::EndApply() { applying_.fetch_sub(1); }

@@ -69,6 +69,13 @@ class ShardState {
   void BeginApply();
   void EndApply();
 
+  // Tests only: runs at every BeginApply, on the applying thread, so that a
+  // test can hold one push inside its apply while another arrives. Set it
+  // before any push; it is not synchronized.
+  void set_apply_hook_for_testing(std::function<void()> hook) {
+    apply_hook_ = std::move(hook);
+  }
+
   // Statistics.
   void RecordPush(int64_t staleness, int64_t samples, int64_t bytes);
   void RecordRejectedPush();
@@ -91,6 +98,7 @@ class ShardState {
   };
   std::map<uint64_t, Pending> waiters_ ABSL_GUARDED_BY(waiters_mu_);
 
+  std::function<void()> apply_hook_;
   std::atomic<int> applying_{0};
   std::atomic<int> max_applying_{0};
 

@@ -13,7 +13,10 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "proto/config.pb.h"
 #include "server/shard_state.h"
 
@@ -45,6 +48,28 @@ class UpdateRule {
 
   // A copy of the weights and the version they belong to.
   virtual void Snapshot(std::vector<float>* weights, int64_t* version) = 0;
+};
+
+// A rule that applies pushes one at a time, at once, whatever their
+// staleness (recorded, not refused): downpour and easgd. Subclasses say only
+// how a push changes the weights.
+class SerialRule : public UpdateRule {
+ public:
+  explicit SerialRule(ShardState* state) : state_(state) {}
+
+  absl::StatusOr<PushResult> Apply(const PushData& push) final;
+  void Snapshot(std::vector<float>* weights, int64_t* version) final;
+
+ protected:
+  // Called with the rule's lock held, one push at a time.
+  virtual void Update(absl::Span<const float> values,
+                      absl::Span<std::atomic<float>> weights) = 0;
+
+ private:
+  ShardState* const state_;  // constant after construction
+
+  absl::Mutex mu_;
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The rule for resolved.mode(), over `state` (not owned; must outlive it).

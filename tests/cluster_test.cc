@@ -1,0 +1,308 @@
+// A whole cluster in one process: two ShardServers on 127.0.0.1:0, two
+// worker threads (each with its own CpuBackend, Mlp, PsClient and
+// TrainingLoop) and an Evaluator, training on a small synthetic data set in
+// each implemented mode.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/model_layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/metrics.pb.h"
+#include "server/shard_server.h"
+#include "tests/status_matchers.h"
+#include "tests/test_util.h"
+#include "worker/cpu_backend.h"
+#include "worker/dataset.h"
+#include "worker/evaluator.h"
+#include "worker/mlp.h"
+#include "worker/ps_client.h"
+#include "worker/training_loop.h"
+
+namespace monsoon {
+namespace {
+
+using ::monsoon::testutil::ResolvedConfig;
+
+constexpr int kFeatures = 20;
+constexpr int kClasses = 10;
+constexpr int kShards = 2;
+constexpr int kWorkers = 2;
+
+double Uniform(uint64_t* state) {
+  *state = common::SplitMix64(*state);
+  return (static_cast<double>(*state >> 11) + 0.5) /
+         static_cast<double>(1ull << 53);
+}
+
+// 10 Gaussian blobs in 20 dimensions: centres uniform in [-1, 1]^20 (the
+// same for every split), noise of standard deviation 0.5, labels i % 10.
+worker::Dataset Blobs(int examples, uint64_t noise_seed) {
+  std::vector<double> centres(kClasses * kFeatures);
+  uint64_t state = 42;
+  for (double& c : centres) c = 2 * Uniform(&state) - 1;
+  worker::Dataset data;
+  data.size = examples;
+  data.dim = kFeatures;
+  state = noise_seed;
+  for (int i = 0; i < examples; ++i) {
+    const int label = i % kClasses;
+    data.labels.push_back(label);
+    for (int f = 0; f < kFeatures; ++f) {
+      // Box-Muller.
+      const double gaussian = std::sqrt(-2 * std::log(Uniform(&state))) *
+                              std::cos(2 * M_PI * Uniform(&state));
+      data.images.push_back(
+          static_cast<float>(centres[label * kFeatures + f] + 0.5 * gaussian));
+    }
+  }
+  return data;
+}
+
+class ClusterTest : public testing::Test {
+ protected:
+  ClusterTest() : train_(Blobs(400, 1)), test_(Blobs(200, 2)) {}
+
+  // Starts the shards for `config`.
+  void StartServers(const TrainingConfig& config) {
+    for (int s = 0; s < kShards; ++s) {
+      server::ShardServerOptions options;
+      options.config = config;
+      options.shard = s;
+      options.num_shards = kShards;
+      options.num_workers = kWorkers;
+      options.listen_address = "127.0.0.1:0";
+      absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
+          server::ShardServer::Start(options);
+      ASSERT_TRUE(server.ok()) << server.status();
+      addresses_.push_back((*server)->address());
+      servers_.push_back(*std::move(server));
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> Connect(
+      const TrainingConfig& config, int rank) {
+    worker::PsClientOptions options;
+    options.server_addresses = addresses_;
+    options.config = config;
+    options.worker_rank = rank;
+    options.connect_timeout = absl::Seconds(30);
+    return worker::PsClient::Connect(options);
+  }
+
+  // Trains with kWorkers worker threads; results_[w] gets each one's result.
+  void Train(const TrainingConfig& config) {
+    const common::ModelLayout layout = common::ModelLayout::FromConfig(config);
+    struct Worker {
+      std::unique_ptr<worker::ComputeBackend> backend;
+      std::unique_ptr<worker::Mlp> mlp;
+      std::unique_ptr<worker::PsClient> client;
+      std::unique_ptr<worker::TrainingLoop> loop;
+      worker::WorkerContext context;
+    };
+    std::vector<Worker> workers(kWorkers);
+    for (int w = 0; w < kWorkers; ++w) {
+      Worker& worker = workers[w];
+      // One OpenBLAS thread; set here, before any worker thread runs.
+      worker.backend = worker::MakeCpuBackend(1);
+      ASSERT_OK_AND_ASSIGN(worker.mlp,
+                           worker::Mlp::Create(worker.backend.get(), layout,
+                                               config.batch_size()));
+      ASSERT_OK_AND_ASSIGN(worker.client, Connect(config, w));
+      worker.loop = worker::MakeTrainingLoop(config.mode());
+      ASSERT_NE(worker.loop, nullptr);
+      worker.context.config = config;
+      worker.context.rank = w;
+      worker.context.num_workers = kWorkers;
+      worker.context.train = &train_;
+      worker.context.mlp = worker.mlp.get();
+      worker.context.client = worker.client.get();
+      worker.context.log_interval = absl::ZeroDuration();
+    }
+    results_.assign(kWorkers, absl::StatusOr<worker::WorkerResult>(
+                                  absl::UnknownError("not run")));
+    std::vector<std::thread> threads;
+    for (int w = 0; w < kWorkers; ++w) {
+      threads.emplace_back([this, &workers, w] {
+        results_[w] = workers[w].loop->Run(workers[w].context);
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+  }
+
+  std::vector<StatsResponse> ShardStats() {
+    std::vector<StatsResponse> stats;
+    for (const auto& server : servers_) {
+      stats.push_back(server->state()->Stats());
+    }
+    return stats;
+  }
+
+  const worker::Dataset train_;
+  const worker::Dataset test_;
+  std::vector<std::unique_ptr<server::ShardServer>> servers_;
+  std::vector<std::string> addresses_;
+  std::vector<absl::StatusOr<worker::WorkerResult>> results_;
+};
+
+TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
+  // 200 examples per worker in batches of 20: 10 steps per epoch, 40 in all.
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
+      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  auto backend = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      auto mlp,
+      worker::Mlp::Create(backend.get(),
+                          common::ModelLayout::FromConfig(config), 200));
+  ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
+  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+                              absl::Now());
+  ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
+  EXPECT_EQ(before.version(), 0);
+  EXPECT_EQ(before.samples(), 0);
+
+  ASSERT_NO_FATAL_FAILURE(Train(config));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+    EXPECT_EQ(results_[w]->samples, 800) << "worker " << w;
+  }
+
+  ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
+  EXPECT_LT(after.test_loss(), 0.7 * before.test_loss())
+      << "before " << before.test_loss() << ", after " << after.test_loss();
+  EXPECT_GT(after.test_accuracy(), 0.8);
+  // One version per barrier: as many as each worker's steps.
+  EXPECT_EQ(after.version(), 40);
+  EXPECT_EQ(after.samples(), 2 * 800);
+  for (const StatsResponse& stats : ShardStats()) {
+    SCOPED_TRACE(stats.shard());
+    EXPECT_EQ(stats.version(), 40);
+    EXPECT_EQ(stats.pushes(), kWorkers * 40);
+    EXPECT_EQ(stats.samples(), kWorkers * 800);
+    EXPECT_EQ(stats.rejected_pushes(), 0);
+    EXPECT_EQ(stats.staleness_max(), 0);
+  }
+}
+
+TEST_F(ClusterTest, DownpourTrainingLowersTheTestLossWithoutABarrier) {
+  // 40 steps per worker; a pull every 2 steps and a push of the gradient
+  // summed over 2 steps: 20 pushes per worker.
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: DOWNPOUR batch_size: 20 epochs: 4 "
+      "n_fetch: 2 n_push: 2 seed: 3 chunk_bytes: 262144");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  auto backend = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      auto mlp,
+      worker::Mlp::Create(backend.get(),
+                          common::ModelLayout::FromConfig(config), 200));
+  ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
+  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+                              absl::Now());
+  ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
+
+  ASSERT_NO_FATAL_FAILURE(Train(config));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+  }
+
+  ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
+  EXPECT_LT(after.test_loss(), 0.7 * before.test_loss())
+      << "before " << before.test_loss() << ", after " << after.test_loss();
+  EXPECT_GT(after.test_accuracy(), 0.8);
+  // Every push is applied at once: the version counts the pushes.
+  EXPECT_EQ(after.version(), kWorkers * 20);
+  EXPECT_EQ(after.samples(), kWorkers * 800);
+  for (const StatsResponse& stats : ShardStats()) {
+    SCOPED_TRACE(stats.shard());
+    EXPECT_EQ(stats.version(), kWorkers * 20);
+    EXPECT_EQ(stats.pushes(), kWorkers * 20);
+    EXPECT_EQ(stats.samples(), kWorkers * 800);
+    EXPECT_EQ(stats.rejected_pushes(), 0);
+    int64_t counted = 0;
+    for (int64_t count : stats.staleness_counts()) counted += count;
+    EXPECT_EQ(counted, kWorkers * 20);
+  }
+}
+
+// The three other modes, more briefly: each must train, and its shards'
+// versions must count what the mode says they count.
+struct ModeCase {
+  const char* name;
+  const char* config;
+  int64_t versions;  // per shard after training
+  int64_t pushes;    // per shard
+};
+
+void PrintTo(const ModeCase& mode, std::ostream* os) { *os << mode.name; }
+
+class OtherModesTest : public ClusterTest,
+                       public testing::WithParamInterface<ModeCase> {};
+
+TEST_P(OtherModesTest, TrainingLowersTheTestLoss) {
+  const TrainingConfig config = ResolvedConfig(
+      absl::StrCat("layer_sizes: [20, 16, 10] batch_size: 20 epochs: 4 "
+                   "seed: 3 chunk_bytes: 262144 ",
+                   GetParam().config));
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  auto backend = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      auto mlp,
+      worker::Mlp::Create(backend.get(),
+                          common::ModelLayout::FromConfig(config), 200));
+  ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
+  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+                              absl::Now());
+  ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
+
+  ASSERT_NO_FATAL_FAILURE(Train(config));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+    EXPECT_EQ(results_[w]->samples, 800) << "worker " << w;
+  }
+  ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
+  EXPECT_LT(after.test_loss(), 0.7 * before.test_loss())
+      << "before " << before.test_loss() << ", after " << after.test_loss();
+  EXPECT_GT(after.test_accuracy(), 0.8);
+  EXPECT_EQ(after.version(), GetParam().versions);
+  EXPECT_EQ(after.samples(), kWorkers * 800);
+  for (const StatsResponse& stats : ShardStats()) {
+    SCOPED_TRACE(stats.shard());
+    EXPECT_EQ(stats.version(), GetParam().versions);
+    EXPECT_EQ(stats.pushes(), GetParam().pushes);
+    EXPECT_EQ(stats.samples(), kWorkers * 800);
+    EXPECT_EQ(stats.rejected_pushes(), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, OtherModesTest,
+    testing::Values(
+        // An exchange with the center every tau = 4 steps: 10 per worker.
+        // (The default local rate, 0.01, needs more than 40 steps here.)
+        ModeCase{"Easgd", "mode: EASGD local_learning_rate: 0.05",
+                 kWorkers * 10, kWorkers * 10},
+        // A push per step, applied at once.
+        ModeCase{"Hogwild", "mode: HOGWILD", kWorkers * 40, kWorkers * 40},
+        // Downpour's loop with 1-bit pushes: a push per step.
+        ModeCase{"Onebit", "mode: ONEBIT", kWorkers * 40, kWorkers * 40}),
+    [](const testing::TestParamInfo<ModeCase>& info) {
+      return std::string(info.param.name);
+    });
+
+}  // namespace
+}  // namespace monsoon

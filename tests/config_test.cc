@@ -1,0 +1,355 @@
+#include "common/config.h"
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace monsoon::common {
+namespace {
+
+using ::monsoon::testutil::IsOkAndHolds;
+using ::monsoon::testutil::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+TrainingConfig Parse(const std::string& text) {
+  absl::StatusOr<TrainingConfig> config = ParseConfigText(text);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : TrainingConfig();
+}
+
+TrainingConfig Resolve(const std::string& text) {
+  absl::StatusOr<TrainingConfig> config = ResolveConfig(Parse(text));
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : TrainingConfig();
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+}
+
+TEST(ResolveConfigTest, EmptyConfigResolvesToSyncDefaults) {
+  const TrainingConfig c = Resolve("");
+  EXPECT_THAT(c.layer_sizes(), ElementsAre(784, 256, 128, 10));
+  EXPECT_EQ(c.mode(), SYNC);
+  EXPECT_EQ(c.optimizer(), SGD);
+  // proto/config.proto: unset learning_rate is 0.05 whatever the optimizer.
+  EXPECT_FLOAT_EQ(c.learning_rate(), 0.05f);
+  EXPECT_FLOAT_EQ(c.momentum(), 0.9f);
+  EXPECT_FLOAT_EQ(c.local_learning_rate(), 0.05f);
+  EXPECT_FLOAT_EQ(c.adagrad_initial_accumulator(), 0.1f);
+  EXPECT_EQ(c.batch_size(), 64);
+  EXPECT_EQ(c.n_fetch(), 1);
+  EXPECT_EQ(c.n_push(), 1);
+  EXPECT_EQ(c.epochs(), 3);
+  EXPECT_EQ(c.seed(), 1u);
+  EXPECT_EQ(c.data_dir(), "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(c.sync_timeout_s(), 120);
+  EXPECT_EQ(c.chunk_bytes(), 1048576);
+  EXPECT_FLOAT_EQ(c.input_mean(), 0.2860f);
+  EXPECT_FLOAT_EQ(c.input_std(), 0.3530f);
+  // Every field is set explicitly, so the fingerprint covers the defaults.
+  EXPECT_TRUE(c.has_mode());
+  EXPECT_TRUE(c.has_optimizer());
+  EXPECT_TRUE(c.has_learning_rate());
+  EXPECT_TRUE(c.has_momentum());
+  EXPECT_TRUE(c.has_batch_size());
+  EXPECT_TRUE(c.has_seed());
+  EXPECT_TRUE(c.has_chunk_bytes());
+  EXPECT_TRUE(c.has_input_mean());
+  EXPECT_TRUE(c.has_input_std());
+}
+
+TEST(ResolveConfigTest, DownpourDefaultsToAdagradWithoutMomentum) {
+  const TrainingConfig c = Resolve("mode: DOWNPOUR");
+  EXPECT_EQ(c.mode(), DOWNPOUR);
+  EXPECT_EQ(c.optimizer(), ADAGRAD);
+  EXPECT_FLOAT_EQ(c.learning_rate(), 0.05f);
+  EXPECT_FLOAT_EQ(c.momentum(), 0.0f);
+}
+
+TEST(ResolveConfigTest, EveryModeResolvesWithItsOwnDefaults) {
+  const TrainingConfig easgd = Resolve("mode: EASGD");
+  EXPECT_EQ(easgd.optimizer(), SGD);
+  EXPECT_FLOAT_EQ(easgd.learning_rate(), 0.05f);
+  EXPECT_FLOAT_EQ(easgd.momentum(), 0.0f);
+  EXPECT_FLOAT_EQ(easgd.local_learning_rate(), 0.01f);
+  EXPECT_FLOAT_EQ(easgd.local_momentum(), 0.9f);
+  EXPECT_EQ(easgd.tau(), 4);
+  EXPECT_FALSE(easgd.has_alpha());  // 0.9 / workers, chosen by the worker
+  EXPECT_EQ(easgd.compression(), COMPRESSION_NONE);
+
+  const TrainingConfig hogwild = Resolve("mode: HOGWILD");
+  EXPECT_EQ(hogwild.optimizer(), SGD);
+  EXPECT_FLOAT_EQ(hogwild.learning_rate(), 0.1f);
+  EXPECT_FLOAT_EQ(hogwild.momentum(), 0.0f);
+  EXPECT_EQ(hogwild.compression(), COMPRESSION_NONE);
+
+  const TrainingConfig onebit = Resolve("mode: ONEBIT");
+  EXPECT_EQ(onebit.optimizer(), ADAGRAD);
+  EXPECT_FLOAT_EQ(onebit.learning_rate(), 0.05f);
+  EXPECT_EQ(onebit.compression(), COMPRESSION_ONEBIT);
+  EXPECT_EQ(onebit.onebit_bucket_size(), 512);
+
+  // Compression is its own axis: 1-bit pushes with the sync barrier.
+  const TrainingConfig sync_onebit = Resolve("compression: COMPRESSION_ONEBIT");
+  EXPECT_EQ(sync_onebit.mode(), SYNC);
+  EXPECT_EQ(sync_onebit.compression(), COMPRESSION_ONEBIT);
+  EXPECT_EQ(Resolve("").compression(), COMPRESSION_NONE);
+}
+
+TEST(ResolveConfigTest, ExplicitOptimizerKeepsTheModesMomentumDefault) {
+  const TrainingConfig sync_adagrad = Resolve("optimizer: ADAGRAD");
+  EXPECT_EQ(sync_adagrad.optimizer(), ADAGRAD);
+  EXPECT_FLOAT_EQ(sync_adagrad.learning_rate(), 0.05f);
+  EXPECT_FLOAT_EQ(sync_adagrad.momentum(), 0.9f);
+
+  const TrainingConfig downpour_sgd = Resolve("mode: DOWNPOUR optimizer: SGD");
+  EXPECT_EQ(downpour_sgd.optimizer(), SGD);
+  EXPECT_FLOAT_EQ(downpour_sgd.learning_rate(), 0.05f);
+  EXPECT_FLOAT_EQ(downpour_sgd.momentum(), 0.0f);
+}
+
+TEST(ResolveConfigTest, ExplicitValuesWin) {
+  const TrainingConfig c = Resolve(
+      "layer_sizes: 20 layer_sizes: 10 mode: DOWNPOUR learning_rate: 0.5 "
+      "momentum: 0.25 batch_size: 7 epochs: 2 seed: 9 chunk_bytes: 262144 "
+      "local_learning_rate: 0.125 data_dir: '/data' input_mean: 0 "
+      "input_std: 1");
+  EXPECT_THAT(c.layer_sizes(), ElementsAre(20, 10));
+  EXPECT_EQ(c.optimizer(), ADAGRAD);
+  EXPECT_FLOAT_EQ(c.learning_rate(), 0.5f);
+  EXPECT_FLOAT_EQ(c.momentum(), 0.25f);
+  EXPECT_FLOAT_EQ(c.local_learning_rate(), 0.125f);
+  EXPECT_EQ(c.batch_size(), 7);
+  EXPECT_EQ(c.epochs(), 2);
+  EXPECT_EQ(c.seed(), 9u);
+  EXPECT_EQ(c.chunk_bytes(), 262144);
+  EXPECT_EQ(c.data_dir(), "/data");
+  EXPECT_FLOAT_EQ(c.input_mean(), 0.0f);
+  EXPECT_FLOAT_EQ(c.input_std(), 1.0f);
+}
+
+TEST(ResolveConfigTest, ResolvingTwiceChangesNothing) {
+  const TrainingConfig once = Resolve("mode: DOWNPOUR batch_size: 32");
+  absl::StatusOr<TrainingConfig> twice = ResolveConfig(once);
+  ASSERT_OK(twice.status());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(once, *twice));
+}
+
+struct InvalidCase {
+  const char* text;
+  const char* field;
+};
+
+TEST(ResolveConfigTest, InvalidValuesAreRefusedNamingTheField) {
+  const InvalidCase cases[] = {
+      {"layer_sizes: 784", "layer_sizes"},
+      {"layer_sizes: 784 layer_sizes: 1", "layer_sizes"},
+      {"layer_sizes: 0 layer_sizes: 10", "layer_sizes"},
+      {"layer_sizes: -5 layer_sizes: 10", "layer_sizes"},
+      {"layer_sizes: 784 layer_sizes: 2000000 layer_sizes: 10", "layer_sizes"},
+      {"mode: MODE_UNSPECIFIED", "mode"},
+      {"learning_rate: 0", "learning_rate"},
+      {"learning_rate: -0.1", "learning_rate"},
+      {"learning_rate: nan", "learning_rate"},
+      {"learning_rate: inf", "learning_rate"},
+      {"local_learning_rate: 0", "local_learning_rate"},
+      {"momentum: 1", "momentum"},
+      {"momentum: -0.5", "momentum"},
+      {"momentum: nan", "momentum"},
+      {"adagrad_initial_accumulator: 0", "adagrad_initial_accumulator"},
+      {"batch_size: 0", "batch_size"},
+      {"batch_size: 65537", "batch_size"},
+      {"n_fetch: 0", "n_fetch"},
+      {"n_push: -1", "n_push"},
+      {"epochs: 0", "epochs"},
+      {"epochs: 100001", "epochs"},
+      {"sync_timeout_s: 0", "sync_timeout_s"},
+      {"input_std: 0", "input_std"},
+      {"input_std: -1", "input_std"},
+      {"input_std: nan", "input_std"},
+      {"input_mean: inf", "input_mean"},
+      {"input_mean: nan", "input_mean"},
+      {"mode: HOGWILD optimizer: ADAGRAD", "optimizer"},
+      {"mode: HOGWILD momentum: 0.5", "momentum"},
+      {"mode: ONEBIT compression: COMPRESSION_NONE", "compression"},
+      {"mode: EASGD compression: COMPRESSION_ONEBIT", "compression"},
+      {"mode: HOGWILD compression: COMPRESSION_ONEBIT", "compression"},
+      {"mode: EASGD tau: 0", "tau"},
+      {"mode: EASGD alpha: 1", "alpha"},
+      {"mode: EASGD alpha: 0", "alpha"},
+      {"local_momentum: 1", "local_momentum"},
+      {"onebit_bucket_size: 0", "onebit_bucket_size"},
+      {"onebit_bucket_size: 1048577", "onebit_bucket_size"},
+      {"chunk_bytes: 262140", "chunk_bytes"},
+      {"chunk_bytes: 262146", "chunk_bytes"},
+      {"chunk_bytes: 4194308", "chunk_bytes"},
+  };
+  for (const InvalidCase& c : cases) {
+    SCOPED_TRACE(c.text);
+    EXPECT_THAT(ResolveConfig(Parse(c.text)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("'", c.field, "'"))));
+  }
+}
+
+TEST(ParseConfigTextTest, ErrorNamesTheLine) {
+  EXPECT_THAT(ParseConfigText("mode: SYNC\nbatch_size: 32\nno_such_field: 3\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("line 3"), HasSubstr("no_such_field"))));
+  EXPECT_THAT(
+      ParseConfigText("mode: SYNC\nbatch_size: many\n"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
+  // Protobuf reports an unknown enum value at the token after it, so the
+  // message names the value rather than relying on the line.
+  EXPECT_THAT(ParseConfigText("batch_size: 32\nmode: FASTEST\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("\"FASTEST\" for field \"mode\"")));
+}
+
+TEST(ParseConfigTextTest, TextOfAConfigParsesBackToTheSameConfig) {
+  const TrainingConfig resolved = Resolve("mode: DOWNPOUR n_push: 4");
+  absl::StatusOr<TrainingConfig> again =
+      ParseConfigText(ConfigToText(resolved));
+  ASSERT_OK(again.status());
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(resolved, *again));
+}
+
+TEST(LoadConfigFileTest, MissingFileIsNotFoundNamingThePath) {
+  const std::string path = TempPath("no-such-config.textproto");
+  EXPECT_THAT(LoadConfigFile(path),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+  EXPECT_THAT(LoadResolvedConfig(path),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+}
+
+TEST(LoadConfigFileTest, ErrorsNameTheFileAndTheLine) {
+  const std::string path = TempPath("bad.textproto");
+  {
+    std::ofstream out(path);
+    out << "mode: DOWNPOUR\nbatch_size: 16\nbatch_size: x\n";
+  }
+  EXPECT_THAT(LoadConfigFile(path),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(path), HasSubstr("line 3"))));
+
+  const std::string invalid = TempPath("invalid.textproto");
+  {
+    std::ofstream out(invalid);
+    out << "batch_size: 0\n";
+  }
+  EXPECT_THAT(LoadResolvedConfig(invalid),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(invalid), HasSubstr("'batch_size'"))));
+}
+
+TEST(LoadConfigFileTest, LoadsAndResolvesAFile) {
+  const std::string path = TempPath("good.textproto");
+  {
+    std::ofstream out(path);
+    out << "# a comment\nmode: DOWNPOUR\nlayer_sizes: [20, 16, 10]\n";
+  }
+  absl::StatusOr<TrainingConfig> config = LoadResolvedConfig(path);
+  ASSERT_OK(config.status());
+  EXPECT_EQ(config->mode(), DOWNPOUR);
+  EXPECT_EQ(config->optimizer(), ADAGRAD);
+  EXPECT_THAT(config->layer_sizes(), ElementsAre(20, 16, 10));
+}
+
+TEST(LoadResolvedConfigTest, EmptyPathMeansEveryDefault) {
+  absl::StatusOr<TrainingConfig> config = LoadResolvedConfig("");
+  ASSERT_OK(config.status());
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(*config, Resolve("")));
+}
+
+TEST(ConfigFingerprintTest, EqualConfigsHaveEqualFingerprints) {
+  EXPECT_EQ(ConfigFingerprint(Resolve("mode: SYNC batch_size: 32")),
+            ConfigFingerprint(Resolve("batch_size: 32\nmode: SYNC\n")));
+  // Spelling out a default is the same config.
+  EXPECT_EQ(ConfigFingerprint(Resolve("")),
+            ConfigFingerprint(
+                Resolve("mode: SYNC optimizer: SGD momentum: 0.9 epochs: 3 "
+                        "layer_sizes: [784, 256, 128, 10] batch_size: 64")));
+}
+
+TEST(ConfigFingerprintTest, DiffersWhenTheLearningRateChanges) {
+  EXPECT_NE(ConfigFingerprint(Resolve("learning_rate: 0.1")),
+            ConfigFingerprint(Resolve("learning_rate: 0.2")));
+  EXPECT_NE(ConfigFingerprint(Resolve("")),
+            ConfigFingerprint(Resolve("mode: DOWNPOUR")));
+  EXPECT_NE(ConfigFingerprint(Resolve("layer_sizes: [784, 10]")),
+            ConfigFingerprint(Resolve("layer_sizes: [784, 11]")));
+  EXPECT_NE(ConfigFingerprint(Resolve("seed: 1")),
+            ConfigFingerprint(Resolve("seed: 2")));
+  EXPECT_NE(ConfigFingerprint(Resolve("input_std: 0.5")),
+            ConfigFingerprint(Resolve("input_std: 1")));
+}
+
+TEST(ConfigFingerprintTest, IgnoresTheDataDir) {
+  EXPECT_EQ(ConfigFingerprint(Resolve("data_dir: '/a'")),
+            ConfigFingerprint(Resolve("data_dir: '/somewhere/else'")));
+}
+
+TEST(ParseModeTest, AcceptsEveryModeInEitherCase) {
+  EXPECT_THAT(ParseMode("sync"), IsOkAndHolds(SYNC));
+  EXPECT_THAT(ParseMode("DOWNPOUR"), IsOkAndHolds(DOWNPOUR));
+  EXPECT_THAT(ParseMode("EaSgd"), IsOkAndHolds(EASGD));
+  EXPECT_THAT(ParseMode("hogwild"), IsOkAndHolds(HOGWILD));
+  EXPECT_THAT(ParseMode("onebit"), IsOkAndHolds(ONEBIT));
+}
+
+TEST(ParseModeTest, RefusesUnknownNamesNamingThem) {
+  for (const char* name : {"", "fastest", "mode_unspecified", "sync "}) {
+    SCOPED_TRACE(name);
+    EXPECT_THAT(ParseMode(name),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("'", name, "'"))));
+  }
+}
+
+TEST(ModeNameTest, IsTheLowerCaseEnumName) {
+  EXPECT_EQ(ModeName(SYNC), "sync");
+  EXPECT_EQ(ModeName(DOWNPOUR), "downpour");
+  EXPECT_EQ(ModeName(ONEBIT), "onebit");
+  for (Mode mode : {SYNC, DOWNPOUR, EASGD, HOGWILD, ONEBIT}) {
+    EXPECT_THAT(ParseMode(ModeName(mode)), IsOkAndHolds(mode));
+  }
+}
+
+TEST(OptimizerNameTest, NamesEachOptimizer) {
+  EXPECT_EQ(OptimizerName(OPTIMIZER_AUTO), "auto");
+  EXPECT_EQ(OptimizerName(SGD), "sgd");
+  EXPECT_EQ(OptimizerName(ADAGRAD), "adagrad");
+}
+
+TEST(ParseIntListTest, ParsesCommaSeparatedPositiveIntegers) {
+  EXPECT_THAT(ParseIntList("256,128"), IsOkAndHolds(ElementsAre(256, 128)));
+  EXPECT_THAT(ParseIntList(" 5 , 6,,7 "), IsOkAndHolds(ElementsAre(5, 6, 7)));
+  EXPECT_THAT(ParseIntList(""), IsOkAndHolds(IsEmpty()));
+}
+
+TEST(ParseIntListTest, RefusesNonPositiveOrNonNumericEntries) {
+  for (const char* text : {"0", "256,-1", "12a", "1.5"}) {
+    SCOPED_TRACE(text);
+    EXPECT_THAT(ParseIntList(text),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(text)));
+  }
+}
+
+}  // namespace
+}  // namespace monsoon::common

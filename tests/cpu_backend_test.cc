@@ -1,0 +1,165 @@
+#include "worker/cpu_backend.h"
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "worker/compute_backend.h"
+
+namespace monsoon::worker {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::FloatNear;
+using ::testing::HasSubstr;
+using ::testing::Pointwise;
+
+// The CPU backend's "device" memory is host memory, so the tests hand it
+// ordinary vectors.
+class CpuBackendTest : public testing::Test {
+ protected:
+  CpuBackendTest() : backend_(MakeCpuBackend(1)) {}
+  std::unique_ptr<ComputeBackend> backend_;
+};
+
+TEST_F(CpuBackendTest, NamesItself) {
+  EXPECT_THAT(backend_->Name(), HasSubstr("cpu (OpenBLAS, 1 thread)"));
+}
+
+TEST_F(CpuBackendTest, CopiesRoundTripThroughAllocatedMemory) {
+  ASSERT_OK_AND_ASSIGN(float* floats, backend_->AllocateFloats(5));
+  ASSERT_OK_AND_ASSIGN(int32_t * ints, backend_->AllocateInts(3));
+  const std::vector<float> in = {1.5f, -2, 3, 4, 5};
+  const std::vector<int32_t> in_ints = {7, -8, 9};
+  ASSERT_OK(backend_->CopyToDevice(in.data(), floats, 5 * sizeof(float)));
+  ASSERT_OK(backend_->CopyToDevice(in_ints.data(), ints, 3 * sizeof(int32_t)));
+  std::vector<float> out(5);
+  std::vector<int32_t> out_ints(3);
+  ASSERT_OK(backend_->CopyToHost(floats, out.data(), 5 * sizeof(float)));
+  ASSERT_OK(backend_->CopyToHost(ints, out_ints.data(), 3 * sizeof(int32_t)));
+  EXPECT_EQ(out, in);
+  EXPECT_EQ(out_ints, in_ints);
+  EXPECT_OK(backend_->Synchronize());
+  backend_->Free(floats);
+  backend_->Free(ints);
+}
+
+// A = [1 2 3; 4 5 6] (2x3), B = [7 8; 9 10; 11 12] (3x2):
+// A * B = [58 64; 139 154].
+const std::vector<float> kA = {1, 2, 3, 4, 5, 6};
+const std::vector<float> kAT = {1, 4, 2, 5, 3, 6};  // A stored 3x2
+const std::vector<float> kB = {7, 8, 9, 10, 11, 12};
+const std::vector<float> kBT = {7, 9, 11, 8, 10, 12};  // B stored 2x3
+
+TEST_F(CpuBackendTest, GemmMultipliesRowMajorMatrices) {
+  std::vector<float> c(4, 100.0f);
+  backend_->Gemm(false, false, 2, 2, 3, 1.0f, kA.data(), kB.data(), 0.0f,
+                 c.data());
+  EXPECT_THAT(c, ElementsAre(58, 64, 139, 154));
+}
+
+TEST_F(CpuBackendTest, GemmTransposesEitherOperand) {
+  std::vector<float> c(4, 100.0f);
+  backend_->Gemm(true, false, 2, 2, 3, 1.0f, kAT.data(), kB.data(), 0.0f,
+                 c.data());
+  EXPECT_THAT(c, ElementsAre(58, 64, 139, 154));
+  backend_->Gemm(false, true, 2, 2, 3, 1.0f, kA.data(), kBT.data(), 0.0f,
+                 c.data());
+  EXPECT_THAT(c, ElementsAre(58, 64, 139, 154));
+  backend_->Gemm(true, true, 2, 2, 3, 1.0f, kAT.data(), kBT.data(), 0.0f,
+                 c.data());
+  EXPECT_THAT(c, ElementsAre(58, 64, 139, 154));
+}
+
+TEST_F(CpuBackendTest, GemmScalesAndAccumulates) {
+  std::vector<float> c = {1, 2, 3, 4};
+  // 2 * A * B + 1 * C.
+  backend_->Gemm(false, false, 2, 2, 3, 2.0f, kA.data(), kB.data(), 1.0f,
+                 c.data());
+  EXPECT_THAT(c, ElementsAre(117, 130, 281, 312));
+}
+
+TEST_F(CpuBackendTest, GemmOfNonSquareShapes) {
+  // A^T (3x2 from A stored 2x3) times A (2x3): 3x3.
+  std::vector<float> c(9, 0.0f);
+  backend_->Gemm(true, false, 3, 3, 2, 1.0f, kA.data(), kA.data(), 0.0f,
+                 c.data());
+  EXPECT_THAT(c, ElementsAre(17, 22, 27, 22, 29, 36, 27, 36, 45));
+}
+
+TEST_F(CpuBackendTest, AddBiasAddsToEveryRow) {
+  std::vector<float> y = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> bias = {10, 20, 30};
+  backend_->AddBias(2, 3, bias.data(), y.data());
+  EXPECT_THAT(y, ElementsAre(11, 22, 33, 14, 25, 36));
+}
+
+TEST_F(CpuBackendTest, ReluZeroesNegatives) {
+  std::vector<float> y = {-1, 0, 2, -0.5f, 3};
+  backend_->Relu(5, y.data());
+  EXPECT_THAT(y, ElementsAre(0, 0, 2, 0, 3));
+}
+
+TEST_F(CpuBackendTest, ReluBackwardZeroesWhereTheOutputIsNotPositive) {
+  const std::vector<float> y = {0, 1, 0, 3, 0.5f};
+  std::vector<float> dy = {5, 6, 7, 8, -9};
+  backend_->ReluBackward(5, y.data(), dy.data());
+  EXPECT_THAT(dy, ElementsAre(0, 6, 0, 8, -9));
+}
+
+TEST_F(CpuBackendTest, ColumnSumsOverwriteTheOutput) {
+  std::vector<float> sums = {100, 100, 100};
+  backend_->ColumnSums(2, 3, kA.data(), sums.data());
+  EXPECT_THAT(sums, ElementsAre(5, 7, 9));
+}
+
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyOfKnownLogits) {
+  // Row 0: logits 0, 0, 0 and label 1: p = 1/3 each, loss ln 3; the arg-max
+  // is the first of the tied classes, 0, so the row is wrong.
+  // Row 1: logits 0, ln 2, ln 5 and label 2: p = 1/8, 2/8, 5/8, loss
+  // -ln(5/8); the arg-max is 2, so the row is right.
+  const std::vector<float> logits = {
+      0, 0, 0, 0, std::log(2.0f), std::log(5.0f)};
+  const std::vector<int32_t> labels = {1, 2};
+  std::vector<float> dlogits(6, 100.0f);
+  std::vector<float> stats = {10.0f, 1.0f};  // accumulates
+  backend_->SoftmaxCrossEntropy(2, 3, logits.data(), labels.data(),
+                                dlogits.data(), stats.data());
+  EXPECT_NEAR(stats[0], 10.0 + std::log(3.0) - std::log(5.0 / 8.0), 1e-5);
+  EXPECT_EQ(stats[1], 2.0f);
+  // (softmax - onehot) / rows.
+  EXPECT_THAT(dlogits,
+              Pointwise(FloatNear(1e-6f),
+                        std::vector<float>{1.0f / 6, -1.0f / 3, 1.0f / 6,
+                                           1.0f / 16, 1.0f / 8, -3.0f / 16}));
+}
+
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyWithoutGradientsOnlyCounts) {
+  // Large logits must not overflow: softmax is shifted by the row maximum.
+  const std::vector<float> logits = {1000, 0, 999};
+  const std::vector<int32_t> labels = {0};
+  std::vector<float> stats = {0, 0};
+  backend_->SoftmaxCrossEntropy(1, 3, logits.data(), labels.data(), nullptr,
+                                stats.data());
+  EXPECT_NEAR(stats[0], std::log(1.0 + std::exp(-1000.0) + std::exp(-1.0)),
+              1e-6);
+  EXPECT_EQ(stats[1], 1.0f);
+}
+
+TEST_F(CpuBackendTest, AxpyScaleAndFill) {
+  std::vector<float> y = {1, 2, 3};
+  const std::vector<float> x = {1, -1, 0.5f};
+  backend_->Axpy(3, 2.0f, x.data(), y.data());
+  EXPECT_THAT(y, ElementsAre(3, 0, 4));
+  backend_->Scale(3, -0.5f, y.data());
+  EXPECT_THAT(y, ElementsAre(-1.5f, 0, -2));
+  backend_->Fill(2, -7.0f, y.data());
+  EXPECT_THAT(y, ElementsAre(-7, -7, -2));
+}
+
+}  // namespace
+}  // namespace monsoon::worker

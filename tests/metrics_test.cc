@@ -1,0 +1,88 @@
+#include "tools/metrics.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace monsoon::tools {
+namespace {
+
+using ::testing::HasSubstr;
+
+StatsResponse Shard(std::vector<int64_t> counts, int64_t max) {
+  StatsResponse stats;
+  for (int64_t c : counts) stats.add_staleness_counts(c);
+  stats.set_staleness_max(max);
+  return stats;
+}
+
+TEST(MetricsTest, StalenessMergesShardsWithNearestRankPercentiles) {
+  // Shard 0: 60 pushes of staleness 0, 30 of 1. Shard 1: 9 of 1, 1 of 5.
+  // Merged 100 pushes: 60 x 0, 39 x 1, 1 x 5.
+  const StalenessSummary s = SummarizeStaleness(
+      {Shard({60, 30}, 1), Shard({0, 9, 0, 0, 0, 1}, 5)});
+  EXPECT_EQ(s.pushes, 100);
+  EXPECT_DOUBLE_EQ(s.mean, (39 * 1 + 5) / 100.0);
+  EXPECT_EQ(s.p50, 0);   // the 50th smallest is 0
+  EXPECT_EQ(s.p99, 1);   // the 99th smallest is 1
+  EXPECT_EQ(s.max, 5);
+}
+
+TEST(MetricsTest, StalenessOfNoPushesIsZero) {
+  const StalenessSummary s = SummarizeStaleness({Shard({}, 0)});
+  EXPECT_EQ(s.pushes, 0);
+  EXPECT_EQ(s.mean, 0);
+  EXPECT_EQ(s.p99, 0);
+}
+
+TEST(MetricsTest, JsonHoldsTheDesignFieldsFromStatsAndCurve) {
+  RunMetrics run;
+  run.config.set_mode(DOWNPOUR);
+  run.config.add_layer_sizes(4);
+  run.config.add_layer_sizes(2);
+  run.servers = 2;
+  run.workers = 3;
+  run.wall_time_s = 10;
+  StatsResponse a = Shard({2, 2}, 1);
+  a.set_samples(640);
+  a.set_pushes(4);
+  a.set_bytes_pushed(1000);
+  a.set_bytes_pulled(300);
+  StatsResponse b = Shard({4}, 0);
+  b.set_samples(640);
+  b.set_pushes(4);
+  b.set_bytes_pushed(24);
+  b.set_bytes_pulled(5);
+  run.shard_stats = {a, b};
+  EvalPoint* p = run.curve.add_points();
+  p->set_time_s(1.5);
+  p->set_samples(64);
+  p->set_test_accuracy(0.5);
+  p->set_test_loss(1.25);
+  p = run.curve.add_points();
+  p->set_time_s(9.5);
+  p->set_samples(640);
+  p->set_test_accuracy(0.875);
+  p->set_test_loss(0.25);
+
+  const std::string json = MetricsJson(run);
+  EXPECT_THAT(json, HasSubstr("\"mode\": \"downpour\""));
+  EXPECT_THAT(json, HasSubstr("\"servers\": 2,"));
+  EXPECT_THAT(json, HasSubstr("\"workers\": 3,"));
+  EXPECT_THAT(json, HasSubstr("\"samples\": 640,"));  // shard 0 counts once
+  EXPECT_THAT(json, HasSubstr("\"samples_per_s\": 64,"));
+  EXPECT_THAT(json, HasSubstr("\"final_test_accuracy\": 0.875,"));
+  EXPECT_THAT(json, HasSubstr("\"final_test_loss\": 0.25,"));
+  EXPECT_THAT(json, HasSubstr("\"bytes_pushed\": 1024,"));
+  EXPECT_THAT(json, HasSubstr("\"bytes_pulled\": 305,"));
+  EXPECT_THAT(json, HasSubstr("\"pushes\": 4,"));
+  // 8 pushes: 6 x 0, 2 x 1.
+  EXPECT_THAT(json, HasSubstr("\"staleness\": {\"mean\": 0.25, \"p50\": 0, "
+                              "\"p99\": 1, \"max\": 1}"));
+  EXPECT_THAT(json, HasSubstr("{\"time_s\": 9.5, \"samples\": 640, "
+                              "\"test_accuracy\": 0.875, \"test_loss\": 0.25}"));
+}
+
+}  // namespace
+}  // namespace monsoon::tools

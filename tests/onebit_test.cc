@@ -1,0 +1,125 @@
+#include "common/onebit.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace monsoon::common {
+namespace {
+
+using ::monsoon::testutil::IsOk;
+using ::monsoon::testutil::StatusIs;
+
+std::vector<float> Scales(const OneBitEncoded& encoded) {
+  std::vector<float> scales(encoded.scales.size() / sizeof(float));
+  std::memcpy(scales.data(), encoded.scales.data(), encoded.scales.size());
+  return scales;
+}
+
+TEST(OneBitTest, EncodesSignBitsAndSideMeansPerBucket) {
+  // Bucket 0: {1, -2, 3, -4} -> negatives mean -3, non-negatives mean 2.
+  // Bucket 1: {0.5, 0.5} -> no negatives (scale 0), non-negatives 0.5.
+  const std::vector<float> gradient = {1, -2, 3, -4, 0.5f, 0.5f};
+  std::vector<float> residual(6, 0.0f);
+  OneBitEncoded encoded;
+  OneBitEncode(gradient, absl::MakeSpan(residual), 4, &encoded);
+
+  ASSERT_EQ(encoded.bits.size(), 2u);  // one byte per bucket
+  EXPECT_EQ(static_cast<uint8_t>(encoded.bits[0]), 0b0101);
+  EXPECT_EQ(static_cast<uint8_t>(encoded.bits[1]), 0b11);
+  EXPECT_THAT(Scales(encoded), ::testing::ElementsAre(-3, 2, 0, 0.5f));
+  EXPECT_THAT(residual, ::testing::ElementsAre(-1, 1, 1, -1, 0, 0));
+
+  std::vector<float> decoded(6);
+  ASSERT_THAT(OneBitDecode(encoded.bits, encoded.scales, 4,
+                           absl::MakeSpan(decoded)),
+              IsOk());
+  EXPECT_THAT(decoded, ::testing::ElementsAre(2, -3, 2, -3, 0.5f, 0.5f));
+}
+
+TEST(OneBitTest, ResidualIsAddedBeforeQuantizing) {
+  const std::vector<float> gradient = {1, -2, 3, -4};
+  std::vector<float> residual = {-1, 1, 1, -1};  // from the test above
+  OneBitEncoded encoded;
+  OneBitEncode(gradient, absl::MakeSpan(residual), 4, &encoded);
+  // v = {0, -1, 4, -5}: negatives {-1, -5} mean -3; non-negatives {0, 4} 2.
+  EXPECT_THAT(Scales(encoded), ::testing::ElementsAre(-3, 2));
+  EXPECT_EQ(static_cast<uint8_t>(encoded.bits[0]), 0b0101);
+  EXPECT_THAT(residual, ::testing::ElementsAre(-2, 2, 2, -2));
+}
+
+TEST(OneBitTest, DecodedPlusNewResidualEqualsGradientPlusOldResidual) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int n = 1000;  // not a multiple of the bucket: a short last bucket
+  const int bucket = 64;
+  std::vector<float> residual(n, 0.0f), gradient(n), decoded(n);
+  float worst_residual = 0;
+  for (int step = 0; step < 200; ++step) {
+    for (float& g : gradient) g = normal(rng);
+    const std::vector<float> old_residual = residual;
+    OneBitEncoded encoded;
+    OneBitEncode(gradient, absl::MakeSpan(residual), bucket, &encoded);
+    ASSERT_EQ(encoded.bits.size(), OneBitBitsBytes(n, bucket));
+    ASSERT_EQ(encoded.scales.size(), OneBitBuckets(n, bucket) * 8);
+    ASSERT_THAT(OneBitDecode(encoded.bits, encoded.scales, bucket,
+                             absl::MakeSpan(decoded)),
+                IsOk());
+    for (int i = 0; i < n; ++i) {
+      // Exact up to the rounding of one float addition and subtraction.
+      EXPECT_NEAR(decoded[i] + residual[i], gradient[i] + old_residual[i],
+                  1e-5f * (1 + std::fabs(gradient[i] + old_residual[i])))
+          << "step " << step << " index " << i;
+      worst_residual = std::max(worst_residual, std::fabs(residual[i]));
+    }
+  }
+  // Error feedback keeps the residual bounded rather than drifting: with
+  // unit-variance gradients it stays within a few standard deviations.
+  EXPECT_LT(worst_residual, 10.0f);
+}
+
+TEST(OneBitTest, WireSizeIsOneBitPerValuePlusTwoFloatsPerBucket) {
+  EXPECT_EQ(OneBitBitsBytes(1024, 512), 128u);
+  EXPECT_EQ(OneBitBuckets(1024, 512), 2u);
+  EXPECT_EQ(OneBitBitsBytes(1025, 512), 129u);  // a 1-value last bucket
+  EXPECT_EQ(OneBitBitsBytes(10, 3), 4u);        // buckets of 3, 3, 3, 1
+  std::vector<float> gradient(1025, 1.0f), residual(1025, 0.0f);
+  OneBitEncoded encoded;
+  OneBitEncode(gradient, absl::MakeSpan(residual), 512, &encoded);
+  EXPECT_EQ(encoded.bits.size(), 129u);
+  EXPECT_EQ(encoded.scales.size(), 3u * 2 * sizeof(float));
+}
+
+TEST(OneBitTest, DecodeRefusesWrongBitLength) {
+  std::vector<float> out(16);
+  const std::string scales(2 * 8, '\0');
+  EXPECT_THAT(OneBitDecode(std::string(3, '\0'), scales, 8,
+                           absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(OneBitTest, DecodeRefusesWrongBucketCount) {
+  std::vector<float> out(16);
+  EXPECT_THAT(OneBitDecode(std::string(2, '\0'), std::string(3 * 8, '\0'), 8,
+                           absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(OneBitTest, DecodeRefusesNonFiniteScales) {
+  std::vector<float> out(8);
+  for (float bad : {std::nanf(""), INFINITY}) {
+    float pair[2] = {-1.0f, bad};
+    std::string scales(reinterpret_cast<const char*>(pair), sizeof(pair));
+    EXPECT_THAT(OneBitDecode(std::string(1, '\xff'), scales, 8,
+                             absl::MakeSpan(out)),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+}
+
+}  // namespace
+}  // namespace monsoon::common

@@ -1,0 +1,581 @@
+// The parameter service over real gRPC: a ShardServer on 127.0.0.1:0 and
+// raw ParameterService stubs, so that the requests can be malformed on
+// purpose.
+#include "server/parameter_service.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/float_bytes.h"
+#include "common/model_layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/service.grpc.pb.h"
+#include "server/shard_server.h"
+#include "tests/status_matchers.h"
+#include "tests/test_util.h"
+
+namespace monsoon::server {
+namespace {
+
+using ::monsoon::testutil::ResolvedConfig;
+using ::testing::AllOf;
+using ::testing::AnyOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// layer_sizes {6, 5, 3}: 53 parameters; shard 0 of 2 owns [0, 26), shard 1
+// owns [26, 53). Plain SGD with learning rate 0.5 keeps the arithmetic exact.
+constexpr char kSyncConfig[] =
+    "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 0.5 "
+    "momentum: 0 chunk_bytes: 262144";
+
+std::unique_ptr<ShardServer> StartShard(const TrainingConfig& config, int shard,
+                                        int num_workers) {
+  ShardServerOptions options;
+  options.config = config;
+  options.shard = shard;
+  options.num_shards = 2;
+  options.num_workers = num_workers;
+  options.listen_address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+std::unique_ptr<ParameterService::Stub> StubFor(const ShardServer& server) {
+  return ParameterService::NewStub(grpc::CreateChannel(
+      server.address(), grpc::InsecureChannelCredentials()));
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+PushChunk Chunk(uint64_t offset, const std::vector<float>& values) {
+  PushChunk chunk;
+  chunk.set_offset(offset);
+  common::AppendFloatBytes(values, chunk.mutable_data());
+  return chunk;
+}
+
+// A whole push in one chunk.
+PushChunk OneChunkPush(int rank, int shard, int64_t base_version,
+                       const std::vector<float>& values, int64_t samples = 8) {
+  PushChunk chunk = Chunk(0, values);
+  PushHeader* header = chunk.mutable_header();
+  header->set_worker_rank(rank);
+  header->set_shard(shard);
+  header->set_base_version(base_version);
+  header->set_length(values.size());
+  header->set_samples(samples);
+  return chunk;
+}
+
+grpc::Status RawPush(ParameterService::Stub* stub,
+                     const std::vector<PushChunk>& chunks,
+                     PushResponse* response = nullptr) {
+  PushResponse scratch;
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(30));
+  std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
+      stub->Push(&context, response != nullptr ? response : &scratch);
+  for (const PushChunk& chunk : chunks) {
+    if (!writer->Write(chunk)) break;  // the server has answered already
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+struct Pulled {
+  grpc::Status status;
+  int64_t version = -1;
+  std::vector<float> values;
+  std::vector<uint64_t> chunk_offsets;
+};
+
+Pulled RawPull(ParameterService::Stub* stub, int rank, int shard,
+               int64_t min_version,
+               absl::Duration timeout = absl::Seconds(30)) {
+  PullRequest request;
+  request.set_worker_rank(rank);
+  request.set_shard(shard);
+  request.set_min_version(min_version);
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  std::unique_ptr<grpc::ClientReader<PullChunk>> reader =
+      stub->Pull(&context, request);
+  Pulled pulled;
+  PullChunk chunk;
+  while (reader->Read(&chunk)) {
+    EXPECT_EQ(chunk.offset(), pulled.values.size());
+    if (pulled.chunk_offsets.empty()) {
+      pulled.version = chunk.version();
+    } else {
+      EXPECT_EQ(chunk.version(), pulled.version);
+    }
+    pulled.chunk_offsets.push_back(chunk.offset());
+    EXPECT_EQ(chunk.data().size() % 4, 0u);
+    const size_t at = pulled.values.size();
+    pulled.values.resize(at + chunk.data().size() / 4);
+    common::CopyBytesToFloats(chunk.data(), pulled.values.data() + at);
+  }
+  pulled.status = reader->Finish();
+  return pulled;
+}
+
+StatsResponse RawStats(ParameterService::Stub* stub) {
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(30));
+  StatsResponse stats;
+  const grpc::Status status = stub->Stats(&context, StatsRequest(), &stats);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return stats;
+}
+
+std::vector<float> InitialWeights(const TrainingConfig& config, uint64_t begin,
+                                  uint64_t size) {
+  std::vector<float> values(size);
+  common::InitialValues(common::ModelLayout::FromConfig(config), config.seed(),
+                        begin, absl::MakeSpan(values));
+  return values;
+}
+
+std::vector<float> Filled(size_t n, float value) {
+  return std::vector<float>(n, value);
+}
+
+MATCHER_P(HasCode, code, "") {
+  *result_listener << "whose status is " << arg.error_code() << ": "
+                   << arg.error_message();
+  return arg.error_code() == code;
+}
+MATCHER_P2(HasCodeAndMessage, code, message_matcher, "") {
+  *result_listener << "whose status is " << arg.error_code() << ": "
+                   << arg.error_message();
+  return arg.error_code() == code &&
+         testing::Matches(message_matcher)(arg.error_message());
+}
+
+class ParameterServiceTest : public testing::Test {
+ protected:
+  ParameterServiceTest() : config_(ResolvedConfig(kSyncConfig)) {}
+
+  TrainingConfig config_;
+};
+
+TEST_F(ParameterServiceTest, RegisterDescribesTheShardsSlice) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 1, 2);
+  ASSERT_NE(server, nullptr);
+  EXPECT_NE(server->port(), 0);
+  EXPECT_EQ(server->address(), absl::StrCat("127.0.0.1:", server->port()));
+  auto stub = StubFor(*server);
+  for (int rank : {0, 1, -1}) {
+    SCOPED_TRACE(rank);
+    RegisterRequest request;
+    request.set_worker_rank(rank);
+    request.set_shard(1);
+    request.set_config_fingerprint(common::ConfigFingerprint(config_));
+    RegisterResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Seconds(30));
+    ASSERT_TRUE(stub->Register(&context, request, &response).ok());
+    EXPECT_EQ(response.shard(), 1);
+    EXPECT_EQ(response.num_shards(), 2);
+    EXPECT_EQ(response.offset(), 26u);
+    EXPECT_EQ(response.length(), 27u);
+    EXPECT_EQ(response.version(), 0);
+  }
+}
+
+TEST_F(ParameterServiceTest,
+       RegisterWithADifferentConfigNamesBothFingerprints) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 0, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  TrainingConfig other = config_;
+  other.set_learning_rate(0.25f);
+  const uint64_t ours = common::ConfigFingerprint(config_);
+  const uint64_t theirs = common::ConfigFingerprint(other);
+  ASSERT_NE(ours, theirs);
+  RegisterRequest request;
+  request.set_worker_rank(0);
+  request.set_shard(0);
+  request.set_config_fingerprint(theirs);
+  RegisterResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(30));
+  EXPECT_THAT(
+      stub->Register(&context, request, &response),
+      HasCodeAndMessage(grpc::StatusCode::FAILED_PRECONDITION,
+                        AllOf(HasSubstr(absl::StrFormat("%016x", theirs)),
+                              HasSubstr(absl::StrFormat("%016x", ours)))));
+}
+
+TEST_F(ParameterServiceTest, RegisterForAnotherShardOrRankIsInvalid) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 0, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  for (const auto& [rank, shard] :
+       {std::pair<int, int>{0, 1}, {2, 0}, {-2, 0}}) {
+    SCOPED_TRACE(testing::Message() << "rank " << rank << " shard " << shard);
+    RegisterRequest request;
+    request.set_worker_rank(rank);
+    request.set_shard(shard);
+    request.set_config_fingerprint(common::ConfigFingerprint(config_));
+    RegisterResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Seconds(30));
+    EXPECT_THAT(stub->Register(&context, request, &response),
+                HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  }
+}
+
+TEST_F(ParameterServiceTest, PullReturnsTheInitialWeights) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 1, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  const Pulled pulled = RawPull(stub.get(), 0, 1, 0);
+  ASSERT_TRUE(pulled.status.ok()) << pulled.status.error_message();
+  EXPECT_EQ(pulled.version, 0);
+  EXPECT_EQ(pulled.values, InitialWeights(config_, 26, 27));
+  EXPECT_THAT(pulled.chunk_offsets, ElementsAre(0));
+}
+
+TEST_F(ParameterServiceTest,
+       MalformedPushesAreInvalidAndLeaveWeightsUntouched) {
+  // One worker, so that any push that got through would apply at once.
+  std::unique_ptr<ShardServer> server = StartShard(config_, 0, 1);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  const std::vector<float> initial = InitialWeights(config_, 0, 26);
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+
+  std::vector<float> with_nan = Filled(26, 1.0f);
+  with_nan[7] = kNan;
+  std::vector<float> with_inf = Filled(26, 1.0f);
+  with_inf[25] = kInf;
+  std::vector<float> with_minus_inf = Filled(26, 1.0f);
+  with_minus_inf[0] = -kInf;
+  PushChunk wrong_header_length = OneChunkPush(0, 0, 0, Filled(26, 1.0f));
+  wrong_header_length.mutable_header()->set_length(27);
+  PushChunk out_of_order = OneChunkPush(0, 0, 0, Filled(13, 1.0f));
+
+  struct Case {
+    const char* what;
+    std::vector<PushChunk> chunks;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"too short", {OneChunkPush(0, 0, 0, Filled(25, 1.0f))}, "holds 26"},
+      {"too long", {OneChunkPush(0, 0, 0, Filled(27, 1.0f))}, "holds 26"},
+      {"header length", {wrong_header_length}, "holds 26"},
+      {"stream ends early",
+       {[] {
+         PushChunk chunk = OneChunkPush(0, 0, 0, Filled(13, 1.0f));
+         chunk.mutable_header()->set_length(26);
+         return chunk;
+       }()},
+       "ended after 13 of 26"},
+      {"other shard",
+       {OneChunkPush(0, 1, 0, Filled(26, 1.0f))},
+       "reached shard 0"},
+      {"unknown shard",
+       {OneChunkPush(0, 7, 0, Filled(26, 1.0f))},
+       "reached shard 0"},
+      {"bad rank", {OneChunkPush(1, 0, 0, Filled(26, 1.0f))}, "worker rank"},
+      {"out of order",
+       {[&] {
+          PushChunk first = out_of_order;
+          first.mutable_header()->set_length(26);
+          return first;
+        }(),
+        Chunk(14, Filled(13, 1.0f))},
+       "in order"},
+      {"NaN", {OneChunkPush(0, 0, 0, with_nan)}, "push value 7 is nan"},
+      {"Inf", {OneChunkPush(0, 0, 0, with_inf)}, "push value 25 is inf"},
+      {"-Inf", {OneChunkPush(0, 0, 0, with_minus_inf)}, "push value 0 is -inf"},
+      {"future version",
+       {OneChunkPush(0, 0, 3, Filled(26, 1.0f))},
+       "only at version 0"},
+  };
+  int rejected = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    EXPECT_THAT(RawPush(stub.get(), c.chunks),
+                HasCodeAndMessage(grpc::StatusCode::INVALID_ARGUMENT,
+                                  HasSubstr(c.message)));
+    ++rejected;
+    const Pulled pulled = RawPull(stub.get(), 0, 0, 0);
+    ASSERT_TRUE(pulled.status.ok()) << pulled.status.error_message();
+    EXPECT_EQ(pulled.version, 0);
+    EXPECT_EQ(pulled.values, initial);
+  }
+  const StatsResponse stats = RawStats(stub.get());
+  EXPECT_EQ(stats.pushes(), 0);
+  EXPECT_EQ(stats.rejected_pushes(), rejected);
+  EXPECT_EQ(stats.version(), 0);
+
+  // The shard still takes a good push, which alone changes the weights.
+  ASSERT_TRUE(
+      RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 2.0f))}).ok());
+  const Pulled after = RawPull(stub.get(), 0, 0, 1);
+  ASSERT_TRUE(after.status.ok());
+  std::vector<float> expected = initial;
+  for (float& v : expected) v -= 0.5f * 2.0f;
+  EXPECT_EQ(after.values, expected);
+}
+
+TEST_F(ParameterServiceTest, ValidPushChangesTheWeightsAsExpected) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 1, 1);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  std::vector<float> grad(27);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.25f * i - 3.0f;
+  // In three chunks.
+  PushChunk first = OneChunkPush(0, 1, 0, {grad.begin(), grad.begin() + 10});
+  first.mutable_header()->set_length(27);
+  const std::vector<PushChunk> chunks = {
+      first, Chunk(10, {grad.begin() + 10, grad.begin() + 20}),
+      Chunk(20, {grad.begin() + 20, grad.end()})};
+  PushResponse response;
+  const grpc::Status status = RawPush(stub.get(), chunks, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.version(), 1);
+  EXPECT_EQ(response.staleness(), 0);
+
+  const Pulled pulled = RawPull(stub.get(), 0, 1, 1);
+  ASSERT_TRUE(pulled.status.ok()) << pulled.status.error_message();
+  EXPECT_EQ(pulled.version, 1);
+  std::vector<float> expected = InitialWeights(config_, 26, 27);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= 0.5f * grad[i];
+  EXPECT_EQ(pulled.values, expected);
+  // An evaluator's pull is not counted in bytes_pulled.
+  ASSERT_TRUE(RawPull(stub.get(), -1, 1, 0).status.ok());
+
+  int64_t pushed_bytes = 0;
+  for (const PushChunk& chunk : chunks) pushed_bytes += chunk.ByteSizeLong();
+  PullChunk one_pull;
+  one_pull.set_version(1);
+  common::AppendFloatBytes(expected, one_pull.mutable_data());
+  const StatsResponse stats = RawStats(stub.get());
+  EXPECT_EQ(stats.shard(), 1);
+  EXPECT_EQ(stats.version(), 1);
+  EXPECT_EQ(stats.pushes(), 1);
+  EXPECT_EQ(stats.samples(), 8);
+  EXPECT_EQ(stats.bytes_pushed(), pushed_bytes);
+  EXPECT_EQ(stats.bytes_pulled(),
+            static_cast<int64_t>(one_pull.ByteSizeLong()));
+  EXPECT_EQ(stats.rejected_pushes(), 0);
+  EXPECT_THAT(stats.staleness_counts(), ElementsAre(1));
+}
+
+TEST_F(ParameterServiceTest, SyncPullCompletesOnlyAfterEveryWorkerPushed) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 0, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  Pulled waited;
+  absl::Notification pulled;
+  std::thread puller([&] {
+    waited = RawPull(stub.get(), 1, 0, /*min_version=*/1);
+    pulled.Notify();
+  });
+
+  PushResponse response;
+  ASSERT_TRUE(
+      RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 1.0f))}, &response)
+          .ok());
+  EXPECT_EQ(response.version(), 0);  // still collecting step 0
+  EXPECT_FALSE(pulled.HasBeenNotified());
+  // A pull for version 1 cannot be answered yet: it runs into its deadline.
+  const Pulled early = RawPull(stub.get(), 1, 0, 1, absl::Milliseconds(300));
+  EXPECT_THAT(early.status, HasCode(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_TRUE(early.values.empty());
+  EXPECT_FALSE(pulled.HasBeenNotified());
+
+  ASSERT_TRUE(
+      RawPush(stub.get(), {OneChunkPush(1, 0, 0, Filled(26, 3.0f))}, &response)
+          .ok());
+  EXPECT_EQ(response.version(), 1);
+  pulled.WaitForNotification();
+  puller.join();
+  ASSERT_TRUE(waited.status.ok()) << waited.status.error_message();
+  EXPECT_EQ(waited.version, 1);
+  std::vector<float> expected = InitialWeights(config_, 0, 26);
+  for (float& v : expected) v -= 0.5f * 2.0f;  // the mean of 1 and 3
+  EXPECT_EQ(waited.values, expected);
+}
+
+TEST_F(ParameterServiceTest, SyncPushesOfAClosedOrRepeatedStepAreRefused) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 0, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  ASSERT_TRUE(
+      RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 1.0f))}).ok());
+  EXPECT_THAT(RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 1.0f))}),
+              HasCode(grpc::StatusCode::ALREADY_EXISTS));
+  ASSERT_TRUE(
+      RawPush(stub.get(), {OneChunkPush(1, 0, 0, Filled(26, 1.0f))}).ok());
+  const Pulled before = RawPull(stub.get(), 0, 0, 1);
+  ASSERT_TRUE(before.status.ok());
+  EXPECT_THAT(RawPush(stub.get(), {OneChunkPush(1, 0, 0, Filled(26, 1.0f))}),
+              HasCodeAndMessage(grpc::StatusCode::ABORTED,
+                                HasSubstr("pull and retry")));
+  const Pulled after = RawPull(stub.get(), 0, 0, 0);
+  ASSERT_TRUE(after.status.ok());
+  EXPECT_EQ(after.version, 1);
+  EXPECT_EQ(after.values, before.values);
+  EXPECT_EQ(RawStats(stub.get()).rejected_pushes(), 2);
+}
+
+TEST_F(ParameterServiceTest, DownpourPushesRecordTheirStaleness) {
+  const TrainingConfig downpour = ResolvedConfig(
+      "layer_sizes: [6, 5, 3] mode: DOWNPOUR learning_rate: 0.1 "
+      "chunk_bytes: 262144");
+  std::unique_ptr<ShardServer> server = StartShard(downpour, 0, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  PushResponse response;
+  for (int64_t expected_version : {1, 2}) {
+    ASSERT_TRUE(
+        RawPush(stub.get(),
+                {OneChunkPush(0, 0, expected_version - 1, Filled(26, 1.0f))},
+                &response)
+            .ok());
+    EXPECT_EQ(response.version(), expected_version);
+    EXPECT_EQ(response.staleness(), 0);
+  }
+  ASSERT_TRUE(
+      RawPush(stub.get(), {OneChunkPush(1, 0, 0, Filled(26, 1.0f))}, &response)
+          .ok());
+  EXPECT_EQ(response.version(), 3);
+  EXPECT_EQ(response.staleness(), 2);
+  const StatsResponse stats = RawStats(stub.get());
+  EXPECT_EQ(stats.version(), 3);
+  EXPECT_EQ(stats.staleness_max(), 2);
+  EXPECT_THAT(stats.staleness_counts(), ElementsAre(2, 0, 1));
+}
+
+TEST_F(ParameterServiceTest, MalformedPullsAreInvalid) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 0, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  EXPECT_THAT(RawPull(stub.get(), 0, 1, 0).status,
+              HasCodeAndMessage(grpc::StatusCode::INVALID_ARGUMENT,
+                                HasSubstr("reached shard 0")));
+  EXPECT_THAT(RawPull(stub.get(), 2, 0, 0).status,
+              HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(RawPull(stub.get(), 0, 0, -1).status,
+              HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+}
+
+TEST_F(ParameterServiceTest, PullStreamsChunksOfAtMostChunkBytes) {
+  // 400*400 + 400 + 400*10 + 10 = 164410 parameters; shard 0 of 2 holds
+  // 82205, more than the 65536 values of one 262144-byte chunk.
+  const TrainingConfig big = ResolvedConfig(
+      "layer_sizes: [400, 400, 10] mode: SYNC chunk_bytes: 262144");
+  std::unique_ptr<ShardServer> server = StartShard(big, 0, 1);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  const Pulled pulled = RawPull(stub.get(), 0, 0, 0);
+  ASSERT_TRUE(pulled.status.ok()) << pulled.status.error_message();
+  EXPECT_THAT(pulled.chunk_offsets, ElementsAre(0, 65536));
+  EXPECT_EQ(pulled.values, InitialWeights(big, 0, 82205));
+}
+
+TEST_F(ParameterServiceTest, HealthServiceReportsServing) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 0, 2);
+  ASSERT_NE(server, nullptr);
+  grpc::GenericStub stub(grpc::CreateChannel(
+      server->address(), grpc::InsecureChannelCredentials()));
+  // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message.
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(30));
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  // HealthCheckResponse{status: SERVING}: field 1, varint 1.
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+TEST_F(ParameterServiceTest, ShutdownEndsAPullStillWaitingForItsVersion) {
+  std::unique_ptr<ShardServer> server = StartShard(config_, 0, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  Pulled waited;
+  std::thread puller([&] { waited = RawPull(stub.get(), 0, 0, 5); });
+  server->Shutdown(absl::ZeroDuration());
+  puller.join();
+  EXPECT_THAT(waited.status, AnyOf(HasCode(grpc::StatusCode::CANCELLED),
+                                   HasCode(grpc::StatusCode::UNAVAILABLE)));
+  EXPECT_TRUE(waited.values.empty());
+  server->Shutdown();  // idempotent
+}
+
+TEST(ShardServerTest, StartRefusesBadOptions) {
+  ShardServerOptions options;
+  options.config = ResolvedConfig(kSyncConfig);
+  options.num_shards = 54;  // more shards than the 53 parameters
+  EXPECT_THAT(ShardServer::Start(options),
+              testutil::StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("--num_shards")));
+  options.num_shards = 2;
+  options.shard = 2;
+  EXPECT_THAT(ShardServer::Start(options),
+              testutil::StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("--shard")));
+  options.shard = 0;
+  options.num_workers = 0;
+  EXPECT_THAT(ShardServer::Start(options),
+              testutil::StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("--num_workers")));
+}
+
+TEST(ShardServerTest, AddressInUseIsUnavailable) {
+  std::unique_ptr<ShardServer> first =
+      StartShard(ResolvedConfig(kSyncConfig), 0, 1);
+  ASSERT_NE(first, nullptr);
+  ShardServerOptions options;
+  options.config = ResolvedConfig(kSyncConfig);
+  options.num_shards = 2;
+  options.listen_address = first->address();
+  EXPECT_THAT(ShardServer::Start(options),
+              testutil::StatusIs(absl::StatusCode::kUnavailable,
+                                 HasSubstr(first->address())));
+}
+
+}  // namespace
+}  // namespace monsoon::server

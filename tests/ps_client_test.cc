@@ -1,0 +1,330 @@
+// PsClient against real ShardServers on 127.0.0.1:0.
+#include "worker/ps_client.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/model_layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "tests/status_matchers.h"
+#include "tests/test_util.h"
+
+namespace monsoon::worker {
+namespace {
+
+using ::monsoon::testutil::ResolvedConfig;
+using ::monsoon::testutil::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// 53 parameters on two shards: [0, 26) and [26, 53).
+constexpr char kSmallConfig[] =
+    "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 1 "
+    "momentum: 0 chunk_bytes: 262144";
+
+// Starts shards 0 .. num_shards-1 of `config`.
+std::vector<std::unique_ptr<server::ShardServer>> StartShards(
+    const TrainingConfig& config, int num_shards, int num_workers) {
+  std::vector<std::unique_ptr<server::ShardServer>> servers;
+  for (int s = 0; s < num_shards; ++s) {
+    server::ShardServerOptions options;
+    options.config = config;
+    options.shard = s;
+    options.num_shards = num_shards;
+    options.num_workers = num_workers;
+    options.listen_address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
+        server::ShardServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) servers.push_back(*std::move(server));
+  }
+  return servers;
+}
+
+PsClientOptions OptionsFor(
+    const std::vector<std::unique_ptr<server::ShardServer>>& servers,
+    const TrainingConfig& config, int rank = 0) {
+  PsClientOptions options;
+  for (const auto& server : servers) {
+    options.server_addresses.push_back(server->address());
+  }
+  options.config = config;
+  options.worker_rank = rank;
+  options.connect_timeout = absl::Seconds(10);
+  return options;
+}
+
+std::vector<float> AllInitialValues(const TrainingConfig& config) {
+  const common::ModelLayout layout = common::ModelLayout::FromConfig(config);
+  std::vector<float> values(layout.num_params());
+  common::InitialValues(layout, config.seed(), 0, absl::MakeSpan(values));
+  return values;
+}
+
+// A port on 127.0.0.1 that is bound, so no one else gets it, but where no
+// one listens: connections to it are refused.
+class ReservedPort {
+ public:
+  ReservedPort() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address = {};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = 0;
+    socklen_t length = sizeof(address);
+    if (fd_ < 0 ||
+        ::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) !=
+            0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) !=
+            0) {
+      ADD_FAILURE() << "cannot reserve a port";
+      return;
+    }
+    port_ = ntohs(address.sin_port);
+  }
+  ~ReservedPort() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+TEST(PsClientTest, ConnectToAnAddressWhereNoServerRunsIsUnavailableNamingIt) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ReservedPort nobody;
+  PsClientOptions options = OptionsFor(servers, config);
+  options.server_addresses[1] = nobody.address();
+  options.connect_timeout = absl::Seconds(1);
+  EXPECT_THAT(
+      PsClient::Connect(options),
+      StatusIs(absl::StatusCode::kUnavailable,
+               AllOf(HasSubstr("shard 1"), HasSubstr(nobody.address()))));
+}
+
+TEST(PsClientTest, ConnectWithoutServersIsInvalid) {
+  PsClientOptions options;
+  options.config = ResolvedConfig(kSmallConfig);
+  EXPECT_THAT(PsClient::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(PsClientTest, ConnectWithADifferentConfigIsFailedPrecondition) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  TrainingConfig other = config;
+  other.set_batch_size(config.batch_size() + 1);
+  EXPECT_THAT(
+      PsClient::Connect(OptionsFor(servers, other)),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr(servers[0]->address()),
+                     HasSubstr(absl::StrFormat(
+                         "%016x", common::ConfigFingerprint(other))),
+                     HasSubstr(absl::StrFormat(
+                         "%016x", common::ConfigFingerprint(config))))));
+}
+
+TEST(PsClientTest, ConnectWithServersOutOfOrderIsRefused) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  PsClientOptions options = OptionsFor(servers, config);
+  std::swap(options.server_addresses[0], options.server_addresses[1]);
+  EXPECT_THAT(PsClient::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("this is shard 1, not shard 0")));
+}
+
+TEST(PsClientTest, ConnectToFewerServersThanShardsIsFailedPrecondition) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  PsClientOptions options = OptionsFor(servers, config);
+  options.server_addresses.pop_back();
+  EXPECT_THAT(PsClient::Connect(options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("of 2 shards")));
+}
+
+TEST(PsClientTest, PushAndPullRoundTripAcrossTwoShards) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  EXPECT_EQ(client->num_shards(), 2);
+  ASSERT_EQ(client->ranges().size(), 2u);
+  EXPECT_EQ(client->ranges()[0].begin, 0u);
+  EXPECT_EQ(client->ranges()[0].end, 26u);
+  EXPECT_EQ(client->ranges()[1].begin, 26u);
+  EXPECT_EQ(client->ranges()[1].end, 53u);
+  EXPECT_THAT(client->initial_versions(), ElementsAre(0, 0));
+
+  std::vector<float> params(53, -100.0f);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      client->Pull(0, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  EXPECT_THAT(versions, ElementsAre(0, 0));
+  const std::vector<float> initial = AllInitialValues(config);
+  EXPECT_EQ(params, initial);
+
+  std::vector<float> grads(53);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.5f * i - 10.0f;
+  std::vector<PushResponse> responses;
+  ASSERT_OK(client->Push(grads, versions, /*samples=*/16, &responses));
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_EQ(responses[0].version(), 1);
+  EXPECT_EQ(responses[1].version(), 1);
+
+  ASSERT_OK(
+      client->Pull(1, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  EXPECT_THAT(versions, ElementsAre(1, 1));
+  std::vector<float> expected = initial;
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= 1.0f * grads[i];
+  EXPECT_EQ(params, expected);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
+                       client->Stats(absl::Seconds(30)));
+  ASSERT_EQ(stats.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(stats[s].shard(), s);
+    EXPECT_EQ(stats[s].version(), 1);
+    EXPECT_EQ(stats[s].samples(), 16);
+  }
+  EXPECT_EQ(stats[0].bytes_pushed() + stats[1].bytes_pushed(),
+            client->bytes_pushed());
+  EXPECT_EQ(stats[0].bytes_pulled() + stats[1].bytes_pulled(),
+            client->bytes_pulled());
+  EXPECT_GT(client->bytes_pushed(), static_cast<int64_t>(53 * sizeof(float)));
+}
+
+TEST(PsClientTest, ChunkedPushAndPullReassembleALargeModel) {
+  // 400*400 + 400 + 400*10 + 10 = 164410 parameters: 82205 per shard, more
+  // than the 65536 values of one 262144-byte chunk.
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [400, 400, 10] mode: SYNC optimizer: SGD "
+      "learning_rate: 1 momentum: 0 chunk_bytes: 262144");
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  ASSERT_EQ(client->ranges()[0].size(), 82205u);
+
+  std::vector<float> params(164410);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      client->Pull(0, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  const std::vector<float> initial = AllInitialValues(config);
+  EXPECT_EQ(params, initial);
+
+  // A gradient whose every value differs, so that a misplaced chunk shows.
+  std::vector<float> grads(params.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    grads[i] = static_cast<float>(i % 1000) * 0.001f - 0.5f;
+  }
+  ASSERT_OK(client->Push(grads, versions, 1));
+  ASSERT_OK(
+      client->Pull(1, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  EXPECT_THAT(versions, ElementsAre(1, 1));
+  std::vector<float> expected = initial;
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= grads[i];
+  EXPECT_EQ(params, expected);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
+                       client->Stats(absl::Seconds(30)));
+  EXPECT_EQ(stats[0].bytes_pushed() + stats[1].bytes_pushed(),
+            client->bytes_pushed());
+  EXPECT_EQ(stats[0].bytes_pulled() + stats[1].bytes_pulled(),
+            client->bytes_pulled());
+}
+
+TEST(PsClientTest, PullForAVersionNeverReachedIsDeadlineExceeded) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  EXPECT_THAT(client->Pull(1, absl::Milliseconds(300), absl::MakeSpan(params),
+                           &versions),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("shard 0 at " + servers[0]->address())));
+}
+
+TEST(PsClientTest, AsyncPullWaitsForTheBarrier) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 2);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker0,
+                       PsClient::Connect(OptionsFor(servers, config, 0)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker1,
+                       PsClient::Connect(OptionsFor(servers, config, 1)));
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  std::unique_ptr<PendingCall> pull = worker0->PullAsync(
+      1, absl::Seconds(30), absl::MakeSpan(params), &versions);
+  const std::vector<float> ones(53, 1.0f), threes(53, 3.0f);
+  ASSERT_OK(worker0->Push(ones, {0, 0}, 1));
+  ASSERT_OK(worker1->Push(threes, {0, 0}, 1));
+  ASSERT_OK(pull->Wait());
+  EXPECT_THAT(versions, ElementsAre(1, 1));
+  std::vector<float> expected = AllInitialValues(config);
+  for (float& v : expected) v -= 2.0f;  // the mean of 1 and 3
+  EXPECT_EQ(params, expected);
+}
+
+TEST(PsClientTest, PushErrorsNameTheShard) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> evaluator,
+                       PsClient::Connect(OptionsFor(servers, config, -1)));
+  // An evaluator (rank -1) may pull but not push.
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      evaluator->Pull(0, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  EXPECT_THAT(evaluator->Push(params, versions, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("shard 0 at " + servers[0]->address()),
+                             HasSubstr("worker rank -1"))));
+  // The evaluator's pull is not counted as worker traffic.
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
+                       evaluator->Stats(absl::Seconds(30)));
+  EXPECT_EQ(stats[0].bytes_pulled(), 0);
+  EXPECT_EQ(stats[0].rejected_pushes(), 1);
+  EXPECT_EQ(stats[1].rejected_pushes(), 1);
+}
+
+}  // namespace
+}  // namespace monsoon::worker

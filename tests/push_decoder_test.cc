@@ -1,0 +1,325 @@
+#include "server/push_decoder.h"
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/float_bytes.h"
+#include "common/onebit.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace monsoon::server {
+namespace {
+
+using ::monsoon::testutil::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// The decoder under test is shard 1, of 5 values, with 2 workers.
+constexpr int kShard = 1;
+constexpr uint64_t kSize = 5;
+constexpr int kWorkers = 2;
+
+PushHeader Header(int rank = 1, int shard = kShard, uint64_t length = kSize,
+                  int64_t base_version = 3, int64_t samples = 32) {
+  PushHeader header;
+  header.set_worker_rank(rank);
+  header.set_shard(shard);
+  header.set_length(length);
+  header.set_base_version(base_version);
+  header.set_samples(samples);
+  return header;
+}
+
+PushChunk Chunk(uint64_t offset, const std::vector<float>& values) {
+  PushChunk chunk;
+  chunk.set_offset(offset);
+  common::AppendFloatBytes(values, chunk.mutable_data());
+  return chunk;
+}
+
+PushChunk First(const std::vector<float>& values,
+                const PushHeader& header = Header()) {
+  PushChunk chunk = Chunk(0, values);
+  *chunk.mutable_header() = header;
+  return chunk;
+}
+
+const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+TEST(PushDecoderTest, SingleChunkPushDecodes) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  const PushChunk chunk = First({1, 2, 3, 4, 5});
+  ASSERT_OK(decoder.Add(chunk));
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_EQ(push->worker_rank, 1);
+  EXPECT_EQ(push->base_version, 3);
+  EXPECT_EQ(push->samples, 32);
+  EXPECT_EQ(push->wire_bytes, static_cast<int64_t>(chunk.ByteSizeLong()));
+  EXPECT_THAT(push->values, ElementsAre(1, 2, 3, 4, 5));
+}
+
+TEST(PushDecoderTest, MultiChunkPushReassemblesExactly) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  const std::vector<PushChunk> chunks = {
+      First({0.5f, -1.25f}), Chunk(2, {1e-30f, -3e30f}), Chunk(4, {7.0f})};
+  int64_t bytes = 0;
+  for (const PushChunk& chunk : chunks) {
+    ASSERT_OK(decoder.Add(chunk));
+    bytes += static_cast<int64_t>(chunk.ByteSizeLong());
+  }
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_THAT(push->values, ElementsAre(0.5f, -1.25f, 1e-30f, -3e30f, 7.0f));
+  EXPECT_EQ(push->wire_bytes, bytes);
+}
+
+TEST(PushDecoderTest, EmptyChunksInOrderAreHarmless) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  ASSERT_OK(decoder.Add(First({})));
+  ASSERT_OK(decoder.Add(Chunk(0, {1, 2, 3, 4, 5})));
+  ASSERT_OK(decoder.Add(Chunk(5, {})));
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_THAT(push->values, ElementsAre(1, 2, 3, 4, 5));
+}
+
+TEST(PushDecoderTest, FirstChunkWithoutHeaderIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  EXPECT_THAT(decoder.Add(Chunk(0, {1, 2, 3, 4, 5})),
+              StatusIs(kInvalid, HasSubstr("header")));
+}
+
+TEST(PushDecoderTest, HeaderInALaterChunkIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  ASSERT_OK(decoder.Add(First({1, 2})));
+  PushChunk second = Chunk(2, {3, 4, 5});
+  *second.mutable_header() = Header();
+  EXPECT_THAT(decoder.Add(second), StatusIs(kInvalid, HasSubstr("header")));
+}
+
+TEST(PushDecoderTest, WrongLengthIsInvalid) {
+  for (uint64_t length : {uint64_t{0}, kSize - 1, kSize + 1}) {
+    SCOPED_TRACE(length);
+    PushDecoder decoder(kShard, kSize, kWorkers);
+    EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, Header(1, kShard, length))),
+                StatusIs(kInvalid, HasSubstr("holds 5")));
+  }
+}
+
+TEST(PushDecoderTest, PushForAnotherShardIsInvalid) {
+  for (int shard : {0, 2, -1, 1000}) {
+    SCOPED_TRACE(shard);
+    PushDecoder decoder(kShard, kSize, kWorkers);
+    EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, Header(1, shard))),
+                StatusIs(kInvalid, HasSubstr("reached shard 1")));
+  }
+}
+
+TEST(PushDecoderTest, WorkerRankOutsideTheWorkersIsInvalid) {
+  for (int rank : {-1, 2, 100}) {
+    SCOPED_TRACE(rank);
+    PushDecoder decoder(kShard, kSize, kWorkers);
+    EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, Header(rank))),
+                StatusIs(kInvalid, HasSubstr("worker rank")));
+  }
+}
+
+TEST(PushDecoderTest, NegativeBaseVersionOrSamplesIsInvalid) {
+  PushDecoder negative_version(kShard, kSize, kWorkers);
+  EXPECT_THAT(negative_version.Add(
+                  First({1, 2, 3, 4, 5}, Header(1, kShard, kSize, -1, 32))),
+              StatusIs(kInvalid, HasSubstr("negative")));
+  PushDecoder negative_samples(kShard, kSize, kWorkers);
+  EXPECT_THAT(negative_samples.Add(
+                  First({1, 2, 3, 4, 5}, Header(1, kShard, kSize, 0, -32))),
+              StatusIs(kInvalid, HasSubstr("negative")));
+}
+
+TEST(PushDecoderTest, ChunksOutOfOrderAreInvalid) {
+  {
+    PushDecoder decoder(kShard, kSize, kWorkers);
+    PushChunk first = First({1, 2});
+    first.set_offset(1);
+    EXPECT_THAT(decoder.Add(first), StatusIs(kInvalid, HasSubstr("in order")));
+  }
+  {
+    PushDecoder decoder(kShard, kSize, kWorkers);
+    ASSERT_OK(decoder.Add(First({1, 2})));
+    EXPECT_THAT(decoder.Add(Chunk(3, {4, 5})),
+                StatusIs(kInvalid, HasSubstr("chunk at offset 3")));
+  }
+  {
+    PushDecoder decoder(kShard, kSize, kWorkers);
+    ASSERT_OK(decoder.Add(First({1, 2})));
+    EXPECT_THAT(decoder.Add(Chunk(0, {1, 2})),
+                StatusIs(kInvalid, HasSubstr("chunk at offset 0")));
+  }
+}
+
+TEST(PushDecoderTest, ChunkOfPartialFloatIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  PushChunk first = First({1, 2});
+  first.mutable_data()->push_back('\0');  // 9 bytes
+  EXPECT_THAT(decoder.Add(first),
+              StatusIs(kInvalid, HasSubstr("9 bytes is not a whole number")));
+
+  PushDecoder later(kShard, kSize, kWorkers);
+  ASSERT_OK(later.Add(First({1, 2})));
+  PushChunk second = Chunk(2, {3});
+  second.mutable_data()->resize(6);
+  EXPECT_THAT(later.Add(second), StatusIs(kInvalid, HasSubstr("6 bytes")));
+}
+
+TEST(PushDecoderTest, MoreValuesThanTheShardHoldsIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5, 6})),
+              StatusIs(kInvalid, HasSubstr("more than the 5 values")));
+
+  PushDecoder split(kShard, kSize, kWorkers);
+  ASSERT_OK(split.Add(First({1, 2, 3})));
+  EXPECT_THAT(split.Add(Chunk(3, {4, 5, 6})),
+              StatusIs(kInvalid, HasSubstr("more than the 5 values")));
+}
+
+TEST(PushDecoderTest, TooShortPushIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  ASSERT_OK(decoder.Add(First({1, 2})));
+  ASSERT_OK(decoder.Add(Chunk(2, {3})));
+  EXPECT_THAT(decoder.Finish(),
+              StatusIs(kInvalid, HasSubstr("ended after 3 of 5 values")));
+}
+
+TEST(PushDecoderTest, EmptyStreamIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  EXPECT_THAT(decoder.Finish(), StatusIs(kInvalid, HasSubstr("no header")));
+}
+
+TEST(PushDecoderTest, NonFiniteValuesAreInvalidNamingTheIndex) {
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (float bad : {kNan, kInf, -kInf}) {
+    SCOPED_TRACE(bad);
+    PushDecoder decoder(kShard, kSize, kWorkers);
+    ASSERT_OK(decoder.Add(First({1, 2})));
+    ASSERT_OK(decoder.Add(Chunk(2, {3, bad, 5})));
+    EXPECT_THAT(decoder.Finish(),
+                StatusIs(kInvalid, HasSubstr("push value 3 is")));
+  }
+}
+
+TEST(PushDecoderTest, Float32DecoderRefusesOtherEncodings) {
+  PushDecoder decoder(kShard, kSize, kWorkers);
+  PushHeader header = Header();
+  header.set_encoding(ENCODING_ONEBIT);
+  header.set_bucket_size(512);
+  EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, header)),
+              StatusIs(kInvalid, HasSubstr("ENCODING_ONEBIT")));
+
+  PushDecoder with_scales(kShard, kSize, kWorkers);
+  PushChunk chunk = First({1, 2, 3, 4, 5});
+  chunk.set_scales(std::string(8, '\0'));
+  EXPECT_THAT(with_scales.Add(chunk), StatusIs(kInvalid, HasSubstr("scales")));
+}
+
+// 1-bit pushes in buckets of 2: the decoder yields exactly what
+// common::OneBitDecode makes of the chunks' bits and scales.
+class OneBitPushDecoderTest : public testing::Test {
+ protected:
+  static constexpr int kBucket = 2;
+
+  PushHeader OneBitHeader(int bucket_size = kBucket) {
+    PushHeader header = Header();
+    header.set_encoding(ENCODING_ONEBIT);
+    header.set_bucket_size(bucket_size);
+    return header;
+  }
+
+  // Encodes values [begin, end) of kGradient as one chunk.
+  PushChunk Encoded(uint64_t begin, uint64_t end) {
+    std::vector<float> residual(end - begin, 0.0f);
+    common::OneBitEncoded encoded;
+    common::OneBitEncode(
+        absl::MakeConstSpan(kGradient).subspan(begin, end - begin),
+        absl::MakeSpan(residual), kBucket, &encoded);
+    PushChunk chunk;
+    chunk.set_offset(begin);
+    chunk.set_data(encoded.bits);
+    chunk.set_scales(encoded.scales);
+    std::vector<float> decoded(end - begin);
+    EXPECT_OK(common::OneBitDecode(encoded.bits, encoded.scales, kBucket,
+                                   absl::MakeSpan(decoded)));
+    expected_.insert(expected_.end(), decoded.begin(), decoded.end());
+    return chunk;
+  }
+
+  const std::vector<float> kGradient = {0.5f, -1.5f, 2.0f, 4.0f, -3.0f};
+  std::vector<float> expected_;
+};
+
+TEST_F(OneBitPushDecoderTest, MultiChunkPushDecodes) {
+  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  PushChunk first = Encoded(0, 4);  // buckets 0 and 1
+  *first.mutable_header() = OneBitHeader();
+  ASSERT_OK(decoder.Add(first));
+  ASSERT_OK(decoder.Add(Encoded(4, 5)));  // bucket 2, one value
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_EQ(push->values, expected_);
+  // One bucket per sign pattern: {0.5, -1.5} keeps both values exactly.
+  EXPECT_FLOAT_EQ(push->values[0], 0.5f);
+  EXPECT_FLOAT_EQ(push->values[1], -1.5f);
+  // {2, 4} are both non-negative: each becomes their mean.
+  EXPECT_FLOAT_EQ(push->values[2], 3.0f);
+  EXPECT_FLOAT_EQ(push->values[3], 3.0f);
+  EXPECT_FLOAT_EQ(push->values[4], -3.0f);
+}
+
+TEST_F(OneBitPushDecoderTest, WrongBucketSizeIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  PushChunk first = Encoded(0, 5);
+  *first.mutable_header() = OneBitHeader(4);
+  EXPECT_THAT(decoder.Add(first),
+              StatusIs(kInvalid, HasSubstr("buckets of 4")));
+}
+
+TEST_F(OneBitPushDecoderTest, NonFiniteScaleIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  PushChunk first = Encoded(0, 5);
+  *first.mutable_header() = OneBitHeader();
+  std::string scales = first.scales();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(scales.data() + 4, &nan, sizeof(nan));
+  first.set_scales(scales);
+  EXPECT_THAT(decoder.Add(first),
+              StatusIs(kInvalid, HasSubstr("bucket 0 has a non-finite")));
+}
+
+TEST_F(OneBitPushDecoderTest, ChunkWithMoreBucketsThanRemainIsInvalid) {
+  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  PushChunk first = Encoded(0, 4);
+  *first.mutable_header() = OneBitHeader();
+  ASSERT_OK(decoder.Add(first));
+  PushChunk second = Encoded(4, 5);
+  second.set_scales(second.scales() + second.scales());  // two buckets
+  second.set_data(second.data() + second.data());
+  EXPECT_THAT(decoder.Add(second), StatusIs(kInvalid, HasSubstr("buckets")));
+}
+
+TEST(PushEncodingForTest, FollowsTheConfigsCompression) {
+  TrainingConfig config;
+  config.set_compression(COMPRESSION_NONE);
+  EXPECT_EQ(PushEncodingFor(config), ENCODING_FLOAT32);
+  config.set_compression(COMPRESSION_ONEBIT);
+  EXPECT_EQ(PushEncodingFor(config), ENCODING_ONEBIT);
+}
+
+}  // namespace
+}  // namespace monsoon::server

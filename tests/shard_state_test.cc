@@ -1,0 +1,138 @@
+#include "server/shard_state.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "common/model_layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace monsoon::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+const common::ModelLayout& Layout() {
+  static const common::ModelLayout* layout = new common::ModelLayout({6, 5, 3});
+  return *layout;
+}
+
+TEST(ShardStateTest, HoldsItsRangeOfTheInitialValues) {
+  ShardState state(Layout(), /*seed=*/3, /*shard=*/1, /*num_shards=*/2);
+  EXPECT_EQ(state.shard(), 1);
+  EXPECT_EQ(state.num_shards(), 2);
+  // 53 parameters: shard 1 of 2 owns [26, 53).
+  EXPECT_EQ(state.range().begin, 26u);
+  EXPECT_EQ(state.range().end, 53u);
+  EXPECT_EQ(state.size(), 27u);
+  std::vector<float> expected(27);
+  common::InitialValues(Layout(), 3, 26, absl::MakeSpan(expected));
+  std::vector<float> weights;
+  state.CopyWeights(&weights);
+  EXPECT_EQ(weights, expected);
+  EXPECT_EQ(state.version(), 0);
+}
+
+TEST(ShardStateTest, ThreeShardsHoldTheSameInitialWeightsAsOne) {
+  ShardState whole(Layout(), /*seed=*/5, 0, 1);
+  std::vector<float> expected;
+  whole.CopyWeights(&expected);
+  std::vector<float> joined;
+  for (int s = 0; s < 3; ++s) {
+    ShardState part(Layout(), 5, s, 3);
+    std::vector<float> weights;
+    part.CopyWeights(&weights);
+    EXPECT_EQ(part.range().begin, joined.size());
+    joined.insert(joined.end(), weights.begin(), weights.end());
+  }
+  EXPECT_EQ(joined, expected);
+}
+
+TEST(ShardStateTest, WaiterForAVersionAlreadyReachedRunsAtOnce) {
+  ShardState state(Layout(), 1, 0, 1);
+  int runs = 0;
+  EXPECT_EQ(state.WhenVersionAtLeast(0, [&] { ++runs; }), 0u);
+  EXPECT_EQ(runs, 1);
+}
+
+TEST(ShardStateTest, WaiterIsHandedBackOnlyWhenItsVersionIsReached) {
+  ShardState state(Layout(), 1, 0, 1);
+  int runs = 0;
+  const uint64_t id = state.WhenVersionAtLeast(2, [&] { ++runs; });
+  EXPECT_NE(id, 0u);
+  EXPECT_THAT(state.AdvanceVersion(1), IsEmpty());
+  EXPECT_EQ(state.version(), 1);
+  std::vector<ShardState::Waiter> ready = state.AdvanceVersion(2);
+  ASSERT_THAT(ready, SizeIs(1));
+  // AdvanceVersion hands the waiter back; it is the caller who runs it.
+  EXPECT_EQ(runs, 0);
+  ready[0]();
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(state.CancelWaiter(id));
+  EXPECT_THAT(state.AdvanceVersion(3), IsEmpty());
+}
+
+TEST(ShardStateTest, VersionNeverGoesBack) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.AdvanceVersion(4);
+  state.AdvanceVersion(2);
+  EXPECT_EQ(state.version(), 4);
+  EXPECT_EQ(state.Stats().version(), 4);
+}
+
+TEST(ShardStateTest, CancelledWaiterNeverRuns) {
+  ShardState state(Layout(), 1, 0, 1);
+  int runs = 0;
+  const uint64_t cancelled = state.WhenVersionAtLeast(1, [&] { runs += 1; });
+  const uint64_t kept = state.WhenVersionAtLeast(1, [&] { runs += 10; });
+  EXPECT_NE(cancelled, kept);
+  EXPECT_TRUE(state.CancelWaiter(cancelled));
+  EXPECT_FALSE(state.CancelWaiter(cancelled));
+  EXPECT_FALSE(state.CancelWaiter(0));
+  for (auto& waiter : state.AdvanceVersion(1)) waiter();
+  EXPECT_EQ(runs, 10);
+}
+
+TEST(ShardStateTest, StatsCountPushesSamplesBytesAndStaleness) {
+  ShardState state(Layout(), 1, 1, 3);
+  state.RecordPush(/*staleness=*/0, /*samples=*/10, /*bytes=*/100);
+  state.RecordPush(3, 5, 50);
+  state.RecordPush(0, 1, 1);
+  state.RecordRejectedPush();
+  state.RecordPulledBytes(70);
+  state.RecordPulledBytes(7);
+  const StatsResponse stats = state.Stats();
+  EXPECT_EQ(stats.shard(), 1);
+  EXPECT_EQ(stats.version(), 0);
+  EXPECT_EQ(stats.pushes(), 3);
+  EXPECT_EQ(stats.samples(), 16);
+  EXPECT_EQ(stats.bytes_pushed(), 151);
+  EXPECT_EQ(stats.bytes_pulled(), 77);
+  EXPECT_EQ(stats.rejected_pushes(), 1);
+  EXPECT_EQ(stats.staleness_max(), 3);
+  // Trailing empty buckets are trimmed.
+  EXPECT_THAT(stats.staleness_counts(), ElementsAre(2, 0, 0, 1));
+}
+
+TEST(ShardStateTest, VeryStalePushesShareTheLastBucket) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.RecordPush(ShardState::kStalenessBuckets - 1, 1, 1);
+  state.RecordPush(5000, 1, 1);
+  const StatsResponse stats = state.Stats();
+  EXPECT_EQ(stats.staleness_max(), 5000);
+  ASSERT_EQ(stats.staleness_counts_size(), ShardState::kStalenessBuckets);
+  EXPECT_EQ(stats.staleness_counts(ShardState::kStalenessBuckets - 1), 2);
+  EXPECT_EQ(stats.staleness_counts(0), 0);
+}
+
+TEST(ShardStateTest, NoPushesMeansNoStalenessBuckets) {
+  ShardState state(Layout(), 1, 0, 1);
+  const StatsResponse stats = state.Stats();
+  EXPECT_THAT(stats.staleness_counts(), IsEmpty());
+  EXPECT_EQ(stats.pushes(), 0);
+}
+
+}  // namespace
+}  // namespace monsoon::server

@@ -1,0 +1,495 @@
+#include "server/update_rule.h"
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/model_layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/optimizer.h"
+#include "server/shard_state.h"
+#include "tests/status_matchers.h"
+#include "tests/test_util.h"
+
+namespace monsoon::server {
+namespace {
+
+using ::monsoon::testutil::ResolvedConfig;
+using ::monsoon::testutil::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// layer_sizes {3, 2}: 8 parameters on one shard.
+constexpr size_t kSize = 8;
+
+PushData MakePush(int rank, int64_t base_version, std::vector<float> values,
+                  int64_t samples = 4) {
+  PushData push;
+  push.worker_rank = rank;
+  push.base_version = base_version;
+  push.samples = samples;
+  push.wire_bytes = 100;
+  push.values = std::move(values);
+  return push;
+}
+
+std::vector<float> Filled(float value) {
+  return std::vector<float>(kSize, value);
+}
+
+std::vector<float> Weights(const ShardState& state) {
+  std::vector<float> weights;
+  state.CopyWeights(&weights);
+  return weights;
+}
+
+class SyncRuleTest : public testing::Test {
+ protected:
+  SyncRuleTest()
+      : config_(ResolvedConfig("layer_sizes: [3, 2] mode: SYNC optimizer: SGD "
+                               "learning_rate: 0.5 momentum: 0")),
+        state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
+        rule_(MakeSyncRule(config_, /*num_workers=*/2, &state_)),
+        initial_(Weights(state_)) {}
+
+  // initial_ - 0.5 * step, elementwise.
+  std::vector<float> InitialMinusHalfOf(const std::vector<float>& step) {
+    std::vector<float> expected(kSize);
+    for (size_t i = 0; i < kSize; ++i)
+      expected[i] = initial_[i] - 0.5f * step[i];
+    return expected;
+  }
+
+  TrainingConfig config_;
+  ShardState state_;
+  std::unique_ptr<UpdateRule> rule_;
+  const std::vector<float> initial_;
+};
+
+TEST_F(SyncRuleTest, AveragesBothWorkersPushesAndAppliesThemOnce) {
+  // Worker 0 pushes 1, 2, ..., worker 1 pushes 7, 6, ...: the mean is 4.
+  std::vector<float> g0(kSize), g1(kSize);
+  for (size_t i = 0; i < kSize; ++i) {
+    g0[i] = static_cast<float>(i);
+    g1[i] = static_cast<float>(8 - i);
+  }
+  absl::StatusOr<PushResult> first = rule_->Apply(MakePush(0, 0, g0));
+  ASSERT_OK(first.status());
+  EXPECT_EQ(first->version, 0);
+  EXPECT_EQ(first->staleness, 0);
+  EXPECT_EQ(state_.version(), 0);
+  EXPECT_EQ(Weights(state_), initial_);
+
+  absl::StatusOr<PushResult> second = rule_->Apply(MakePush(1, 0, g1));
+  ASSERT_OK(second.status());
+  EXPECT_EQ(second->version, 1);
+  EXPECT_EQ(state_.version(), 1);
+  EXPECT_EQ(Weights(state_), InitialMinusHalfOf(Filled(4.0f)));
+
+  std::vector<float> snapshot;
+  int64_t version = -1;
+  rule_->Snapshot(&snapshot, &version);
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(snapshot, Weights(state_));
+
+  const StatsResponse stats = state_.Stats();
+  EXPECT_EQ(stats.pushes(), 2);
+  EXPECT_EQ(stats.samples(), 8);
+  EXPECT_EQ(stats.bytes_pushed(), 200);
+  EXPECT_THAT(stats.staleness_counts(), ElementsAre(2));
+}
+
+TEST_F(SyncRuleTest, NextStepStartsFromAnEmptySum) {
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
+  ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(2.0f))).status());
+  const std::vector<float> after_one = Weights(state_);
+  ASSERT_OK(rule_->Apply(MakePush(1, 1, Filled(1.0f))).status());
+  absl::StatusOr<PushResult> result =
+      rule_->Apply(MakePush(0, 1, Filled(3.0f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 2);
+  // Step 1's mean is 2 again: the step-0 gradients are not counted twice.
+  std::vector<float> expected(kSize);
+  for (size_t i = 0; i < kSize; ++i) expected[i] = after_one[i] - 0.5f * 2.0f;
+  EXPECT_EQ(Weights(state_), expected);
+}
+
+TEST_F(SyncRuleTest, PullWaiterFiresOnlyAtTheSecondPush) {
+  absl::Notification fired;
+  std::vector<float> seen;
+  int64_t seen_version = -1;
+  // As a pull does: snapshot through the rule once the version is reached.
+  // The rule must have released its lock by then.
+  const uint64_t id = state_.WhenVersionAtLeast(1, [&] {
+    rule_->Snapshot(&seen, &seen_version);
+    fired.Notify();
+  });
+  EXPECT_NE(id, 0u);
+  ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(1.0f))).status());
+  EXPECT_FALSE(fired.HasBeenNotified());
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(3.0f))).status());
+  // The pushing thread runs the waiter before Apply returns.
+  ASSERT_TRUE(fired.HasBeenNotified());
+  EXPECT_EQ(seen_version, 1);
+  EXPECT_EQ(seen, InitialMinusHalfOf(Filled(2.0f)));
+}
+
+TEST_F(SyncRuleTest, DuplicatePushIsAlreadyExistsAndNotCounted) {
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
+  EXPECT_THAT(rule_->Apply(MakePush(0, 0, Filled(100.0f))),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("worker 0 already pushed step 0")));
+  EXPECT_EQ(Weights(state_), initial_);
+  EXPECT_EQ(state_.version(), 0);
+  ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(4.0f))).status());
+  // Mean of 2 and 4, without the duplicate's 100.
+  EXPECT_EQ(Weights(state_), InitialMinusHalfOf(Filled(3.0f)));
+}
+
+TEST_F(SyncRuleTest, StalePushIsAbortedAndLeavesWeightsUnchanged) {
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
+  ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(2.0f))).status());
+  const std::vector<float> before = Weights(state_);
+  EXPECT_THAT(
+      rule_->Apply(MakePush(0, 0, Filled(100.0f))),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("pull and retry")));
+  EXPECT_EQ(Weights(state_), before);
+  EXPECT_EQ(state_.version(), 1);
+  // The refused push is not part of step 1.
+  ASSERT_OK(rule_->Apply(MakePush(0, 1, Filled(0.0f))).status());
+  ASSERT_OK(rule_->Apply(MakePush(1, 1, Filled(0.0f))).status());
+  EXPECT_EQ(Weights(state_), before);
+  EXPECT_EQ(state_.version(), 2);
+}
+
+TEST_F(SyncRuleTest, PushFromAFutureVersionIsInvalidAndLeavesWeightsUnchanged) {
+  EXPECT_THAT(rule_->Apply(MakePush(0, 5, Filled(100.0f))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only at version 0")));
+  EXPECT_EQ(Weights(state_), initial_);
+  EXPECT_EQ(state_.version(), 0);
+  EXPECT_EQ(state_.Stats().pushes(), 0);
+  // Worker 0 may still push step 0.
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(1.0f))).status());
+  EXPECT_EQ(Weights(state_), InitialMinusHalfOf(Filled(1.0f)));
+}
+
+TEST_F(SyncRuleTest, ConcurrentWorkersStepInLockstep) {
+  constexpr int kWorkers = 4;
+  constexpr int kSteps = 20;
+  ShardState state(common::ModelLayout::FromConfig(config_), 1, 0, 1);
+  std::unique_ptr<UpdateRule> rule = MakeSyncRule(config_, kWorkers, &state);
+  const std::vector<float> initial = Weights(state);
+  std::vector<absl::Status> errors(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int step = 0; step < kSteps; ++step) {
+        absl::StatusOr<PushResult> result =
+            rule->Apply(MakePush(w, step, Filled(0.25f * (w + 1))));
+        if (!result.ok()) {
+          errors[w] = result.status();
+          return;
+        }
+        // Wait for the barrier, as a sync pull does.
+        absl::Notification next;
+        state.WhenVersionAtLeast(step + 1, [&next] { next.Notify(); });
+        next.WaitForNotification();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int w = 0; w < kWorkers; ++w) EXPECT_OK(errors[w]) << "worker " << w;
+  EXPECT_EQ(state.version(), kSteps);
+  EXPECT_EQ(state.Stats().pushes(), kWorkers * kSteps);
+  // The rule applies one step at a time.
+  EXPECT_EQ(state.Stats().max_concurrent_applies(), 1);
+  // Each step's mean is (0.25 + 0.5 + 0.75 + 1) / 4 = 0.625.
+  std::vector<float> expected = initial;
+  for (int step = 0; step < kSteps; ++step) {
+    for (float& v : expected) v -= 0.5f * 0.625f;
+  }
+  EXPECT_EQ(Weights(state), expected);
+}
+
+class DownpourRuleTest : public testing::Test {
+ protected:
+  DownpourRuleTest()
+      : config_(ResolvedConfig(
+            "layer_sizes: [3, 2] mode: DOWNPOUR learning_rate: 0.1 "
+            "adagrad_initial_accumulator: 0.1")),
+        state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
+        rule_(MakeDownpourRule(config_, &state_)),
+        initial_(Weights(state_)) {}
+
+  TrainingConfig config_;
+  ShardState state_;
+  std::unique_ptr<UpdateRule> rule_;
+  const std::vector<float> initial_;
+};
+
+TEST_F(DownpourRuleTest, AppliesEachPushAtOnceWithAdagrad) {
+  absl::StatusOr<PushResult> result =
+      rule_->Apply(MakePush(0, 0, Filled(1.0f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 1);
+  EXPECT_EQ(result->staleness, 0);
+  EXPECT_EQ(state_.version(), 1);
+  // h = 0.1 + 1 = 1.1; w -= 0.1 * 1 / sqrt(1.1).
+  std::vector<float> expected = initial_;
+  for (float& v : expected) v -= 0.1f * 1.0f / std::sqrt(1.1f);
+  EXPECT_EQ(Weights(state_), expected);
+
+  result = rule_->Apply(MakePush(0, 1, Filled(-2.0f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 2);
+  // h = 1.1 + 4 = 5.1; w -= 0.1 * -2 / sqrt(5.1).
+  for (float& v : expected) v -= 0.1f * -2.0f / std::sqrt(5.1f);
+  const std::vector<float> weights = Weights(state_);
+  for (size_t i = 0; i < kSize; ++i) EXPECT_FLOAT_EQ(weights[i], expected[i]);
+}
+
+TEST_F(DownpourRuleTest, RecordsTheStalenessOfEachPush) {
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  ASSERT_OK(rule_->Apply(MakePush(0, 1, Filled(1.0f))).status());
+  // Worker 1 computed from version 0; two pushes have been applied since.
+  absl::StatusOr<PushResult> stale = rule_->Apply(MakePush(1, 0, Filled(1.0f)));
+  ASSERT_OK(stale.status());
+  EXPECT_EQ(stale->staleness, 2);
+  EXPECT_EQ(stale->version, 3);
+  const StatsResponse stats = state_.Stats();
+  EXPECT_EQ(stats.version(), 3);
+  EXPECT_EQ(stats.pushes(), 3);
+  EXPECT_EQ(stats.samples(), 12);
+  EXPECT_EQ(stats.staleness_max(), 2);
+  EXPECT_THAT(stats.staleness_counts(), ElementsAre(2, 0, 1));
+}
+
+TEST_F(DownpourRuleTest,
+       PushFromAFutureVersionIsInvalidAndLeavesWeightsUnchanged) {
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  const std::vector<float> before = Weights(state_);
+  EXPECT_THAT(rule_->Apply(MakePush(1, 2, Filled(1.0f))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only at version 1")));
+  EXPECT_EQ(Weights(state_), before);
+  EXPECT_EQ(state_.version(), 1);
+  EXPECT_EQ(state_.Stats().pushes(), 1);
+}
+
+TEST_F(DownpourRuleTest, WakesPullWaitersAfterEachPush) {
+  int woken_at = -1;
+  state_.WhenVersionAtLeast(2, [&] {
+    std::vector<float> snapshot;
+    int64_t version;
+    rule_->Snapshot(&snapshot, &version);
+    woken_at = static_cast<int>(version);
+  });
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  EXPECT_EQ(woken_at, -1);
+  ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(1.0f))).status());
+  EXPECT_EQ(woken_at, 2);
+}
+
+TEST_F(DownpourRuleTest, ConcurrentPushesAreEachAppliedOnce) {
+  constexpr int kThreads = 4;
+  constexpr int kPushes = 25;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> errors(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPushes; ++i) {
+        absl::StatusOr<PushResult> result =
+            rule_->Apply(MakePush(t, 0, Filled(0.5f)));
+        if (!result.ok()) {
+          errors[t] = result.status();
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_OK(errors[t]);
+  EXPECT_EQ(state_.version(), kThreads * kPushes);
+  const StatsResponse stats = state_.Stats();
+  EXPECT_EQ(stats.pushes(), kThreads * kPushes);
+  EXPECT_EQ(stats.staleness_max(), kThreads * kPushes - 1);
+  // Pushes are applied one at a time.
+  EXPECT_EQ(stats.max_concurrent_applies(), 1);
+  // Identical gradients: the result does not depend on the order, so it
+  // equals the same pushes applied one by one.
+  std::unique_ptr<std::atomic<float>[]> reference(
+      new std::atomic<float>[kSize]);
+  for (size_t i = 0; i < kSize; ++i) reference[i].store(initial_[i]);
+  AdagradOptimizer adagrad(kSize, 0.1f, 0.1f);
+  for (int i = 0; i < kThreads * kPushes; ++i) {
+    adagrad.Apply(Filled(0.5f), absl::MakeSpan(reference.get(), kSize));
+  }
+  const std::vector<float> weights = Weights(state_);
+  for (size_t i = 0; i < kSize; ++i) EXPECT_EQ(weights[i], reference[i].load());
+}
+
+class EasgdRuleTest : public testing::Test {
+ protected:
+  EasgdRuleTest()
+      : config_(ResolvedConfig("layer_sizes: [3, 2] mode: EASGD")),
+        state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
+        rule_(MakeEasgdRule(&state_)),
+        initial_(Weights(state_)) {}
+
+  TrainingConfig config_;
+  ShardState state_;
+  std::unique_ptr<UpdateRule> rule_;
+  const std::vector<float> initial_;
+};
+
+TEST_F(EasgdRuleTest, AddsEachElasticDifferenceToTheCenter) {
+  absl::StatusOr<PushResult> result =
+      rule_->Apply(MakePush(0, 0, Filled(0.5f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 1);
+  EXPECT_EQ(result->staleness, 0);
+  // A difference computed from version 0, one push later.
+  result = rule_->Apply(MakePush(1, 0, Filled(-0.25f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 2);
+  EXPECT_EQ(result->staleness, 1);
+  std::vector<float> expected = initial_;
+  for (float& v : expected) v = v + 0.5f + -0.25f;
+  EXPECT_EQ(Weights(state_), expected);
+
+  EXPECT_THAT(rule_->Apply(MakePush(0, 3, Filled(1.0f))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only at version 2")));
+  EXPECT_EQ(Weights(state_), expected);
+  EXPECT_THAT(state_.Stats().staleness_counts(), ElementsAre(1, 1));
+}
+
+class HogwildRuleTest : public testing::Test {
+ protected:
+  HogwildRuleTest()
+      : config_(ResolvedConfig(
+            "layer_sizes: [3, 2] mode: HOGWILD learning_rate: 0.5")),
+        state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
+        rule_(MakeHogwildRule(config_, &state_)),
+        initial_(Weights(state_)) {}
+
+  TrainingConfig config_;
+  ShardState state_;
+  std::unique_ptr<UpdateRule> rule_;
+  const std::vector<float> initial_;
+};
+
+TEST_F(HogwildRuleTest, AppliesPlainSgdAtOnce) {
+  absl::StatusOr<PushResult> result =
+      rule_->Apply(MakePush(0, 0, Filled(2.0f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 1);
+  EXPECT_EQ(result->staleness, 0);
+  EXPECT_EQ(state_.version(), 1);
+  std::vector<float> expected = initial_;
+  for (float& v : expected) v -= 0.5f * 2.0f;
+  EXPECT_EQ(Weights(state_), expected);
+
+  EXPECT_THAT(rule_->Apply(MakePush(1, 2, Filled(1.0f))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only at version 1")));
+  EXPECT_EQ(Weights(state_), expected);
+
+  std::vector<float> snapshot;
+  int64_t version = -1;
+  rule_->Snapshot(&snapshot, &version);
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(snapshot, expected);
+}
+
+TEST_F(HogwildRuleTest, ConcurrentPushesAreEachCounted) {
+  constexpr int kThreads = 4;
+  constexpr int kPushes = 25;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> errors(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPushes; ++i) {
+        // Zero gradients: whatever the interleaving, the weights stay put.
+        absl::StatusOr<PushResult> result =
+            rule_->Apply(MakePush(t, 0, Filled(0.0f)));
+        if (!result.ok()) {
+          errors[t] = result.status();
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_OK(errors[t]);
+  EXPECT_EQ(state_.version(), kThreads * kPushes);
+  const StatsResponse stats = state_.Stats();
+  EXPECT_EQ(stats.pushes(), kThreads * kPushes);
+  EXPECT_EQ(stats.staleness_max(), kThreads * kPushes - 1);
+  EXPECT_GE(stats.max_concurrent_applies(), 1);
+  EXPECT_EQ(Weights(state_), initial_);
+}
+
+TEST(MakeUpdateRuleTest, BuildsTheRuleOfEachImplementedMode) {
+  const TrainingConfig sync = ResolvedConfig("layer_sizes: [3, 2] mode: SYNC");
+  ShardState state(common::ModelLayout::FromConfig(sync), 1, 0, 1);
+  // Sync with two workers waits for the second push; downpour does not.
+  std::unique_ptr<UpdateRule> sync_rule = MakeUpdateRule(sync, 2, &state);
+  ASSERT_NE(sync_rule, nullptr);
+  absl::StatusOr<PushResult> result =
+      sync_rule->Apply(MakePush(0, 0, Filled(1.0f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 0);
+
+  const TrainingConfig downpour =
+      ResolvedConfig("layer_sizes: [3, 2] mode: DOWNPOUR");
+  ShardState other(common::ModelLayout::FromConfig(downpour), 1, 0, 1);
+  std::unique_ptr<UpdateRule> downpour_rule =
+      MakeUpdateRule(downpour, 2, &other);
+  ASSERT_NE(downpour_rule, nullptr);
+  result = downpour_rule->Apply(MakePush(0, 0, Filled(1.0f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 1);
+}
+
+TEST(MakeUpdateRuleTest, EveryModeHasARule) {
+  for (const char* mode : {"SYNC", "DOWNPOUR", "EASGD", "HOGWILD", "ONEBIT"}) {
+    SCOPED_TRACE(mode);
+    const TrainingConfig config =
+        ResolvedConfig(absl::StrCat("layer_sizes: [3, 2] mode: ", mode));
+    ShardState state(common::ModelLayout::FromConfig(config), 1, 0, 1);
+    EXPECT_NE(MakeUpdateRule(config, 2, &state), nullptr);
+  }
+  const common::ModelLayout layout({3, 2});
+  ShardState state(layout, 1, 0, 1);
+  TrainingConfig unspecified;
+  unspecified.set_mode(MODE_UNSPECIFIED);
+  EXPECT_EQ(MakeUpdateRule(unspecified, 2, &state), nullptr);
+}
+
+TEST(MakeUpdateRuleTest, OnebitShardsApplyDecodedPushesLikeDownpour) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: ONEBIT learning_rate: 0.1 "
+      "adagrad_initial_accumulator: 0.1");
+  ShardState state(common::ModelLayout::FromConfig(config), 1, 0, 1);
+  const std::vector<float> initial = Weights(state);
+  std::unique_ptr<UpdateRule> rule = MakeUpdateRule(config, 2, &state);
+  ASSERT_NE(rule, nullptr);
+  absl::StatusOr<PushResult> result = rule->Apply(MakePush(0, 0, Filled(1.0f)));
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->version, 1);
+  std::vector<float> expected = initial;
+  for (float& v : expected) v -= 0.1f * 1.0f / std::sqrt(1.1f);
+  EXPECT_EQ(Weights(state), expected);
+}
+
+}  // namespace
+}  // namespace monsoon::server
