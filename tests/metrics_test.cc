@@ -81,7 +81,9 @@ TEST(MetricsTest, JsonHoldsTheDesignFieldsFromStatsAndCurve) {
   EXPECT_THAT(json, HasSubstr("\"staleness\": {\"mean\": 0.25, \"p50\": 0, "
                               "\"p99\": 1, \"max\": 1}"));
   EXPECT_THAT(json, HasSubstr("{\"time_s\": 9.5, \"samples\": 640, "
-                              "\"test_accuracy\": 0.875, \"test_loss\": 0.25}"));
+                              "\"test_accuracy\": 0.875, \"test_loss\": 0.25, "
+                              "\"bytes_pushed\": 0, \"bytes_pulled\": 0}"));
+  EXPECT_THAT(json, HasSubstr("\"stopped_by_time_limit\": false,"));
 }
 
 }  // namespace

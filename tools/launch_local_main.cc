@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "tools/config_flags.h"
 #include "tools/local_cluster.h"
 #include "tools/metrics.h"
 #include "tools/process_supervisor.h"
@@ -26,26 +27,8 @@ ABSL_FLAG(std::string, mode, "", "sync, downpour, easgd, hogwild or onebit "
           "mode, else sync).");
 ABSL_FLAG(int, servers, 2, "Parameter-server shards to start.");
 ABSL_FLAG(int, workers, 2, "Worker replicas to start.");
-ABSL_FLAG(int, epochs, 0, "Passes over each worker's data (0: the config's, "
-          "default 3).");
 ABSL_FLAG(std::string, metrics_out, "", "Write the run's metrics (JSON) "
           "here; they are printed either way.");
-ABSL_FLAG(std::string, config, "", "Base training config (text-format "
-          "monsoon.TrainingConfig); the flags below override it.");
-ABSL_FLAG(double, learning_rate, 0, "Server optimizer's learning rate (0: "
-          "the config's or the mode's default).");
-ABSL_FLAG(double, local_learning_rate, 0, "Workers' local learning rate in "
-          "downpour (0: the config's or 0.05).");
-ABSL_FLAG(int, batch_size, 0, "Examples per worker step (0: the config's, "
-          "default 64).");
-ABSL_FLAG(std::string, hidden, "", "Hidden layer sizes, e.g. 256,128 (empty: "
-          "the config's, default 256,128).");
-ABSL_FLAG(int64_t, seed, -1, "Seed for initial weights and shuffles (-1: "
-          "the config's, default 1).");
-ABSL_FLAG(int, n_fetch, 0, "downpour: pull every n_fetch steps (0: config).");
-ABSL_FLAG(int, n_push, 0, "downpour: push every n_push steps (0: config).");
-ABSL_FLAG(std::string, data_dir, "", "IDX data set folder (empty: the "
-          "config's, default /usr/share/datasets/fashion-mnist).");
 ABSL_FLAG(double, eval_interval_s, 2, "Seconds between evaluations.");
 ABSL_FLAG(std::string, bin_dir, "", "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: found beside this binary).");
@@ -71,59 +54,6 @@ std::string DefaultBinDir() {
   return dir.substr(0, dir.rfind('/'));
 }
 
-absl::StatusOr<monsoon::TrainingConfig> BuildConfig() {
-  monsoon::TrainingConfig config;
-  if (!absl::GetFlag(FLAGS_config).empty()) {
-    auto loaded = monsoon::common::LoadConfigFile(absl::GetFlag(FLAGS_config));
-    if (!loaded.ok()) return loaded.status();
-    config = *loaded;
-  }
-  if (!absl::GetFlag(FLAGS_mode).empty()) {
-    auto mode = monsoon::common::ParseMode(absl::GetFlag(FLAGS_mode));
-    if (!mode.ok()) return mode.status();
-    config.set_mode(*mode);
-  }
-  if (absl::GetFlag(FLAGS_epochs) != 0) {
-    config.set_epochs(absl::GetFlag(FLAGS_epochs));
-  }
-  if (absl::GetFlag(FLAGS_learning_rate) != 0) {
-    config.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
-  }
-  if (absl::GetFlag(FLAGS_local_learning_rate) != 0) {
-    config.set_local_learning_rate(absl::GetFlag(FLAGS_local_learning_rate));
-  }
-  if (absl::GetFlag(FLAGS_batch_size) != 0) {
-    config.set_batch_size(absl::GetFlag(FLAGS_batch_size));
-  }
-  if (absl::GetFlag(FLAGS_seed) >= 0) {
-    config.set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
-  }
-  if (absl::GetFlag(FLAGS_n_fetch) != 0) {
-    config.set_n_fetch(absl::GetFlag(FLAGS_n_fetch));
-  }
-  if (absl::GetFlag(FLAGS_n_push) != 0) {
-    config.set_n_push(absl::GetFlag(FLAGS_n_push));
-  }
-  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
-    config.set_data_dir(absl::GetFlag(FLAGS_data_dir));
-  }
-  if (!absl::GetFlag(FLAGS_hidden).empty()) {
-    auto hidden = monsoon::common::ParseIntList(absl::GetFlag(FLAGS_hidden));
-    if (!hidden.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--hidden: ", hidden.status().message()));
-    }
-    auto resolved = monsoon::common::ResolveConfig(config);
-    if (!resolved.ok()) return resolved.status();
-    const auto& sizes = resolved->layer_sizes();
-    config.clear_layer_sizes();
-    config.add_layer_sizes(sizes[0]);
-    for (int h : *hidden) config.add_layer_sizes(h);
-    config.add_layer_sizes(sizes[sizes.size() - 1]);
-  }
-  return monsoon::common::ResolveConfig(config);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,9 +66,16 @@ int main(int argc, char** argv) {
       "interrupted, 1 a process failed.");
   // Before any thread: the supervisor takes over SIGINT, SIGTERM, SIGCHLD.
   monsoon::tools::ProcessSupervisor supervisor;
+  monsoon::tools::ShowConfigFlagsInHelp("tools/launch_local_main.cc");
   absl::ParseCommandLine(argc, argv);
 
-  auto config = BuildConfig();
+  monsoon::Mode mode = monsoon::MODE_UNSPECIFIED;
+  if (!absl::GetFlag(FLAGS_mode).empty()) {
+    auto parsed = monsoon::common::ParseMode(absl::GetFlag(FLAGS_mode));
+    if (!parsed.ok()) return Fail(kConfigError, parsed.status());
+    mode = *parsed;
+  }
+  auto config = monsoon::tools::ConfigFromFlags(mode);
   if (!config.ok()) return Fail(kConfigError, config.status());
   const int servers = absl::GetFlag(FLAGS_servers);
   const int workers = absl::GetFlag(FLAGS_workers);

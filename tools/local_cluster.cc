@@ -42,11 +42,20 @@ absl::Status ChildFailed(const ProcessSupervisor& s, int id) {
       " (its log lines above say why); command: ", s.command_line(id)));
 }
 
+// `argv` run through `prefix` (e.g. ip netns exec HOST).
+std::vector<std::string> Placed(const std::vector<std::string>& prefix,
+                                const std::vector<std::string>& argv) {
+  std::vector<std::string> placed = prefix;
+  placed.insert(placed.end(), argv.begin(), argv.end());
+  return placed;
+}
+
 }  // namespace
 
 absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                                            ProcessSupervisor* supervisor) {
   ProcessSupervisor& sup = *supervisor;
+  const bool placed = options.placement != nullptr;
   const std::string config_path = options.work_dir + "/config.textproto";
   if (auto s = WriteFile(config_path, common::ConfigToText(options.config));
       !s.ok()) {
@@ -61,11 +70,14 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   for (int s = 0; s < options.servers; ++s) {
     port_files.push_back(absl::StrCat(options.work_dir, "/server-", s, ".port"));
     std::remove(port_files.back().c_str());
-    absl::StatusOr<int> id = sup.Start(
-        absl::StrCat("server ", s),
-        {options.bin_dir + "/server/ps_server", absl::StrCat("--shard=", s),
-         "--num_shards=" + S, "--num_workers=" + W, "--listen=127.0.0.1:0",
-         "--port_file=" + port_files.back(), "--config=" + config_path});
+    std::vector<std::string> argv = {
+        options.bin_dir + "/server/ps_server", absl::StrCat("--shard=", s),
+        "--num_shards=" + S, "--num_workers=" + W,
+        "--listen=" + (placed ? options.placement->server_listen[s]
+                              : std::string("127.0.0.1:0")),
+        "--port_file=" + port_files.back(), "--config=" + config_path};
+    if (placed) argv = Placed(options.placement->server_prefix[s], argv);
+    absl::StatusOr<int> id = sup.Start(absl::StrCat("server ", s), argv);
     if (!id.ok()) return id.status();
     servers.push_back(*id);
   }
@@ -97,8 +109,13 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
         options.start_timeout_s, " s"));
   }
   if (!status.ok()) return status;
+  if (placed) addresses = options.placement->control_addresses;
   const std::string server_list = absl::StrJoin(addresses, ",");
-  common::Log("launch: %d servers up at %s", options.servers, server_list);
+  const std::string worker_server_list =
+      placed ? absl::StrJoin(options.placement->worker_addresses, ",")
+             : server_list;
+  common::Log("launch: %d servers up at %s", options.servers,
+              worker_server_list);
 
   // 2. The evaluator and the workers, started together: the curve's time 0
   // is the start of training.
@@ -114,23 +131,34 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   if (!evaluator.ok()) return evaluator.status();
   std::vector<int> workers;
   for (int r = 0; r < options.workers; ++r) {
-    absl::StatusOr<int> id = sup.Start(
-        absl::StrCat("worker ", r),
-        {options.bin_dir + "/worker/ps_worker", absl::StrCat("--rank=", r),
-         "--num_workers=" + W, "--servers=" + server_list,
-         "--config=" + config_path, "--device=" + options.device},
-        {"OPENBLAS_NUM_THREADS=1"});
+    std::vector<std::string> argv = {
+        options.bin_dir + "/worker/ps_worker", absl::StrCat("--rank=", r),
+        "--num_workers=" + W, "--servers=" + worker_server_list,
+        "--config=" + config_path, "--device=" + options.device};
+    if (placed) argv = Placed(options.placement->worker_prefix[r], argv);
+    absl::StatusOr<int> id = sup.Start(absl::StrCat("worker ", r), argv,
+                                       {"OPENBLAS_NUM_THREADS=1"});
     if (!id.ok()) return id.status();
     workers.push_back(*id);
   }
 
   // 3. Training: until every worker has exited; any failure ends the run.
+  bool limit_reached = false;
+  const int kStoppedBySigterm = 128 + SIGTERM;
   auto training_done = [&] {
+    if (options.time_limit_s > 0 && !limit_reached &&
+        absl::Now() - start > absl::Seconds(options.time_limit_s)) {
+      limit_reached = true;
+      common::Log("launch: time limit of %g s reached; stopping the workers",
+                  options.time_limit_s);
+      for (int id : workers) sup.Signal(id, SIGTERM);
+    }
     bool all = true;
     for (int id : workers) {
       if (sup.running(id)) {
         all = false;
-      } else if (sup.exit_code(id) != 0) {
+      } else if (sup.exit_code(id) != 0 &&
+                 !(limit_reached && sup.exit_code(id) == kStoppedBySigterm)) {
         failed = ChildFailed(sup, id);
         return true;
       }
@@ -151,6 +179,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   metrics.servers = options.servers;
   metrics.workers = options.workers;
   metrics.wall_time_s = absl::ToDoubleSeconds(absl::Now() - start);
+  metrics.stopped_by_time_limit = limit_reached;
   common::Log("launch: training done in %.1f s; final evaluation",
               metrics.wall_time_s);
 

@@ -5,6 +5,7 @@
 #define MONSOON_TOOLS_LOCAL_CLUSTER_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
@@ -12,6 +13,18 @@
 #include "tools/process_supervisor.h"
 
 namespace monsoon::tools {
+
+// Where each process runs and which addresses reach the servers, for runs
+// on emulated hosts (tools/emulated_network.h). Sizes match the counts.
+struct HostPlacement {
+  // Command prefixes, e.g. {"ip", "netns", "exec", "host-3"}.
+  std::vector<std::vector<std::string>> server_prefix;
+  std::vector<std::vector<std::string>> worker_prefix;
+  std::vector<std::string> server_listen;     // each server's --listen
+  std::vector<std::string> worker_addresses;  // what workers dial, per shard
+  // What the evaluator and the launcher (both unplaced) dial, per shard.
+  std::vector<std::string> control_addresses;
+};
 
 struct LocalClusterOptions {
   TrainingConfig config;  // resolved
@@ -25,6 +38,12 @@ struct LocalClusterOptions {
   std::string device = "cpu";
   // Seconds a server may take to start listening.
   double start_timeout_s = 30;
+  // Stop training after this many seconds (0: train every epoch): workers
+  // get SIGTERM, finish their step and exit; the run then ends as usual.
+  double time_limit_s = 0;
+  // Processes on emulated hosts; null: everything on loopback, each server
+  // on a free port.
+  const HostPlacement* placement = nullptr;
 };
 
 // Runs the cluster to the end. CANCELLED on Ctrl-C, after stopping every

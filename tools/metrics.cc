@@ -88,6 +88,8 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"bytes_pulled\": ", bytes_pulled, ",\n");
   absl::StrAppend(&json, "  \"pushes\": ", pushes, ",\n");
   absl::StrAppend(&json, "  \"rejected_pushes\": ", rejected, ",\n");
+  absl::StrAppend(&json, "  \"stopped_by_time_limit\": ",
+                  run.stopped_by_time_limit ? "true" : "false", ",\n");
   absl::StrAppend(&json, "  \"staleness\": {\"mean\": ", Number(staleness.mean),
                   ", \"p50\": ", staleness.p50, ", \"p99\": ", staleness.p99,
                   ", \"max\": ", staleness.max, "},\n");
@@ -106,7 +108,9 @@ std::string MetricsJson(const RunMetrics& run) {
     absl::StrAppend(&json, i == 0 ? "\n" : ",\n", "    {\"time_s\": ",
                     Number(p.time_s()), ", \"samples\": ", p.samples(),
                     ", \"test_accuracy\": ", Number(p.test_accuracy()),
-                    ", \"test_loss\": ", Number(p.test_loss()), "}");
+                    ", \"test_loss\": ", Number(p.test_loss()),
+                    ", \"bytes_pushed\": ", p.bytes_pushed(),
+                    ", \"bytes_pulled\": ", p.bytes_pulled(), "}");
   }
   json += run.curve.points_size() > 0 ? "\n  ]\n}\n" : "]\n}\n";
   return json;

@@ -31,14 +31,17 @@ struct RunMetrics {
   int servers = 0;
   int workers = 0;
   double wall_time_s = 0;  // first worker start to last worker exit
+  bool stopped_by_time_limit = false;
   std::vector<StatsResponse> shard_stats;
   EvalCurve curve;
 };
 
 // The JSON object: mode, servers, workers, wall_time_s, samples,
 // samples_per_s, final_test_accuracy, final_test_loss, bytes_pushed,
-// bytes_pulled, pushes, rejected_pushes, staleness {mean, p50, p99, max},
-// config {...}, curve [{time_s, samples, test_accuracy, test_loss}, ...].
+// bytes_pulled, pushes, rejected_pushes, stopped_by_time_limit,
+// staleness {mean, p50, p99, max},
+// config {...}, curve [{time_s, samples, test_accuracy, test_loss,
+// bytes_pushed, bytes_pulled}, ...].
 std::string MetricsJson(const RunMetrics& run);
 
 }  // namespace monsoon::tools

@@ -107,6 +107,10 @@ absl::StatusOr<int> ProcessSupervisor::Start(
 }
 
 void ProcessSupervisor::PrintLine(const Child& child, const std::string& line) {
+  if (sink_) {
+    sink_(static_cast<int>(&child - children_.data()), line);
+    return;
+  }
   std::fprintf(out_, "[%s] %s\n", child.role.c_str(), line.c_str());
   std::fflush(out_);
 }

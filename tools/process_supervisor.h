@@ -26,7 +26,7 @@ namespace monsoon::tools {
 
 class ProcessSupervisor {
  public:
-  // Prefixed output goes to `out` (not owned).
+  // Prefixed output goes to `out` (not owned), unless a line sink is set.
   explicit ProcessSupervisor(FILE* out = stdout);
   ~ProcessSupervisor();  // stops every child still running
   ProcessSupervisor(const ProcessSupervisor&) = delete;
@@ -51,6 +51,10 @@ class ProcessSupervisor {
   // The command line, as it was started (for logs).
   std::string command_line(int id) const;
 
+  // Receives every complete output line instead of `out` (without prefix).
+  using LineSink = std::function<void(int id, const std::string& line)>;
+  void set_line_sink(LineSink sink) { sink_ = std::move(sink); }
+
   void Signal(int id, int sig);
   // SIGTERM to every running child, SIGKILL to those still running after
   // `grace`; then all are reaped and their output drained.
@@ -71,6 +75,7 @@ class ProcessSupervisor {
   void PrintLine(const Child& child, const std::string& line);
 
   FILE* const out_;
+  LineSink sink_;
   int signal_fd_ = -1;
   std::vector<Child> children_;
 };

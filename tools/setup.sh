@@ -14,6 +14,8 @@ packages=(
   libopenblas-dev
   zlib1g-dev
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
+  python3 python3-matplotlib  # compare_modes' report and plots
+  iproute2               # compare_modes --link (ip, tc)
 )
 
 missing=()

@@ -31,6 +31,10 @@ absl::StatusOr<EvalPoint> Evaluator::EvaluateNow() {
                           std::max<int64_t>(1, result->examples));
   point.set_test_loss(result->loss);
   point.set_version(versions[0]);
+  for (const StatsResponse& shard : *stats) {
+    point.set_bytes_pushed(point.bytes_pushed() + shard.bytes_pushed());
+    point.set_bytes_pulled(point.bytes_pulled() + shard.bytes_pulled());
+  }
   return point;
 }
 

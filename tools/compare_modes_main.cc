@@ -1,0 +1,207 @@
+// compare_modes: trains the same model on the same data in several modes,
+// one local cluster after another, and writes results.json, summary.md and
+// plots into --out_dir; the summary table is printed at the end.
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "tools/comparison.h"
+#include "tools/config_flags.h"
+#include "tools/emulated_network.h"
+#include "tools/process_supervisor.h"
+#include "worker/dataset.h"
+
+extern char** environ;
+
+ABSL_FLAG(std::string, modes, "sync,downpour,easgd,hogwild,onebit",
+          "Comma-separated modes to compare, run in this order.");
+ABSL_FLAG(std::string, servers, "2", "Shard counts: one value, or a "
+          "comma-separated sweep such as 1,2.");
+ABSL_FLAG(std::string, workers, "2", "Worker counts: one value, or a "
+          "comma-separated sweep such as 1,2,4 (adds a samples/s plot).");
+ABSL_FLAG(double, time_limit_s, 0, "Wall-clock budget per run in seconds "
+          "(0: train the config's epochs).");
+ABSL_FLAG(double, target, 0.85, "Test accuracy for the time-to-target "
+          "column.");
+ABSL_FLAG(std::string, out_dir, "/tmp/monsoon-compare", "Where results.json, "
+          "summary.md, the plots, runs/ and logs/ go (created).");
+ABSL_FLAG(std::string, link, "", "Emulated network: RATE[,DELAY], e.g. "
+          "100mbit,2ms. Every server and worker then runs on its own network "
+          "namespace with a shaped link (needs root or CAP_NET_ADMIN). The "
+          "delay needs the kernel's netem qdisc; without it only the rate is "
+          "shaped, and the results say so.");
+ABSL_FLAG(double, eval_interval_s, 2, "Seconds between evaluations.");
+ABSL_FLAG(std::string, bin_dir, "", "Folder holding server/ps_server and "
+          "worker/ps_{worker,evaluator} (default: beside this binary).");
+ABSL_FLAG(std::string, report_script, "", "compare_report.py (default: "
+          "found in this binary's runfiles).");
+ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with matplotlib "
+          "(Debian's python3-matplotlib) for the report.");
+
+namespace {
+
+constexpr int kConfigError = 2;
+
+int Fail(int code, const absl::Status& status) {
+  monsoon::common::Log("compare: error: %s", status.ToString());
+  return code;
+}
+
+std::string ExecutablePath() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return n > 0 ? std::string(path, static_cast<size_t>(n)) : "";
+}
+
+std::string Dirname(const std::string& path) {
+  return path.substr(0, path.rfind('/'));
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+// Runs argv with this process's stdout; its exit status.
+int RunAndWait(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid;
+  const int error =
+      posix_spawn(&pid, args[0], nullptr, &attributes, args.data(), environ);
+  posix_spawnattr_destroy(&attributes);
+  if (error != 0) return 127;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+absl::StatusOr<std::vector<int>> Counts(const char* flag,
+                                        const std::string& value) {
+  auto counts = monsoon::common::ParseIntList(value);
+  if (!counts.ok() || counts->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "='", value,
+                     "': give positive counts such as 2 or 1,2,4"));
+  }
+  return counts;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Compares Monsoon's update modes on the same model, data and hardware.\n"
+      "\n  compare_modes --modes=downpour,onebit --workers=1,2,4 "
+      "--out_dir=/tmp/cmp\n  compare_modes --modes=downpour,onebit "
+      "--link=100mbit,2ms --out_dir=/tmp/cmp\n\n"
+      "Writes results.json (every run's metrics and config), summary.md (the "
+      "table printed at the end), accuracy_vs_time.png, "
+      "accuracy_vs_bytes_pushed.png, loss_vs_samples.png and, for worker "
+      "sweeps, samples_per_s_vs_workers.png. Exit codes: 0 done, 2 bad flags "
+      "or missing privileges, 130 interrupted, 1 a run failed.");
+  // Before any thread: the supervisor takes over SIGINT, SIGTERM, SIGCHLD.
+  monsoon::tools::ProcessSupervisor supervisor;
+  monsoon::tools::ShowConfigFlagsInHelp("tools/compare_modes_main.cc");
+  absl::ParseCommandLine(argc, argv);
+
+  monsoon::tools::ComparisonOptions options;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+    auto mode = monsoon::common::ParseMode(name);
+    if (!mode.ok()) return Fail(kConfigError, mode.status());
+    options.modes.push_back(*mode);
+  }
+  if (options.modes.empty()) {
+    return Fail(kConfigError, absl::InvalidArgumentError("--modes is empty"));
+  }
+  auto servers = Counts("servers", absl::GetFlag(FLAGS_servers));
+  if (!servers.ok()) return Fail(kConfigError, servers.status());
+  auto workers = Counts("workers", absl::GetFlag(FLAGS_workers));
+  if (!workers.ok()) return Fail(kConfigError, workers.status());
+  options.servers = *servers;
+  options.workers = *workers;
+  options.config_for = [](monsoon::Mode mode) {
+    return monsoon::tools::ConfigFromFlags(mode);
+  };
+  // Every mode's config must resolve before anything starts.
+  std::string data_dir;
+  for (monsoon::Mode mode : options.modes) {
+    auto config = options.config_for(mode);
+    if (!config.ok()) return Fail(kConfigError, config.status());
+    data_dir = config->data_dir();
+  }
+  if (auto s = monsoon::worker::CheckIdxDatasetFiles(data_dir); !s.ok()) {
+    return Fail(kConfigError, s);
+  }
+  if (!absl::GetFlag(FLAGS_link).empty()) {
+    auto link = monsoon::tools::ParseLink(absl::GetFlag(FLAGS_link));
+    if (!link.ok()) return Fail(kConfigError, link.status());
+    if (auto s = monsoon::tools::CheckNetworkPrivileges(); !s.ok()) {
+      return Fail(kConfigError, s);
+    }
+    options.link = *link;
+  }
+  options.time_limit_s = absl::GetFlag(FLAGS_time_limit_s);
+  options.target_accuracy = absl::GetFlag(FLAGS_target);
+  options.eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
+  const std::string exe = ExecutablePath();
+  options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
+                        ? Dirname(Dirname(exe))
+                        : absl::GetFlag(FLAGS_bin_dir);
+  std::string script = absl::GetFlag(FLAGS_report_script);
+  if (script.empty()) script = exe + ".runfiles/monsoon/tools/compare_report.py";
+  if (!Exists(script)) {
+    return Fail(kConfigError, absl::NotFoundError(absl::StrCat(
+                                  "report script '", script,
+                                  "' not found: pass --report_script")));
+  }
+  options.out_dir = absl::GetFlag(FLAGS_out_dir);
+  if (RunAndWait({"/bin/mkdir", "-p", options.out_dir}) != 0) {
+    return Fail(kConfigError, absl::InvalidArgumentError(
+                                  "cannot create --out_dir " + options.out_dir));
+  }
+  monsoon::common::Log(
+      "compare: %d modes x %d server counts x %d worker counts%s; results in "
+      "%s",
+      options.modes.size(), options.servers.size(), options.workers.size(),
+      options.link.has_value() ? ", link " + options.link->text : "",
+      options.out_dir);
+
+  auto result = monsoon::tools::RunComparison(options, &supervisor);
+  if (!result.ok()) {
+    const bool interrupted =
+        result.status().code() == absl::StatusCode::kCancelled;
+    supervisor.StopAll(absl::Seconds(5));
+    return Fail(interrupted ? 130 : 1, result.status());
+  }
+  const int report = RunAndWait(
+      {absl::GetFlag(FLAGS_python), script, "--results", result->results_path,
+       "--out_dir", options.out_dir});
+  if (report != 0) {
+    return Fail(1, absl::InternalError(absl::StrCat(
+                       "the report script failed (exit ", report,
+                       "); results are in ", result->results_path)));
+  }
+  return 0;
+}

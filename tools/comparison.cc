@@ -1,0 +1,179 @@
+#include "tools/comparison.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <sys/stat.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "tools/local_cluster.h"
+
+namespace monsoon::tools {
+namespace {
+
+// Follows a run's log lines and shows one status line for it: rewritten in
+// place on a terminal, a plain line every 10 s otherwise.
+class RunProgress {
+ public:
+  RunProgress(std::string name, int workers, int epochs, std::FILE* log)
+      : name_(std::move(name)),
+        epochs_(epochs),
+        rates_(workers, 0.0),
+        log_(log),
+        terminal_(isatty(STDOUT_FILENO) != 0),
+        start_(absl::Now()),
+        last_print_(start_) {}
+
+  void Line(const std::string& role, const std::string& line) {
+    std::fprintf(log_, "[%s] %s\n", role.c_str(), line.c_str());
+    static const std::regex kWorker(
+        R"(worker (\d+): epoch (\d+)/\d+ .* samples/s (\d+))");
+    static const std::regex kEval(R"(eval: .* test accuracy ([0-9.]+))");
+    std::smatch m;
+    if (std::regex_search(line, m, kWorker)) {
+      const size_t rank = std::stoul(m[1]);
+      if (rank < rates_.size()) rates_[rank] = std::stod(m[3]);
+      epoch_ = std::max(epoch_, std::stoi(m[2]));
+    } else if (std::regex_search(line, m, kEval)) {
+      accuracy_ = m[1];
+    }
+    Show(false);
+  }
+
+  void Show(bool final_line) {
+    const absl::Time now = absl::Now();
+    if (!final_line) {
+      if (terminal_ && now - last_print_ < absl::Milliseconds(250)) return;
+      if (!terminal_ && now - last_print_ < absl::Seconds(10)) return;
+    }
+    last_print_ = now;
+    double rate = 0;
+    for (double r : rates_) rate += r;
+    const std::string text = absl::StrFormat(
+        "%-22s epoch %d/%d  %6.0f samples/s  test accuracy %-6s  %5.1f s",
+        name_, std::max(epoch_, 1), epochs_, rate, accuracy_,
+        absl::ToDoubleSeconds(now - start_));
+    if (terminal_) {
+      std::printf("\r\033[K%s%s", text.c_str(), final_line ? "\n" : "");
+    } else {
+      std::printf("%s\n", text.c_str());
+    }
+    std::fflush(stdout);
+  }
+
+  void Done(double accuracy) {
+    accuracy_ = absl::StrFormat("%.4f", accuracy);
+    epoch_ = epochs_;
+    Show(true);
+  }
+
+ private:
+  const std::string name_;
+  const int epochs_;
+  std::vector<double> rates_;
+  std::FILE* const log_;
+  const bool terminal_;
+  const absl::Time start_;
+  absl::Time last_print_;
+  int epoch_ = 0;
+  std::string accuracy_ = "-";
+};
+
+}  // namespace
+
+absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
+                                               ProcessSupervisor* supervisor) {
+  ComparisonResult result;
+  const std::string logs = options.out_dir + "/logs";
+  const std::string runs = options.out_dir + "/runs";
+  mkdir(logs.c_str(), 0755);
+  mkdir(runs.c_str(), 0755);
+  for (int servers : options.servers) {
+    for (int workers : options.workers) {
+      // One emulated network per size, shared by the modes.
+      std::unique_ptr<EmulatedNetwork> network;
+      if (options.link.has_value()) {
+        absl::StatusOr<std::unique_ptr<EmulatedNetwork>> created =
+            EmulatedNetwork::Create(servers, workers, *options.link);
+        if (!created.ok()) return created.status();
+        network = *std::move(created);
+        result.delay_emulated = network->delay_emulated();
+      }
+      for (Mode mode : options.modes) {
+        absl::StatusOr<TrainingConfig> config = options.config_for(mode);
+        if (!config.ok()) return config.status();
+        const std::string name = absl::StrCat(common::ModeName(mode), "-s",
+                                              servers, "-w", workers);
+        const std::string work_dir = runs + "/" + name;
+        mkdir(work_dir.c_str(), 0755);
+        const std::string log_path = logs + "/" + name + ".log";
+        std::FILE* log = std::fopen(log_path.c_str(), "w");
+        if (log == nullptr) {
+          return absl::InternalError("cannot write " + log_path);
+        }
+        RunProgress progress(name, workers, config->epochs(), log);
+        supervisor->set_line_sink([&](int id, const std::string& line) {
+          progress.Line(supervisor->role(id), line);
+        });
+        LocalClusterOptions run;
+        run.config = *config;
+        run.servers = servers;
+        run.workers = workers;
+        run.bin_dir = options.bin_dir;
+        run.work_dir = work_dir;
+        run.eval_interval_s = options.eval_interval_s;
+        run.time_limit_s = options.time_limit_s;
+        run.placement = network != nullptr ? &network->placement() : nullptr;
+        absl::StatusOr<RunMetrics> metrics = RunLocalCluster(run, supervisor);
+        supervisor->StopAll(absl::Seconds(5));
+        supervisor->set_line_sink(nullptr);
+        std::fclose(log);
+        if (!metrics.ok()) {
+          std::printf("\n");
+          return absl::Status(
+              metrics.status().code(),
+              absl::StrCat(name, ": ", metrics.status().message(),
+                           " (log: ", log_path, ")"));
+        }
+        const auto& curve = metrics->curve;
+        progress.Done(curve.points(curve.points_size() - 1).test_accuracy());
+        std::ofstream(work_dir + "/metrics.json") << MetricsJson(*metrics);
+        result.runs.push_back({name, *std::move(metrics)});
+      }
+    }
+  }
+  result.results_path = options.out_dir + "/results.json";
+  std::ofstream out(result.results_path);
+  out << ResultsJson(options, result);
+  if (!out) return absl::InternalError("cannot write " + result.results_path);
+  return result;
+}
+
+std::string ResultsJson(const ComparisonOptions& options,
+                        const ComparisonResult& result) {
+  std::string json = absl::StrFormat(
+      "{\n\"target_accuracy\": %g,\n\"link\": \"%s\",\n"
+      "\"delay_emulated\": %s,\n\"runs\": [\n",
+      options.target_accuracy,
+      options.link.has_value() ? options.link->text : "loopback",
+      result.delay_emulated ? "true" : "false");
+  for (size_t i = 0; i < result.runs.size(); ++i) {
+    std::string run = MetricsJson(result.runs[i].metrics);
+    // Name the run in its object: {"name": "...", ...}.
+    run.insert(1, absl::StrFormat("\n  \"name\": \"%s\",", result.runs[i].name));
+    if (!run.empty() && run.back() == '\n') run.pop_back();
+    absl::StrAppend(&json, run, i + 1 < result.runs.size() ? ",\n" : "\n");
+  }
+  json += "]\n}\n";
+  return json;
+}
+
+}  // namespace monsoon::tools

@@ -1,0 +1,60 @@
+// RunComparison: the same model, data and seed trained in each of several
+// modes (and, for sweeps, at several server and worker counts), one run after
+// another, each as a local cluster (RunLocalCluster), optionally on emulated
+// hosts. Writes every run's log and metrics and one results.json into the
+// output folder, and shows one progress line per run. Not thread-safe.
+#ifndef MONSOON_TOOLS_COMPARISON_H_
+#define MONSOON_TOOLS_COMPARISON_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "tools/emulated_network.h"
+#include "tools/metrics.h"
+#include "tools/process_supervisor.h"
+
+namespace monsoon::tools {
+
+struct ComparisonOptions {
+  std::vector<Mode> modes;
+  std::vector<int> servers;  // one sweep point per count
+  std::vector<int> workers;
+  // The resolved config for a mode (mode-dependent defaults differ).
+  std::function<absl::StatusOr<TrainingConfig>(Mode)> config_for;
+  std::string out_dir;  // must exist
+  std::string bin_dir;
+  double time_limit_s = 0;  // per run; 0: the config's epochs
+  double eval_interval_s = 2;
+  double target_accuracy = 0.85;
+  std::optional<LinkSpec> link;
+};
+
+struct ComparedRun {
+  std::string name;  // "downpour-s2-w2"
+  RunMetrics metrics;
+};
+
+struct ComparisonResult {
+  std::vector<ComparedRun> runs;
+  std::string results_path;
+  bool delay_emulated = true;
+};
+
+// Runs everything; a failed run stops the comparison (its log is kept).
+// CANCELLED on Ctrl-C after stopping every process and removing the
+// emulated network.
+absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
+                                               ProcessSupervisor* supervisor);
+
+// results.json: {"target_accuracy", "link", "delay_emulated", "runs": [each
+// run's MetricsJson plus "name"]}.
+std::string ResultsJson(const ComparisonOptions& options,
+                        const ComparisonResult& result);
+
+}  // namespace monsoon::tools
+
+#endif  // MONSOON_TOOLS_COMPARISON_H_

@@ -1,0 +1,94 @@
+// Training-config flags shared by launch_local and compare_modes: a base
+// config file plus overrides for the fields people vary most. The flags are
+// defined here, so every binary that links this library has them.
+#include "tools/config_flags.h"
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+
+ABSL_FLAG(int, epochs, 0, "Passes over each worker's data (0: the config's, "
+          "default 3).");
+ABSL_FLAG(std::string, config, "", "Base training config (text-format "
+          "monsoon.TrainingConfig); the flags below override it.");
+ABSL_FLAG(double, learning_rate, 0, "Server optimizer's learning rate (0: "
+          "the config's or the mode's default).");
+ABSL_FLAG(double, local_learning_rate, 0, "Workers' local learning rate in "
+          "downpour (0: the config's or 0.05).");
+ABSL_FLAG(int, batch_size, 0, "Examples per worker step (0: the config's, "
+          "default 64).");
+ABSL_FLAG(std::string, hidden, "", "Hidden layer sizes, e.g. 256,128 (empty: "
+          "the config's, default 256,128).");
+ABSL_FLAG(int64_t, seed, -1, "Seed for initial weights and shuffles (-1: "
+          "the config's, default 1).");
+ABSL_FLAG(int, n_fetch, 0, "downpour: pull every n_fetch steps (0: config).");
+ABSL_FLAG(int, n_push, 0, "downpour: push every n_push steps (0: config).");
+ABSL_FLAG(std::string, data_dir, "", "IDX data set folder (empty: the "
+          "config's, default /usr/share/datasets/fashion-mnist).");
+
+namespace monsoon::tools {
+
+absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode) {
+  TrainingConfig config;
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    auto loaded = common::LoadConfigFile(absl::GetFlag(FLAGS_config));
+    if (!loaded.ok()) return loaded.status();
+    config = *loaded;
+  }
+  if (mode != MODE_UNSPECIFIED) config.set_mode(mode);
+  if (absl::GetFlag(FLAGS_epochs) != 0) {
+    config.set_epochs(absl::GetFlag(FLAGS_epochs));
+  }
+  if (absl::GetFlag(FLAGS_learning_rate) != 0) {
+    config.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
+  }
+  if (absl::GetFlag(FLAGS_local_learning_rate) != 0) {
+    config.set_local_learning_rate(absl::GetFlag(FLAGS_local_learning_rate));
+  }
+  if (absl::GetFlag(FLAGS_batch_size) != 0) {
+    config.set_batch_size(absl::GetFlag(FLAGS_batch_size));
+  }
+  if (absl::GetFlag(FLAGS_seed) >= 0) {
+    config.set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+  }
+  if (absl::GetFlag(FLAGS_n_fetch) != 0) {
+    config.set_n_fetch(absl::GetFlag(FLAGS_n_fetch));
+  }
+  if (absl::GetFlag(FLAGS_n_push) != 0) {
+    config.set_n_push(absl::GetFlag(FLAGS_n_push));
+  }
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
+    config.set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  }
+  if (!absl::GetFlag(FLAGS_hidden).empty()) {
+    auto hidden = common::ParseIntList(absl::GetFlag(FLAGS_hidden));
+    if (!hidden.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hidden: ", hidden.status().message()));
+    }
+    auto resolved = common::ResolveConfig(config);
+    if (!resolved.ok()) return resolved.status();
+    const auto& sizes = resolved->layer_sizes();
+    config.clear_layer_sizes();
+    config.add_layer_sizes(sizes[0]);
+    for (int h : *hidden) config.add_layer_sizes(h);
+    config.add_layer_sizes(sizes[sizes.size() - 1]);
+  }
+  return common::ResolveConfig(config);
+}
+
+
+void ShowConfigFlagsInHelp(const char* main_file) {
+  absl::FlagsUsageConfig config;
+  const std::string main(main_file);
+  config.contains_help_flags = [main](absl::string_view path) {
+    return absl::StrContains(path, main) ||
+           absl::StrContains(path, "tools/config_flags.cc");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
+}
+
+}  // namespace monsoon::tools
