@@ -95,8 +95,11 @@ def write_plots(results, out_dir):
         return []
     runs = results["runs"]
     many_sizes = len({(r["servers"], r["workers"]) for r in runs}) > 1
-    title_suffix = "" if results["link"] == "loopback" else (
-        " - link " + results["link"])
+    title_suffix = ""
+    if results["link"] != "loopback":
+        title_suffix = " - link " + results["link"]
+        if not results.get("delay_emulated", True):
+            title_suffix += " (rate only, no delay)"
     paths = []
 
     def line_plot(name, x_of, y_key, xlabel, ylabel, title):
