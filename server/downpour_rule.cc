@@ -16,6 +16,8 @@ class DownpourRule : public SerialRule {
       : SerialRule(state), optimizer_(MakeOptimizer(resolved, state->size())) {}
 
  protected:
+  Optimizer* optimizer() override { return optimizer_.get(); }
+
   void Update(absl::Span<const float> gradient,
               absl::Span<std::atomic<float>> weights) override {
     optimizer_->Apply(gradient, weights);

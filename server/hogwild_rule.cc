@@ -51,6 +51,19 @@ class HogwildRule : public UpdateRule {
     state_->CopyWeights(weights);
   }
 
+  // Plain SGD keeps no optimizer state. Consistent only when no push runs.
+  RuleState SaveState() override {
+    return SaveRuleState(*state_, version_.load(), nullptr);
+  }
+
+  absl::Status RestoreState(const RuleState& saved) override {
+    absl::Status restored = RestoreWeightsAndOptimizer(saved, state_, nullptr);
+    if (!restored.ok()) return restored;
+    version_.store(saved.version);
+    for (auto& waiter : state_->AdvanceVersion(saved.version)) waiter();
+    return absl::OkStatus();
+  }
+
  private:
   // Constant after construction.
   const float learning_rate_;

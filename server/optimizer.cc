@@ -1,6 +1,10 @@
 #include "server/optimizer.h"
 
 #include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/float_bytes.h"
 
 namespace monsoon::server {
 
@@ -35,6 +39,42 @@ void AdagradOptimizer::Apply(absl::Span<const float> grad,
                          learning_rate_ * grad[i] / std::sqrt(accumulator_[i]),
                      std::memory_order_relaxed);
   }
+}
+
+namespace {
+
+// Decodes `state` into `out` if it holds exactly out->size() floats.
+absl::Status DecodeState(absl::string_view name, absl::string_view state,
+                         std::vector<float>* out) {
+  if (state.size() != out->size() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " optimizer state of ", state.size(), " bytes, expected ",
+        out->size() * sizeof(float), " (", out->size(), " float32 values)"));
+  }
+  std::memcpy(out->data(), state.data(), state.size());
+  return absl::OkStatus();
+}
+
+std::string EncodeState(const std::vector<float>& values) {
+  std::string bytes;
+  common::AppendFloatBytes(values, &bytes);
+  return bytes;
+}
+
+}  // namespace
+
+std::string SgdOptimizer::Name() const { return "sgd"; }
+std::string SgdOptimizer::SaveState() const { return EncodeState(velocity_); }
+absl::Status SgdOptimizer::RestoreState(absl::string_view state) {
+  return DecodeState(Name(), state, &velocity_);
+}
+
+std::string AdagradOptimizer::Name() const { return "adagrad"; }
+std::string AdagradOptimizer::SaveState() const {
+  return EncodeState(accumulator_);
+}
+absl::Status AdagradOptimizer::RestoreState(absl::string_view state) {
+  return DecodeState(Name(), state, &accumulator_);
 }
 
 std::unique_ptr<Optimizer> MakeOptimizer(const TrainingConfig& resolved,

@@ -1,5 +1,6 @@
 // Server-side optimizers: how a shard turns a gradient into a weight update.
-// An Optimizer owns its state (momentum, Adagrad accumulators) for one shard.
+// An Optimizer owns its state (momentum, Adagrad accumulators) for one shard,
+// and can export and import it (SaveState, RestoreState) for checkpoints.
 // Not thread-safe: the update rule serializes calls, except Hogwild, whose
 // plain SGD keeps no state.
 #ifndef MONSOON_SERVER_OPTIMIZER_H_
@@ -7,7 +8,11 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
 
@@ -20,6 +25,16 @@ class Optimizer {
   // grad.size() == weights.size().
   virtual void Apply(absl::Span<const float> grad,
                      absl::Span<std::atomic<float>> weights) = 0;
+
+  // "sgd" or "adagrad": names the format of SaveState's bytes.
+  virtual std::string Name() const = 0;
+  // The optimizer's state as little-endian float32 bytes (possibly empty),
+  // for a checkpoint.
+  virtual std::string SaveState() const = 0;
+  // Replaces the state with one that SaveState returned for an optimizer of
+  // the same kind and size. INVALID_ARGUMENT (state unchanged) when the
+  // bytes do not fit.
+  virtual absl::Status RestoreState(absl::string_view state) = 0;
 };
 
 // SGD with (heavy-ball) momentum: v = momentum*v + g; w -= lr*v.
@@ -28,6 +43,9 @@ class SgdOptimizer : public Optimizer {
   SgdOptimizer(size_t size, float learning_rate, float momentum);
   void Apply(absl::Span<const float> grad,
              absl::Span<std::atomic<float>> weights) override;
+  std::string Name() const override;
+  std::string SaveState() const override;
+  absl::Status RestoreState(absl::string_view state) override;
 
  private:
   const float learning_rate_;
@@ -41,6 +59,9 @@ class AdagradOptimizer : public Optimizer {
   AdagradOptimizer(size_t size, float learning_rate, float initial_accumulator);
   void Apply(absl::Span<const float> grad,
              absl::Span<std::atomic<float>> weights) override;
+  std::string Name() const override;
+  std::string SaveState() const override;
+  absl::Status RestoreState(absl::string_view state) override;
 
  private:
   const float learning_rate_;

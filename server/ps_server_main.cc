@@ -29,7 +29,10 @@ ABSL_FLAG(std::string, config, "", "Training config, text-format "
 ABSL_FLAG(std::string, port_file, "", "If set, write the chosen port to this "
           "file once serving (for launchers that use port 0).");
 ABSL_FLAG(double, shutdown_grace_s, 5, "Seconds that running calls get to "
-          "finish after SIGTERM.");
+          "finish after SIGTERM (env MONSOON_SHUTDOWN_GRACE_S).");
+ABSL_FLAG(std::string, checkpoint_dir, "", "If set, an existing directory: "
+          "the shard resumes from DIR/shard-<i>-of-<S>.ckpt when it exists "
+          "and writes it on SIGTERM (env MONSOON_CHECKPOINT_DIR).");
 
 namespace {
 
@@ -48,11 +51,14 @@ int main(int argc, char** argv) {
       "  ps_server --shard=0 --num_shards=2 --num_workers=4 "
       "--listen=0.0.0.0:5000 --config=train.textproto\n\n"
       "Every flag may also come from MONSOON_<FLAG> in the environment; a "
-      "flag on the command line wins. Exit codes: 0 after SIGTERM/SIGINT, 2 "
-      "for a configuration error, 1 otherwise.");
+      "flag on the command line wins. Exit codes: 0 after SIGTERM/SIGINT (and "
+      "the checkpoint, with --checkpoint_dir), 2 for a configuration error "
+      "(a bad flag or config, a checkpoint of another config or shard), 1 "
+      "otherwise.");
   monsoon::common::TerminationWatcher termination;
   absl::Status env = monsoon::common::ApplyFlagEnvironment(
-      {"shard", "num_shards", "num_workers", "listen", "config"});
+      {"shard", "num_shards", "num_workers", "listen", "config",
+       "shutdown_grace_s", "checkpoint_dir"});
   if (!env.ok()) return Fail(kConfigError, env.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -66,12 +72,21 @@ int main(int argc, char** argv) {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   auto server = monsoon::server::ShardServer::Start(options);
   if (!server.ok()) {
-    return Fail(server.status().code() == absl::StatusCode::kInvalidArgument
-                    ? kConfigError
-                    : 1,
-                server.status().ToString());
+    // A bad flag, or a checkpoint that is not this shard's or unreadable:
+    // restarting will not help.
+    const absl::StatusCode code = server.status().code();
+    const bool config_error = code == absl::StatusCode::kInvalidArgument ||
+                              code == absl::StatusCode::kFailedPrecondition ||
+                              code == absl::StatusCode::kDataLoss;
+    return Fail(config_error ? kConfigError : 1, server.status().ToString());
+  }
+  if ((*server)->resumed_version() >= 0) {
+    monsoon::common::Log("ps_server: shard %d resumed from %s at version %d",
+                         options.shard, (*server)->checkpoint_path(),
+                         (*server)->resumed_version());
   }
   const auto range = (*server)->state()->range();
   monsoon::common::Log(
@@ -100,7 +115,15 @@ int main(int argc, char** argv) {
   termination.terminated().WaitForNotification();
   monsoon::common::Log("ps_server: shard %d: signal %d, shutting down",
                        options.shard, termination.signal());
+  // Shutdown reports NOT_SERVING first, then stops the calls; after it no
+  // push runs, so the checkpoint is consistent.
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  if (!options.checkpoint_dir.empty()) {
+    absl::Status saved = (*server)->SaveCheckpoint();
+    if (!saved.ok()) return Fail(1, saved.ToString());
+    monsoon::common::Log("ps_server: shard %d wrote checkpoint %s",
+                         options.shard, (*server)->checkpoint_path());
+  }
   const monsoon::StatsResponse stats = (*server)->state()->Stats();
   monsoon::common::Log("ps_server: shard %d stopped at version %d after %d "
                        "pushes (%d rejected)",

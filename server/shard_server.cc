@@ -4,9 +4,17 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <sys/stat.h>
+
+#include <cstring>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/config.h"
+#include "common/float_bytes.h"
 #include "common/model_layout.h"
+#include "server/checkpoint.h"
 
 namespace monsoon::server {
 
@@ -37,6 +45,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (server->rule_ == nullptr) {
     return absl::InvalidArgumentError("no update rule for this mode");
   }
+  server->config_fingerprint_ = common::ConfigFingerprint(options.config);
+  if (!options.checkpoint_dir.empty()) {
+    struct stat info;
+    if (::stat(options.checkpoint_dir.c_str(), &info) != 0 ||
+        !S_ISDIR(info.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--checkpoint_dir '", options.checkpoint_dir,
+                       "' is not an existing directory"));
+    }
+    server->checkpoint_path_ = CheckpointPath(
+        options.checkpoint_dir, options.shard, options.num_shards);
+    absl::Status resumed = server->Resume();
+    if (!resumed.ok()) return resumed;
+  }
   server->service_ = std::make_unique<ParameterServiceImpl>(
       options.config, options.num_workers, server->state_.get(),
       server->rule_.get());
@@ -62,6 +84,54 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   return server;
+}
+
+absl::Status ShardServer::Resume() {
+  absl::StatusOr<std::optional<ShardCheckpoint>> read =
+      ReadCheckpoint(checkpoint_path_);
+  if (!read.ok()) return read.status();
+  if (!read->has_value()) return absl::OkStatus();
+  const ShardCheckpoint& checkpoint = **read;
+  absl::Status matches = CheckCheckpointMatches(
+      checkpoint, config_fingerprint_, state_->shard(), state_->num_shards(),
+      state_->size());
+  if (!matches.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(checkpoint_path_, ": ", matches.message()));
+  }
+  RuleState saved;
+  saved.version = checkpoint.version();
+  saved.weights.resize(state_->size());
+  std::memcpy(saved.weights.data(), checkpoint.weights().data(),
+              checkpoint.weights().size());
+  saved.optimizer = checkpoint.optimizer();
+  saved.optimizer_state = checkpoint.optimizer_state();
+  absl::Status restored = rule_->RestoreState(saved);
+  if (!restored.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(checkpoint_path_, ": ", restored.message()));
+  }
+  state_->RestoreStats(checkpoint.stats());
+  resumed_version_ = checkpoint.version();
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::SaveCheckpoint() {
+  if (checkpoint_path_.empty()) {
+    return absl::FailedPreconditionError("no checkpoint directory was given");
+  }
+  const RuleState saved = rule_->SaveState();
+  ShardCheckpoint checkpoint;
+  checkpoint.set_format_version(kCheckpointFormatVersion);
+  checkpoint.set_config_fingerprint(config_fingerprint_);
+  checkpoint.set_shard(state_->shard());
+  checkpoint.set_num_shards(state_->num_shards());
+  checkpoint.set_version(saved.version);
+  common::AppendFloatBytes(saved.weights, checkpoint.mutable_weights());
+  checkpoint.set_optimizer(saved.optimizer);
+  checkpoint.set_optimizer_state(saved.optimizer_state);
+  *checkpoint.mutable_stats() = state_->Stats();
+  return WriteCheckpoint(checkpoint_path_, checkpoint);
 }
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }

@@ -1,10 +1,13 @@
 // ShardServer: one running shard: its state, its update rule, the parameter
-// service and the standard gRPC health service on one listening port.
+// service and the standard gRPC health service on one listening port; with a
+// checkpoint directory, it resumes from the shard's checkpoint there and
+// writes a new one on request (server/checkpoint.h).
 // Owns everything it starts; the destructor shuts the server down. Methods
 // are thread-safe.
 #ifndef MONSOON_SERVER_SHARD_SERVER_H_
 #define MONSOON_SERVER_SHARD_SERVER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -26,12 +29,19 @@ struct ShardServerOptions {
   int num_workers = 1;
   // host:port; port 0 picks a free one (see ShardServer::port()).
   std::string listen_address = "127.0.0.1:0";
+  // If not empty: an existing directory that holds this shard's checkpoint
+  // (CheckpointPath). Start resumes from the checkpoint when there is one;
+  // SaveCheckpoint writes it.
+  std::string checkpoint_dir;
 };
 
 class ShardServer {
  public:
-  // Validates the options (INVALID_ARGUMENT), builds the shard and starts
-  // serving (UNAVAILABLE when the address cannot be bound).
+  // Validates the options (INVALID_ARGUMENT, also for a checkpoint_dir that
+  // is not a directory), builds the shard, resumes it from its checkpoint if
+  // there is one, and starts serving (UNAVAILABLE when the address cannot be
+  // bound). A checkpoint of another config, shard or shard count gets
+  // FAILED_PRECONDITION; an unreadable one DATA_LOSS. Nothing is served then.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const ShardServerOptions& options);
   ~ShardServer();
@@ -39,6 +49,18 @@ class ShardServer {
   int port() const { return port_; }
   std::string address() const;
   ShardState* state() { return state_.get(); }
+  UpdateRule* rule() { return rule_.get(); }
+  // The version the shard resumed from, or -1 when it started afresh.
+  int64_t resumed_version() const { return resumed_version_; }
+  // Where SaveCheckpoint writes; empty without a checkpoint_dir.
+  const std::string& checkpoint_path() const { return checkpoint_path_; }
+
+  // Writes the shard's checkpoint (weights, version, optimizer state,
+  // statistics) atomically to checkpoint_path(). Call after Shutdown, so
+  // that no push is running (in sync mode, a step whose gradients were only
+  // partly collected is not saved). FAILED_PRECONDITION without a
+  // checkpoint_dir; INTERNAL when the file cannot be written.
+  absl::Status SaveCheckpoint();
 
   // Reports NOT_SERVING, then stops: calls still running after `grace` are
   // cancelled (pulls waiting for a version among them). Idempotent.
@@ -46,11 +68,16 @@ class ShardServer {
 
  private:
   ShardServer() = default;
+  // Restores the state and the rule from checkpoint_path_, if it exists.
+  absl::Status Resume();
 
   // Constant after Start. Destroyed in reverse order: the server first, then
   // the service, the rule and the state that its calls use.
   std::string host_;
   int port_ = 0;
+  uint64_t config_fingerprint_ = 0;
+  std::string checkpoint_path_;
+  int64_t resumed_version_ = -1;
   std::unique_ptr<ShardState> state_;
   std::unique_ptr<UpdateRule> rule_;
   std::unique_ptr<ParameterServiceImpl> service_;

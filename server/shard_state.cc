@@ -114,4 +114,23 @@ StatsResponse ShardState::Stats() const {
   return stats;
 }
 
+void ShardState::RestoreStats(const StatsResponse& stats) {
+  absl::MutexLock lock(&stats_mu_);
+  pushes_ = stats.pushes();
+  rejected_pushes_ = stats.rejected_pushes();
+  samples_ = stats.samples();
+  bytes_pushed_ = stats.bytes_pushed();
+  bytes_pulled_ = stats.bytes_pulled();
+  staleness_max_ = stats.staleness_max();
+  std::fill(staleness_counts_.begin(), staleness_counts_.end(), 0);
+  const int n = std::min<int>(stats.staleness_counts_size(),
+                              static_cast<int>(staleness_counts_.size()));
+  for (int i = 0; i < n; ++i) staleness_counts_[i] = stats.staleness_counts(i);
+  // Counts beyond our histogram (a file from a build with more buckets)
+  // join the last bucket.
+  for (int i = n; i < stats.staleness_counts_size(); ++i) {
+    staleness_counts_.back() += stats.staleness_counts(i);
+  }
+}
+
 }  // namespace monsoon::server

@@ -81,6 +81,10 @@ class ShardState {
   void RecordRejectedPush();
   void RecordPulledBytes(int64_t bytes);
   StatsResponse Stats() const;
+  // Replaces the counters with those of an earlier Stats() (from a
+  // checkpoint), so that metrics continue across a restart. Ignores its
+  // shard, version and max_concurrent_applies.
+  void RestoreStats(const StatsResponse& stats);
 
  private:
   // Constant after construction.

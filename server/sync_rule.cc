@@ -2,6 +2,7 @@
 // from version t); when all have arrived the shard averages them, applies the
 // optimizer once and becomes version t+1, which wakes the pulls waiting for it.
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -72,6 +73,30 @@ class SyncRule : public UpdateRule {
     absl::MutexLock lock(&mu_);
     state_->CopyWeights(weights);
     *version = version_;
+  }
+
+  // The last completed step; the partial sum of the step in progress is not
+  // part of it (see update_rule.h).
+  RuleState SaveState() override {
+    absl::MutexLock lock(&mu_);
+    return SaveRuleState(*state_, version_, optimizer_.get());
+  }
+
+  absl::Status RestoreState(const RuleState& saved) override {
+    std::vector<ShardState::Waiter> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::Status restored =
+          RestoreWeightsAndOptimizer(saved, state_, optimizer_.get());
+      if (!restored.ok()) return restored;
+      version_ = saved.version;
+      std::fill(sum_.begin(), sum_.end(), 0.0f);
+      std::fill(arrived_.begin(), arrived_.end(), false);
+      count_ = 0;
+      ready = state_->AdvanceVersion(version_);
+    }
+    for (auto& waiter : ready) waiter();
+    return absl::OkStatus();
   }
 
  private:

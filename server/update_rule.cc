@@ -36,6 +36,69 @@ void SerialRule::Snapshot(std::vector<float>* weights, int64_t* version) {
   *version = version_;
 }
 
+RuleState SerialRule::SaveState() {
+  absl::MutexLock lock(&mu_);
+  return SaveRuleState(*state_, version_, optimizer());
+}
+
+absl::Status SerialRule::RestoreState(const RuleState& saved) {
+  std::vector<ShardState::Waiter> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status restored =
+        RestoreWeightsAndOptimizer(saved, state_, optimizer());
+    if (!restored.ok()) return restored;
+    version_ = saved.version;
+    ready = state_->AdvanceVersion(version_);
+  }
+  for (auto& waiter : ready) waiter();
+  return absl::OkStatus();
+}
+
+RuleState SaveRuleState(const ShardState& state, int64_t version,
+                        const Optimizer* optimizer) {
+  RuleState saved;
+  saved.version = version;
+  state.CopyWeights(&saved.weights);
+  if (optimizer != nullptr) {
+    saved.optimizer = optimizer->Name();
+    saved.optimizer_state = optimizer->SaveState();
+  }
+  return saved;
+}
+
+absl::Status RestoreWeightsAndOptimizer(const RuleState& saved,
+                                        ShardState* state,
+                                        Optimizer* optimizer) {
+  if (saved.weights.size() != state->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "saved state holds ", saved.weights.size(), " weights, shard ",
+        state->shard(), " has ", state->size()));
+  }
+  if (saved.version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("saved state has negative version ", saved.version));
+  }
+  const std::string name = optimizer != nullptr ? optimizer->Name() : "";
+  if (saved.optimizer != name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "saved optimizer '", saved.optimizer, "' but this rule uses '", name,
+        "'"));
+  }
+  if (optimizer != nullptr) {
+    absl::Status restored = optimizer->RestoreState(saved.optimizer_state);
+    if (!restored.ok()) return restored;
+  } else if (!saved.optimizer_state.empty()) {
+    return absl::InvalidArgumentError(
+        "saved optimizer state but this rule has no optimizer");
+  }
+  auto weights = state->weights();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    weights[i].store(saved.weights[i], std::memory_order_relaxed);
+  }
+  return absl::OkStatus();
+}
+
 std::unique_ptr<UpdateRule> MakeUpdateRule(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state) {
   switch (resolved.mode()) {

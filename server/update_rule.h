@@ -6,11 +6,19 @@
 // values) before a rule sees it; a rule that still refuses one returns an
 // error and changes nothing. Implementations are thread-safe: gRPC calls
 // Apply and Snapshot from many threads at once.
+//
+// SaveState and RestoreState export and import what a checkpoint keeps:
+// the weights, the version and the optimizer's state. SaveState is
+// consistent when no push is running (ShardServer calls it after the server
+// has stopped); in sync mode it saves the last completed step only, and the
+// gradients collected for the step in progress are dropped (after a restart
+// the workers push that step again).
 #ifndef MONSOON_SERVER_UPDATE_RULE_H_
 #define MONSOON_SERVER_UPDATE_RULE_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -18,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
+#include "server/optimizer.h"
 #include "server/shard_state.h"
 
 namespace monsoon::server {
@@ -36,6 +45,14 @@ struct PushResult {
   int64_t staleness = 0;
 };
 
+// What a checkpoint keeps of a rule.
+struct RuleState {
+  int64_t version = 0;
+  std::vector<float> weights;   // the shard's slice
+  std::string optimizer;        // Optimizer::Name(); empty: no optimizer
+  std::string optimizer_state;  // Optimizer::SaveState()
+};
+
 class UpdateRule {
  public:
   virtual ~UpdateRule() = default;
@@ -48,7 +65,26 @@ class UpdateRule {
 
   // A copy of the weights and the version they belong to.
   virtual void Snapshot(std::vector<float>* weights, int64_t* version) = 0;
+
+  // The weights, version and optimizer state (see the file comment).
+  virtual RuleState SaveState() = 0;
+
+  // Replaces the weights, version and optimizer state with `saved`, and
+  // wakes pulls waiting for versions up to it. Call before serving.
+  // INVALID_ARGUMENT (nothing changed) when `saved` does not fit this rule:
+  // another weight count, optimizer or optimizer state size.
+  virtual absl::Status RestoreState(const RuleState& saved) = 0;
 };
+
+// Helpers for the rules' SaveState and RestoreState. The caller holds
+// whatever lock keeps pushes out. `optimizer` may be null (no optimizer).
+RuleState SaveRuleState(const ShardState& state, int64_t version,
+                        const Optimizer* optimizer);
+// Checks that `saved` fits, then restores the weights and the optimizer
+// state; the caller sets its own version and advances the shard's.
+absl::Status RestoreWeightsAndOptimizer(const RuleState& saved,
+                                        ShardState* state,
+                                        Optimizer* optimizer);
 
 // A rule that applies pushes one at a time, at once, whatever their
 // staleness (recorded, not refused): downpour and easgd. Subclasses say only
@@ -59,8 +95,14 @@ class SerialRule : public UpdateRule {
 
   absl::StatusOr<PushResult> Apply(const PushData& push) final;
   void Snapshot(std::vector<float>* weights, int64_t* version) final;
+  RuleState SaveState() final;
+  absl::Status RestoreState(const RuleState& saved) final;
 
  protected:
+  // The optimizer whose state checkpoints keep, if any; used only under the
+  // rule's lock.
+  virtual Optimizer* optimizer() { return nullptr; }
+
   // Called with the rule's lock held, one push at a time.
   virtual void Update(absl::Span<const float> values,
                       absl::Span<std::atomic<float>> weights) = 0;

@@ -15,8 +15,15 @@ packages=(
   zlib1g-dev
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
   python3 python3-matplotlib  # compare_modes' report and plots
+  python3-yaml           # tests/k8s_manifests_test.py reads the rendered manifests
   iproute2               # compare_modes --link (ip, tc)
 )
+
+# Node and npm for tools/k8s/validate (any version from Node 14 on): Debian's
+# unless some are already on the PATH.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is needed, then runs every test with Bazel, plus the
-# concurrency tests under ThreadSanitizer. Ends with "N passed, N failed".
+# concurrency tests under ThreadSanitizer and the manifest checks. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./tools/setup.sh || exit 1
@@ -11,6 +11,16 @@ status=0
 bazel test //... 2>&1 | tee "$log" || status=1
 # The threaded units again under ThreadSanitizer (see .bazelrc).
 bazel test --config=tsan //tests:tsan_tests 2>&1 | tee -a "$log" || status=1
+
+# Offline checks of the Kubernetes manifests: render every overlay, type-check
+# and schema-validate every object, and make sure broken fixtures fail.
+# (tests/k8s_manifests_test, run above, runs the cpu-small overlay's pods.)
+if ./tools/k8s/validate/check.sh 2>&1 | tee -a "$log"; then
+  echo "//tools/k8s:validate PASSED" >> "$log"
+else
+  echo "//tools/k8s:validate FAILED" >> "$log"
+  status=1
+fi
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)

@@ -134,6 +134,20 @@ int main(int argc, char** argv) {
                          termination.signal());
     return 128 + termination.signal();
   }
+  if (result.status().code() == absl::StatusCode::kUnavailable) {
+    // A shard went away mid-run (restarted, rescheduled). Retrying here
+    // could not restore this worker's place in a sync step, so it exits and
+    // its supervisor (a Kubernetes Job, launch_local) starts it again: the
+    // new process reconnects, waiting up to --connect_timeout_s, and trains
+    // from the servers' weights, which a shard with --checkpoint_dir has
+    // kept.
+    monsoon::common::Log(
+        "ps_worker: rank %d lost a parameter server: %s; exiting with code 1 "
+        "so that the worker is restarted and resumes from the servers' "
+        "weights",
+        rank, result.status().ToString());
+    return 1;
+  }
   if (!result.ok()) return Fail(1, result.status());
   return 0;
 }

@@ -1,0 +1,274 @@
+// ShardServer as a service: resuming from a checkpoint, refusing checkpoints
+// that are not its own, and the grpc.health.v1 status around Shutdown. Real
+// gRPC servers on 127.0.0.1:0; checkpoints in the test's scratch folder.
+#include "server/shard_server.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/health.grpc.pb.h"
+#include "server/checkpoint.h"
+#include "server/update_rule.h"
+#include "tests/status_matchers.h"
+#include "tests/test_util.h"
+
+namespace monsoon::server {
+namespace {
+
+using ::grpc::health::v1::Health;
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::monsoon::testutil::ResolvedConfig;
+using ::monsoon::testutil::StatusIs;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+// 53 parameters: shard 0 of 2 owns [0, 26), shard 1 [26, 53).
+constexpr char kSyncConfig[] =
+    "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 0.5 "
+    "momentum: 0.9";
+constexpr char kDownpourConfig[] =
+    "layer_sizes: [6, 5, 3] mode: DOWNPOUR optimizer: ADAGRAD "
+    "learning_rate: 0.5";
+
+// A fresh, empty directory per call.
+std::string NewDir(const std::string& name) {
+  const std::string dir = testutil::TempPath(name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+ShardServerOptions Options(const std::string& config_text, int shard,
+                           int num_shards, int num_workers,
+                           const std::string& checkpoint_dir) {
+  ShardServerOptions options;
+  options.config = ResolvedConfig(config_text);
+  options.shard = shard;
+  options.num_shards = num_shards;
+  options.num_workers = num_workers;
+  options.listen_address = "127.0.0.1:0";
+  options.checkpoint_dir = checkpoint_dir;
+  return options;
+}
+
+// A gradient whose values depend on the step, the worker and the index.
+PushData Gradient(size_t size, int64_t base_version, int worker, int step) {
+  PushData push;
+  push.worker_rank = worker;
+  push.base_version = base_version;
+  push.samples = 8;
+  push.wire_bytes = static_cast<int64_t>(4 * size);
+  for (size_t i = 0; i < size; ++i) {
+    push.values.push_back(0.01f * static_cast<float>((i * 7 + step * 3 +
+                                                      worker) % 11) -
+                          0.05f);
+  }
+  return push;
+}
+
+void ExpectSameState(const RuleState& a, const RuleState& b) {
+  EXPECT_EQ(a.version, b.version);
+  EXPECT_THAT(a.weights, ElementsAreArray(b.weights));  // bit for bit
+  EXPECT_EQ(a.optimizer, b.optimizer);
+  EXPECT_EQ(a.optimizer_state, b.optimizer_state);
+}
+
+class CheckpointRoundTripTest
+    : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CheckpointRoundTripTest, ResumedShardHasSameStateAndAppliesNextPushIdentically) {
+  const std::string dir = NewDir("round_trip");
+  const ShardServerOptions options = Options(GetParam(), 1, 2, 2, dir);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> original,
+                       ShardServer::Start(options));
+  EXPECT_EQ(original->resumed_version(), -1);
+  const size_t size = original->state()->size();
+  ASSERT_EQ(size, 27u);
+  // Three steps of two workers each.
+  for (int step = 0; step < 3; ++step) {
+    for (int worker = 0; worker < 2; ++worker) {
+      const int64_t base = original->rule()->SaveState().version;
+      ASSERT_OK(original->rule()
+                    ->Apply(Gradient(size, base, worker, step))
+                    .status());
+    }
+  }
+  original->Shutdown();
+  ASSERT_OK(original->SaveCheckpoint());
+  EXPECT_EQ(original->checkpoint_path(),
+            absl::StrCat(dir, "/shard-1-of-2.ckpt"));
+  EXPECT_FALSE(std::filesystem::exists(original->checkpoint_path() + ".tmp"));
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> resumed,
+                       ShardServer::Start(options));
+  const RuleState before = original->rule()->SaveState();
+  EXPECT_GT(before.version, 0);
+  EXPECT_FALSE(before.optimizer_state.empty());
+  EXPECT_EQ(resumed->resumed_version(), before.version);
+  ExpectSameState(resumed->rule()->SaveState(), before);
+  const StatsResponse stats = original->state()->Stats();
+  const StatsResponse resumed_stats = resumed->state()->Stats();
+  EXPECT_EQ(resumed_stats.version(), stats.version());
+  EXPECT_EQ(resumed_stats.pushes(), stats.pushes());
+  EXPECT_EQ(resumed_stats.samples(), stats.samples());
+  EXPECT_EQ(resumed_stats.bytes_pushed(), stats.bytes_pushed());
+  EXPECT_THAT(resumed_stats.staleness_counts(),
+              ElementsAreArray(stats.staleness_counts()));
+
+  // The next step gives the same result on both.
+  for (int worker = 0; worker < 2; ++worker) {
+    const PushData push = Gradient(size, before.version, worker, 3);
+    ASSERT_OK_AND_ASSIGN(PushResult a, original->rule()->Apply(push));
+    ASSERT_OK_AND_ASSIGN(PushResult b, resumed->rule()->Apply(push));
+    EXPECT_EQ(a.version, b.version);
+    EXPECT_EQ(a.staleness, b.staleness);
+  }
+  ExpectSameState(resumed->rule()->SaveState(), original->rule()->SaveState());
+}
+
+INSTANTIATE_TEST_SUITE_P(SgdMomentumAndAdagrad, CheckpointRoundTripTest,
+                         ::testing::Values(kSyncConfig, kDownpourConfig));
+
+TEST(ShardServerCheckpointTest, SyncCheckpointMidStepKeepsOnlyCompletedSteps) {
+  const std::string dir = NewDir("mid_step");
+  const ShardServerOptions options = Options(kSyncConfig, 0, 1, 2, dir);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> original,
+                       ShardServer::Start(options));
+  const size_t size = original->state()->size();
+  ASSERT_OK(original->rule()->Apply(Gradient(size, 0, 0, 0)).status());
+  ASSERT_OK(original->rule()->Apply(Gradient(size, 0, 1, 0)).status());
+  const RuleState after_step = original->rule()->SaveState();
+  ASSERT_EQ(after_step.version, 1);
+  // Worker 0's gradient for step 1 is collected, worker 1's is not.
+  ASSERT_OK(original->rule()->Apply(Gradient(size, 1, 0, 1)).status());
+  original->Shutdown();
+  ASSERT_OK(original->SaveCheckpoint());
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> resumed,
+                       ShardServer::Start(options));
+  ExpectSameState(resumed->rule()->SaveState(), after_step);
+  // The dropped gradient is pushed again, not refused as a duplicate.
+  ASSERT_OK(resumed->rule()->Apply(Gradient(size, 1, 0, 1)).status());
+  ASSERT_OK_AND_ASSIGN(PushResult result,
+                       resumed->rule()->Apply(Gradient(size, 1, 1, 1)));
+  EXPECT_EQ(result.version, 2);
+}
+
+// Writes a checkpoint of shard 0 of 2 under kSyncConfig into `dir`.
+std::string WriteShardZeroCheckpoint(const std::string& dir) {
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Start(Options(kSyncConfig, 0, 2, 1, dir));
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return "";
+  (*server)->Shutdown();
+  EXPECT_OK((*server)->SaveCheckpoint());
+  return (*server)->checkpoint_path();
+}
+
+TEST(ShardServerCheckpointTest, CheckpointOfAnotherConfigIsRefused) {
+  const std::string dir = NewDir("other_config");
+  WriteShardZeroCheckpoint(dir);
+  const std::string other =
+      "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 0.25 "
+      "momentum: 0.9";
+  EXPECT_THAT(ShardServer::Start(Options(other, 0, 2, 1, dir)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("config fingerprint")));
+}
+
+TEST(ShardServerCheckpointTest, CheckpointOfAnotherShardIsRefused) {
+  const std::string dir = NewDir("other_shard");
+  const std::string path = WriteShardZeroCheckpoint(dir);
+  // As if shard 0's volume were mounted into shard 1's pod.
+  std::filesystem::copy_file(path, CheckpointPath(dir, 1, 2));
+  EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 1, 2, 1, dir)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("checkpoint is of shard 0 of 2, but this is "
+                                 "shard 1 of 2")));
+}
+
+TEST(ShardServerCheckpointTest, CheckpointOfAnotherShardCountIsRefused) {
+  const std::string dir = NewDir("other_count");
+  const std::string path = WriteShardZeroCheckpoint(dir);
+  std::filesystem::copy_file(path, CheckpointPath(dir, 0, 3));
+  EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 0, 3, 1, dir)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("checkpoint is of shard 0 of 2, but this is "
+                                 "shard 0 of 3")));
+}
+
+TEST(ShardServerCheckpointTest, CorruptCheckpointIsDataLoss) {
+  const std::string dir = NewDir("corrupt");
+  testutil::WriteFile(CheckpointPath(dir, 0, 1), "\xff\xff\xff not a proto");
+  EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 0, 1, 1, dir)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
+}
+
+TEST(ShardServerCheckpointTest, MissingCheckpointDirIsInvalidArgument) {
+  EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 0, 1, 1,
+                                         testutil::TempPath("no/such/dir"))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("is not an existing directory")));
+}
+
+TEST(ShardServerCheckpointTest, SaveWithoutCheckpointDirIsFailedPrecondition) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(Options(kSyncConfig, 0, 1, 1, "")));
+  server->Shutdown();
+  EXPECT_THAT(server->SaveCheckpoint(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no checkpoint directory")));
+}
+
+TEST(ShardServerHealthTest, ServingUntilShutdownBeginsThenNotServing) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(Options(kSyncConfig, 0, 1, 1, "")));
+  std::unique_ptr<Health::Stub> health = Health::NewStub(grpc::CreateChannel(
+      server->address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    HealthCheckResponse response;
+    ASSERT_TRUE(
+        health->Check(&context, HealthCheckRequest(), &response).ok());
+    EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
+  }
+  // A Watch opened before the shutdown sees the status change: Shutdown
+  // reports NOT_SERVING before it stops the calls (which it gives up to the
+  // grace period to finish; the test ends the Watch as soon as it has seen
+  // the change).
+  grpc::ClientContext watch_context;
+  watch_context.set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> watch =
+      health->Watch(&watch_context, HealthCheckRequest());
+  HealthCheckResponse update;
+  ASSERT_TRUE(watch->Read(&update));
+  EXPECT_EQ(update.status(), HealthCheckResponse::SERVING);
+
+  std::thread shutdown([&server] { server->Shutdown(absl::Seconds(60)); });
+  const bool read = watch->Read(&update);
+  watch_context.TryCancel();
+  watch->Finish().IgnoreError();
+  shutdown.join();
+  ASSERT_TRUE(read);
+  EXPECT_EQ(update.status(), HealthCheckResponse::NOT_SERVING);
+}
+
+}  // namespace
+}  // namespace monsoon::server

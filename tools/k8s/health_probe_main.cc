@@ -1,0 +1,69 @@
+// health_probe: asks a gRPC server for its grpc.health.v1 status, as
+// Kubernetes' native gRPC probe does, for tests and for use by hand (there
+// is no grpc_health_probe in Debian).
+//
+//   health_probe --addr=127.0.0.1:5000 [--service=] [--wait_s=30]
+//
+// Exit codes: 0 SERVING, 1 any other status or no answer (after retrying
+// for --wait_s), 2 for a bad flag.
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+#include "proto/health.grpc.pb.h"
+
+ABSL_FLAG(std::string, addr, "", "host:port of the server.");
+ABSL_FLAG(std::string, service, "", "Service name; empty: the server.");
+ABSL_FLAG(double, timeout_s, 1, "Deadline of each Check call.");
+ABSL_FLAG(double, wait_s, 0, "Keep asking until SERVING or this many "
+          "seconds have passed (0: ask once).");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Checks a server's grpc.health.v1 status; exit 0 when SERVING.");
+  absl::ParseCommandLine(argc, argv);
+  const std::string addr = absl::GetFlag(FLAGS_addr);
+  if (addr.empty() || absl::GetFlag(FLAGS_timeout_s) <= 0) {
+    monsoon::common::Log("health_probe: error: give --addr=host:port and a "
+                         "positive --timeout_s");
+    return 2;
+  }
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(absl::GetFlag(FLAGS_service));
+  const absl::Time give_up =
+      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_wait_s));
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(
+        absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s))));
+    grpc::health::v1::HealthCheckResponse response;
+    const grpc::Status status = stub->Check(&context, request, &response);
+    std::string answer;
+    if (status.ok()) {
+      answer = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+          response.status());
+      if (response.status() ==
+          grpc::health::v1::HealthCheckResponse::SERVING) {
+        std::printf("%s: %s\n", addr.c_str(), answer.c_str());
+        return 0;
+      }
+    } else {
+      answer = "no answer (" + status.error_message() + ")";
+    }
+    if (absl::Now() >= give_up) {
+      std::printf("%s: %s\n", addr.c_str(), answer.c_str());
+      return 1;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
