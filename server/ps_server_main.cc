@@ -60,6 +60,10 @@ int main(int argc, char** argv) {
       {"shard", "num_shards", "num_workers", "listen", "config",
        "shutdown_grace_s", "checkpoint_dir"});
   if (!env.ok()) return Fail(kConfigError, env.ToString());
+  if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
+      !names.ok()) {
+    return Fail(kConfigError, names.ToString());
+  }
   absl::ParseCommandLine(argc, argv);
 
   auto config =

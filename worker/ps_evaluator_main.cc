@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
   absl::Status env = monsoon::common::ApplyFlagEnvironment(
       {"servers", "config", "data_dir"});
   if (!env.ok()) return Fail(kConfigError, env);
+  if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
+      !names.ok()) {
+    return Fail(kConfigError, names);
+  }
   absl::ParseCommandLine(argc, argv);
   const absl::Time start = absl::Now();
 

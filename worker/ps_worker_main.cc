@@ -61,6 +61,10 @@ int main(int argc, char** argv) {
   absl::Status env = monsoon::common::ApplyFlagEnvironment(
       {"rank", "num_workers", "servers", "config", "data_dir", "device"});
   if (!env.ok()) return Fail(kConfigError, env);
+  if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
+      !names.ok()) {
+    return Fail(kConfigError, names);
+  }
   absl::ParseCommandLine(argc, argv);
 
   auto config =
