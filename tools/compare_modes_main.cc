@@ -1,9 +1,7 @@
 // compare_modes: trains the same model on the same data in several modes,
 // one local cluster after another, and writes results.json, summary.md and
 // plots into --out_dir; the summary table is printed at the end.
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -22,8 +20,6 @@
 #include "tools/emulated_network.h"
 #include "tools/process_supervisor.h"
 #include "worker/dataset.h"
-
-extern char** environ;
 
 ABSL_FLAG(std::string, modes, "sync,downpour,easgd,hogwild,onebit",
           "Comma-separated modes to compare, run in this order.");
@@ -74,26 +70,11 @@ bool Exists(const std::string& path) {
   return stat(path.c_str(), &info) == 0;
 }
 
-// Runs argv with this process's stdout; its exit status.
+// Exit status of argv, run with this process's output (127 if it cannot
+// be started).
 int RunAndWait(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid;
-  const int error =
-      posix_spawn(&pid, args[0], nullptr, &attributes, args.data(), environ);
-  posix_spawnattr_destroy(&attributes);
-  if (error != 0) return 127;
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  absl::StatusOr<int> code = monsoon::tools::RunCommand(argv);
+  return code.ok() ? *code : 127;
 }
 
 absl::StatusOr<std::vector<int>> Counts(const char* flag,

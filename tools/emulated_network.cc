@@ -1,8 +1,6 @@
 #include "tools/emulated_network.h"
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,8 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/log.h"
-
-extern char** environ;
+#include "tools/process_supervisor.h"
 
 namespace monsoon::tools {
 namespace {
@@ -29,50 +26,17 @@ constexpr char kIp[] = "/usr/sbin/ip";
 constexpr char kTc[] = "/usr/sbin/tc";
 constexpr int kServerPort = 5000;
 
-// Runs argv, waits, and returns its combined output in *output. INTERNAL
-// with the command and its output when it exits non-zero.
+// Runs argv; INTERNAL with the command and its output unless it exits 0.
 absl::Status Run(const std::vector<std::string>& argv,
                  std::string* output = nullptr) {
-  int fds[2];
-  if (pipe(fds) != 0) return absl::InternalError("pipe failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  // The supervisor blocks SIGINT/SIGTERM/SIGCHLD; the command should not.
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid;
-  const int error = posix_spawn(&pid, args[0], &actions, &attributes,
-                                args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  close(fds[1]);
   std::string out;
-  char buffer[1024];
-  ssize_t n;
-  while ((n = read(fds[0], buffer, sizeof(buffer))) > 0) out.append(buffer, n);
-  close(fds[0]);
-  if (error != 0) {
-    return absl::InternalError(absl::StrCat("cannot run ", argv[0], ": ",
-                                            std::strerror(error)));
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  absl::StatusOr<int> code = RunCommand(argv, &out);
   if (output != nullptr) *output = out;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::InternalError(absl::StrCat(
-        absl::StrJoin(argv, " "), " failed: ",
-        absl::StripAsciiWhitespace(out)));
+  if (!code.ok()) return code.status();
+  if (*code != 0) {
+    return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "),
+                                            " failed: ",
+                                            absl::StripAsciiWhitespace(out)));
   }
   return absl::OkStatus();
 }

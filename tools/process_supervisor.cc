@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
@@ -213,6 +214,53 @@ void ProcessSupervisor::StopAll(absl::Duration grace) {
       Pump(all_stopped, absl::Seconds(2)).IgnoreError();
     }
   }
+}
+
+absl::StatusOr<int> RunCommand(const std::vector<std::string>& argv,
+                               std::string* output) {
+  int fds[2] = {-1, -1};
+  if (output != nullptr && pipe(fds) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (output != nullptr) {
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+  }
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  const int error = posix_spawn(&pid, args[0], &actions, &attributes,
+                                args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  if (output != nullptr) {
+    close(fds[1]);
+    output->clear();
+    char buffer[1024];
+    ssize_t n;
+    while ((n = read(fds[0], buffer, sizeof(buffer))) > 0) {
+      output->append(buffer, static_cast<size_t>(n));
+    }
+    close(fds[0]);
+  }
+  if (error != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot run ", argv[0], ": ", std::strerror(error)));
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace monsoon::tools

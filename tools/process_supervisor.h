@@ -80,6 +80,14 @@ class ProcessSupervisor {
   std::vector<Child> children_;
 };
 
+// Runs argv[0] (a path) to completion with an empty signal mask (the
+// supervisor's mask would otherwise be inherited) and returns its exit
+// status (128 + signal if killed). With `output`, its stdout and stderr are
+// captured there; without, they go to this process's. INTERNAL if it cannot
+// be started.
+absl::StatusOr<int> RunCommand(const std::vector<std::string>& argv,
+                               std::string* output = nullptr);
+
 }  // namespace monsoon::tools
 
 #endif  // MONSOON_TOOLS_PROCESS_SUPERVISOR_H_
