@@ -8,6 +8,10 @@
 // Synchronize() waits for them and reports the first error any of them hit.
 // Matrices are row-major and contiguous. A backend is used by one thread at a
 // time; several backends (one per worker) may share a device.
+//
+// The 1-bit codec operations (OneBitEncode, OneBitDecode) and AllocateBytes
+// are optional: a backend that does not override them answers UNIMPLEMENTED
+// (AllocateBytes falls back on AllocateInts).
 #ifndef MONSOON_WORKER_COMPUTE_BACKEND_H_
 #define MONSOON_WORKER_COMPUTE_BACKEND_H_
 
@@ -31,6 +35,13 @@ class ComputeBackend {
   virtual absl::StatusOr<float*> AllocateFloats(size_t n) = 0;
   virtual absl::StatusOr<int32_t*> AllocateInts(size_t n) = 0;
   virtual void Free(void* device) = 0;
+  // n bytes of device memory, e.g. for 1-bit payloads. The default rounds up
+  // to whole int32s from AllocateInts.
+  virtual absl::StatusOr<uint8_t*> AllocateBytes(size_t n) {
+    absl::StatusOr<int32_t*> ints = AllocateInts((n + 3) / 4);
+    if (!ints.ok()) return ints.status();
+    return reinterpret_cast<uint8_t*>(*ints);
+  }
 
   virtual absl::Status CopyToDevice(const void* host, void* device,
                                     size_t bytes) = 0;
@@ -63,6 +74,28 @@ class ComputeBackend {
   virtual void Scale(size_t n, float alpha, float* y) = 0;
   // y[i] = value.
   virtual void Fill(size_t n, float value, float* y) = 0;
+
+  // 1-bit quantization with error feedback in common/onebit.h's wire
+  // layout, on device buffers of n values: v = grad + residual is cut into
+  // buckets of bucket_size (the last may be shorter); `bits` gets
+  // common::OneBitBitsBytes(n, bucket_size) bytes (bit i % 8 of byte i / 8
+  // of its bucket is 1 where v >= 0, each bucket starting on a byte), `scales`
+  // gets 2 floats per bucket (mean of the negative values, then of the
+  // non-negative ones; 0 for an empty side), and residual becomes v minus its
+  // reconstruction. The buffers must not overlap. Queued like the other
+  // operations; the result says only what is known at once: INVALID_ARGUMENT
+  // for bucket_size < 1, UNIMPLEMENTED where the backend has no codec.
+  virtual absl::Status OneBitEncode(const float* grad, float* residual,
+                                    size_t n, int bucket_size, uint8_t* bits,
+                                    float* scales) {
+    return absl::UnimplementedError("this backend has no 1-bit encoder");
+  }
+  // out[i] = the scale that i's bit selects in its bucket. The payload is
+  // trusted: wire input is checked by common::OneBitDecode's rules first.
+  virtual absl::Status OneBitDecode(const uint8_t* bits, const float* scales,
+                                    size_t n, int bucket_size, float* out) {
+    return absl::UnimplementedError("this backend has no 1-bit decoder");
+  }
 
   // Waits for all queued work; the first error since the last call.
   virtual absl::Status Synchronize() = 0;

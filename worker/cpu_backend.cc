@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/onebit.h"
 
 namespace monsoon::worker {
 namespace {
@@ -121,9 +123,43 @@ class CpuBackend : public ComputeBackend {
     std::fill(y, y + n, value);
   }
 
+  absl::Status OneBitEncode(const float* grad, float* residual, size_t n,
+                            int bucket_size, uint8_t* bits,
+                            float* scales) override {
+    if (bucket_size < 1) return BadBucketSize(bucket_size);
+    // The codec itself, so that the wire format has one definition; the
+    // copy out of its strings is small next to the gradient.
+    common::OneBitEncoded encoded;
+    common::OneBitEncode(absl::MakeConstSpan(grad, n),
+                         absl::MakeSpan(residual, n), bucket_size, &encoded);
+    std::memcpy(bits, encoded.bits.data(), encoded.bits.size());
+    std::memcpy(scales, encoded.scales.data(), encoded.scales.size());
+    return absl::OkStatus();
+  }
+
+  absl::Status OneBitDecode(const uint8_t* bits, const float* scales, size_t n,
+                            int bucket_size, float* out) override {
+    if (bucket_size < 1) return BadBucketSize(bucket_size);
+    const size_t bucket_bytes = (static_cast<size_t>(bucket_size) + 7) / 8;
+    for (size_t begin = 0, b = 0; begin < n; begin += bucket_size, ++b) {
+      const size_t end = std::min(n, begin + bucket_size);
+      const uint8_t* bucket_bits = bits + b * bucket_bytes;
+      for (size_t i = begin; i < end; ++i) {
+        const size_t k = i - begin;
+        out[i] = scales[2 * b + ((bucket_bits[k / 8] >> (k % 8)) & 1)];
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:
+  static absl::Status BadBucketSize(int bucket_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("1-bit bucket size must be positive, got ", bucket_size));
+  }
+
   static absl::Status OutOfMemory(size_t bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));

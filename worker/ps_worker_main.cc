@@ -92,9 +92,15 @@ int main(int argc, char** argv) {
                                                monsoon::worker::Split::kTrain);
   if (!train.ok()) return Fail(kConfigError, train.status());
 
-  auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device),
-                                              absl::GetFlag(FLAGS_cpu_threads));
+  std::string why_no_gpu;
+  auto backend = monsoon::worker::MakeBackend(
+      absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_cpu_threads),
+      &why_no_gpu);
   if (!backend.ok()) return Fail(kConfigError, backend.status());
+  if (!why_no_gpu.empty()) {
+    monsoon::common::Log("ps_worker: --device=auto chose the CPU: %s",
+                         why_no_gpu);
+  }
   const monsoon::common::ModelLayout layout =
       monsoon::common::ModelLayout::FromConfig(*config);
   auto mlp = monsoon::worker::Mlp::Create(backend->get(), layout,
