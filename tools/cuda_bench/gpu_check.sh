@@ -8,8 +8,8 @@
 #      and, for the kernels with shared memory, racecheck;
 #   4. the benchmark on the GPU (the default batch, then a large one), and
 #      on the CPU for comparison.
-# Logs and the benchmark reports go to $OUT (the device tool's output
-# folder) or ./gpu-check-out. Exits nonzero when a check failed.
+# Logs and the benchmark reports go to $OUT when it is set, else to
+# ./gpu-check-out. Exits nonzero when a check failed.
 #
 #   tools/cuda_bench/gpu_check.sh [folder]
 set -uo pipefail
