@@ -1,13 +1,13 @@
 #include "common/config.h"
 
-#include <fstream>
-#include <sstream>
-#include <vector>
-
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -57,9 +57,8 @@ absl::StatusOr<TrainingConfig> ParseConfigText(absl::string_view text) {
 absl::StatusOr<TrainingConfig> LoadConfigFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read the config file '", path,
-                     "': check the --config path"));
+    return absl::NotFoundError(absl::StrCat(
+        "cannot read the config file '", path, "': check the --config path"));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
@@ -106,14 +105,16 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
   }
   c.set_mode(c.mode());
   if (c.mode() == MODE_UNSPECIFIED) {
-    return Invalid("mode", "must be one of sync, downpour, easgd, hogwild, onebit");
+    return Invalid("mode",
+                   "must be one of sync, downpour, easgd, hogwild, onebit");
   }
   if (c.optimizer() == OPTIMIZER_AUTO) {
     c.set_optimizer(c.mode() == DOWNPOUR || c.mode() == ONEBIT ? ADAGRAD : SGD);
   }
   if (c.mode() == HOGWILD && c.optimizer() != SGD) {
-    return Invalid("optimizer", "must be SGD in hogwild: lock-free shards "
-                                "apply plain SGD, which keeps no state");
+    return Invalid("optimizer",
+                   "must be SGD in hogwild: lock-free shards "
+                   "apply plain SGD, which keeps no state");
   }
   if (!c.has_learning_rate()) {
     c.set_learning_rate(c.mode() == HOGWILD ? 0.1f : 0.05f);
@@ -159,7 +160,8 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
     return Invalid("learning_rate", "must be a positive number below 1e6");
   }
   if (!positive_finite(c.local_learning_rate())) {
-    return Invalid("local_learning_rate", "must be a positive number below 1e6");
+    return Invalid("local_learning_rate",
+                   "must be a positive number below 1e6");
   }
   if (!(c.momentum() >= 0 && c.momentum() < 1)) {
     return Invalid("momentum", "must be in [0, 1)");

@@ -1,7 +1,7 @@
-// Loading, resolving and fingerprinting the training config (proto/config.proto).
-// Every daemon reads the same text-format file, resolves the mode-dependent
-// defaults with ResolveConfig, and presents ConfigFingerprint at registration.
-// Stateless; thread-safe.
+// Loading, resolving and fingerprinting the training config
+// (proto/config.proto). Every daemon reads the same text-format file, resolves
+// the mode-dependent defaults with ResolveConfig, and presents
+// ConfigFingerprint at registration. Stateless; thread-safe.
 #ifndef MONSOON_COMMON_CONFIG_H_
 #define MONSOON_COMMON_CONFIG_H_
 

@@ -42,9 +42,9 @@ absl::Status CheckFlagNames(int argc, char** argv) {
     const absl::string_view name = arg.substr(0, arg.find('='));
     // Abseil's own flags, handled by its parser rather than registered.
     static constexpr absl::string_view kBuiltIn[] = {
-        "help",    "helpfull",  "helpshort", "helppackage", "helpon",
-        "helpmatch", "version", "only_check_args", "flagfile", "fromenv",
-        "tryfromenv", "undefok"};
+        "help",     "helpfull",  "helpshort",  "helppackage",
+        "helpon",   "helpmatch", "version",    "only_check_args",
+        "flagfile", "fromenv",   "tryfromenv", "undefok"};
     if (std::find(std::begin(kBuiltIn), std::end(kBuiltIn), name) !=
         std::end(kBuiltIn)) {
       continue;
@@ -54,8 +54,8 @@ absl::Status CheckFlagNames(int argc, char** argv) {
         absl::FindCommandLineFlag(name.substr(2)) != nullptr) {
       continue;
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown flag '", argv[i], "' (--help lists the flags)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown flag '", argv[i], "' (--help lists the flags)"));
   }
   return absl::OkStatus();
 }

@@ -13,7 +13,8 @@
 namespace monsoon::common {
 
 // INVALID_ARGUMENT names the variable whose value does not parse.
-absl::Status ApplyFlagEnvironment(std::initializer_list<absl::string_view> flags);
+absl::Status ApplyFlagEnvironment(
+    std::initializer_list<absl::string_view> flags);
 
 // INVALID_ARGUMENT naming the first command-line argument that looks like a
 // flag (--name or --name=value; --noname for booleans) but names no defined

@@ -16,10 +16,10 @@ namespace monsoon::common {
 
 // One named float32 tensor within the flattened parameters.
 struct TensorSpec {
-  std::string name;   // "layer0/weights", "layer0/bias", ...
-  uint64_t offset;    // first index in the flattened vector
-  uint64_t rows;      // weights: fan-in; bias: 1
-  uint64_t cols;      // units of the layer
+  std::string name;  // "layer0/weights", "layer0/bias", ...
+  uint64_t offset;   // first index in the flattened vector
+  uint64_t rows;     // weights: fan-in; bias: 1
+  uint64_t cols;     // units of the layer
   uint64_t size() const { return rows * cols; }
 };
 

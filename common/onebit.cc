@@ -61,16 +61,16 @@ absl::Status OneBitDecode(const std::string& bits, const std::string& scales,
   }
   const uint64_t buckets = OneBitBuckets(n, bucket_size);
   if (bits.size() != OneBitBitsBytes(n, bucket_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "1-bit payload has ", bits.size(), " bytes of bits; ", n,
-        " values in buckets of ", bucket_size, " need ",
-        OneBitBitsBytes(n, bucket_size)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("1-bit payload has ", bits.size(), " bytes of bits; ", n,
+                     " values in buckets of ", bucket_size, " need ",
+                     OneBitBitsBytes(n, bucket_size)));
   }
   if (scales.size() != buckets * 2 * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "1-bit payload has ", scales.size() / (2 * sizeof(float)),
-        " buckets' scales (", scales.size(), " bytes); ", n,
-        " values in buckets of ", bucket_size, " need ", buckets));
+    return absl::InvalidArgumentError(
+        absl::StrCat("1-bit payload has ", scales.size() / (2 * sizeof(float)),
+                     " buckets' scales (", scales.size(), " bytes); ", n,
+                     " values in buckets of ", bucket_size, " need ", buckets));
   }
   size_t byte = 0;
   for (uint64_t b = 0; b < buckets; ++b) {
@@ -84,7 +84,8 @@ absl::Status OneBitDecode(const std::string& bits, const std::string& scales,
     const uint64_t end = std::min<uint64_t>(n, begin + bucket_size);
     for (uint64_t i = begin; i < end; ++i) {
       const uint64_t k = i - begin;
-      const bool set = (static_cast<uint8_t>(bits[byte + k / 8]) >> (k % 8)) & 1;
+      const bool set =
+          (static_cast<uint8_t>(bits[byte + k / 8]) >> (k % 8)) & 1;
       out[i] = pair[set ? 1 : 0];
     }
     byte += (end - begin + 7) / 8;

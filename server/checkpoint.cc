@@ -52,8 +52,8 @@ absl::Status WriteCheckpoint(const std::string& path,
     return absl::InternalError("cannot serialize the checkpoint");
   }
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                        0644);
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return SystemError("create", tmp);
   absl::Status status = WriteAll(fd, bytes, tmp);
   if (status.ok() && ::fsync(fd) != 0) status = SystemError("fsync", tmp);
@@ -91,8 +91,8 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
     if (n < 0) {
       const int error = errno;
       ::close(fd);
-      return absl::DataLossError(absl::StrCat(
-          "cannot read checkpoint ", path, ": ", std::strerror(error)));
+      return absl::DataLossError(absl::StrCat("cannot read checkpoint ", path,
+                                              ": ", std::strerror(error)));
     }
     if (n == 0) break;
     bytes.append(buffer, static_cast<size_t>(n));
@@ -105,10 +105,10 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
                      " bytes) does not parse as monsoon.ShardCheckpoint"));
   }
   if (checkpoint.format_version() != kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", path, " has format version ",
-        checkpoint.format_version(), "; this build reads version ",
-        kCheckpointFormatVersion));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", path, " has format version ",
+                     checkpoint.format_version(), "; this build reads version ",
+                     kCheckpointFormatVersion));
   }
   return std::optional<ShardCheckpoint>(std::move(checkpoint));
 }
@@ -124,16 +124,16 @@ absl::Status CheckCheckpointMatches(const ShardCheckpoint& checkpoint,
         checkpoint.config_fingerprint(), config_fingerprint));
   }
   if (checkpoint.shard() != shard || checkpoint.num_shards() != num_shards) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint is of shard ", checkpoint.shard(), " of ",
-        checkpoint.num_shards(), ", but this is shard ", shard, " of ",
-        num_shards));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint is of shard ", checkpoint.shard(), " of ",
+                     checkpoint.num_shards(), ", but this is shard ", shard,
+                     " of ", num_shards));
   }
   if (checkpoint.weights().size() != num_weights * sizeof(float)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint holds ", checkpoint.weights().size(),
-        " bytes of weights, but this shard has ", num_weights,
-        " float32 weights"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint holds ", checkpoint.weights().size(),
+                     " bytes of weights, but this shard has ", num_weights,
+                     " float32 weights"));
   }
   if (checkpoint.version() < 0) {
     return absl::FailedPreconditionError(

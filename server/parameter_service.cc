@@ -121,8 +121,8 @@ class PullReactor : public grpc::ServerWriteReactor<PullChunk> {
     chunk_.Clear();
     chunk_.set_version(version_);
     chunk_.set_offset(sent_);
-    common::AppendFloatBytes(
-        absl::MakeConstSpan(snapshot_.data() + sent_, n), chunk_.mutable_data());
+    common::AppendFloatBytes(absl::MakeConstSpan(snapshot_.data() + sent_, n),
+                             chunk_.mutable_data());
     sent_ += n;
     if (count_bytes_) {
       state_->RecordPulledBytes(static_cast<int64_t>(chunk_.ByteSizeLong()));
@@ -148,7 +148,8 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                                            UpdateRule* rule)
     : fingerprint_(common::ConfigFingerprint(resolved)),
       num_workers_(num_workers),
-      chunk_values_(static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float)),
+      chunk_values_(static_cast<size_t>(resolved.chunk_bytes()) /
+                    sizeof(float)),
       encoding_(PushEncodingFor(resolved)),
       bucket_size_(resolved.onebit_bucket_size()),
       state_(state),
@@ -169,16 +170,15 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
     return reactor;
   }
   if (request->shard() != state_->shard()) {
-    reactor->Finish(InvalidArgument(absl::StrCat(
-        "this is shard ", state_->shard(), ", not shard ", request->shard(),
-        ": list --servers in shard order")));
+    reactor->Finish(InvalidArgument(
+        absl::StrCat("this is shard ", state_->shard(), ", not shard ",
+                     request->shard(), ": list --servers in shard order")));
     return reactor;
   }
   if (request->worker_rank() < -1 || request->worker_rank() >= num_workers_) {
-    reactor->Finish(InvalidArgument(
-        absl::StrCat("worker rank ", request->worker_rank(),
-                     " is outside [0, ", num_workers_,
-                     ") (-1 for an evaluator): check --num_workers")));
+    reactor->Finish(InvalidArgument(absl::StrCat(
+        "worker rank ", request->worker_rank(), " is outside [0, ",
+        num_workers_, ") (-1 for an evaluator): check --num_workers")));
     return reactor;
   }
   response->set_shard(state_->shard());
@@ -210,14 +210,14 @@ class FailedPull : public grpc::ServerWriteReactor<PullChunk> {
 grpc::ServerWriteReactor<PullChunk>* ParameterServiceImpl::Pull(
     grpc::CallbackServerContext* context, const PullRequest* request) {
   if (request->shard() != state_->shard()) {
-    return new FailedPull(InvalidArgument(
-        absl::StrCat("pull for shard ", request->shard(), " reached shard ",
-                     state_->shard())));
+    return new FailedPull(
+        InvalidArgument(absl::StrCat("pull for shard ", request->shard(),
+                                     " reached shard ", state_->shard())));
   }
   if (request->worker_rank() < -1 || request->worker_rank() >= num_workers_) {
-    return new FailedPull(InvalidArgument(absl::StrCat(
-        "worker rank ", request->worker_rank(), " is outside [-1, ",
-        num_workers_, ")")));
+    return new FailedPull(
+        InvalidArgument(absl::StrCat("worker rank ", request->worker_rank(),
+                                     " is outside [-1, ", num_workers_, ")")));
   }
   if (request->min_version() < 0) {
     return new FailedPull(InvalidArgument("min_version must not be negative"));

@@ -17,20 +17,27 @@
 #include "server/shard_server.h"
 
 ABSL_FLAG(int, shard, 0, "This shard's index, 0-based (env MONSOON_SHARD).");
-ABSL_FLAG(int, num_shards, 1, "How many shards the model is split into "
+ABSL_FLAG(int, num_shards, 1,
+          "How many shards the model is split into "
           "(env MONSOON_NUM_SHARDS).");
-ABSL_FLAG(int, num_workers, 1, "How many workers train (sync waits for all "
+ABSL_FLAG(int, num_workers, 1,
+          "How many workers train (sync waits for all "
           "of them at every step) (env MONSOON_NUM_WORKERS).");
-ABSL_FLAG(std::string, listen, "0.0.0.0:5000", "host:port to serve on; port 0 "
+ABSL_FLAG(std::string, listen, "0.0.0.0:5000",
+          "host:port to serve on; port 0 "
           "picks a free one (env MONSOON_LISTEN).");
-ABSL_FLAG(std::string, config, "", "Training config, text-format "
+ABSL_FLAG(std::string, config, "",
+          "Training config, text-format "
           "monsoon.TrainingConfig; empty means every default (env "
           "MONSOON_CONFIG).");
-ABSL_FLAG(std::string, port_file, "", "If set, write the chosen port to this "
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write the chosen port to this "
           "file once serving (for launchers that use port 0).");
-ABSL_FLAG(double, shutdown_grace_s, 5, "Seconds that running calls get to "
+ABSL_FLAG(double, shutdown_grace_s, 5,
+          "Seconds that running calls get to "
           "finish after SIGTERM (env MONSOON_SHUTDOWN_GRACE_S).");
-ABSL_FLAG(std::string, checkpoint_dir, "", "If set, an existing directory: "
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "If set, an existing directory: "
           "the shard resumes from DIR/shard-<i>-of-<S>.ckpt when it exists "
           "and writes it on SIGTERM (env MONSOON_CHECKPOINT_DIR).");
 
@@ -99,8 +106,7 @@ int main(int argc, char** argv) {
       options.shard, options.num_shards, (*server)->port(),
       monsoon::common::ModeName(config->mode()),
       monsoon::common::OptimizerName(config->optimizer()), range.begin,
-      range.end,
-      monsoon::common::ModelLayout::FromConfig(*config).num_params(),
+      range.end, monsoon::common::ModelLayout::FromConfig(*config).num_params(),
       monsoon::common::ConfigFingerprint(*config));
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
@@ -129,9 +135,9 @@ int main(int argc, char** argv) {
                          options.shard, (*server)->checkpoint_path());
   }
   const monsoon::StatsResponse stats = (*server)->state()->Stats();
-  monsoon::common::Log("ps_server: shard %d stopped at version %d after %d "
-                       "pushes (%d rejected)",
-                       options.shard, stats.version(), stats.pushes(),
-                       stats.rejected_pushes());
+  monsoon::common::Log(
+      "ps_server: shard %d stopped at version %d after %d "
+      "pushes (%d rejected)",
+      options.shard, stats.version(), stats.pushes(), stats.rejected_pushes());
   return 0;
 }

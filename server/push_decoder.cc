@@ -11,7 +11,8 @@
 namespace monsoon::server {
 
 PushEncoding PushEncodingFor(const TrainingConfig& resolved) {
-  return resolved.compression() == COMPRESSION_ONEBIT ? ENCODING_ONEBIT : ENCODING_FLOAT32;
+  return resolved.compression() == COMPRESSION_ONEBIT ? ENCODING_ONEBIT
+                                                      : ENCODING_FLOAT32;
 }
 
 PushDecoder::PushDecoder(int shard, uint64_t shard_size, int num_workers,
@@ -46,15 +47,17 @@ absl::Status PushDecoder::Add(const PushChunk& chunk) {
                        " holds ", shard_size_));
     }
     if (h.encoding() != encoding_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push encoded as ", PushEncoding_Name(h.encoding()),
-          " but this run's config makes workers push ",
-          PushEncoding_Name(encoding_)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("push encoded as ", PushEncoding_Name(h.encoding()),
+                       " but this run's config makes workers push ",
+                       PushEncoding_Name(encoding_)));
     }
     if (encoding_ == ENCODING_ONEBIT && h.bucket_size() != bucket_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "1-bit push in buckets of ", h.bucket_size(), " but the config's "
-          "onebit_bucket_size is ", bucket_size_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("1-bit push in buckets of ", h.bucket_size(),
+                       " but the config's "
+                       "onebit_bucket_size is ",
+                       bucket_size_));
     }
     if (h.base_version() < 0 || h.samples() < 0) {
       return absl::InvalidArgumentError(
@@ -66,7 +69,8 @@ absl::Status PushDecoder::Add(const PushChunk& chunk) {
     data_.samples = h.samples();
     data_.values.resize(shard_size_);
   } else if (chunk.has_header()) {
-    return absl::InvalidArgumentError("only the first chunk may carry a header");
+    return absl::InvalidArgumentError(
+        "only the first chunk may carry a header");
   }
   if (chunk.offset() != received_) {
     return absl::InvalidArgumentError(
@@ -104,15 +108,15 @@ absl::Status PushDecoder::AddOneBit(const PushChunk& chunk) {
   const uint64_t buckets = chunk.scales().size() / kScaleBytes;
   const uint64_t left = shard_size_ - received_;
   if (buckets > common::OneBitBuckets(left, bucket_size_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "1-bit chunk has ", buckets, " buckets but only ", left,
-        " values of shard ", shard_, " remain (buckets of ", bucket_size_,
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("1-bit chunk has ", buckets, " buckets but only ", left,
+                     " values of shard ", shard_, " remain (buckets of ",
+                     bucket_size_, ")"));
   }
   const uint64_t n = std::min<uint64_t>(left, buckets * bucket_size_);
-  absl::Status status = common::OneBitDecode(
-      chunk.data(), chunk.scales(), bucket_size_,
-      absl::MakeSpan(data_.values.data() + received_, n));
+  absl::Status status =
+      common::OneBitDecode(chunk.data(), chunk.scales(), bucket_size_,
+                           absl::MakeSpan(data_.values.data() + received_, n));
   if (!status.ok()) return status;
   received_ += n;
   return absl::OkStatus();
@@ -123,9 +127,8 @@ absl::StatusOr<PushData> PushDecoder::Finish() {
     return absl::InvalidArgumentError("empty push: no header");
   }
   if (received_ != shard_size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push ended after ", received_, " of ", shard_size_,
-                     " values"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push ended after ", received_, " of ", shard_size_, " values"));
   }
   for (uint64_t i = 0; i < shard_size_; ++i) {
     if (!std::isfinite(data_.values[i])) {

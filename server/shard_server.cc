@@ -3,7 +3,6 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
-
 #include <sys/stat.h>
 
 #include <cstring>
@@ -29,9 +28,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      layout.num_params(), "), got ", options.num_shards));
   }
   if (options.shard < 0 || options.shard >= options.num_shards) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--shard must be in [0, ", options.num_shards, "), got ",
-                     options.shard));
+    return absl::InvalidArgumentError(absl::StrCat("--shard must be in [0, ",
+                                                   options.num_shards,
+                                                   "), got ", options.shard));
   }
   if (options.num_workers < 1 || options.num_workers > 100000) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -40,8 +39,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->state_ = std::make_unique<ShardState>(
       layout, options.config.seed(), options.shard, options.num_shards);
-  server->rule_ = MakeUpdateRule(options.config, options.num_workers,
-                                 server->state_.get());
+  server->rule_ =
+      MakeUpdateRule(options.config, options.num_workers, server->state_.get());
   if (server->rule_ == nullptr) {
     return absl::InvalidArgumentError("no update rule for this mode");
   }
@@ -92,9 +91,9 @@ absl::Status ShardServer::Resume() {
   if (!read.ok()) return read.status();
   if (!read->has_value()) return absl::OkStatus();
   const ShardCheckpoint& checkpoint = **read;
-  absl::Status matches = CheckCheckpointMatches(
-      checkpoint, config_fingerprint_, state_->shard(), state_->num_shards(),
-      state_->size());
+  absl::Status matches =
+      CheckCheckpointMatches(checkpoint, config_fingerprint_, state_->shard(),
+                             state_->num_shards(), state_->size());
   if (!matches.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(checkpoint_path_, ": ", matches.message()));

@@ -7,11 +7,11 @@
 #ifndef MONSOON_SERVER_SHARD_SERVER_H_
 #define MONSOON_SERVER_SHARD_SERVER_H_
 
+#include <grpcpp/server.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

@@ -32,10 +32,10 @@ class SyncRule : public UpdateRule {
     {
       absl::MutexLock lock(&mu_);
       if (push.base_version < version_) {
-        return absl::AbortedError(absl::StrCat(
-            "sync push for step ", push.base_version, " but shard ",
-            state_->shard(), " is at version ", version_,
-            ": that step is closed; pull and retry"));
+        return absl::AbortedError(
+            absl::StrCat("sync push for step ", push.base_version,
+                         " but shard ", state_->shard(), " is at version ",
+                         version_, ": that step is closed; pull and retry"));
       }
       if (push.base_version > version_) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -43,9 +43,9 @@ class SyncRule : public UpdateRule {
             state_->shard(), " is only at version ", version_));
       }
       if (arrived_[push.worker_rank]) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "worker ", push.worker_rank, " already pushed step ", version_,
-            " to shard ", state_->shard()));
+        return absl::AlreadyExistsError(
+            absl::StrCat("worker ", push.worker_rank, " already pushed step ",
+                         version_, " to shard ", state_->shard()));
       }
       arrived_[push.worker_rank] = true;
       ++count_;

@@ -81,9 +81,9 @@ absl::Status RestoreWeightsAndOptimizer(const RuleState& saved,
   }
   const std::string name = optimizer != nullptr ? optimizer->Name() : "";
   if (saved.optimizer != name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "saved optimizer '", saved.optimizer, "' but this rule uses '", name,
-        "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("saved optimizer '", saved.optimizer,
+                     "' but this rule uses '", name, "'"));
   }
   if (optimizer != nullptr) {
     absl::Status restored = optimizer->RestoreState(saved.optimizer_state);

@@ -1,6 +1,7 @@
 // UpdateRule: what a shard does with a push, one implementation per mode
 // (sync_rule.cc, downpour_rule.cc, easgd_rule.cc,
-// hogwild_rule.cc; onebit is downpour after PushDecoder has decoded), chosen by MakeUpdateRule.
+// hogwild_rule.cc; onebit is downpour after PushDecoder has decoded), chosen by
+// MakeUpdateRule.
 //
 // The service validates every push (length, shard, worker rank, finite
 // values) before a rule sees it; a rule that still refuses one returns an
@@ -36,7 +37,7 @@ struct PushData {
   int worker_rank = 0;
   int64_t base_version = 0;
   int64_t samples = 0;
-  int64_t wire_bytes = 0;    // serialized size, for statistics
+  int64_t wire_bytes = 0;     // serialized size, for statistics
   std::vector<float> values;  // size() == the shard's size; all finite
 };
 

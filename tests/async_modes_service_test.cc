@@ -64,9 +64,9 @@ std::unique_ptr<worker::PsClient> Connect(const TrainingConfig& config,
 std::vector<float> Weights(worker::PsClient* client, size_t n) {
   std::vector<float> weights(n);
   std::vector<int64_t> versions;
-  EXPECT_THAT(client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights),
-                           &versions),
-              IsOk());
+  EXPECT_THAT(
+      client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights), &versions),
+      IsOk());
   return weights;
 }
 
@@ -91,8 +91,8 @@ TEST(HogwildServiceTest, TwoPushesApplyAtTheSameTimeOnGrpcThreads) {
   std::atomic<bool> overlapped{false};
   server->state()->set_apply_hook_for_testing([&] {
     if (entered.fetch_add(1) == 0) {
-      overlapped = second_entered.WaitForNotificationWithTimeout(
-          absl::Seconds(20));
+      overlapped =
+          second_entered.WaitForNotificationWithTimeout(absl::Seconds(20));
     } else {
       second_entered.Notify();
     }
@@ -116,8 +116,8 @@ TEST(HogwildServiceTest, TwoPushesApplyAtTheSameTimeOnGrpcThreads) {
 }
 
 TEST(HogwildServiceTest, OnePushAppliesPlainSgd) {
-  const TrainingConfig config = ResolvedConfig(
-      std::string(kLayers) + "mode: HOGWILD learning_rate: 0.5");
+  const TrainingConfig config =
+      ResolvedConfig(std::string(kLayers) + "mode: HOGWILD learning_rate: 0.5");
   auto server = StartShard(config, 1);
   auto client = Connect(config, *server, 0);
   const size_t p = server->state()->size();
@@ -164,8 +164,7 @@ constexpr char kOneBit[] =
     "mode: ONEBIT optimizer: SGD learning_rate: 0.5 onebit_bucket_size: 64";
 
 TEST(OneBitServiceTest, ShardAppliesTheDecodedGradient) {
-  const TrainingConfig config =
-      ResolvedConfig(std::string(kLayers) + kOneBit);
+  const TrainingConfig config = ResolvedConfig(std::string(kLayers) + kOneBit);
   auto server = StartShard(config, 1);
   auto client = Connect(config, *server, 0);
   const size_t p = server->state()->size();
@@ -190,8 +189,8 @@ TEST(OneBitServiceTest, PushIsOverTwentyTimesSmallerThanFloat32) {
   // 32 bits a value against 1 + 64/512.
   const TrainingConfig float32 =
       ResolvedConfig(std::string(kLayers) + "mode: DOWNPOUR");
-  const TrainingConfig onebit = ResolvedConfig(std::string(kLayers) +
-                                               "mode: ONEBIT");
+  const TrainingConfig onebit =
+      ResolvedConfig(std::string(kLayers) + "mode: ONEBIT");
   auto server_f = StartShard(float32, 1);
   auto server_b = StartShard(onebit, 1);
   auto client_f = Connect(float32, *server_f, 0);
@@ -207,7 +206,8 @@ TEST(OneBitServiceTest, PushIsOverTwentyTimesSmallerThanFloat32) {
   EXPECT_GE(client_f->bytes_pushed(), static_cast<int64_t>(p * 4));
   EXPECT_GT(client_f->bytes_pushed(), 20 * client_b->bytes_pushed());
   // The shard counts the same bytes.
-  EXPECT_EQ(server_b->state()->Stats().bytes_pushed(), client_b->bytes_pushed());
+  EXPECT_EQ(server_b->state()->Stats().bytes_pushed(),
+            client_b->bytes_pushed());
 }
 
 // Raw pushes, for malformed 1-bit payloads.

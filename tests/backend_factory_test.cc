@@ -16,7 +16,8 @@ using ::monsoon::testutil::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(MakeBackendTest, CpuGivesTheCpuBackend) {
-  absl::StatusOr<std::unique_ptr<ComputeBackend>> backend = MakeBackend("cpu", 1);
+  absl::StatusOr<std::unique_ptr<ComputeBackend>> backend =
+      MakeBackend("cpu", 1);
   ASSERT_OK(backend.status());
   EXPECT_THAT((*backend)->Name(), HasSubstr("cpu"));
 }

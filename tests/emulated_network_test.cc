@@ -48,9 +48,9 @@ TEST(ParseLinkTest, ReadsRateAndDelay) {
 TEST(ParseLinkTest, RefusesWhatItCannotRead) {
   for (const char* bad : {"", "100", "fast", "100mbps", "-5mbit", "100mbit,2",
                           "100mbit,2ms,3", "0mbit", "100mbit,-1ms"}) {
-    EXPECT_THAT(ParseLink(bad).status(),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("RATE[,DELAY]")))
+    EXPECT_THAT(
+        ParseLink(bad).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RATE[,DELAY]")))
         << bad;
   }
 }

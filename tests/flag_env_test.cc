@@ -26,10 +26,10 @@ absl::Status Check(std::vector<std::string> args) {
 }
 
 TEST(CheckFlagNamesTest, AcceptsDefinedFlagsInEveryForm) {
-  EXPECT_THAT(Check({"bin", "--test_rank=3", "-test_rank", "4",
-                     "--test_verbose", "--notest_verbose", "positional",
-                     "--help", "--helpfull"}),
-              IsOk());
+  EXPECT_THAT(
+      Check({"bin", "--test_rank=3", "-test_rank", "4", "--test_verbose",
+             "--notest_verbose", "positional", "--help", "--helpfull"}),
+      IsOk());
 }
 
 TEST(CheckFlagNamesTest, RefusesAnUnknownFlagWithItsName) {

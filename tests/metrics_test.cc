@@ -20,12 +20,12 @@ StatsResponse Shard(std::vector<int64_t> counts, int64_t max) {
 TEST(MetricsTest, StalenessMergesShardsWithNearestRankPercentiles) {
   // Shard 0: 60 pushes of staleness 0, 30 of 1. Shard 1: 9 of 1, 1 of 5.
   // Merged 100 pushes: 60 x 0, 39 x 1, 1 x 5.
-  const StalenessSummary s = SummarizeStaleness(
-      {Shard({60, 30}, 1), Shard({0, 9, 0, 0, 0, 1}, 5)});
+  const StalenessSummary s =
+      SummarizeStaleness({Shard({60, 30}, 1), Shard({0, 9, 0, 0, 0, 1}, 5)});
   EXPECT_EQ(s.pushes, 100);
   EXPECT_DOUBLE_EQ(s.mean, (39 * 1 + 5) / 100.0);
-  EXPECT_EQ(s.p50, 0);   // the 50th smallest is 0
-  EXPECT_EQ(s.p99, 1);   // the 99th smallest is 1
+  EXPECT_EQ(s.p50, 0);  // the 50th smallest is 0
+  EXPECT_EQ(s.p99, 1);  // the 99th smallest is 1
   EXPECT_EQ(s.max, 5);
 }
 

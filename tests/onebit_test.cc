@@ -36,9 +36,9 @@ TEST(OneBitTest, EncodesSignBitsAndSideMeansPerBucket) {
   EXPECT_THAT(residual, ::testing::ElementsAre(-1, 1, 1, -1, 0, 0));
 
   std::vector<float> decoded(6);
-  ASSERT_THAT(OneBitDecode(encoded.bits, encoded.scales, 4,
-                           absl::MakeSpan(decoded)),
-              IsOk());
+  ASSERT_THAT(
+      OneBitDecode(encoded.bits, encoded.scales, 4, absl::MakeSpan(decoded)),
+      IsOk());
   EXPECT_THAT(decoded, ::testing::ElementsAre(2, -3, 2, -3, 0.5f, 0.5f));
 }
 
@@ -98,9 +98,9 @@ TEST(OneBitTest, WireSizeIsOneBitPerValuePlusTwoFloatsPerBucket) {
 TEST(OneBitTest, DecodeRefusesWrongBitLength) {
   std::vector<float> out(16);
   const std::string scales(2 * 8, '\0');
-  EXPECT_THAT(OneBitDecode(std::string(3, '\0'), scales, 8,
-                           absl::MakeSpan(out)),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      OneBitDecode(std::string(3, '\0'), scales, 8, absl::MakeSpan(out)),
+      StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(OneBitTest, DecodeRefusesWrongBucketCount) {
@@ -115,9 +115,9 @@ TEST(OneBitTest, DecodeRefusesNonFiniteScales) {
   for (float bad : {std::nanf(""), INFINITY}) {
     float pair[2] = {-1.0f, bad};
     std::string scales(reinterpret_cast<const char*>(pair), sizeof(pair));
-    EXPECT_THAT(OneBitDecode(std::string(1, '\xff'), scales, 8,
-                             absl::MakeSpan(out)),
-                StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(
+        OneBitDecode(std::string(1, '\xff'), scales, 8, absl::MakeSpan(out)),
+        StatusIs(absl::StatusCode::kInvalidArgument));
   }
 }
 

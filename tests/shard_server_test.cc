@@ -74,9 +74,8 @@ PushData Gradient(size_t size, int64_t base_version, int worker, int step) {
   push.samples = 8;
   push.wire_bytes = static_cast<int64_t>(4 * size);
   for (size_t i = 0; i < size; ++i) {
-    push.values.push_back(0.01f * static_cast<float>((i * 7 + step * 3 +
-                                                      worker) % 11) -
-                          0.05f);
+    push.values.push_back(
+        0.01f * static_cast<float>((i * 7 + step * 3 + worker) % 11) - 0.05f);
   }
   return push;
 }
@@ -88,10 +87,10 @@ void ExpectSameState(const RuleState& a, const RuleState& b) {
   EXPECT_EQ(a.optimizer_state, b.optimizer_state);
 }
 
-class CheckpointRoundTripTest
-    : public ::testing::TestWithParam<const char*> {};
+class CheckpointRoundTripTest : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(CheckpointRoundTripTest, ResumedShardHasSameStateAndAppliesNextPushIdentically) {
+TEST_P(CheckpointRoundTripTest,
+       ResumedShardHasSameStateAndAppliesNextPushIdentically) {
   const std::string dir = NewDir("round_trip");
   const ShardServerOptions options = Options(GetParam(), 1, 2, 2, dir);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> original,
@@ -103,9 +102,8 @@ TEST_P(CheckpointRoundTripTest, ResumedShardHasSameStateAndAppliesNextPushIdenti
   for (int step = 0; step < 3; ++step) {
     for (int worker = 0; worker < 2; ++worker) {
       const int64_t base = original->rule()->SaveState().version;
-      ASSERT_OK(original->rule()
-                    ->Apply(Gradient(size, base, worker, step))
-                    .status());
+      ASSERT_OK(
+          original->rule()->Apply(Gradient(size, base, worker, step)).status());
     }
   }
   original->Shutdown();
@@ -215,8 +213,9 @@ TEST(ShardServerCheckpointTest, CheckpointOfAnotherShardCountIsRefused) {
 TEST(ShardServerCheckpointTest, CorruptCheckpointIsDataLoss) {
   const std::string dir = NewDir("corrupt");
   testutil::WriteFile(CheckpointPath(dir, 0, 1), "\xff\xff\xff not a proto");
-  EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 0, 1, 1, dir)),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
+  EXPECT_THAT(
+      ShardServer::Start(Options(kSyncConfig, 0, 1, 1, dir)),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
 }
 
 TEST(ShardServerCheckpointTest, MissingCheckpointDirIsInvalidArgument) {
@@ -244,8 +243,7 @@ TEST(ShardServerHealthTest, ServingUntilShutdownBeginsThenNotServing) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     HealthCheckResponse response;
-    ASSERT_TRUE(
-        health->Check(&context, HealthCheckRequest(), &response).ok());
+    ASSERT_TRUE(health->Check(&context, HealthCheckRequest(), &response).ok());
     EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
   }
   // A Watch opened before the shutdown sees the status change: Shutdown

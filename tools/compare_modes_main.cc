@@ -23,27 +23,36 @@
 
 ABSL_FLAG(std::string, modes, "sync,downpour,easgd,hogwild,onebit",
           "Comma-separated modes to compare, run in this order.");
-ABSL_FLAG(std::string, servers, "2", "Shard counts: one value, or a "
+ABSL_FLAG(std::string, servers, "2",
+          "Shard counts: one value, or a "
           "comma-separated sweep such as 1,2.");
-ABSL_FLAG(std::string, workers, "2", "Worker counts: one value, or a "
+ABSL_FLAG(std::string, workers, "2",
+          "Worker counts: one value, or a "
           "comma-separated sweep such as 1,2,4 (adds a samples/s plot).");
-ABSL_FLAG(double, time_limit_s, 0, "Wall-clock budget per run in seconds "
+ABSL_FLAG(double, time_limit_s, 0,
+          "Wall-clock budget per run in seconds "
           "(0: train the config's epochs).");
-ABSL_FLAG(double, target, 0.85, "Test accuracy for the time-to-target "
+ABSL_FLAG(double, target, 0.85,
+          "Test accuracy for the time-to-target "
           "column.");
-ABSL_FLAG(std::string, out_dir, "/tmp/monsoon-compare", "Where results.json, "
+ABSL_FLAG(std::string, out_dir, "/tmp/monsoon-compare",
+          "Where results.json, "
           "summary.md, the plots, runs/ and logs/ go (created).");
-ABSL_FLAG(std::string, link, "", "Emulated network: RATE[,DELAY], e.g. "
+ABSL_FLAG(std::string, link, "",
+          "Emulated network: RATE[,DELAY], e.g. "
           "100mbit,2ms. Every server and worker then runs on its own network "
           "namespace with a shaped link (needs root or CAP_NET_ADMIN). The "
           "delay needs the kernel's netem qdisc; without it only the rate is "
           "shaped, and the results say so.");
 ABSL_FLAG(double, eval_interval_s, 2, "Seconds between evaluations.");
-ABSL_FLAG(std::string, bin_dir, "", "Folder holding server/ps_server and "
+ABSL_FLAG(std::string, bin_dir, "",
+          "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: beside this binary).");
-ABSL_FLAG(std::string, report_script, "", "compare_report.py (default: "
+ABSL_FLAG(std::string, report_script, "",
+          "compare_report.py (default: "
           "found in this binary's runfiles).");
-ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with matplotlib "
+ABSL_FLAG(std::string, python, "/usr/bin/python3",
+          "Python with matplotlib "
           "(Debian's python3-matplotlib) for the report.");
 
 namespace {
@@ -81,9 +90,8 @@ absl::StatusOr<std::vector<int>> Counts(const char* flag,
                                         const std::string& value) {
   auto counts = monsoon::common::ParseIntList(value);
   if (!counts.ok() || counts->empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, "='", value,
-                     "': give positive counts such as 2 or 1,2,4"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, "='", value, "': give positive counts such as 2 or 1,2,4"));
   }
   return counts;
 }
@@ -151,7 +159,8 @@ int main(int argc, char** argv) {
                         ? Dirname(Dirname(exe))
                         : absl::GetFlag(FLAGS_bin_dir);
   std::string script = absl::GetFlag(FLAGS_report_script);
-  if (script.empty()) script = exe + ".runfiles/monsoon/tools/compare_report.py";
+  if (script.empty())
+    script = exe + ".runfiles/monsoon/tools/compare_report.py";
   if (!Exists(script)) {
     return Fail(kConfigError, absl::NotFoundError(absl::StrCat(
                                   "report script '", script,
@@ -159,8 +168,9 @@ int main(int argc, char** argv) {
   }
   options.out_dir = absl::GetFlag(FLAGS_out_dir);
   if (RunAndWait({"/bin/mkdir", "-p", options.out_dir}) != 0) {
-    return Fail(kConfigError, absl::InvalidArgumentError(
-                                  "cannot create --out_dir " + options.out_dir));
+    return Fail(kConfigError,
+                absl::InvalidArgumentError("cannot create --out_dir " +
+                                           options.out_dir));
   }
   monsoon::common::Log(
       "compare: %d modes x %d server counts x %d worker counts%s; results in "
@@ -176,9 +186,9 @@ int main(int argc, char** argv) {
     supervisor.StopAll(absl::Seconds(5));
     return Fail(interrupted ? 130 : 1, result.status());
   }
-  const int report = RunAndWait(
-      {absl::GetFlag(FLAGS_python), script, "--results", result->results_path,
-       "--out_dir", options.out_dir});
+  const int report =
+      RunAndWait({absl::GetFlag(FLAGS_python), script, "--results",
+                  result->results_path, "--out_dir", options.out_dir});
   if (report != 0) {
     return Fail(1, absl::InternalError(absl::StrCat(
                        "the report script failed (exit ", report,

@@ -1,12 +1,12 @@
 #include "tools/comparison.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <regex>
-#include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -110,8 +110,8 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
       for (Mode mode : options.modes) {
         absl::StatusOr<TrainingConfig> config = options.config_for(mode);
         if (!config.ok()) return config.status();
-        const std::string name = absl::StrCat(common::ModeName(mode), "-s",
-                                              servers, "-w", workers);
+        const std::string name =
+            absl::StrCat(common::ModeName(mode), "-s", servers, "-w", workers);
         const std::string work_dir = runs + "/" + name;
         mkdir(work_dir.c_str(), 0755);
         const std::string log_path = logs + "/" + name + ".log";
@@ -168,7 +168,8 @@ std::string ResultsJson(const ComparisonOptions& options,
   for (size_t i = 0; i < result.runs.size(); ++i) {
     std::string run = MetricsJson(result.runs[i].metrics);
     // Name the run in its object: {"name": "...", ...}.
-    run.insert(1, absl::StrFormat("\n  \"name\": \"%s\",", result.runs[i].name));
+    run.insert(1,
+               absl::StrFormat("\n  \"name\": \"%s\",", result.runs[i].name));
     if (!run.empty() && run.back() == '\n') run.pop_back();
     absl::StrAppend(&json, run, i + 1 < result.runs.size() ? ",\n" : "\n");
   }

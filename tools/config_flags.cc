@@ -9,23 +9,31 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 
-ABSL_FLAG(int, epochs, 0, "Passes over each worker's data (0: the config's, "
+ABSL_FLAG(int, epochs, 0,
+          "Passes over each worker's data (0: the config's, "
           "default 3).");
-ABSL_FLAG(std::string, config, "", "Base training config (text-format "
+ABSL_FLAG(std::string, config, "",
+          "Base training config (text-format "
           "monsoon.TrainingConfig); the flags below override it.");
-ABSL_FLAG(double, learning_rate, 0, "Server optimizer's learning rate (0: "
+ABSL_FLAG(double, learning_rate, 0,
+          "Server optimizer's learning rate (0: "
           "the config's or the mode's default).");
-ABSL_FLAG(double, local_learning_rate, 0, "Workers' local learning rate in "
+ABSL_FLAG(double, local_learning_rate, 0,
+          "Workers' local learning rate in "
           "downpour (0: the config's or 0.05).");
-ABSL_FLAG(int, batch_size, 0, "Examples per worker step (0: the config's, "
+ABSL_FLAG(int, batch_size, 0,
+          "Examples per worker step (0: the config's, "
           "default 64).");
-ABSL_FLAG(std::string, hidden, "", "Hidden layer sizes, e.g. 256,128 (empty: "
+ABSL_FLAG(std::string, hidden, "",
+          "Hidden layer sizes, e.g. 256,128 (empty: "
           "the config's, default 256,128).");
-ABSL_FLAG(int64_t, seed, -1, "Seed for initial weights and shuffles (-1: "
+ABSL_FLAG(int64_t, seed, -1,
+          "Seed for initial weights and shuffles (-1: "
           "the config's, default 1).");
 ABSL_FLAG(int, n_fetch, 0, "downpour: pull every n_fetch steps (0: config).");
 ABSL_FLAG(int, n_push, 0, "downpour: push every n_push steps (0: config).");
-ABSL_FLAG(std::string, data_dir, "", "IDX data set folder (empty: the "
+ABSL_FLAG(std::string, data_dir, "",
+          "IDX data set folder (empty: the "
           "config's, default /usr/share/datasets/fashion-mnist).");
 
 namespace monsoon::tools {
@@ -78,7 +86,6 @@ absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode) {
   }
   return common::ResolveConfig(config);
 }
-
 
 void ShowConfigFlagsInHelp(const char* main_file) {
   absl::FlagsUsageConfig config;

@@ -34,9 +34,9 @@ absl::Status Run(const std::vector<std::string>& argv,
   if (output != nullptr) *output = out;
   if (!code.ok()) return code.status();
   if (*code != 0) {
-    return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "),
-                                            " failed: ",
-                                            absl::StripAsciiWhitespace(out)));
+    return absl::InternalError(
+        absl::StrCat(absl::StrJoin(argv, " "),
+                     " failed: ", absl::StripAsciiWhitespace(out)));
   }
   return absl::OkStatus();
 }
@@ -75,9 +75,9 @@ absl::StatusOr<LinkSpec> ParseLink(absl::string_view text) {
   link.text = std::string(text);
   std::vector<absl::string_view> parts = absl::StrSplit(text, ',');
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--link='", text, "': ", why,
-        " (expected RATE[,DELAY], e.g. 100mbit,2ms or 1gbit)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link='", text, "': ", why,
+                     " (expected RATE[,DELAY], e.g. 100mbit,2ms or 1gbit)"));
   };
   if (parts.empty() || parts.size() > 2) return bad("wrong number of parts");
   absl::string_view rate = absl::StripAsciiWhitespace(parts[0]);
@@ -182,8 +182,8 @@ absl::Status EmulatedNetwork::Shape(const std::string& netns,
         link.delay_ms > 0 ? "; the delay CANNOT be emulated here" : "");
   }
   // tbf: the bucket must hold a few full-size (GSO) packets.
-  const int64_t burst = std::max<int64_t>(
-      128 * 1024, link.rate_bits_per_s / 8 / 250);
+  const int64_t burst =
+      std::max<int64_t>(128 * 1024, link.rate_bits_per_s / 8 / 250);
   tc.insert(tc.end(), {"tbf", "rate", rate, "burst", absl::StrCat(burst),
                        "latency", "100ms"});
   return Run(tc);

@@ -22,17 +22,21 @@
 #include "tools/process_supervisor.h"
 #include "worker/dataset.h"
 
-ABSL_FLAG(std::string, mode, "", "sync, downpour, easgd, hogwild or onebit "
+ABSL_FLAG(std::string, mode, "",
+          "sync, downpour, easgd, hogwild or onebit "
           "(default: the config's "
           "mode, else sync).");
 ABSL_FLAG(int, servers, 2, "Parameter-server shards to start.");
 ABSL_FLAG(int, workers, 2, "Worker replicas to start.");
-ABSL_FLAG(std::string, metrics_out, "", "Write the run's metrics (JSON) "
+ABSL_FLAG(std::string, metrics_out, "",
+          "Write the run's metrics (JSON) "
           "here; they are printed either way.");
 ABSL_FLAG(double, eval_interval_s, 2, "Seconds between evaluations.");
-ABSL_FLAG(std::string, bin_dir, "", "Folder holding server/ps_server and "
+ABSL_FLAG(std::string, bin_dir, "",
+          "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: found beside this binary).");
-ABSL_FLAG(std::string, work_dir, "", "Folder for the run's config and curve "
+ABSL_FLAG(std::string, work_dir, "",
+          "Folder for the run's config and curve "
           "(default: a new /tmp/monsoon-run-XXXXXX).");
 
 namespace {

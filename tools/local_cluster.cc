@@ -1,12 +1,11 @@
 #include "tools/local_cluster.h"
 
+#include <google/protobuf/text_format.h>
 #include <signal.h>
 
 #include <fstream>
 #include <sstream>
 #include <vector>
-
-#include <google/protobuf/text_format.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -68,14 +67,18 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   std::vector<int> servers;
   std::vector<std::string> port_files;
   for (int s = 0; s < options.servers; ++s) {
-    port_files.push_back(absl::StrCat(options.work_dir, "/server-", s, ".port"));
+    port_files.push_back(
+        absl::StrCat(options.work_dir, "/server-", s, ".port"));
     std::remove(port_files.back().c_str());
     std::vector<std::string> argv = {
-        options.bin_dir + "/server/ps_server", absl::StrCat("--shard=", s),
-        "--num_shards=" + S, "--num_workers=" + W,
+        options.bin_dir + "/server/ps_server",
+        absl::StrCat("--shard=", s),
+        "--num_shards=" + S,
+        "--num_workers=" + W,
         "--listen=" + (placed ? options.placement->server_listen[s]
                               : std::string("127.0.0.1:0")),
-        "--port_file=" + port_files.back(), "--config=" + config_path};
+        "--port_file=" + port_files.back(),
+        "--config=" + config_path};
     if (placed) argv = Placed(options.placement->server_prefix[s], argv);
     absl::StatusOr<int> id = sup.Start(absl::StrCat("server ", s), argv);
     if (!id.ok()) return id.status();
@@ -104,9 +107,9 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
       sup.Pump(servers_ready, absl::Seconds(options.start_timeout_s));
   if (status.ok()) status = failed;
   if (status.code() == absl::StatusCode::kDeadlineExceeded) {
-    status = absl::DeadlineExceededError(absl::StrCat(
-        "the servers did not start listening within ",
-        options.start_timeout_s, " s"));
+    status = absl::DeadlineExceededError(
+        absl::StrCat("the servers did not start listening within ",
+                     options.start_timeout_s, " s"));
   }
   if (!status.ok()) return status;
   if (placed) addresses = options.placement->control_addresses;
@@ -122,22 +125,24 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   const std::string curve_path = options.work_dir + "/curve.textproto";
   std::remove(curve_path.c_str());
   const absl::Time start = absl::Now();
-  absl::StatusOr<int> evaluator = sup.Start(
-      "eval", {options.bin_dir + "/worker/ps_evaluator",
-               "--servers=" + server_list, "--config=" + config_path,
-               "--device=" + options.device,
-               absl::StrCat("--interval_s=", options.eval_interval_s),
-               "--curve_out=" + curve_path});
+  absl::StatusOr<int> evaluator =
+      sup.Start("eval", {options.bin_dir + "/worker/ps_evaluator",
+                         "--servers=" + server_list, "--config=" + config_path,
+                         "--device=" + options.device,
+                         absl::StrCat("--interval_s=", options.eval_interval_s),
+                         "--curve_out=" + curve_path});
   if (!evaluator.ok()) return evaluator.status();
   std::vector<int> workers;
   for (int r = 0; r < options.workers; ++r) {
-    std::vector<std::string> argv = {
-        options.bin_dir + "/worker/ps_worker", absl::StrCat("--rank=", r),
-        "--num_workers=" + W, "--servers=" + worker_server_list,
-        "--config=" + config_path, "--device=" + options.device};
+    std::vector<std::string> argv = {options.bin_dir + "/worker/ps_worker",
+                                     absl::StrCat("--rank=", r),
+                                     "--num_workers=" + W,
+                                     "--servers=" + worker_server_list,
+                                     "--config=" + config_path,
+                                     "--device=" + options.device};
     if (placed) argv = Placed(options.placement->worker_prefix[r], argv);
-    absl::StatusOr<int> id = sup.Start(absl::StrCat("worker ", r), argv,
-                                       {"OPENBLAS_NUM_THREADS=1"});
+    absl::StatusOr<int> id =
+        sup.Start(absl::StrCat("worker ", r), argv, {"OPENBLAS_NUM_THREADS=1"});
     if (!id.ok()) return id.status();
     workers.push_back(*id);
   }
@@ -185,25 +190,25 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
 
   // 4. The shards' counters, while they still run.
   {
-  worker::PsClientOptions client_options;
-  client_options.server_addresses = addresses;
-  client_options.config = options.config;
-  client_options.worker_rank = -1;
-  client_options.connect_timeout = absl::Seconds(10);
-  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
-      worker::PsClient::Connect(client_options);
-  if (!client.ok()) return client.status();
-  absl::StatusOr<std::vector<StatsResponse>> stats =
-      (*client)->Stats(absl::Seconds(10));
-  if (!stats.ok()) return stats.status();
-  metrics.shard_stats = *stats;
+    worker::PsClientOptions client_options;
+    client_options.server_addresses = addresses;
+    client_options.config = options.config;
+    client_options.worker_rank = -1;
+    client_options.connect_timeout = absl::Seconds(10);
+    absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+        worker::PsClient::Connect(client_options);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<std::vector<StatsResponse>> stats =
+        (*client)->Stats(absl::Seconds(10));
+    if (!stats.ok()) return stats.status();
+    metrics.shard_stats = *stats;
   }  // closes the channel before the servers shut down
 
   // 5. The evaluator's last point (on SIGTERM it evaluates once more), then
   // the servers.
   sup.Signal(*evaluator, SIGTERM);
-  status = sup.Pump([&] { return !sup.running(*evaluator); },
-                    absl::Seconds(120));
+  status =
+      sup.Pump([&] { return !sup.running(*evaluator); }, absl::Seconds(120));
   if (!status.ok()) return status;
   if (sup.exit_code(*evaluator) != 0) return ChildFailed(sup, *evaluator);
   for (int id : servers) sup.Signal(id, SIGTERM);

@@ -96,8 +96,9 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(
       &json, "  \"config\": {\"layer_sizes\": [",
       absl::StrJoin(c.layer_sizes(), ", "), "], \"optimizer\": \"",
-      common::OptimizerName(c.optimizer()), "\", \"learning_rate\": ",
-      Number(c.learning_rate()), ", \"momentum\": ", Number(c.momentum()),
+      common::OptimizerName(c.optimizer()),
+      "\", \"learning_rate\": ", Number(c.learning_rate()),
+      ", \"momentum\": ", Number(c.momentum()),
       ", \"local_learning_rate\": ", Number(c.local_learning_rate()),
       ", \"batch_size\": ", c.batch_size(), ", \"n_fetch\": ", c.n_fetch(),
       ", \"n_push\": ", c.n_push(), ", \"epochs\": ", c.epochs(),
@@ -105,8 +106,9 @@ std::string MetricsJson(const RunMetrics& run) {
   json += "  \"curve\": [";
   for (int i = 0; i < run.curve.points_size(); ++i) {
     const EvalPoint& p = run.curve.points(i);
-    absl::StrAppend(&json, i == 0 ? "\n" : ",\n", "    {\"time_s\": ",
-                    Number(p.time_s()), ", \"samples\": ", p.samples(),
+    absl::StrAppend(&json, i == 0 ? "\n" : ",\n",
+                    "    {\"time_s\": ", Number(p.time_s()),
+                    ", \"samples\": ", p.samples(),
                     ", \"test_accuracy\": ", Number(p.test_accuracy()),
                     ", \"test_loss\": ", Number(p.test_loss()),
                     ", \"bytes_pushed\": ", p.bytes_pushed(),

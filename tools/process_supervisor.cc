@@ -63,7 +63,8 @@ absl::StatusOr<int> ProcessSupervisor::Start(
   // Everything the child needs, prepared before fork: after it, only
   // async-signal-safe calls.
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
@@ -144,8 +145,8 @@ void ProcessSupervisor::Reap() {
     int status = 0;
     if (waitpid(child.pid, &status, WNOHANG) != child.pid) continue;
     child.running = false;
-    child.exit_code = WIFEXITED(status) ? WEXITSTATUS(status)
-                                        : 128 + WTERMSIG(status);
+    child.exit_code =
+        WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     ReadOutput(child);
   }
 }
@@ -236,11 +237,12 @@ absl::StatusOr<int> RunCommand(const std::vector<std::string>& argv,
   posix_spawnattr_setsigmask(&attributes, &none);
   posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid;
-  const int error = posix_spawn(&pid, args[0], &actions, &attributes,
-                                args.data(), environ);
+  const int error =
+      posix_spawn(&pid, args[0], &actions, &attributes, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   if (output != nullptr) {

@@ -26,7 +26,8 @@ absl::StatusOr<std::string> FindFile(const std::string& dir,
   if (dir.find("fashion-mnist") != std::string::npos) {
     hint = absl::StrCat(
         "install Debian's package dataset-fashion-mnist (apt-get install "
-        "dataset-fashion-mnist), or ", hint);
+        "dataset-fashion-mnist), or ",
+        hint);
   }
   return absl::NotFoundError(absl::StrCat("data set file '", dir, "/", name,
                                           "[.gz]' not found: ", hint));
@@ -47,9 +48,9 @@ absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir, Split split) {
   absl::StatusOr<IdxArray> labels = ReadIdxFile(*labels_path);
   if (!labels.ok()) return labels.status();
   if (images->dims.size() < 2 || labels->dims.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", *images_path, "' must hold images (rank >= 2) and '",
-        *labels_path, "' labels (rank 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", *images_path, "' must hold images (rank >= 2) and '",
+                     *labels_path, "' labels (rank 1)"));
   }
   if (images->dims[0] != labels->dims[0]) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -93,9 +94,11 @@ absl::StatusOr<Dataset> LoadDatasetFor(const TrainingConfig& config,
 
 absl::Status CheckDatasetFits(const Dataset& data, int64_t dim, int classes) {
   if (data.dim != dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the data has ", data.dim, " values per example but the model's "
-        "input layer has ", dim, ": fix layer_sizes in the config"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the data has ", data.dim,
+                     " values per example but the model's "
+                     "input layer has ",
+                     dim, ": fix layer_sizes in the config"));
   }
   for (int64_t i = 0; i < data.size; ++i) {
     if (data.labels[i] < 0 || data.labels[i] >= classes) {
@@ -108,8 +111,8 @@ absl::Status CheckDatasetFits(const Dataset& data, int64_t dim, int classes) {
 }
 
 Partition PartitionFor(int64_t size, int num_workers, int rank) {
-  const common::ShardRange range = common::ShardRangeFor(
-      static_cast<uint64_t>(size), num_workers, rank);
+  const common::ShardRange range =
+      common::ShardRangeFor(static_cast<uint64_t>(size), num_workers, rank);
   return {static_cast<int64_t>(range.begin), static_cast<int64_t>(range.end)};
 }
 
@@ -121,9 +124,9 @@ std::vector<int64_t> ShuffledOrder(Partition partition, uint64_t seed, int rank,
                                    int epoch) {
   std::vector<int64_t> order(partition.end - partition.begin);
   std::iota(order.begin(), order.end(), partition.begin);
-  uint64_t state = common::SplitMix64(
-      common::SplitMix64(seed ^ 0x5eedull) ^
-      (static_cast<uint64_t>(rank) << 32) ^ static_cast<uint64_t>(epoch));
+  uint64_t state = common::SplitMix64(common::SplitMix64(seed ^ 0x5eedull) ^
+                                      (static_cast<uint64_t>(rank) << 32) ^
+                                      static_cast<uint64_t>(epoch));
   // Fisher-Yates with SplitMix64, so the order is the same on every platform
   // (std::shuffle's is implementation-defined).
   for (size_t i = order.size(); i > 1; --i) {

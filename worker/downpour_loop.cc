@@ -25,9 +25,9 @@ class DownpourLoop : public TrainingLoop {
     int64_t step = 0;
     int pending = 0;
     auto push = [&]() -> absl::Status {
-      absl::Status status = c.client->Push(
-          accumulated, versions,
-          static_cast<int64_t>(pending) * batches->batch_size());
+      absl::Status status =
+          c.client->Push(accumulated, versions,
+                         static_cast<int64_t>(pending) * batches->batch_size());
       std::fill(accumulated.begin(), accumulated.end(), 0.0f);
       pending = 0;
       return status;

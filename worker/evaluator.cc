@@ -16,8 +16,8 @@ absl::StatusOr<EvalPoint> Evaluator::EvaluateNow() {
       client_->Stats(absl::Seconds(10));
   if (!stats.ok()) return stats.status();
   std::vector<int64_t> versions;
-  absl::Status status = client_->Pull(0, absl::Seconds(30),
-                                      absl::MakeSpan(params_), &versions);
+  absl::Status status =
+      client_->Pull(0, absl::Seconds(30), absl::MakeSpan(params_), &versions);
   if (!status.ok()) return status;
   const double time_s = absl::ToDoubleSeconds(absl::Now() - start_);
   if (auto s = mlp_->SetParams(params_); !s.ok()) return s;

@@ -19,7 +19,8 @@ class HogwildLoop : public TrainingLoop {
     if (!batches.ok()) return batches.status();
     const size_t p = c.mlp->layout().num_params();
     std::vector<float> params(p);
-    std::vector<float> grads[2] = {std::vector<float>(p), std::vector<float>(p)};
+    std::vector<float> grads[2] = {std::vector<float>(p),
+                                   std::vector<float>(p)};
     std::vector<int64_t> versions[2];
     std::unique_ptr<PendingCall> in_flight;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
@@ -30,8 +31,8 @@ class HogwildLoop : public TrainingLoop {
         if (in_flight != nullptr) in_flight->Wait().IgnoreError();
         return absl::CancelledError("stopped");
       }
-      absl::Status status = c.client->Pull(
-          0, timeout, absl::MakeSpan(params), &versions[current]);
+      absl::Status status = c.client->Pull(0, timeout, absl::MakeSpan(params),
+                                           &versions[current]);
       if (!status.ok()) return status;
       if (auto s = c.mlp->SetParams(params); !s.ok()) return s;
       absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(

@@ -21,9 +21,9 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes) {
         "not an IDX file: it must start with two zero bytes");
   }
   if (u8(2) != 0x08) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "IDX element type 0x", absl::Hex(u8(2)),
-        " is not supported; only unsigned bytes (0x08) are"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("IDX element type 0x", absl::Hex(u8(2)),
+                     " is not supported; only unsigned bytes (0x08) are"));
   }
   const int rank = u8(3);
   if (rank < 1 || rank > 4) {
@@ -38,7 +38,8 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes) {
   uint64_t total = 1;
   for (int d = 0; d < rank; ++d) {
     const size_t at = 4 + 4 * d;
-    const uint32_t dim = (uint32_t{u8(at)} << 24) | (uint32_t{u8(at + 1)} << 16) |
+    const uint32_t dim = (uint32_t{u8(at)} << 24) |
+                         (uint32_t{u8(at + 1)} << 16) |
                          (uint32_t{u8(at + 2)} << 8) | uint32_t{u8(at + 3)};
     array.dims.push_back(dim);
     // Checked before multiplying: total * dim could wrap around to a small
@@ -50,13 +51,15 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes) {
   }
   const uint64_t body = bytes.size() - header;
   if (body < total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "IDX file truncated: the header promises ", total, " bytes of data, "
-        "the file has ", body));
+    return absl::InvalidArgumentError(
+        absl::StrCat("IDX file truncated: the header promises ", total,
+                     " bytes of data, "
+                     "the file has ",
+                     body));
   }
   if (body > total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "IDX file has ", body - total, " bytes after its data"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("IDX file has ", body - total, " bytes after its data"));
   }
   array.data.assign(bytes.begin() + header, bytes.end());
   return array;
@@ -84,9 +87,9 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
   const std::string zlib_message = message == nullptr ? "" : message;
   gzclose(file);
   if (n < 0 || (error != Z_OK && error != Z_STREAM_END)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", path, "' is corrupt: gzip error: ", zlib_message,
-        " (reinstall the data or download it again)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' is corrupt: gzip error: ", zlib_message,
+                     " (reinstall the data or download it again)"));
   }
   absl::StatusOr<IdxArray> array = ParseIdx(bytes);
   if (!array.ok()) {

@@ -179,7 +179,8 @@ absl::StatusOr<BatchResult> Mlp::Evaluate(const float* images,
   const size_t in = layout_.layer_sizes()[0];
   backend_->Fill(2, 0.0f, stats_);
   for (int64_t start = 0; start < n; start += max_batch_) {
-    const int batch = static_cast<int>(std::min<int64_t>(max_batch_, n - start));
+    const int batch =
+        static_cast<int>(std::min<int64_t>(max_batch_, n - start));
     if (auto s = Upload(images + start * in, labels + start, batch); !s.ok()) {
       return s;
     }

@@ -18,7 +18,7 @@
 namespace monsoon::worker {
 
 struct BatchResult {
-  double loss = 0;   // mean over the examples
+  double loss = 0;  // mean over the examples
   int64_t correct = 0;
   int64_t examples = 0;
 };

@@ -63,9 +63,9 @@ class ShardCalls : public PendingCall {
 absl::Status Annotate(const absl::Status& status, int shard,
                       const std::string& address) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat("shard ", shard, " at ",
-                                                  address, ": ",
-                                                  status.message()));
+  return absl::Status(
+      status.code(),
+      absl::StrCat("shard ", shard, " at ", address, ": ", status.message()));
 }
 
 // Streams one shard's push, already cut into chunks.
@@ -150,10 +150,10 @@ class PullCall : public grpc::ClientReadReactor<PullChunk> {
     bytes_->fetch_add(static_cast<int64_t>(chunk_.ByteSizeLong()));
     if (chunk_.offset() != received_ || chunk_.data().size() % 4 != 0 ||
         chunk_.data().size() / 4 > out_.size() - received_) {
-      return absl::DataLossError(absl::StrCat(
-          "malformed pull chunk at offset ", chunk_.offset(), " with ",
-          chunk_.data().size(), " bytes (", received_, " of ", out_.size(),
-          " values received)"));
+      return absl::DataLossError(
+          absl::StrCat("malformed pull chunk at offset ", chunk_.offset(),
+                       " with ", chunk_.data().size(), " bytes (", received_,
+                       " of ", out_.size(), " values received)"));
     }
     if (received_ == 0) {
       *version_ = chunk_.version();
@@ -231,8 +231,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
             status.error_code() == grpc::StatusCode::UNAVAILABLE) {
           return absl::UnavailableError(absl::StrCat(
               "could not reach parameter server shard ", s, " at ", address,
-              " within ", absl::FormatDuration(options.connect_timeout),
-              " (", status.error_message(),
+              " within ", absl::FormatDuration(options.connect_timeout), " (",
+              status.error_message(),
               "): is ps_server running there, and --servers in shard order?"));
         }
         return Annotate(common::ToAbslStatus(status), s, address);
@@ -242,13 +242,14 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     }
     const common::ShardRange expected =
         common::ShardRangeFor(params, shards, s);
-    if (response.num_shards() != shards || response.offset() != expected.begin ||
+    if (response.num_shards() != shards ||
+        response.offset() != expected.begin ||
         response.length() != expected.size()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "shard ", s, " at ", address, " serves [", response.offset(), ", ",
-          response.offset() + response.length(), ") of ",
-          response.num_shards(), " shards, but this worker expects [",
-          expected.begin, ", ", expected.end, ") of ", shards,
+          response.offset() + response.length(), ") of ", response.num_shards(),
+          " shards, but this worker expects [", expected.begin, ", ",
+          expected.end, ") of ", shards,
           ": check --servers and the servers' --num_shards"));
     }
     client->ranges_.push_back(expected);
@@ -313,14 +314,14 @@ std::vector<PushChunk> PsClient::EncodeShard(int shard,
     for (uint64_t b = 0; b < buckets; b += per_chunk) {
       const uint64_t count = std::min(per_chunk, buckets - b);
       const uint64_t first = b * bucket;
-      const uint64_t n = std::min<uint64_t>(values.size() - first,
-                                            count * bucket);
+      const uint64_t n =
+          std::min<uint64_t>(values.size() - first, count * bucket);
       const uint64_t bits = common::OneBitBitsBytes(n, bucket);
       PushChunk& chunk = chunks.emplace_back();
       chunk.set_offset(first);
       chunk.set_data(encoded.bits.substr(bits_at, bits));
-      chunk.set_scales(
-          encoded.scales.substr(b * 2 * sizeof(float), count * 2 * sizeof(float)));
+      chunk.set_scales(encoded.scales.substr(b * 2 * sizeof(float),
+                                             count * 2 * sizeof(float)));
       bits_at += bits;
     }
   }
@@ -349,9 +350,9 @@ std::unique_ptr<PendingCall> PsClient::PushAsync(
       header.set_bucket_size(config_.onebit_bucket_size());
     }
     // A response slot per shard; a scratch one when the caller wants none.
-    PushResponse* response =
-        results != nullptr ? &(*results)[s]
-                           : calls->Own(std::make_unique<PushResponse>());
+    PushResponse* response = results != nullptr
+                                 ? &(*results)[s]
+                                 : calls->Own(std::make_unique<PushResponse>());
     calls->Own(std::make_unique<PushCall>(
         stubs_[s].get(), calls.get(), s, addresses_[s],
         EncodeShard(s, grads.subspan(ranges_[s].begin, ranges_[s].size()),

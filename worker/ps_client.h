@@ -5,17 +5,18 @@
 // the client cuts and joins the shards' slices.
 //
 // Thread-safe for calls that do not share output buffers, except that 1-bit
-// pushes (which update the residual) must not overlap; counters are atomic. A PendingCall must be waited on before its buffers go away.
+// pushes (which update the residual) must not overlap; counters are atomic. A
+// PendingCall must be waited on before its buffers go away.
 #ifndef MONSOON_WORKER_PS_CLIENT_H_
 #define MONSOON_WORKER_PS_CLIENT_H_
+
+#include <grpcpp/channel.h>
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/channel.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

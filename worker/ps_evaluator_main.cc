@@ -2,12 +2,12 @@
 // measures loss and accuracy on the test set; on SIGTERM it evaluates once
 // more and exits. Writes the curve (text-format monsoon.EvalCurve) to
 // --curve_out after every point.
+#include <google/protobuf/text_format.h>
+
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/text_format.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -25,17 +25,22 @@
 #include "worker/mlp.h"
 #include "worker/ps_client.h"
 
-ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every "
+ABSL_FLAG(std::string, servers, "",
+          "Comma-separated host:port of every "
           "ps_server, in shard order (env MONSOON_SERVERS).");
-ABSL_FLAG(std::string, config, "", "Training config (env MONSOON_CONFIG); "
+ABSL_FLAG(std::string, config, "",
+          "Training config (env MONSOON_CONFIG); "
           "must match the servers'.");
-ABSL_FLAG(std::string, data_dir, "", "Overrides the config's data_dir "
+ABSL_FLAG(std::string, data_dir, "",
+          "Overrides the config's data_dir "
           "(env MONSOON_DATA_DIR).");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda.");
 ABSL_FLAG(double, interval_s, 2, "Seconds between evaluations.");
-ABSL_FLAG(std::string, curve_out, "", "Where to write the curve "
+ABSL_FLAG(std::string, curve_out, "",
+          "Where to write the curve "
           "(text-format monsoon.EvalCurve); empty: log only.");
-ABSL_FLAG(double, connect_timeout_s, 60, "How long to keep trying to reach "
+ABSL_FLAG(double, connect_timeout_s, 60,
+          "How long to keep trying to reach "
           "the servers at start-up.");
 
 namespace {
@@ -72,8 +77,8 @@ int main(int argc, char** argv) {
       "over time.\n\n  ps_evaluator --servers=ps-0:5000,ps-1:5000 "
       "--config=train.textproto --curve_out=curve.textproto");
   monsoon::common::TerminationWatcher termination;
-  absl::Status env = monsoon::common::ApplyFlagEnvironment(
-      {"servers", "config", "data_dir"});
+  absl::Status env =
+      monsoon::common::ApplyFlagEnvironment({"servers", "config", "data_dir"});
   if (!env.ok()) return Fail(kConfigError, env);
   if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
       !names.ok()) {
@@ -88,18 +93,17 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_data_dir).empty()) {
     config->set_data_dir(absl::GetFlag(FLAGS_data_dir));
   }
-  auto test = monsoon::worker::LoadDatasetFor(*config,
-                                              monsoon::worker::Split::kTest);
+  auto test =
+      monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTest);
   if (!test.ok()) return Fail(kConfigError, test.status());
-  auto backend =
-      monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device), 1);
+  auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device), 1);
   if (!backend.ok()) return Fail(kConfigError, backend.status());
   auto mlp = monsoon::worker::Mlp::Create(
       backend->get(), monsoon::common::ModelLayout::FromConfig(*config), 500);
   if (!mlp.ok()) return Fail(1, mlp.status());
   monsoon::worker::PsClientOptions options;
-  options.server_addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',',
-                                            absl::SkipWhitespace());
+  options.server_addresses =
+      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
   options.config = *config;
   options.worker_rank = -1;
   options.connect_timeout =

@@ -20,20 +20,26 @@
 #include "worker/training_loop.h"
 
 ABSL_FLAG(int, rank, 0, "This worker's rank, 0-based (env MONSOON_RANK).");
-ABSL_FLAG(int, num_workers, 1, "How many workers train; worker r trains on "
+ABSL_FLAG(int, num_workers, 1,
+          "How many workers train; worker r trains on "
           "the r-th 1/num_workers of the training set (env "
           "MONSOON_NUM_WORKERS).");
-ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every "
+ABSL_FLAG(std::string, servers, "",
+          "Comma-separated host:port of every "
           "ps_server, in shard order (env MONSOON_SERVERS).");
-ABSL_FLAG(std::string, config, "", "Training config, text-format "
+ABSL_FLAG(std::string, config, "",
+          "Training config, text-format "
           "monsoon.TrainingConfig; empty means every default (env "
           "MONSOON_CONFIG). Must match the servers'.");
-ABSL_FLAG(std::string, data_dir, "", "Overrides the config's data_dir "
+ABSL_FLAG(std::string, data_dir, "",
+          "Overrides the config's data_dir "
           "(env MONSOON_DATA_DIR).");
-ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda (env "
+ABSL_FLAG(std::string, device, "auto",
+          "auto, cpu or cuda (env "
           "MONSOON_DEVICE).");
 ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads for the CPU backend.");
-ABSL_FLAG(double, connect_timeout_s, 60, "How long to keep trying to reach "
+ABSL_FLAG(double, connect_timeout_s, 60,
+          "How long to keep trying to reach "
           "the servers at start-up.");
 ABSL_FLAG(double, log_every_s, 5, "Seconds between progress lines (0: none).");
 
@@ -76,26 +82,25 @@ int main(int argc, char** argv) {
   const int rank = absl::GetFlag(FLAGS_rank);
   const int num_workers = absl::GetFlag(FLAGS_num_workers);
   if (num_workers < 1 || rank < 0 || rank >= num_workers) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(absl::StrFormat(
-                    "--rank=%d must be in [0, --num_workers=%d)", rank,
-                    num_workers)));
+    return Fail(kConfigError, absl::InvalidArgumentError(absl::StrFormat(
+                                  "--rank=%d must be in [0, --num_workers=%d)",
+                                  rank, num_workers)));
   }
-  std::vector<std::string> servers = absl::StrSplit(
-      absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
+  std::vector<std::string> servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
   if (servers.empty()) {
     return Fail(kConfigError, absl::InvalidArgumentError(
                                   "--servers is empty: give every shard's "
                                   "host:port, in shard order"));
   }
-  auto train = monsoon::worker::LoadDatasetFor(*config,
-                                               monsoon::worker::Split::kTrain);
+  auto train =
+      monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTrain);
   if (!train.ok()) return Fail(kConfigError, train.status());
 
   std::string why_no_gpu;
-  auto backend = monsoon::worker::MakeBackend(
-      absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_cpu_threads),
-      &why_no_gpu);
+  auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device),
+                                              absl::GetFlag(FLAGS_cpu_threads),
+                                              &why_no_gpu);
   if (!backend.ok()) return Fail(kConfigError, backend.status());
   if (!why_no_gpu.empty()) {
     monsoon::common::Log("ps_worker: --device=auto chose the CPU: %s",
@@ -115,8 +120,7 @@ int main(int argc, char** argv) {
       absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   auto client = monsoon::worker::PsClient::Connect(options);
   if (!client.ok()) {
-    return Fail(client.status().code() ==
-                        absl::StatusCode::kFailedPrecondition
+    return Fail(client.status().code() == absl::StatusCode::kFailedPrecondition
                     ? kConfigError
                     : 1,
                 client.status());

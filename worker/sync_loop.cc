@@ -27,8 +27,8 @@ class SyncLoop : public TrainingLoop {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
-      absl::Status status = c.client->Pull(version, timeout,
-                                           absl::MakeSpan(params), &versions);
+      absl::Status status =
+          c.client->Pull(version, timeout, absl::MakeSpan(params), &versions);
       if (status.code() == absl::StatusCode::kDeadlineExceeded) {
         return absl::DeadlineExceededError(absl::StrCat(
             "waited more than ", c.config.sync_timeout_s(),

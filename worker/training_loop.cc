@@ -90,8 +90,7 @@ void ProgressLog::Step(double loss, int64_t samples) {
       "%.1f MB pulled %.1f MB",
       context_.rank, batches_.epoch() + 1, context_.config.epochs(),
       batches_.step_in_epoch(), batches_.steps_per_epoch(),
-      loss_sum_ / loss_count_,
-      (result_.samples - last_samples_) / seconds,
+      loss_sum_ / loss_count_, (result_.samples - last_samples_) / seconds,
       context_.client->bytes_pushed() / 1e6,
       context_.client->bytes_pulled() / 1e6);
   last_log_ = now;

@@ -1,8 +1,8 @@
 // TrainingLoop: how a worker trains in one mode, one implementation per file
 // (sync_loop.cc, downpour_loop.cc, easgd_loop.cc,
-// hogwild_loop.cc; onebit is downpour with 1-bit pushes), chosen by MakeTrainingLoop. Also the
-// pieces every loop shares: the stream of batches over a worker's partition
-// and the progress log.
+// hogwild_loop.cc; onebit is downpour with 1-bit pushes), chosen by
+// MakeTrainingLoop. Also the pieces every loop shares: the stream of batches
+// over a worker's partition and the progress log.
 #ifndef MONSOON_WORKER_TRAINING_LOOP_H_
 #define MONSOON_WORKER_TRAINING_LOOP_H_
 
@@ -74,7 +74,7 @@ class BatchStream {
   const float* images() const { return images_.data(); }
   const int32_t* labels() const { return labels_.data(); }
   int batch_size() const { return batch_size_; }
-  int epoch() const { return epoch_; }          // 0-based, of the last batch
+  int epoch() const { return epoch_; }             // 0-based, of the last batch
   int64_t step_in_epoch() const { return step_; }  // 1-based, of the last batch
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return steps_per_epoch_ * epochs_; }

@@ -23,7 +23,8 @@
 ABSL_FLAG(std::string, addr, "", "host:port of the server.");
 ABSL_FLAG(std::string, service, "", "Service name; empty: the server.");
 ABSL_FLAG(double, timeout_s, 1, "Deadline of each Check call.");
-ABSL_FLAG(double, wait_s, 0, "Keep asking until SERVING or this many "
+ABSL_FLAG(double, wait_s, 0,
+          "Keep asking until SERVING or this many "
           "seconds have passed (0: ask once).");
 
 int main(int argc, char** argv) {
@@ -32,8 +33,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string addr = absl::GetFlag(FLAGS_addr);
   if (addr.empty() || absl::GetFlag(FLAGS_timeout_s) <= 0) {
-    monsoon::common::Log("health_probe: error: give --addr=host:port and a "
-                         "positive --timeout_s");
+    monsoon::common::Log(
+        "health_probe: error: give --addr=host:port and a "
+        "positive --timeout_s");
     return 2;
   }
   auto stub = grpc::health::v1::Health::NewStub(
@@ -52,8 +54,7 @@ int main(int argc, char** argv) {
     if (status.ok()) {
       answer = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
           response.status());
-      if (response.status() ==
-          grpc::health::v1::HealthCheckResponse::SERVING) {
+      if (response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
         std::printf("%s: %s\n", addr.c_str(), answer.c_str());
         return 0;
       }
