@@ -17,9 +17,11 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/model_layout.h"
+#include "common/onebit.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
+#include "tests/local_shards.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
@@ -37,36 +39,15 @@ constexpr char kSmallConfig[] =
     "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 1 "
     "momentum: 0 chunk_bytes: 262144";
 
-// Starts shards 0 .. num_shards-1 of `config`.
 std::vector<std::unique_ptr<server::ShardServer>> StartShards(
     const TrainingConfig& config, int num_shards, int num_workers) {
-  std::vector<std::unique_ptr<server::ShardServer>> servers;
-  for (int s = 0; s < num_shards; ++s) {
-    server::ShardServerOptions options;
-    options.config = config;
-    options.shard = s;
-    options.num_shards = num_shards;
-    options.num_workers = num_workers;
-    options.listen_address = "127.0.0.1:0";
-    absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
-        server::ShardServer::Start(options);
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (server.ok()) servers.push_back(*std::move(server));
-  }
-  return servers;
+  return testutil::StartLocalShards(config, num_shards, num_workers);
 }
 
 PsClientOptions OptionsFor(
     const std::vector<std::unique_ptr<server::ShardServer>>& servers,
     const TrainingConfig& config, int rank = 0) {
-  PsClientOptions options;
-  for (const auto& server : servers) {
-    options.server_addresses.push_back(server->address());
-  }
-  options.config = config;
-  options.worker_rank = rank;
-  options.connect_timeout = absl::Seconds(10);
-  return options;
+  return testutil::ClientOptions(servers, config, rank);
 }
 
 std::vector<float> AllInitialValues(const TrainingConfig& config) {
@@ -324,6 +305,185 @@ TEST(PsClientTest, PushErrorsNameTheShard) {
   EXPECT_EQ(stats[0].bytes_pulled(), 0);
   EXPECT_EQ(stats[0].rejected_pushes(), 1);
   EXPECT_EQ(stats[1].rejected_pushes(), 1);
+}
+
+std::vector<float> Ramp53() {
+  std::vector<float> grads(53);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.5f * i - 10.0f;
+  return grads;
+}
+
+TEST(PsClientTest, PushHandedOverShardByShardAppliesLikeOnePush) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  const std::vector<float> grads = Ramp53();
+  std::vector<PushResponse> responses;
+  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, &responses);
+  // In either order.
+  push->Send(1, absl::MakeConstSpan(grads).subspan(26));
+  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
+  ASSERT_OK(push->Wait());
+  EXPECT_EQ(responses[0].version(), 1);
+  EXPECT_EQ(responses[1].version(), 1);
+
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      client->Pull(1, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  std::vector<float> expected = AllInitialValues(config);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= grads[i];
+  EXPECT_EQ(params, expected);
+}
+
+TEST(PsClientTest, PushWithAShardNeverSentIsFailedPreconditionNamingIt) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  const std::vector<float> grads = Ramp53();
+  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
+  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
+  EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("without a slice for shard 1")));
+  // Shards apply pushes independently: shard 0 took its slice, shard 1
+  // never heard of the push.
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
+                       client->Stats(absl::Seconds(30)));
+  EXPECT_EQ(stats[0].version(), 1);
+  EXPECT_EQ(stats[1].version(), 0);
+}
+
+TEST(PsClientTest, PushOfTheWrongLengthIsInvalidAndSendsNothing) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  std::vector<float> grads = Ramp53();
+  grads.pop_back();
+  EXPECT_THAT(client->Push(grads, {0, 0}, 16),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("push of 52 values to a model of 53")));
+  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
+  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
+  push->Send(1, absl::MakeConstSpan(grads).subspan(26));  // 26 of 27
+  EXPECT_THAT(push->Wait(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("push of 26 values to shard 1, which holds 27")));
+  EXPECT_GT(client->bytes_pushed(), 0);  // shard 0's slice went
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
+                       client->Stats(absl::Seconds(30)));
+  EXPECT_EQ(stats[1].version(), 0);
+  EXPECT_EQ(stats[1].rejected_pushes(), 0);
+  EXPECT_EQ(stats[1].bytes_pushed(), 0);
+}
+
+TEST(PsClientTest, ShardSentTwiceIsInvalid) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  const std::vector<float> grads = Ramp53();
+  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
+  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
+  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
+  push->Send(2, absl::MakeConstSpan(grads).subspan(26));
+  EXPECT_THAT(push->Wait(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("shard 0 is out of range or sent twice")));
+}
+
+// 1-bit in buckets of 8: shard 0 holds 26 values (4 buckets: 4 bytes of bits,
+// 32 of scales), shard 1 27 (4 buckets, the last of 3 values).
+constexpr char kOneBitConfig[] =
+    "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 1 "
+    "momentum: 0 chunk_bytes: 262144 compression: COMPRESSION_ONEBIT "
+    "onebit_bucket_size: 8";
+
+TEST(PsClientTest, OneBitSlicesEncodedByTheCallerPutTheSameBytesOnTheWire) {
+  const TrainingConfig config = ResolvedConfig(kOneBitConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> here =
+      StartShards(config, 2, 1);
+  std::vector<std::unique_ptr<server::ShardServer>> there =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(here.size(), 2u);
+  ASSERT_EQ(there.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> quantizing,
+                       PsClient::Connect(OptionsFor(here, config)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> forwarding,
+                       PsClient::Connect(OptionsFor(there, config)));
+  std::vector<float> residual(53, 0.0f);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> grads = Ramp53();
+    for (float& g : grads) g *= static_cast<float>(step + 1) * 0.37f;
+    ASSERT_OK(quantizing->Push(grads, {step, step}, 4));
+    std::unique_ptr<ShardedPush> push =
+        forwarding->StartPush({step, step}, 4, nullptr);
+    for (int s = 0; s < 2; ++s) {
+      const common::ShardRange r = forwarding->ranges()[s];
+      common::OneBitEncoded encoded;
+      common::OneBitEncode(absl::MakeConstSpan(grads).subspan(r.begin, r.size()),
+                           absl::MakeSpan(residual).subspan(r.begin, r.size()),
+                           8, &encoded);
+      push->SendOneBit(s, encoded);
+    }
+    ASSERT_OK(push->Wait());
+  }
+  EXPECT_EQ(forwarding->bytes_pushed(), quantizing->bytes_pushed());
+  std::vector<float> a(53), b(53);
+  std::vector<int64_t> versions;
+  ASSERT_OK(quantizing->Pull(3, absl::Seconds(30), absl::MakeSpan(a),
+                             &versions));
+  ASSERT_OK(forwarding->Pull(3, absl::Seconds(30), absl::MakeSpan(b),
+                             &versions));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, AllInitialValues(config));
+}
+
+TEST(PsClientTest, OneBitSliceOfTheWrongSizeIsInvalidAndNeverSent) {
+  const TrainingConfig config = ResolvedConfig(kOneBitConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  common::OneBitEncoded encoded;
+  encoded.bits.assign(3, '\0');  // shard 0 needs 4
+  encoded.scales.assign(32, '\0');
+  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 4, nullptr);
+  push->SendOneBit(0, encoded);
+  EXPECT_THAT(push->Wait(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("needs 4 bytes of bits and 32 of scales, got "
+                                 "3 and 32")));
+  EXPECT_EQ(client->bytes_pushed(), 0);
+}
+
+TEST(PsClientTest, OneBitSliceFromAFloat32ClientIsInvalid) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  common::OneBitEncoded encoded;
+  encoded.bits.assign(4, '\0');
+  encoded.scales.assign(32, '\0');
+  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 4, nullptr);
+  push->SendOneBit(0, encoded);
+  EXPECT_THAT(push->Wait(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("does not use 1-bit compression")));
+  EXPECT_EQ(client->bytes_pushed(), 0);
 }
 
 }  // namespace

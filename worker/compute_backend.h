@@ -11,7 +11,7 @@
 //
 // The 1-bit codec operations (OneBitEncode, OneBitDecode) and AllocateBytes
 // are optional: a backend that does not override them answers UNIMPLEMENTED
-// (AllocateBytes falls back on AllocateInts).
+// and HasOneBitCodec() false (AllocateBytes falls back on AllocateInts).
 #ifndef MONSOON_WORKER_COMPUTE_BACKEND_H_
 #define MONSOON_WORKER_COMPUTE_BACKEND_H_
 
@@ -74,6 +74,9 @@ class ComputeBackend {
   virtual void Scale(size_t n, float alpha, float* y) = 0;
   // y[i] = value.
   virtual void Fill(size_t n, float value, float* y) = 0;
+
+  // Whether OneBitEncode and OneBitDecode are implemented.
+  virtual bool HasOneBitCodec() const { return false; }
 
   // 1-bit quantization with error feedback in common/onebit.h's wire
   // layout, on device buffers of n values: v = grad + residual is cut into

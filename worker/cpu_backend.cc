@@ -123,6 +123,8 @@ class CpuBackend : public ComputeBackend {
     std::fill(y, y + n, value);
   }
 
+  bool HasOneBitCodec() const override { return true; }
+
   absl::Status OneBitEncode(const float* grad, float* residual, size_t n,
                             int bucket_size, uint8_t* bits,
                             float* scales) override {

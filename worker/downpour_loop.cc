@@ -1,11 +1,15 @@
 // downpour (Dean et al. 2012): fetch the weights every n_fetch steps; between
 // fetches apply its own gradients locally (local_learning_rate); push the
-// gradient accumulated over n_push steps, never waiting for other workers.
-// Also the onebit mode's loop: PsClient quantizes the pushes.
+// gradient summed over n_push steps, never waiting for other workers. A
+// push runs while the next steps compute: the loop waits for it only when
+// the next push is ready. Also the onebit mode's loop: the GradientPusher
+// quantizes the pushes.
 
-#include <algorithm>
+#include <memory>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "worker/gradient_pusher.h"
 #include "worker/training_loop.h"
 
 namespace monsoon::worker {
@@ -17,22 +21,41 @@ class DownpourLoop : public TrainingLoop {
     absl::StatusOr<BatchStream> batches =
         BatchStream::Create(c.train, c.config, c.rank, c.num_workers);
     if (!batches.ok()) return batches.status();
-    const size_t p = c.mlp->layout().num_params();
-    std::vector<float> params(p), grads(p), accumulated(p, 0.0f);
+    absl::StatusOr<std::unique_ptr<GradientPusher>> made =
+        GradientPusher::Create(c.mlp->backend(), c.client, c.config);
+    if (!made.ok()) return made.status();
+    GradientPusher& pusher = **made;
+    std::vector<float> params(c.mlp->layout().num_params());
     std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     ProgressLog progress(c, *batches);
-    int64_t step = 0;
-    int pending = 0;
-    auto push = [&]() -> absl::Status {
-      absl::Status status =
-          c.client->Push(accumulated, versions,
-                         static_cast<int64_t>(pending) * batches->batch_size());
-      std::fill(accumulated.begin(), accumulated.end(), 0.0f);
-      pending = 0;
+
+    // The push in flight, if any: waited for before the next one starts and
+    // on every way out of this function, so no RPC outlives the loop.
+    std::unique_ptr<PendingCall> in_flight;
+    auto finish_in_flight = [&]() -> absl::Status {
+      if (in_flight == nullptr) return absl::OkStatus();
+      absl::Status status = in_flight->Wait();
+      in_flight.reset();
       return status;
     };
-    while (batches->Next()) {
+    absl::Cleanup wait_on_exit = [&] { finish_in_flight().IgnoreError(); };
+    // Pushes `steps` steps' gradient: at device_grads, or (nullptr) what the
+    // pusher has summed.
+    auto push = [&](int steps, const float* device_grads) -> absl::Status {
+      if (auto s = finish_in_flight(); !s.ok()) return s;
+      const int64_t samples =
+          static_cast<int64_t>(steps) * batches->batch_size();
+      absl::StatusOr<std::unique_ptr<PendingCall>> started =
+          device_grads != nullptr
+              ? pusher.Push(device_grads, versions, samples)
+              : pusher.PushAccumulated(versions, samples);
+      if (!started.ok()) return started.status();
+      in_flight = *std::move(started);
+      return absl::OkStatus();
+    };
+
+    for (int64_t step = 0; batches->Next(); ++step) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
@@ -45,25 +68,31 @@ class DownpourLoop : public TrainingLoop {
       absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!result.ok()) return result.status();
-      if (auto s = c.mlp->GetGradients(absl::MakeSpan(grads)); !s.ok()) {
-        return s;
+      if (c.config.n_push() == 1) {
+        // Straight from the model's gradient buffer, which the local step
+        // below reads but does not change.
+        if (auto s = push(1, c.mlp->device_gradients()); !s.ok()) return s;
+      } else {
+        if (auto s = pusher.Accumulate(c.mlp->device_gradients()); !s.ok()) {
+          return s;
+        }
+        if (pusher.accumulated_steps() == c.config.n_push()) {
+          if (auto s = push(c.config.n_push(), nullptr); !s.ok()) return s;
+        }
       }
       if (auto s = c.mlp->ApplyGradients(c.config.local_learning_rate(),
                                          c.config.local_momentum());
           !s.ok()) {
         return s;
       }
-      for (size_t i = 0; i < p; ++i) accumulated[i] += grads[i];
-      ++pending;
-      ++step;
-      if (pending == c.config.n_push()) {
-        if (auto s = push(); !s.ok()) return s;
-      }
       progress.Step(result->loss, batches->batch_size());
     }
-    if (pending > 0) {
-      if (auto s = push(); !s.ok()) return s;
+    if (pusher.accumulated_steps() > 0) {
+      if (auto s = push(pusher.accumulated_steps(), nullptr); !s.ok()) {
+        return s;
+      }
     }
+    if (auto s = finish_in_flight(); !s.ok()) return s;
     return progress.Finish();
   }
 };

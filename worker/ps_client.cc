@@ -285,45 +285,40 @@ absl::Status PsClient::Pull(int64_t min_version, absl::Duration timeout,
   return PullAsync(min_version, timeout, params, versions)->Wait();
 }
 
+PushHeader PsClient::Header(int shard, int64_t base_version,
+                            int64_t samples) const {
+  PushHeader header;
+  header.set_worker_rank(worker_rank_);
+  header.set_shard(shard);
+  header.set_base_version(base_version);
+  header.set_length(ranges_[shard].size());
+  header.set_samples(samples);
+  if (config_.compression() == COMPRESSION_ONEBIT) {
+    header.set_encoding(ENCODING_ONEBIT);
+    header.set_bucket_size(config_.onebit_bucket_size());
+  }
+  return header;
+}
+
 std::vector<PushChunk> PsClient::EncodeShard(int shard,
                                              absl::Span<const float> values,
                                              PushHeader header) {
-  std::vector<PushChunk> chunks;
-  const common::ShardRange range = ranges_[shard];
-  if (header.encoding() == ENCODING_FLOAT32) {
-    for (size_t sent = 0; sent < values.size() || chunks.empty();) {
-      const size_t n = std::min(chunk_values_, values.size() - sent);
-      PushChunk& chunk = chunks.emplace_back();
-      chunk.set_offset(sent);
-      common::AppendFloatBytes(values.subspan(sent, n), chunk.mutable_data());
-      sent += n;
-    }
-  } else {
-    // Quantize v = g + residual, bucket by bucket within this shard's slice,
-    // then cut the encoding into chunks of whole buckets.
-    const int bucket = config_.onebit_bucket_size();
+  if (header.encoding() != ENCODING_FLOAT32) {
+    // Quantize v = g + residual, bucket by bucket within this shard's slice.
+    const common::ShardRange range = ranges_[shard];
     common::OneBitEncoded encoded;
     common::OneBitEncode(
         values, absl::MakeSpan(residual_).subspan(range.begin, range.size()),
-        bucket, &encoded);
-    const uint64_t bucket_bytes = (bucket + 7) / 8 + 2 * sizeof(float);
-    const uint64_t per_chunk = std::max<uint64_t>(
-        1, static_cast<uint64_t>(config_.chunk_bytes()) / bucket_bytes);
-    const uint64_t buckets = common::OneBitBuckets(values.size(), bucket);
-    size_t bits_at = 0;
-    for (uint64_t b = 0; b < buckets; b += per_chunk) {
-      const uint64_t count = std::min(per_chunk, buckets - b);
-      const uint64_t first = b * bucket;
-      const uint64_t n =
-          std::min<uint64_t>(values.size() - first, count * bucket);
-      const uint64_t bits = common::OneBitBitsBytes(n, bucket);
-      PushChunk& chunk = chunks.emplace_back();
-      chunk.set_offset(first);
-      chunk.set_data(encoded.bits.substr(bits_at, bits));
-      chunk.set_scales(encoded.scales.substr(b * 2 * sizeof(float),
-                                             count * 2 * sizeof(float)));
-      bits_at += bits;
-    }
+        config_.onebit_bucket_size(), &encoded);
+    return ChunkOneBit(values.size(), encoded, std::move(header));
+  }
+  std::vector<PushChunk> chunks;
+  for (size_t sent = 0; sent < values.size() || chunks.empty();) {
+    const size_t n = std::min(chunk_values_, values.size() - sent);
+    PushChunk& chunk = chunks.emplace_back();
+    chunk.set_offset(sent);
+    common::AppendFloatBytes(values.subspan(sent, n), chunk.mutable_data());
+    sent += n;
   }
   *chunks[0].mutable_header() = std::move(header);
   for (const PushChunk& chunk : chunks) {
@@ -332,34 +327,177 @@ std::vector<PushChunk> PsClient::EncodeShard(int shard,
   return chunks;
 }
 
+std::vector<PushChunk> PsClient::ChunkOneBit(
+    uint64_t n, const common::OneBitEncoded& encoded, PushHeader header) {
+  const int bucket = config_.onebit_bucket_size();
+  const uint64_t bucket_bytes = (bucket + 7) / 8 + 2 * sizeof(float);
+  const uint64_t per_chunk = std::max<uint64_t>(
+      1, static_cast<uint64_t>(config_.chunk_bytes()) / bucket_bytes);
+  const uint64_t buckets = common::OneBitBuckets(n, bucket);
+  std::vector<PushChunk> chunks;
+  size_t bits_at = 0;
+  for (uint64_t b = 0; b < buckets || chunks.empty(); b += per_chunk) {
+    const uint64_t count = std::min(per_chunk, buckets - b);
+    const uint64_t first = b * bucket;
+    const uint64_t values = std::min<uint64_t>(n - first, count * bucket);
+    const uint64_t bits = common::OneBitBitsBytes(values, bucket);
+    PushChunk& chunk = chunks.emplace_back();
+    chunk.set_offset(first);
+    chunk.set_data(encoded.bits.substr(bits_at, bits));
+    chunk.set_scales(encoded.scales.substr(b * 2 * sizeof(float),
+                                           count * 2 * sizeof(float)));
+    bits_at += bits;
+  }
+  *chunks[0].mutable_header() = std::move(header);
+  for (const PushChunk& chunk : chunks) {
+    bytes_pushed_.fetch_add(static_cast<int64_t>(chunk.ByteSizeLong()));
+  }
+  return chunks;
+}
+
+class ShardedPushImpl : public ShardedPush {
+ public:
+  ShardedPushImpl(PsClient* client, const std::vector<int64_t>& base_versions,
+                  int64_t samples, std::vector<PushResponse>* results)
+      : client_(client),
+        base_versions_(base_versions),
+        samples_(samples),
+        results_(results),
+        calls_(client->num_shards()),
+        sent_(client->num_shards(), false) {
+    if (results_ != nullptr) {
+      results_->assign(client->num_shards(), PushResponse());
+    }
+    if (base_versions_.size() != sent_.size()) {
+      misuse_ = absl::InvalidArgumentError(
+          absl::StrCat("push with ", base_versions_.size(),
+                       " base versions for ", sent_.size(), " shards"));
+    }
+  }
+
+  ~ShardedPushImpl() override { Wait().IgnoreError(); }
+
+  void Send(int shard, absl::Span<const float> slice) override {
+    if (!Claim(shard)) return;
+    if (slice.size() != client_->ranges_[shard].size()) {
+      Fail(shard, absl::InvalidArgumentError(absl::StrCat(
+                      "push of ", slice.size(), " values to shard ", shard,
+                      ", which holds ", client_->ranges_[shard].size())));
+      return;
+    }
+    Start(shard, client_->EncodeShard(shard, slice, Header(shard)));
+  }
+
+  void SendOneBit(int shard, const common::OneBitEncoded& encoded) override {
+    if (!Claim(shard)) return;
+    const TrainingConfig& config = client_->config_;
+    const uint64_t n = client_->ranges_[shard].size();
+    const int bucket = config.onebit_bucket_size();
+    if (config.compression() != COMPRESSION_ONEBIT) {
+      Fail(shard, absl::InvalidArgumentError(
+                      "a 1-bit push from a client whose config does not use "
+                      "1-bit compression"));
+      return;
+    }
+    if (encoded.bits.size() != common::OneBitBitsBytes(n, bucket) ||
+        encoded.scales.size() !=
+            common::OneBitBuckets(n, bucket) * 2 * sizeof(float)) {
+      Fail(shard, absl::InvalidArgumentError(absl::StrCat(
+                      "1-bit push to shard ", shard, " of ", n,
+                      " values in buckets of ", bucket, " needs ",
+                      common::OneBitBitsBytes(n, bucket), " bytes of bits and ",
+                      common::OneBitBuckets(n, bucket) * 2 * sizeof(float),
+                      " of scales, got ", encoded.bits.size(), " and ",
+                      encoded.scales.size())));
+      return;
+    }
+    Start(shard, client_->ChunkOneBit(n, encoded, Header(shard)));
+  }
+
+  // Fails every shard not yet sent with `status`, sending nothing more.
+  void FailAll(absl::Status status) {
+    if (misuse_.ok()) misuse_ = std::move(status);
+  }
+
+  absl::Status Wait() override {
+    for (size_t s = 0; s < sent_.size(); ++s) {
+      if (!sent_[s]) {
+        sent_[s] = true;
+        calls_.Done(static_cast<int>(s),
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "push ended without a slice for shard ", s)));
+      }
+    }
+    absl::Status status = calls_.Wait();
+    return misuse_.ok() ? status : misuse_;
+  }
+
+ private:
+  // False (and the push fails) for a shard out of range or sent before.
+  bool Claim(int shard) {
+    if (shard < 0 || static_cast<size_t>(shard) >= sent_.size() ||
+        sent_[shard]) {
+      if (misuse_.ok()) {
+        misuse_ = absl::InvalidArgumentError(
+            absl::StrCat("shard ", shard, " is out of range or sent twice"));
+      }
+      return false;
+    }
+    sent_[shard] = true;
+    if (!misuse_.ok()) {
+      calls_.Done(shard, misuse_);
+      return false;
+    }
+    return true;
+  }
+
+  void Fail(int shard, absl::Status status) { calls_.Done(shard, status); }
+
+  PushHeader Header(int shard) const {
+    return client_->Header(shard, base_versions_[shard], samples_);
+  }
+
+  void Start(int shard, std::vector<PushChunk> chunks) {
+    // A response slot per shard; a scratch one when the caller wants none.
+    PushResponse* response =
+        results_ != nullptr ? &(*results_)[shard]
+                            : calls_.Own(std::make_unique<PushResponse>());
+    calls_.Own(std::make_unique<PushCall>(
+        client_->stubs_[shard].get(), &calls_, shard,
+        client_->addresses_[shard], std::move(chunks), response));
+  }
+
+  PsClient* const client_;
+  const std::vector<int64_t> base_versions_;
+  const int64_t samples_;
+  std::vector<PushResponse>* const results_;
+  ShardCalls calls_;
+  std::vector<bool> sent_;
+  absl::Status misuse_;
+};
+
+std::unique_ptr<ShardedPush> PsClient::StartPush(
+    const std::vector<int64_t>& base_versions, int64_t samples,
+    std::vector<PushResponse>* results) {
+  return std::make_unique<ShardedPushImpl>(this, base_versions, samples,
+                                           results);
+}
+
 std::unique_ptr<PendingCall> PsClient::PushAsync(
     absl::Span<const float> grads, const std::vector<int64_t>& base_versions,
     int64_t samples, std::vector<PushResponse>* results) {
-  auto calls = std::make_unique<ShardCalls>(num_shards());
-  if (results != nullptr) results->assign(num_shards(), PushResponse());
-  const bool onebit = config_.compression() == COMPRESSION_ONEBIT;
-  for (int s = 0; s < num_shards(); ++s) {
-    PushHeader header;
-    header.set_worker_rank(worker_rank_);
-    header.set_shard(s);
-    header.set_base_version(base_versions[s]);
-    header.set_length(ranges_[s].size());
-    header.set_samples(samples);
-    if (onebit) {
-      header.set_encoding(ENCODING_ONEBIT);
-      header.set_bucket_size(config_.onebit_bucket_size());
-    }
-    // A response slot per shard; a scratch one when the caller wants none.
-    PushResponse* response = results != nullptr
-                                 ? &(*results)[s]
-                                 : calls->Own(std::make_unique<PushResponse>());
-    calls->Own(std::make_unique<PushCall>(
-        stubs_[s].get(), calls.get(), s, addresses_[s],
-        EncodeShard(s, grads.subspan(ranges_[s].begin, ranges_[s].size()),
-                    std::move(header)),
-        response));
+  auto push = std::make_unique<ShardedPushImpl>(this, base_versions, samples,
+                                                results);
+  if (grads.size() != ranges_.back().end) {
+    push->FailAll(absl::InvalidArgumentError(
+        absl::StrCat("push of ", grads.size(), " values to a model of ",
+                     ranges_.back().end, " parameters")));
+    return push;
   }
-  return calls;
+  for (int s = 0; s < num_shards(); ++s) {
+    push->Send(s, grads.subspan(ranges_[s].begin, ranges_[s].size()));
+  }
+  return push;
 }
 
 absl::Status PsClient::Push(absl::Span<const float> grads,

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/model_layout.h"
+#include "common/onebit.h"
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
 
@@ -43,6 +44,24 @@ class PendingCall {
  public:
   virtual ~PendingCall() = default;
   virtual absl::Status Wait() = 0;
+};
+
+// A push to every shard, handed over one shard at a time: each shard's RPC
+// starts as soon as its slice is given, while the caller prepares the next
+// one (copies it off a GPU, say). Every shard must be sent exactly once;
+// Wait() returns the first error, and a shard never sent fails the push
+// with FAILED_PRECONDITION (no RPC reaches that shard). The slices are
+// copied into the RPC's messages before Send returns. One thread at a time.
+class ShardedPush : public PendingCall {
+ public:
+  // Shard s's slice (its ranges()[s].size() values): float32, or quantized
+  // here with the client's residual under COMPRESSION_ONEBIT.
+  virtual void Send(int shard, absl::Span<const float> slice) = 0;
+  // Shard s's slice already quantized by the caller, with its own residual,
+  // in common/onebit.h's layout and the config's bucket size. A config
+  // without 1-bit compression or sizes that do not fit the shard make the
+  // push INVALID_ARGUMENT, and that shard gets nothing.
+  virtual void SendOneBit(int shard, const common::OneBitEncoded& encoded) = 0;
 };
 
 class PsClient {
@@ -82,6 +101,11 @@ class PsClient {
                     const std::vector<int64_t>& base_versions, int64_t samples,
                     std::vector<PushResponse>* results = nullptr);
 
+  // The same push handed over shard by shard (see ShardedPush).
+  std::unique_ptr<ShardedPush> StartPush(
+      const std::vector<int64_t>& base_versions, int64_t samples,
+      std::vector<PushResponse>* results);
+
   absl::StatusOr<std::vector<StatsResponse>> Stats(absl::Duration timeout);
 
   // Serialized bytes this client has sent in pushes and received in pulls.
@@ -94,6 +118,12 @@ class PsClient {
   // header goes into the first.
   std::vector<PushChunk> EncodeShard(int shard, absl::Span<const float> values,
                                      PushHeader header);
+  // Cuts an encoded slice of n values into chunks of whole buckets.
+  std::vector<PushChunk> ChunkOneBit(uint64_t n,
+                                     const common::OneBitEncoded& encoded,
+                                     PushHeader header);
+  PushHeader Header(int shard, int64_t base_version, int64_t samples) const;
+  friend class ShardedPushImpl;
 
   // Constant after Connect.
   TrainingConfig config_;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/gradient_pusher.h"
 #include "worker/training_loop.h"
 
 namespace monsoon::worker {
@@ -17,7 +18,10 @@ class SyncLoop : public TrainingLoop {
         BatchStream::Create(c.train, c.config, c.rank, c.num_workers);
     if (!batches.ok()) return batches.status();
     const size_t p = c.mlp->layout().num_params();
-    std::vector<float> params(p), grads(p);
+    std::vector<float> params(p);
+    absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
+        GradientPusher::Create(c.mlp->backend(), c.client, c.config);
+    if (!pusher.ok()) return pusher.status();
     std::vector<int64_t> versions;
     const std::vector<int64_t>& initial = c.client->initial_versions();
     int64_t version = *std::max_element(initial.begin(), initial.end());
@@ -40,11 +44,10 @@ class SyncLoop : public TrainingLoop {
       absl::StatusOr<BatchResult> step = c.mlp->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!step.ok()) return step.status();
-      if (auto s = c.mlp->GetGradients(absl::MakeSpan(grads)); !s.ok()) {
-        return s;
-      }
-      status = c.client->Push(grads, versions, batches->batch_size());
-      if (!status.ok()) return status;
+      absl::StatusOr<std::unique_ptr<PendingCall>> push = (*pusher)->Push(
+          c.mlp->device_gradients(), versions, batches->batch_size());
+      if (!push.ok()) return push.status();
+      if (status = (*push)->Wait(); !status.ok()) return status;
       version = *std::max_element(versions.begin(), versions.end()) + 1;
       progress.Step(step->loss, batches->batch_size());
     }

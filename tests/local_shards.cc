@@ -1,0 +1,41 @@
+#include "tests/local_shards.h"
+
+#include <utility>
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace monsoon::testutil {
+
+std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
+    const TrainingConfig& config, int num_shards, int num_workers) {
+  std::vector<std::unique_ptr<server::ShardServer>> servers;
+  for (int s = 0; s < num_shards; ++s) {
+    server::ShardServerOptions options;
+    options.config = config;
+    options.shard = s;
+    options.num_shards = num_shards;
+    options.num_workers = num_workers;
+    options.listen_address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
+        server::ShardServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) servers.push_back(*std::move(server));
+  }
+  return servers;
+}
+
+worker::PsClientOptions ClientOptions(
+    const std::vector<std::unique_ptr<server::ShardServer>>& servers,
+    const TrainingConfig& config, int rank) {
+  worker::PsClientOptions options;
+  for (const auto& server : servers) {
+    options.server_addresses.push_back(server->address());
+  }
+  options.config = config;
+  options.worker_rank = rank;
+  options.connect_timeout = absl::Seconds(10);
+  return options;
+}
+
+}  // namespace monsoon::testutil

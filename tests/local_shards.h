@@ -1,0 +1,27 @@
+// Test helpers: a sharded parameter server on 127.0.0.1 inside the test
+// process, and client options that reach it. Test-only.
+#ifndef MONSOON_TESTS_LOCAL_SHARDS_H_
+#define MONSOON_TESTS_LOCAL_SHARDS_H_
+
+#include <memory>
+#include <vector>
+
+#include "proto/config.pb.h"
+#include "server/shard_server.h"
+#include "worker/ps_client.h"
+
+namespace monsoon::testutil {
+
+// Starts shards 0 .. num_shards-1 of `config` on port 0 of 127.0.0.1. A
+// shard that does not start is a test failure and is left out.
+std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
+    const TrainingConfig& config, int num_shards, int num_workers);
+
+// Options for a client of those shards, with a 10 s connect timeout.
+worker::PsClientOptions ClientOptions(
+    const std::vector<std::unique_ptr<server::ShardServer>>& servers,
+    const TrainingConfig& config, int rank = 0);
+
+}  // namespace monsoon::testutil
+
+#endif  // MONSOON_TESTS_LOCAL_SHARDS_H_
