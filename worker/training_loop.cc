@@ -13,7 +13,7 @@ std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode) {
     case SYNC:
       return MakeSyncLoop();
     case DOWNPOUR:
-    case ONEBIT:  // PsClient quantizes the pushes
+    case ONEBIT:  // its GradientPusher quantizes the pushes
       return MakeDownpourLoop();
     case EASGD:
       return MakeEasgdLoop();
