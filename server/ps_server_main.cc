@@ -40,6 +40,11 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "If set, an existing directory: "
           "the shard resumes from DIR/shard-<i>-of-<S>.ckpt when it exists "
           "and writes it on SIGTERM (env MONSOON_CHECKPOINT_DIR).");
+ABSL_FLAG(double, checkpoint_interval_s, 60,
+          "With --checkpoint_dir, also write the checkpoint every this many "
+          "seconds while serving, so that a crash loses at most that much "
+          "work; 0 writes it only on SIGTERM (env "
+          "MONSOON_CHECKPOINT_INTERVAL_S).");
 
 namespace {
 
@@ -65,7 +70,7 @@ int main(int argc, char** argv) {
   monsoon::common::TerminationWatcher termination;
   absl::Status env = monsoon::common::ApplyFlagEnvironment(
       {"shard", "num_shards", "num_workers", "listen", "config",
-       "shutdown_grace_s", "checkpoint_dir"});
+       "shutdown_grace_s", "checkpoint_dir", "checkpoint_interval_s"});
   if (!env.ok()) return Fail(kConfigError, env.ToString());
   if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
       !names.ok()) {
@@ -84,6 +89,34 @@ int main(int argc, char** argv) {
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  const double interval_s = absl::GetFlag(FLAGS_checkpoint_interval_s);
+  if (!(interval_s >= 0 && interval_s <= 1e6)) {
+    return Fail(kConfigError,
+                absl::StrCat("--checkpoint_interval_s must be from 0 to 1e6 "
+                             "seconds, got ",
+                             interval_s));
+  }
+  const double grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
+  if (!(grace_s >= 0 && grace_s <= 1e6)) {
+    return Fail(kConfigError,
+                absl::StrCat("--shutdown_grace_s must be from 0 to 1e6 "
+                             "seconds, got ",
+                             grace_s));
+  }
+  options.checkpoint_interval = absl::Seconds(interval_s);
+  const int shard = options.shard;
+  options.on_periodic_checkpoint = [shard](const absl::Status& status,
+                                           int64_t version) {
+    if (status.ok()) {
+      monsoon::common::Log("ps_server: shard %d checkpointed version %d",
+                           shard, version);
+    } else {
+      monsoon::common::Log(
+          "ps_server: shard %d: periodic checkpoint failed, still serving "
+          "(the previous checkpoint is intact): %s",
+          shard, status.ToString());
+    }
+  };
   auto server = monsoon::server::ShardServer::Start(options);
   if (!server.ok()) {
     // A bad flag, or a checkpoint that is not this shard's or unreadable:
@@ -127,7 +160,7 @@ int main(int argc, char** argv) {
                        options.shard, termination.signal());
   // Shutdown reports NOT_SERVING first, then stops the calls; after it no
   // push runs, so the checkpoint is consistent.
-  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  (*server)->Shutdown(absl::Seconds(grace_s));
   if (!options.checkpoint_dir.empty()) {
     absl::Status saved = (*server)->SaveCheckpoint();
     if (!saved.ok()) return Fail(1, saved.ToString());

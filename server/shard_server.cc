@@ -82,6 +82,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   server->host_ = std::string(address.substr(0, address.rfind(':')));
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
+  if (!server->checkpoint_path_.empty() &&
+      options.checkpoint_interval > absl::ZeroDuration()) {
+    ShardServer* raw = server.get();
+    server->checkpointer_ =
+        std::thread([raw, interval = options.checkpoint_interval,
+                     report = options.on_periodic_checkpoint] {
+          raw->CheckpointEvery(interval, report);
+        });
+  }
   return server;
 }
 
@@ -115,11 +124,23 @@ absl::Status ShardServer::Resume() {
   return absl::OkStatus();
 }
 
-absl::Status ShardServer::SaveCheckpoint() {
+void ShardServer::CheckpointEvery(
+    absl::Duration interval,
+    std::function<void(const absl::Status&, int64_t)> report) {
+  while (!stop_checkpoints_.WaitForNotificationWithTimeout(interval)) {
+    int64_t version = -1;
+    absl::Status status = SaveCheckpoint(&version);
+    if (report) report(status, version);
+  }
+}
+
+absl::Status ShardServer::SaveCheckpoint(int64_t* version) {
   if (checkpoint_path_.empty()) {
     return absl::FailedPreconditionError("no checkpoint directory was given");
   }
+  absl::MutexLock lock(&save_mu_);
   const RuleState saved = rule_->SaveState();
+  if (version != nullptr) *version = saved.version;
   ShardCheckpoint checkpoint;
   checkpoint.set_format_version(kCheckpointFormatVersion);
   checkpoint.set_config_fingerprint(config_fingerprint_);
@@ -140,6 +161,11 @@ std::string ShardServer::address() const {
 }
 
 void ShardServer::Shutdown(absl::Duration grace) {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (checkpointer_.joinable()) {
+    stop_checkpoints_.Notify();
+    checkpointer_.join();
+  }
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

@@ -1,19 +1,24 @@
 // ShardServer: one running shard: its state, its update rule, the parameter
 // service and the standard gRPC health service on one listening port; with a
 // checkpoint directory, it resumes from the shard's checkpoint there and
-// writes a new one on request (server/checkpoint.h).
-// Owns everything it starts; the destructor shuts the server down. Methods
-// are thread-safe.
+// writes a new one on request and, if asked, periodically while serving
+// (server/checkpoint.h).
+// Owns everything it starts, the periodic checkpoint thread included; the
+// destructor shuts the server down. Methods are thread-safe.
 #ifndef MONSOON_SERVER_SHARD_SERVER_H_
 #define MONSOON_SERVER_SHARD_SERVER_H_
 
 #include <grpcpp/server.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "proto/config.pb.h"
 #include "server/parameter_service.h"
@@ -33,6 +38,15 @@ struct ShardServerOptions {
   // (CheckpointPath). Start resumes from the checkpoint when there is one;
   // SaveCheckpoint writes it.
   std::string checkpoint_dir;
+  // With a checkpoint_dir and a positive interval, a thread also writes the
+  // checkpoint this often while the shard serves, so that a shard that
+  // crashes loses at most this much work. Zero: only SaveCheckpoint writes.
+  absl::Duration checkpoint_interval = absl::ZeroDuration();
+  // Called on the checkpoint thread after each periodic write with its
+  // outcome and the version saved (e.g. to log it); may be empty. A failed
+  // write leaves the shard serving and the previous checkpoint intact.
+  std::function<void(const absl::Status&, int64_t version)>
+      on_periodic_checkpoint;
 };
 
 class ShardServer {
@@ -56,20 +70,28 @@ class ShardServer {
   const std::string& checkpoint_path() const { return checkpoint_path_; }
 
   // Writes the shard's checkpoint (weights, version, optimizer state,
-  // statistics) atomically to checkpoint_path(). Call after Shutdown, so
-  // that no push is running (in sync mode, a step whose gradients were only
-  // partly collected is not saved). FAILED_PRECONDITION without a
-  // checkpoint_dir; INTERNAL when the file cannot be written.
-  absl::Status SaveCheckpoint();
+  // statistics) atomically to checkpoint_path(); one write at a time. While
+  // serving, sync, downpour and easgd save a state between two updates (in
+  // sync, a step whose gradients were only partly collected is not saved);
+  // hogwild's weights may mix the pushes being applied, as its pulls do.
+  // After Shutdown every mode's state is final. FAILED_PRECONDITION without
+  // a checkpoint_dir; INTERNAL when the file cannot be written. `version`
+  // (if not null) gets the version saved.
+  absl::Status SaveCheckpoint(int64_t* version = nullptr);
 
-  // Reports NOT_SERVING, then stops: calls still running after `grace` are
-  // cancelled (pulls waiting for a version among them). Idempotent.
+  // Stops the periodic checkpoints, reports NOT_SERVING, then stops: calls
+  // still running after `grace` are cancelled (pulls waiting for a version
+  // among them). Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(2));
 
  private:
   ShardServer() = default;
   // Restores the state and the rule from checkpoint_path_, if it exists.
   absl::Status Resume();
+  // The periodic checkpoint thread's body.
+  void CheckpointEvery(
+      absl::Duration interval,
+      std::function<void(const absl::Status&, int64_t)> report);
 
   // Constant after Start. Destroyed in reverse order: the server first, then
   // the service, the rule and the state that its calls use.
@@ -82,6 +104,14 @@ class ShardServer {
   std::unique_ptr<UpdateRule> rule_;
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+
+  // Periodic checkpoints: the thread runs until stop_checkpoints_ is
+  // notified, and is joined in Shutdown before the server stops.
+  absl::Notification stop_checkpoints_;
+  std::thread checkpointer_;
+
+  absl::Mutex save_mu_;       // one checkpoint write at a time
+  absl::Mutex shutdown_mu_;   // one Shutdown at a time
 };
 
 // Tensor streams use chunks of up to 4 MiB; leave room for the headers.

@@ -10,13 +10,17 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -232,6 +236,99 @@ TEST(ShardServerCheckpointTest, SaveWithoutCheckpointDirIsFailedPrecondition) {
   EXPECT_THAT(server->SaveCheckpoint(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("no checkpoint directory")));
+}
+
+// Records the periodic checkpoints' outcomes and lets a test wait for one
+// that satisfies a condition.
+class CheckpointLog {
+ public:
+  std::function<void(const absl::Status&, int64_t)> Callback() {
+    return [this](const absl::Status& status, int64_t version) {
+      absl::MutexLock lock(&mu_);
+      outcomes_.emplace_back(status, version);
+      changed_.SignalAll();
+    };
+  }
+  // True once an outcome with `ok` and a version >= min_version (ignored
+  // for failures) is recorded, after at most 30 s. (A CondVar rather than
+  // Mutex::Await: Await's condition runs on the signalling thread, which
+  // ThreadSanitizer cannot follow in Debian's Abseil.)
+  bool WaitFor(bool ok, int64_t min_version) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      for (const auto& [status, version] : outcomes_) {
+        if (status.ok() == ok && (!ok || version >= min_version)) return true;
+      }
+      if (changed_.WaitWithDeadline(&mu_, deadline)) return false;
+    }
+  }
+  void Clear() {
+    absl::MutexLock lock(&mu_);
+    outcomes_.clear();
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::vector<std::pair<absl::Status, int64_t>> outcomes_
+      ABSL_GUARDED_BY(mu_);
+};
+
+TEST(ShardServerCheckpointTest, PeriodicCheckpointWhileServingResumes) {
+  const std::string dir = NewDir("periodic");
+  ShardServerOptions options = Options(kDownpourConfig, 0, 1, 1, dir);
+  CheckpointLog log;
+  options.checkpoint_interval = absl::Milliseconds(1);
+  options.on_periodic_checkpoint = log.Callback();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(options));
+  const size_t size = server->state()->size();
+  ASSERT_OK(server->rule()->Apply(Gradient(size, 0, 0, 0)).status());
+  ASSERT_OK(server->rule()->Apply(Gradient(size, 1, 0, 1)).status());
+  ASSERT_TRUE(log.WaitFor(/*ok=*/true, /*min_version=*/2));
+  const RuleState serving = server->rule()->SaveState();
+  // Stops the checkpoint thread; no checkpoint is written by Shutdown.
+  server->Shutdown();
+
+  ASSERT_OK_AND_ASSIGN(std::optional<ShardCheckpoint> on_disk,
+                       ReadCheckpoint(server->checkpoint_path()));
+  ASSERT_TRUE(on_disk.has_value());
+  EXPECT_EQ(on_disk->version(), 2);
+  ShardServerOptions again = Options(kDownpourConfig, 0, 1, 1, dir);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> resumed,
+                       ShardServer::Start(again));
+  EXPECT_EQ(resumed->resumed_version(), 2);
+  ExpectSameState(resumed->rule()->SaveState(), serving);
+}
+
+TEST(ShardServerCheckpointTest, FailedPeriodicCheckpointKeepsServingAndOld) {
+  const std::string dir = NewDir("periodic_failure");
+  ShardServerOptions options = Options(kDownpourConfig, 0, 1, 1, dir);
+  CheckpointLog log;
+  options.checkpoint_interval = absl::Milliseconds(1);
+  options.on_periodic_checkpoint = log.Callback();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(options));
+  ASSERT_TRUE(log.WaitFor(/*ok=*/true, /*min_version=*/0));
+  // A directory where the temporary file goes makes every write fail.
+  const std::string blocker = server->checkpoint_path() + ".tmp";
+  std::filesystem::create_directory(blocker);
+  log.Clear();
+  ASSERT_TRUE(log.WaitFor(/*ok=*/false, 0));
+  // The shard still takes pushes, and the last good checkpoint is intact.
+  const size_t size = server->state()->size();
+  ASSERT_OK_AND_ASSIGN(PushResult result,
+                       server->rule()->Apply(Gradient(size, 0, 0, 0)));
+  EXPECT_EQ(result.version, 1);
+  ASSERT_OK_AND_ASSIGN(std::optional<ShardCheckpoint> on_disk,
+                       ReadCheckpoint(server->checkpoint_path()));
+  ASSERT_TRUE(on_disk.has_value());
+  EXPECT_EQ(on_disk->version(), 0);
+  // Once the obstacle is gone, writes succeed again.
+  std::filesystem::remove(blocker);
+  ASSERT_TRUE(log.WaitFor(/*ok=*/true, /*min_version=*/1));
+  server->Shutdown();
 }
 
 TEST(ShardServerHealthTest, ServingUntilShutdownBeginsThenNotServing) {
