@@ -10,25 +10,62 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+extern "C" char** environ;
 
 namespace monsoon::common {
+namespace {
 
-absl::Status ApplyFlagEnvironment(
-    std::initializer_list<absl::string_view> flags) {
-  for (absl::string_view name : flags) {
-    const std::string variable =
-        absl::StrCat("MONSOON_", absl::AsciiStrToUpper(name));
-    const char* value = std::getenv(variable.c_str());
-    if (value == nullptr) continue;
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+// Abseil's own flags, handled by its parser rather than by the program.
+bool IsBuiltInFlag(absl::string_view name) {
+  static constexpr absl::string_view kBuiltIn[] = {
+      "help",     "helpfull",  "helpshort",  "helppackage",
+      "helpon",   "helpmatch", "version",    "only_check_args",
+      "flagfile", "fromenv",   "tryfromenv", "undefok"};
+  return std::find(std::begin(kBuiltIn), std::end(kBuiltIn), name) !=
+         std::end(kBuiltIn);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ApplyFlagEnvironment() {
+  constexpr absl::string_view kPrefix = "MONSOON_";
+  std::vector<std::string> ignored;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const absl::string_view assignment = *entry;
+    const size_t equals = assignment.find('=');
+    if (equals == absl::string_view::npos ||
+        !absl::StartsWith(assignment, kPrefix)) {
+      continue;
+    }
+    const std::string variable(assignment.substr(0, equals));
+    const std::string value(assignment.substr(equals + 1));
+    const std::string name =
+        absl::AsciiStrToLower(variable.substr(kPrefix.size()));
+    absl::CommandLineFlag* flag =
+        IsBuiltInFlag(name) ? nullptr : absl::FindCommandLineFlag(name);
     if (flag == nullptr) {
-      return absl::InternalError(absl::StrCat("no flag --", name));
+      ignored.push_back(variable);
+      continue;
     }
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "environment variable ", variable, "='", value, "': ", error));
     }
+  }
+  std::sort(ignored.begin(), ignored.end());
+  return ignored;
+}
+
+absl::Status ApplyFlagEnvironmentAndWarn(absl::string_view program) {
+  absl::StatusOr<std::vector<std::string>> ignored = ApplyFlagEnvironment();
+  if (!ignored.ok()) return ignored.status();
+  for (const std::string& variable : *ignored) {
+    Log("%s: warning: environment variable %s names no flag of %s; ignored "
+        "(--help lists the flags)",
+        program, variable, program);
   }
   return absl::OkStatus();
 }
@@ -40,15 +77,7 @@ absl::Status CheckFlagNames(int argc, char** argv) {
     if (arg.size() < 2 || arg[0] != '-') continue;
     arg.remove_prefix(arg[1] == '-' ? 2 : 1);
     const absl::string_view name = arg.substr(0, arg.find('='));
-    // Abseil's own flags, handled by its parser rather than registered.
-    static constexpr absl::string_view kBuiltIn[] = {
-        "help",     "helpfull",  "helpshort",  "helppackage",
-        "helpon",   "helpmatch", "version",    "only_check_args",
-        "flagfile", "fromenv",   "tryfromenv", "undefok"};
-    if (std::find(std::begin(kBuiltIn), std::end(kBuiltIn), name) !=
-        std::end(kBuiltIn)) {
-      continue;
-    }
+    if (IsBuiltInFlag(name)) continue;
     if (absl::FindCommandLineFlag(name) != nullptr) continue;
     if (absl::StartsWith(name, "no") &&
         absl::FindCommandLineFlag(name.substr(2)) != nullptr) {

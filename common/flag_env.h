@@ -5,16 +5,26 @@
 #ifndef MONSOON_COMMON_FLAG_ENV_H_
 #define MONSOON_COMMON_FLAG_ENV_H_
 
-#include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace monsoon::common {
 
-// INVALID_ARGUMENT names the variable whose value does not parse.
-absl::Status ApplyFlagEnvironment(
-    std::initializer_list<absl::string_view> flags);
+// Sets every flag of this program that a MONSOON_<NAME> variable names (NAME
+// is the flag's name in upper case; Abseil's own flags such as --help are
+// left out). Returns the MONSOON_ variables that name no flag, sorted, for
+// the caller to warn about: usually a flag renamed since the variable was
+// set, or a typo. INVALID_ARGUMENT names a variable whose value does not
+// parse.
+absl::StatusOr<std::vector<std::string>> ApplyFlagEnvironment();
+
+// ApplyFlagEnvironment for a daemon's main(): logs a warning, prefixed with
+// `program`, for each variable that names no flag.
+absl::Status ApplyFlagEnvironmentAndWarn(absl::string_view program);
 
 // INVALID_ARGUMENT naming the first command-line argument that looks like a
 // flag (--name or --name=value; --noname for booleans) but names no defined

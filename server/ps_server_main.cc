@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -68,9 +69,7 @@ int main(int argc, char** argv) {
       "(a bad flag or config, a checkpoint of another config or shard), 1 "
       "otherwise.");
   monsoon::common::TerminationWatcher termination;
-  absl::Status env = monsoon::common::ApplyFlagEnvironment(
-      {"shard", "num_shards", "num_workers", "listen", "config",
-       "shutdown_grace_s", "checkpoint_dir", "checkpoint_interval_s"});
+  absl::Status env = monsoon::common::ApplyFlagEnvironmentAndWarn("ps_server");
   if (!env.ok()) return Fail(kConfigError, env.ToString());
   if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
       !names.ok()) {
@@ -90,26 +89,24 @@ int main(int argc, char** argv) {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   const double interval_s = absl::GetFlag(FLAGS_checkpoint_interval_s);
-  if (!(interval_s >= 0 && interval_s <= 1e6)) {
-    return Fail(kConfigError,
-                absl::StrCat("--checkpoint_interval_s must be from 0 to 1e6 "
-                             "seconds, got ",
-                             interval_s));
-  }
   const double grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
-  if (!(grace_s >= 0 && grace_s <= 1e6)) {
-    return Fail(kConfigError,
-                absl::StrCat("--shutdown_grace_s must be from 0 to 1e6 "
-                             "seconds, got ",
-                             grace_s));
+  for (const auto& [name, seconds] :
+       {std::pair<const char*, double>{"checkpoint_interval_s", interval_s},
+        {"shutdown_grace_s", grace_s}}) {
+    if (!(seconds >= 0 && seconds <= 1e6)) {  // NaN too
+      return Fail(kConfigError, absl::StrCat("--", name,
+                                             " must be from 0 to 1e6 seconds, "
+                                             "got ",
+                                             seconds));
+    }
   }
   options.checkpoint_interval = absl::Seconds(interval_s);
   const int shard = options.shard;
   options.on_periodic_checkpoint = [shard](const absl::Status& status,
                                            int64_t version) {
     if (status.ok()) {
-      monsoon::common::Log("ps_server: shard %d checkpointed version %d",
-                           shard, version);
+      monsoon::common::Log("ps_server: shard %d checkpointed version %d", shard,
+                           version);
     } else {
       monsoon::common::Log(
           "ps_server: shard %d: periodic checkpoint failed, still serving "

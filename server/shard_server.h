@@ -110,8 +110,8 @@ class ShardServer {
   absl::Notification stop_checkpoints_;
   std::thread checkpointer_;
 
-  absl::Mutex save_mu_;       // one checkpoint write at a time
-  absl::Mutex shutdown_mu_;   // one Shutdown at a time
+  absl::Mutex save_mu_;      // one checkpoint write at a time
+  absl::Mutex shutdown_mu_;  // one Shutdown at a time
 };
 
 // Tensor streams use chunks of up to 4 MiB; leave room for the headers.

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "proto/metrics.pb.h"
 #include "server/shard_server.h"
+#include "tests/local_shards.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
 #include "worker/cpu_backend.h"
@@ -74,19 +75,9 @@ class ClusterTest : public testing::Test {
 
   // Starts the shards for `config`.
   void StartServers(const TrainingConfig& config) {
-    for (int s = 0; s < kShards; ++s) {
-      server::ShardServerOptions options;
-      options.config = config;
-      options.shard = s;
-      options.num_shards = kShards;
-      options.num_workers = kWorkers;
-      options.listen_address = "127.0.0.1:0";
-      absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
-          server::ShardServer::Start(options);
-      ASSERT_TRUE(server.ok()) << server.status();
-      addresses_.push_back((*server)->address());
-      servers_.push_back(*std::move(server));
-    }
+    servers_ = testutil::StartLocalShards(config, kShards, kWorkers);
+    ASSERT_EQ(servers_.size(), static_cast<size_t>(kShards));
+    for (const auto& server : servers_) addresses_.push_back(server->address());
   }
 
   absl::StatusOr<std::unique_ptr<worker::PsClient>> Connect(

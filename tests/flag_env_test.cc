@@ -17,7 +17,9 @@ namespace {
 
 using ::monsoon::testutil::IsOk;
 using ::monsoon::testutil::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 absl::Status Check(std::vector<std::string> args) {
   std::vector<char*> argv;
@@ -46,13 +48,29 @@ TEST(CheckFlagNamesTest, StopsAtDoubleDash) {
 
 TEST(ApplyFlagEnvironmentTest, SetsAFlagFromItsVariableAndReportsBadValues) {
   setenv("MONSOON_TEST_RANK", "7", 1);
-  ASSERT_THAT(ApplyFlagEnvironment({"test_rank"}), IsOk());
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> ignored,
+                       ApplyFlagEnvironment());
+  EXPECT_THAT(ignored, IsEmpty());
   EXPECT_EQ(absl::GetFlag(FLAGS_test_rank), 7);
   setenv("MONSOON_TEST_RANK", "seven", 1);
-  EXPECT_THAT(ApplyFlagEnvironment({"test_rank"}),
+  EXPECT_THAT(ApplyFlagEnvironment().status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("MONSOON_TEST_RANK")));
+                       HasSubstr("MONSOON_TEST_RANK='seven'")));
+  EXPECT_EQ(absl::GetFlag(FLAGS_test_rank), 7);
   unsetenv("MONSOON_TEST_RANK");
+}
+
+TEST(ApplyFlagEnvironmentTest, ReturnsVariablesThatNameNoFlag) {
+  setenv("MONSOON_TEST_VERBOSE", "true", 1);
+  setenv("MONSOON_TEST_RANKK", "3", 1);  // a typo
+  setenv("MONSOON_HELP", "1", 1);        // Abseil's own: not taken
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> ignored,
+                       ApplyFlagEnvironment());
+  EXPECT_THAT(ignored, ElementsAre("MONSOON_HELP", "MONSOON_TEST_RANKK"));
+  EXPECT_TRUE(absl::GetFlag(FLAGS_test_verbose));
+  unsetenv("MONSOON_TEST_VERBOSE");
+  unsetenv("MONSOON_TEST_RANKK");
+  unsetenv("MONSOON_HELP");
 }
 
 }  // namespace

@@ -99,24 +99,9 @@ class NoCodecBackend : public ComputeBackend {
   std::unique_ptr<ComputeBackend> cpu_;
 };
 
-// A cluster of two shards with one client.
-struct Cluster {
-  explicit Cluster(const TrainingConfig& config)
-      : servers(testutil::StartLocalShards(config, 2, 1)) {
-    absl::StatusOr<std::unique_ptr<PsClient>> connected =
-        PsClient::Connect(testutil::ClientOptions(servers, config));
-    EXPECT_TRUE(connected.ok()) << connected.status();
-    if (connected.ok()) client = *std::move(connected);
-  }
-  std::vector<float> Weights(int64_t version) {
-    std::vector<float> weights(53);
-    std::vector<int64_t> versions;
-    EXPECT_OK(client->Pull(version, absl::Seconds(30),
-                           absl::MakeSpan(weights), &versions));
-    return weights;
-  }
-  std::vector<std::unique_ptr<server::ShardServer>> servers;
-  std::unique_ptr<PsClient> client;
+// Two shards, one worker.
+struct Cluster : testutil::LocalCluster {
+  explicit Cluster(const TrainingConfig& config) : LocalCluster(config, 2, 1) {}
 };
 
 // Pushes Gradient(0..steps-1) through a GradientPusher on `backend` to one
@@ -177,9 +162,11 @@ TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
     ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
     ASSERT_OK(pusher->Accumulate(device));
   };
+  // Nothing accumulated yet.
+  EXPECT_THAT(pusher->PushAccumulated({0, 0}, 8).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   const std::vector<float> initial = cluster.Weights(0);
-  const std::vector<float> g0 = Gradient(0), g1 = Gradient(1),
-                           g2 = Gradient(2);
+  const std::vector<float> g0 = Gradient(0), g1 = Gradient(1), g2 = Gradient(2);
   accumulate(g0);
   accumulate(g1);
   EXPECT_EQ(pusher->accumulated_steps(), 2);
@@ -200,18 +187,6 @@ TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
   for (size_t i = 0; i < expected.size(); ++i) expected[i] -= g2[i];
   EXPECT_EQ(cluster.Weights(2), expected);
   cpu->Free(device);
-}
-
-TEST(GradientPusherTest, PushingAnEmptySumIsFailedPrecondition) {
-  const TrainingConfig config = ResolvedConfig(kFloat32);
-  Cluster cluster(config);
-  ASSERT_NE(cluster.client, nullptr);
-  std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<GradientPusher> pusher,
-      GradientPusher::Create(cpu.get(), cluster.client.get(), config));
-  EXPECT_THAT(pusher->PushAccumulated({0, 0}, 8).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

@@ -38,4 +38,24 @@ worker::PsClientOptions ClientOptions(
   return options;
 }
 
+LocalCluster::LocalCluster(const TrainingConfig& config, int num_shards,
+                           int num_workers, int rank)
+    : servers(StartLocalShards(config, num_shards, num_workers)) {
+  if (static_cast<int>(servers.size()) != num_shards) return;
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> connected =
+      worker::PsClient::Connect(ClientOptions(servers, config, rank));
+  EXPECT_TRUE(connected.ok()) << connected.status();
+  if (connected.ok()) client = *std::move(connected);
+}
+
+std::vector<float> LocalCluster::Weights(int64_t min_version) {
+  if (client == nullptr) return {};
+  std::vector<float> weights(client->ranges().back().end);
+  std::vector<int64_t> versions;
+  absl::Status status = client->Pull(min_version, absl::Seconds(30),
+                                     absl::MakeSpan(weights), &versions);
+  EXPECT_TRUE(status.ok()) << status;
+  return weights;
+}
+
 }  // namespace monsoon::testutil

@@ -3,6 +3,7 @@
 #ifndef MONSOON_TESTS_LOCAL_SHARDS_H_
 #define MONSOON_TESTS_LOCAL_SHARDS_H_
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -21,6 +22,19 @@ std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
 worker::PsClientOptions ClientOptions(
     const std::vector<std::unique_ptr<server::ShardServer>>& servers,
     const TrainingConfig& config, int rank = 0);
+
+// Shards 0 .. num_shards-1 of `config` and one client of rank `rank`
+// connected to them. A failure is a test failure, and `client` is then null.
+struct LocalCluster {
+  LocalCluster(const TrainingConfig& config, int num_shards, int num_workers,
+               int rank = 0);
+  // Every parameter, once each shard's version is at least min_version
+  // (within 30 s; a failed pull is a test failure).
+  std::vector<float> Weights(int64_t min_version);
+
+  std::vector<std::unique_ptr<server::ShardServer>> servers;
+  std::unique_ptr<worker::PsClient> client;
+};
 
 }  // namespace monsoon::testutil
 

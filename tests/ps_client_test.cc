@@ -88,6 +88,19 @@ class ReservedPort {
   int port_ = 0;
 };
 
+// kSmallConfig on two shards, one worker, and that worker's client.
+class TwoShardsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(cluster.client, nullptr);
+    client = cluster.client.get();
+  }
+
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  testutil::LocalCluster cluster{config, 2, 1};
+  PsClient* client = nullptr;
+};
+
 TEST(PsClientTest, ConnectToAnAddressWhereNoServerRunsIsUnavailableNamingIt) {
   const TrainingConfig config = ResolvedConfig(kSmallConfig);
   std::vector<std::unique_ptr<server::ShardServer>> servers =
@@ -151,13 +164,7 @@ TEST(PsClientTest, ConnectToFewerServersThanShardsIsFailedPrecondition) {
                        HasSubstr("of 2 shards")));
 }
 
-TEST(PsClientTest, PushAndPullRoundTripAcrossTwoShards) {
-  const TrainingConfig config = ResolvedConfig(kSmallConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> servers =
-      StartShards(config, 2, 1);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
-                       PsClient::Connect(OptionsFor(servers, config)));
+TEST_F(TwoShardsTest, PushAndPullRoundTripAcrossTwoShards) {
   EXPECT_EQ(client->num_shards(), 2);
   ASSERT_EQ(client->ranges().size(), 2u);
   EXPECT_EQ(client->ranges()[0].begin, 0u);
@@ -313,13 +320,7 @@ std::vector<float> Ramp53() {
   return grads;
 }
 
-TEST(PsClientTest, PushHandedOverShardByShardAppliesLikeOnePush) {
-  const TrainingConfig config = ResolvedConfig(kSmallConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> servers =
-      StartShards(config, 2, 1);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
-                       PsClient::Connect(OptionsFor(servers, config)));
+TEST_F(TwoShardsTest, PushHandedOverShardByShardAppliesLikeOnePush) {
   const std::vector<float> grads = Ramp53();
   std::vector<PushResponse> responses;
   std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, &responses);
@@ -339,13 +340,7 @@ TEST(PsClientTest, PushHandedOverShardByShardAppliesLikeOnePush) {
   EXPECT_EQ(params, expected);
 }
 
-TEST(PsClientTest, PushWithAShardNeverSentIsFailedPreconditionNamingIt) {
-  const TrainingConfig config = ResolvedConfig(kSmallConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> servers =
-      StartShards(config, 2, 1);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
-                       PsClient::Connect(OptionsFor(servers, config)));
+TEST_F(TwoShardsTest, PushWithAShardNeverSentIsFailedPreconditionNamingIt) {
   const std::vector<float> grads = Ramp53();
   std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
   push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
@@ -359,13 +354,7 @@ TEST(PsClientTest, PushWithAShardNeverSentIsFailedPreconditionNamingIt) {
   EXPECT_EQ(stats[1].version(), 0);
 }
 
-TEST(PsClientTest, PushOfTheWrongLengthIsInvalidAndSendsNothing) {
-  const TrainingConfig config = ResolvedConfig(kSmallConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> servers =
-      StartShards(config, 2, 1);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
-                       PsClient::Connect(OptionsFor(servers, config)));
+TEST_F(TwoShardsTest, PushOfTheWrongLengthIsInvalidAndSendsNothing) {
   std::vector<float> grads = Ramp53();
   grads.pop_back();
   EXPECT_THAT(client->Push(grads, {0, 0}, 16),
@@ -374,9 +363,10 @@ TEST(PsClientTest, PushOfTheWrongLengthIsInvalidAndSendsNothing) {
   std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
   push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
   push->Send(1, absl::MakeConstSpan(grads).subspan(26));  // 26 of 27
-  EXPECT_THAT(push->Wait(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("push of 26 values to shard 1, which holds 27")));
+  EXPECT_THAT(
+      push->Wait(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("push of 26 values to shard 1, which holds 27")));
   EXPECT_GT(client->bytes_pushed(), 0);  // shard 0's slice went
   ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
                        client->Stats(absl::Seconds(30)));
@@ -385,13 +375,7 @@ TEST(PsClientTest, PushOfTheWrongLengthIsInvalidAndSendsNothing) {
   EXPECT_EQ(stats[1].bytes_pushed(), 0);
 }
 
-TEST(PsClientTest, ShardSentTwiceIsInvalid) {
-  const TrainingConfig config = ResolvedConfig(kSmallConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> servers =
-      StartShards(config, 2, 1);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
-                       PsClient::Connect(OptionsFor(servers, config)));
+TEST_F(TwoShardsTest, ShardSentTwiceIsInvalid) {
   const std::vector<float> grads = Ramp53();
   std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
   push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
@@ -411,16 +395,11 @@ constexpr char kOneBitConfig[] =
 
 TEST(PsClientTest, OneBitSlicesEncodedByTheCallerPutTheSameBytesOnTheWire) {
   const TrainingConfig config = ResolvedConfig(kOneBitConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> here =
-      StartShards(config, 2, 1);
-  std::vector<std::unique_ptr<server::ShardServer>> there =
-      StartShards(config, 2, 1);
-  ASSERT_EQ(here.size(), 2u);
-  ASSERT_EQ(there.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> quantizing,
-                       PsClient::Connect(OptionsFor(here, config)));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> forwarding,
-                       PsClient::Connect(OptionsFor(there, config)));
+  testutil::LocalCluster here(config, 2, 1), there(config, 2, 1);
+  ASSERT_NE(here.client, nullptr);
+  ASSERT_NE(there.client, nullptr);
+  PsClient* quantizing = here.client.get();
+  PsClient* forwarding = there.client.get();
   std::vector<float> residual(53, 0.0f);
   for (int step = 0; step < 3; ++step) {
     std::vector<float> grads = Ramp53();
@@ -431,31 +410,24 @@ TEST(PsClientTest, OneBitSlicesEncodedByTheCallerPutTheSameBytesOnTheWire) {
     for (int s = 0; s < 2; ++s) {
       const common::ShardRange r = forwarding->ranges()[s];
       common::OneBitEncoded encoded;
-      common::OneBitEncode(absl::MakeConstSpan(grads).subspan(r.begin, r.size()),
-                           absl::MakeSpan(residual).subspan(r.begin, r.size()),
-                           8, &encoded);
+      common::OneBitEncode(
+          absl::MakeConstSpan(grads).subspan(r.begin, r.size()),
+          absl::MakeSpan(residual).subspan(r.begin, r.size()), 8, &encoded);
       push->SendOneBit(s, encoded);
     }
     ASSERT_OK(push->Wait());
   }
   EXPECT_EQ(forwarding->bytes_pushed(), quantizing->bytes_pushed());
-  std::vector<float> a(53), b(53);
-  std::vector<int64_t> versions;
-  ASSERT_OK(quantizing->Pull(3, absl::Seconds(30), absl::MakeSpan(a),
-                             &versions));
-  ASSERT_OK(forwarding->Pull(3, absl::Seconds(30), absl::MakeSpan(b),
-                             &versions));
-  EXPECT_EQ(a, b);
+  const std::vector<float> a = here.Weights(3);
+  EXPECT_EQ(a, there.Weights(3));
   EXPECT_NE(a, AllInitialValues(config));
 }
 
 TEST(PsClientTest, OneBitSliceOfTheWrongSizeIsInvalidAndNeverSent) {
   const TrainingConfig config = ResolvedConfig(kOneBitConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> servers =
-      StartShards(config, 2, 1);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
-                       PsClient::Connect(OptionsFor(servers, config)));
+  testutil::LocalCluster cluster(config, 2, 1);
+  ASSERT_NE(cluster.client, nullptr);
+  PsClient* client = cluster.client.get();
   common::OneBitEncoded encoded;
   encoded.bits.assign(3, '\0');  // shard 0 needs 4
   encoded.scales.assign(32, '\0');
@@ -468,13 +440,7 @@ TEST(PsClientTest, OneBitSliceOfTheWrongSizeIsInvalidAndNeverSent) {
   EXPECT_EQ(client->bytes_pushed(), 0);
 }
 
-TEST(PsClientTest, OneBitSliceFromAFloat32ClientIsInvalid) {
-  const TrainingConfig config = ResolvedConfig(kSmallConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> servers =
-      StartShards(config, 2, 1);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
-                       PsClient::Connect(OptionsFor(servers, config)));
+TEST_F(TwoShardsTest, OneBitSliceFromAFloat32ClientIsInvalid) {
   common::OneBitEncoded encoded;
   encoded.bits.assign(4, '\0');
   encoded.scales.assign(32, '\0');

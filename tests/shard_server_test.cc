@@ -13,9 +13,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -271,18 +271,24 @@ class CheckpointLog {
  private:
   absl::Mutex mu_;
   absl::CondVar changed_;
-  std::vector<std::pair<absl::Status, int64_t>> outcomes_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<absl::Status, int64_t>> outcomes_ ABSL_GUARDED_BY(mu_);
 };
+
+// A downpour shard (0 of 1) that checkpoints into `dir` every millisecond,
+// reporting to `log`.
+absl::StatusOr<std::unique_ptr<ShardServer>> StartCheckpointingEveryMillisecond(
+    const std::string& dir, CheckpointLog* log) {
+  ShardServerOptions options = Options(kDownpourConfig, 0, 1, 1, dir);
+  options.checkpoint_interval = absl::Milliseconds(1);
+  options.on_periodic_checkpoint = log->Callback();
+  return ShardServer::Start(options);
+}
 
 TEST(ShardServerCheckpointTest, PeriodicCheckpointWhileServingResumes) {
   const std::string dir = NewDir("periodic");
-  ShardServerOptions options = Options(kDownpourConfig, 0, 1, 1, dir);
   CheckpointLog log;
-  options.checkpoint_interval = absl::Milliseconds(1);
-  options.on_periodic_checkpoint = log.Callback();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
-                       ShardServer::Start(options));
+                       StartCheckpointingEveryMillisecond(dir, &log));
   const size_t size = server->state()->size();
   ASSERT_OK(server->rule()->Apply(Gradient(size, 0, 0, 0)).status());
   ASSERT_OK(server->rule()->Apply(Gradient(size, 1, 0, 1)).status());
@@ -303,13 +309,10 @@ TEST(ShardServerCheckpointTest, PeriodicCheckpointWhileServingResumes) {
 }
 
 TEST(ShardServerCheckpointTest, FailedPeriodicCheckpointKeepsServingAndOld) {
-  const std::string dir = NewDir("periodic_failure");
-  ShardServerOptions options = Options(kDownpourConfig, 0, 1, 1, dir);
   CheckpointLog log;
-  options.checkpoint_interval = absl::Milliseconds(1);
-  options.on_periodic_checkpoint = log.Callback();
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
-                       ShardServer::Start(options));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<ShardServer> server,
+      StartCheckpointingEveryMillisecond(NewDir("periodic_failure"), &log));
   ASSERT_TRUE(log.WaitFor(/*ok=*/true, /*min_version=*/0));
   // A directory where the temporary file goes makes every write fail.
   const std::string blocker = server->checkpoint_path() + ".tmp";

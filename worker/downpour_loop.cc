@@ -47,9 +47,8 @@ class DownpourLoop : public TrainingLoop {
       const int64_t samples =
           static_cast<int64_t>(steps) * batches->batch_size();
       absl::StatusOr<std::unique_ptr<PendingCall>> started =
-          device_grads != nullptr
-              ? pusher.Push(device_grads, versions, samples)
-              : pusher.PushAccumulated(versions, samples);
+          device_grads != nullptr ? pusher.Push(device_grads, versions, samples)
+                                  : pusher.PushAccumulated(versions, samples);
       if (!started.ok()) return started.status();
       in_flight = *std::move(started);
       return absl::OkStatus();

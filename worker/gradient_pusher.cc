@@ -39,10 +39,9 @@ absl::StatusOr<std::unique_ptr<GradientPusher>> GradientPusher::Create(
 }
 
 GradientPusher::~GradientPusher() {
-  for (void* p : {static_cast<void*>(residual_),
-                  static_cast<void*>(device_bits_),
-                  static_cast<void*>(device_scales_),
-                  static_cast<void*>(sum_)}) {
+  for (void* p :
+       {static_cast<void*>(residual_), static_cast<void*>(device_bits_),
+        static_cast<void*>(device_scales_), static_cast<void*>(sum_)}) {
     if (p != nullptr) backend_->Free(p);
   }
 }
@@ -75,18 +74,18 @@ absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
       }
       if (status.ok()) push->SendOneBit(s, encoded_);
     } else {
-      status = backend_->CopyToHost(device_values + range.begin,
-                                    host_values_.data(),
-                                    range.size() * sizeof(float));
+      status =
+          backend_->CopyToHost(device_values + range.begin, host_values_.data(),
+                               range.size() * sizeof(float));
       if (status.ok()) {
         push->Send(s, absl::MakeConstSpan(host_values_.data(), range.size()));
       }
     }
     if (!status.ok()) {
       push->Wait().IgnoreError();  // the shards already sent
-      return absl::Status(
-          status.code(), absl::StrCat("preparing the push to shard ", s, ": ",
-                                      status.message()));
+      return absl::Status(status.code(),
+                          absl::StrCat("preparing the push to shard ", s, ": ",
+                                       status.message()));
     }
   }
   return push;

@@ -459,12 +459,12 @@ class ShardedPushImpl : public ShardedPush {
 
   void Start(int shard, std::vector<PushChunk> chunks) {
     // A response slot per shard; a scratch one when the caller wants none.
-    PushResponse* response =
-        results_ != nullptr ? &(*results_)[shard]
-                            : calls_.Own(std::make_unique<PushResponse>());
-    calls_.Own(std::make_unique<PushCall>(
-        client_->stubs_[shard].get(), &calls_, shard,
-        client_->addresses_[shard], std::move(chunks), response));
+    PushResponse* response = results_ != nullptr
+                                 ? &(*results_)[shard]
+                                 : calls_.Own(std::make_unique<PushResponse>());
+    calls_.Own(std::make_unique<PushCall>(client_->stubs_[shard].get(), &calls_,
+                                          shard, client_->addresses_[shard],
+                                          std::move(chunks), response));
   }
 
   PsClient* const client_;
@@ -486,8 +486,8 @@ std::unique_ptr<ShardedPush> PsClient::StartPush(
 std::unique_ptr<PendingCall> PsClient::PushAsync(
     absl::Span<const float> grads, const std::vector<int64_t>& base_versions,
     int64_t samples, std::vector<PushResponse>* results) {
-  auto push = std::make_unique<ShardedPushImpl>(this, base_versions, samples,
-                                                results);
+  auto push =
+      std::make_unique<ShardedPushImpl>(this, base_versions, samples, results);
   if (grads.size() != ranges_.back().end) {
     push->FailAll(absl::InvalidArgumentError(
         absl::StrCat("push of ", grads.size(), " values to a model of ",

@@ -75,10 +75,12 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Monsoon evaluator: test loss and accuracy of the servers' weights "
       "over time.\n\n  ps_evaluator --servers=ps-0:5000,ps-1:5000 "
-      "--config=train.textproto --curve_out=curve.textproto");
+      "--config=train.textproto --curve_out=curve.textproto\n\n"
+      "Every flag may also come from MONSOON_<FLAG> in the environment; a "
+      "flag on the command line wins.");
   monsoon::common::TerminationWatcher termination;
   absl::Status env =
-      monsoon::common::ApplyFlagEnvironment({"servers", "config", "data_dir"});
+      monsoon::common::ApplyFlagEnvironmentAndWarn("ps_evaluator");
   if (!env.ok()) return Fail(kConfigError, env);
   if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
       !names.ok()) {

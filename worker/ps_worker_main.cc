@@ -64,8 +64,7 @@ int main(int argc, char** argv) {
       "2 for a configuration error, 128+N after signal N (SIGTERM or SIGINT "
       "stop training between steps), 1 otherwise.");
   monsoon::common::TerminationWatcher termination;
-  absl::Status env = monsoon::common::ApplyFlagEnvironment(
-      {"rank", "num_workers", "servers", "config", "data_dir", "device"});
+  absl::Status env = monsoon::common::ApplyFlagEnvironmentAndWarn("ps_worker");
   if (!env.ok()) return Fail(kConfigError, env);
   if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
       !names.ok()) {
