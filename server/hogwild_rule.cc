@@ -42,6 +42,7 @@ class HogwildRule : public UpdateRule {
     result.version = before + 1;
     result.staleness = before - push.base_version;
     state_->RecordPush(result.staleness, push.samples, push.wire_bytes);
+    state_->RecordAppliedSamples(push.worker_rank, push.samples);
     for (auto& waiter : state_->AdvanceVersion(result.version)) waiter();
     return result;
   }

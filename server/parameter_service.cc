@@ -186,6 +186,10 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
   response->set_offset(state_->range().begin);
   response->set_length(state_->size());
   response->set_version(state_->version());
+  if (request->worker_rank() >= 0) {
+    response->set_samples_applied(
+        state_->AppliedSamples(request->worker_rank()));
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

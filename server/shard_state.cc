@@ -83,6 +83,17 @@ void ShardState::RecordPush(int64_t staleness, int64_t samples, int64_t bytes) {
   ++staleness_counts_[std::min<int64_t>(staleness, kStalenessBuckets - 1)];
 }
 
+void ShardState::RecordAppliedSamples(int worker_rank, int64_t samples) {
+  absl::MutexLock lock(&stats_mu_);
+  applied_samples_[worker_rank] += samples;
+}
+
+int64_t ShardState::AppliedSamples(int worker_rank) const {
+  absl::MutexLock lock(&stats_mu_);
+  auto it = applied_samples_.find(worker_rank);
+  return it == applied_samples_.end() ? 0 : it->second;
+}
+
 void ShardState::RecordRejectedPush() {
   absl::MutexLock lock(&stats_mu_);
   ++rejected_pushes_;
@@ -105,6 +116,9 @@ StatsResponse ShardState::Stats() const {
   stats.set_bytes_pulled(bytes_pulled_);
   stats.set_staleness_max(staleness_max_);
   stats.set_max_concurrent_applies(max_applying_.load());
+  for (const auto& [rank, samples] : applied_samples_) {
+    (*stats.mutable_samples_applied_by_worker())[rank] = samples;
+  }
   // Trim trailing zero buckets to keep the message small.
   size_t used = staleness_counts_.size();
   while (used > 0 && staleness_counts_[used - 1] == 0) --used;
@@ -122,6 +136,10 @@ void ShardState::RestoreStats(const StatsResponse& stats) {
   bytes_pushed_ = stats.bytes_pushed();
   bytes_pulled_ = stats.bytes_pulled();
   staleness_max_ = stats.staleness_max();
+  applied_samples_.clear();
+  for (const auto& [rank, samples] : stats.samples_applied_by_worker()) {
+    applied_samples_[rank] = samples;
+  }
   std::fill(staleness_counts_.begin(), staleness_counts_.end(), 0);
   const int n = std::min<int>(stats.staleness_counts_size(),
                               static_cast<int>(staleness_counts_.size()));

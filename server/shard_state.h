@@ -78,6 +78,9 @@ class ShardState {
 
   // Statistics.
   void RecordPush(int64_t staleness, int64_t samples, int64_t bytes);
+  // Examples from `worker_rank` whose update is now in the weights.
+  void RecordAppliedSamples(int worker_rank, int64_t samples);
+  int64_t AppliedSamples(int worker_rank) const;
   void RecordRejectedPush();
   void RecordPulledBytes(int64_t bytes);
   StatsResponse Stats() const;
@@ -114,6 +117,7 @@ class ShardState {
   int64_t bytes_pulled_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t staleness_max_ ABSL_GUARDED_BY(stats_mu_) = 0;
   std::vector<int64_t> staleness_counts_ ABSL_GUARDED_BY(stats_mu_);
+  std::map<int, int64_t> applied_samples_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace monsoon::server

@@ -24,7 +24,8 @@ class SyncRule : public UpdateRule {
         state_(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
         sum_(state->size(), 0.0f),
-        arrived_(num_workers, false) {}
+        arrived_(num_workers, false),
+        step_samples_(num_workers, 0) {}
 
   absl::StatusOr<PushResult> Apply(const PushData& push) override {
     std::vector<ShardState::Waiter> ready;
@@ -48,6 +49,7 @@ class SyncRule : public UpdateRule {
                          version_, " to shard ", state_->shard()));
       }
       arrived_[push.worker_rank] = true;
+      step_samples_[push.worker_rank] = push.samples;
       ++count_;
       for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += push.values[i];
       state_->RecordPush(/*staleness=*/0, push.samples, push.wire_bytes);
@@ -59,6 +61,10 @@ class SyncRule : public UpdateRule {
         state_->EndApply();
         std::fill(sum_.begin(), sum_.end(), 0.0f);
         std::fill(arrived_.begin(), arrived_.end(), false);
+        // Only now are the step's examples in the weights.
+        for (int rank = 0; rank < num_workers_; ++rank) {
+          state_->RecordAppliedSamples(rank, step_samples_[rank]);
+        }
         count_ = 0;
         ++version_;
         ready = state_->AdvanceVersion(version_);
@@ -92,6 +98,7 @@ class SyncRule : public UpdateRule {
       version_ = saved.version;
       std::fill(sum_.begin(), sum_.end(), 0.0f);
       std::fill(arrived_.begin(), arrived_.end(), false);
+      std::fill(step_samples_.begin(), step_samples_.end(), 0);
       count_ = 0;
       ready = state_->AdvanceVersion(version_);
     }
@@ -109,6 +116,8 @@ class SyncRule : public UpdateRule {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
+  // Examples behind each worker's gradient for the step in progress.
+  std::vector<int64_t> step_samples_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

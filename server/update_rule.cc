@@ -22,6 +22,7 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
     ++version_;
     result.version = version_;
     state_->RecordPush(result.staleness, push.samples, push.wire_bytes);
+    state_->RecordAppliedSamples(push.worker_rank, push.samples);
     ready = state_->AdvanceVersion(version_);
   }
   // Pulls waiting for this version run outside the lock: they take it again

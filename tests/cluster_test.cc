@@ -33,6 +33,7 @@ namespace monsoon {
 namespace {
 
 using ::monsoon::testutil::ResolvedConfig;
+using ::monsoon::testutil::StatusIs;
 
 constexpr int kFeatures = 20;
 constexpr int kClasses = 10;
@@ -91,7 +92,7 @@ class ClusterTest : public testing::Test {
   }
 
   // Trains with kWorkers worker threads; results_[w] gets each one's result.
-  void Train(const TrainingConfig& config) {
+  void Train(const TrainingConfig& config, bool resume = false) {
     const common::ModelLayout layout = common::ModelLayout::FromConfig(config);
     struct Worker {
       std::unique_ptr<worker::ComputeBackend> backend;
@@ -118,6 +119,10 @@ class ClusterTest : public testing::Test {
       worker.context.mlp = worker.mlp.get();
       worker.context.client = worker.client.get();
       worker.context.log_interval = absl::ZeroDuration();
+      if (resume) {
+        worker.context.resume_steps =
+            worker::ResumeSteps(*worker.client, config);
+      }
     }
     results_.assign(kWorkers, absl::StatusOr<worker::WorkerResult>(
                                   absl::UnknownError("not run")));
@@ -184,6 +189,79 @@ TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
     EXPECT_EQ(stats.samples(), kWorkers * 800);
     EXPECT_EQ(stats.rejected_pushes(), 0);
     EXPECT_EQ(stats.staleness_max(), 0);
+  }
+}
+
+TEST_F(ClusterTest, SyncWorkersRestartedAfterTheirStepsResumeWithNothingLeft) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
+      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  ASSERT_NO_FATAL_FAILURE(Train(config));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    ASSERT_EQ(results_[w]->steps, 40) << "worker " << w;
+  }
+  // New processes of the same ranks: the shards have applied all 40 steps
+  // (800 examples) of each, so they have nothing left to do.
+  ASSERT_NO_FATAL_FAILURE(Train(config, /*resume=*/true));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 0) << "worker " << w;
+  }
+  for (const StatsResponse& stats : ShardStats()) {
+    EXPECT_EQ(stats.version(), 40);
+    EXPECT_EQ(stats.samples_applied_by_worker().at(0), 800);
+    EXPECT_EQ(stats.samples_applied_by_worker().at(1), 800);
+  }
+  // Without resuming (--noresume) they train the whole run again.
+  ASSERT_NO_FATAL_FAILURE(Train(config, /*resume=*/false));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+  }
+  for (const StatsResponse& stats : ShardStats()) {
+    EXPECT_EQ(stats.version(), 80);
+  }
+}
+
+TEST_F(ClusterTest, SyncWorkersRestartedMidStepRejoinIt) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
+      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  {
+    // Worker 0's step-0 push reaches shard 0 only, then worker 0 dies.
+    // Worker 1 pushes step 0 to both shards, which closes the step on
+    // shard 0 (version 1) but not on shard 1 (still waiting for worker 0);
+    // then worker 1 dies too.
+    ASSERT_OK_AND_ASSIGN(auto dying0, Connect(config, 0));
+    ASSERT_OK_AND_ASSIGN(auto dying1, Connect(config, 1));
+    const std::vector<float> zeros(
+        common::ModelLayout::FromConfig(config).num_params(), 0.0f);
+    std::unique_ptr<worker::ShardedPush> push =
+        dying0->StartPush({0, 0}, 20, nullptr);
+    push->Send(
+        0, absl::MakeConstSpan(zeros).subspan(0, dying0->ranges()[0].size()));
+    EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
+    ASSERT_OK(dying1->Push(zeros, {0, 0}, 20));
+    const std::vector<StatsResponse> stats = ShardStats();
+    ASSERT_EQ(stats[0].version(), 1);
+    ASSERT_EQ(stats[1].version(), 0);
+  }
+  // Their replacements start at step 0 (no step is complete on every
+  // shard) and pull without waiting for version 1, which shard 1 cannot
+  // reach without worker 0. Where a shard already holds their step-0
+  // gradient they are answered ALREADY_EXISTS, or ABORTED where the step has
+  // closed since; both count as done. Then they train in lockstep to the
+  // end.
+  ASSERT_NO_FATAL_FAILURE(Train(config, /*resume=*/true));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+  }
+  for (const StatsResponse& stats : ShardStats()) {
+    EXPECT_EQ(stats.version(), 40);
   }
 }
 

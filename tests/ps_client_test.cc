@@ -452,5 +452,25 @@ TEST_F(TwoShardsTest, OneBitSliceFromAFloat32ClientIsInvalid) {
   EXPECT_EQ(client->bytes_pushed(), 0);
 }
 
+TEST_F(TwoShardsTest, ARestartedClientLearnsTheExamplesEveryShardApplied) {
+  EXPECT_EQ(client->applied_samples(), 0);
+  const std::vector<float> grads = Ramp53();
+  ASSERT_OK(client->Push(grads, {0, 0}, 16));
+  // The next push reaches shard 0 only, as if the worker died mid-push.
+  std::unique_ptr<ShardedPush> push = client->StartPush({1, 1}, 16, nullptr);
+  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
+  EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> restarted,
+                       PsClient::Connect(testutil::ClientOptions(
+                           cluster.servers, config, /*rank=*/0)));
+  // Shard 0 has 32 examples from rank 0, shard 1 only 16.
+  EXPECT_EQ(restarted->applied_samples(), 16);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> evaluator,
+                       PsClient::Connect(testutil::ClientOptions(
+                           cluster.servers, config, /*rank=*/-1)));
+  EXPECT_EQ(evaluator->applied_samples(), 0);
+}
+
 }  // namespace
 }  // namespace monsoon::worker

@@ -12,7 +12,9 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
+using ::testing::Pair;
 using ::testing::SizeIs;
+using ::testing::UnorderedElementsAre;
 
 const common::ModelLayout& Layout() {
   static const common::ModelLayout* layout = new common::ModelLayout({6, 5, 3});
@@ -114,6 +116,25 @@ TEST(ShardStateTest, StatsCountPushesSamplesBytesAndStaleness) {
   EXPECT_EQ(stats.staleness_max(), 3);
   // Trailing empty buckets are trimmed.
   EXPECT_THAT(stats.staleness_counts(), ElementsAre(2, 0, 0, 1));
+}
+
+TEST(ShardStateTest, AppliedSamplesPerWorkerSurviveARestoreOfTheStats) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.RecordAppliedSamples(0, 10);
+  state.RecordAppliedSamples(2, 5);
+  state.RecordAppliedSamples(0, 3);
+  EXPECT_EQ(state.AppliedSamples(0), 13);
+  EXPECT_EQ(state.AppliedSamples(1), 0);
+  const StatsResponse stats = state.Stats();
+  EXPECT_THAT(stats.samples_applied_by_worker(),
+              UnorderedElementsAre(Pair(0, 13), Pair(2, 5)));
+
+  ShardState restored(Layout(), 1, 0, 1);
+  restored.RecordAppliedSamples(1, 99);  // replaced, not added to
+  restored.RestoreStats(stats);
+  EXPECT_EQ(restored.AppliedSamples(0), 13);
+  EXPECT_EQ(restored.AppliedSamples(1), 0);
+  EXPECT_EQ(restored.AppliedSamples(2), 5);
 }
 
 TEST(ShardStateTest, VeryStalePushesShareTheLastBucket) {

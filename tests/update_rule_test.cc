@@ -24,6 +24,8 @@ using ::monsoon::testutil::ResolvedConfig;
 using ::monsoon::testutil::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
 
 // layer_sizes {3, 2}: 8 parameters on one shard.
 constexpr size_t kSize = 8;
@@ -103,6 +105,18 @@ TEST_F(SyncRuleTest, AveragesBothWorkersPushesAndAppliesThemOnce) {
   EXPECT_EQ(stats.samples(), 8);
   EXPECT_EQ(stats.bytes_pushed(), 200);
   EXPECT_THAT(stats.staleness_counts(), ElementsAre(2));
+}
+
+TEST_F(SyncRuleTest, ExamplesCountAsAppliedOnlyOnceTheStepIsApplied) {
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f), 20)).status());
+  // Collected, not applied: a worker restarted now must push it again.
+  EXPECT_EQ(state_.AppliedSamples(0), 0);
+  ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(1.0f), 30)).status());
+  EXPECT_EQ(state_.AppliedSamples(0), 20);
+  EXPECT_EQ(state_.AppliedSamples(1), 30);
+  ASSERT_OK(rule_->Apply(MakePush(1, 1, Filled(1.0f), 30)).status());
+  EXPECT_THAT(state_.Stats().samples_applied_by_worker(),
+              UnorderedElementsAre(Pair(0, 20), Pair(1, 30)));
 }
 
 TEST_F(SyncRuleTest, NextStepStartsFromAnEmptySum) {
@@ -270,6 +284,9 @@ TEST_F(DownpourRuleTest, RecordsTheStalenessOfEachPush) {
   EXPECT_EQ(stats.samples(), 12);
   EXPECT_EQ(stats.staleness_max(), 2);
   EXPECT_THAT(stats.staleness_counts(), ElementsAre(2, 0, 1));
+  // Each push's examples are applied with it.
+  EXPECT_THAT(stats.samples_applied_by_worker(),
+              UnorderedElementsAre(Pair(0, 8), Pair(1, 4)));
 }
 
 TEST_F(DownpourRuleTest,

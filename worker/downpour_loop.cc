@@ -18,8 +18,7 @@ namespace {
 class DownpourLoop : public TrainingLoop {
  public:
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
-    absl::StatusOr<BatchStream> batches =
-        BatchStream::Create(c.train, c.config, c.rank, c.num_workers);
+    absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
     absl::StatusOr<std::unique_ptr<GradientPusher>> made =
         GradientPusher::Create(c.mlp->backend(), c.client, c.config);

@@ -15,8 +15,7 @@ namespace {
 class EasgdLoop : public TrainingLoop {
  public:
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
-    absl::StatusOr<BatchStream> batches =
-        BatchStream::Create(c.train, c.config, c.rank, c.num_workers);
+    absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
     const size_t p = c.mlp->layout().num_params();
     const float alpha = c.config.has_alpha()

@@ -14,8 +14,7 @@ namespace {
 class HogwildLoop : public TrainingLoop {
  public:
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
-    absl::StatusOr<BatchStream> batches =
-        BatchStream::Create(c.train, c.config, c.rank, c.num_workers);
+    absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
     const size_t p = c.mlp->layout().num_params();
     std::vector<float> params(p);

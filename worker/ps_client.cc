@@ -257,6 +257,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
       client->residual_.assign(params, 0.0f);
     }
     client->initial_versions_.push_back(response.version());
+    client->applied_samples_ =
+        s == 0 ? response.samples_applied()
+               : std::min(client->applied_samples_, response.samples_applied());
   }
   return client;
 }

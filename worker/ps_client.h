@@ -78,6 +78,10 @@ class PsClient {
   const std::vector<int64_t>& initial_versions() const {
     return initial_versions_;
   }
+  // Training examples from this client's rank that every shard had applied
+  // at registration (the least over the shards): where a restarted worker
+  // resumes its data.
+  int64_t applied_samples() const { return applied_samples_; }
 
   // Fills `params` (all parameters) once every shard's version is at least
   // min_version; versions[s] gets shard s's snapshot version. The call fails
@@ -133,6 +137,7 @@ class PsClient {
   std::vector<std::unique_ptr<ParameterService::Stub>> stubs_;
   std::vector<common::ShardRange> ranges_;
   std::vector<int64_t> initial_versions_;
+  int64_t applied_samples_ = 0;
 
   // 1-bit error feedback: what earlier pushes' quantization lost.
   std::vector<float> residual_;

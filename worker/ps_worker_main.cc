@@ -42,6 +42,10 @@ ABSL_FLAG(double, connect_timeout_s, 60,
           "How long to keep trying to reach "
           "the servers at start-up.");
 ABSL_FLAG(double, log_every_s, 5, "Seconds between progress lines (0: none).");
+ABSL_FLAG(bool, resume, true,
+          "Start this rank's data after the examples the servers have "
+          "already applied from it, so that a restarted worker continues "
+          "where it stopped. --noresume trains the whole run again.");
 
 namespace {
 
@@ -140,6 +144,15 @@ int main(int argc, char** argv) {
   context.log_interval = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   // SIGTERM or SIGINT stops training between steps.
   context.stop = &termination.terminated();
+  if (absl::GetFlag(FLAGS_resume)) {
+    context.resume_steps = monsoon::worker::ResumeSteps(**client, *config);
+  }
+  if (context.resume_steps > 0) {
+    monsoon::common::Log(
+        "ps_worker: rank %d: the servers have applied %d examples from this "
+        "rank; resuming after its first %d batches (--noresume starts over)",
+        rank, (*client)->applied_samples(), context.resume_steps);
+  }
   auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
   if (!result.ok() && termination.terminated().HasBeenNotified()) {
     // Errors after a signal are the shutdown's echo (servers going away).

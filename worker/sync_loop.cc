@@ -14,8 +14,7 @@ namespace {
 class SyncLoop : public TrainingLoop {
  public:
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
-    absl::StatusOr<BatchStream> batches =
-        BatchStream::Create(c.train, c.config, c.rank, c.num_workers);
+    absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
     const size_t p = c.mlp->layout().num_params();
     std::vector<float> params(p);
@@ -24,7 +23,11 @@ class SyncLoop : public TrainingLoop {
     if (!pusher.ok()) return pusher.status();
     std::vector<int64_t> versions;
     const std::vector<int64_t>& initial = c.client->initial_versions();
-    int64_t version = *std::max_element(initial.begin(), initial.end());
+    // The step to push is the one every shard has yet to close. Shards
+    // differ only when this worker was restarted in the middle of a step
+    // that some shards have since closed; it pushes that step again (see
+    // below), on weights pulled from the shards as they are.
+    int64_t version = *std::min_element(initial.begin(), initial.end());
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     ProgressLog progress(c, *batches);
     while (batches->Next()) {
@@ -44,11 +47,25 @@ class SyncLoop : public TrainingLoop {
       absl::StatusOr<BatchResult> step = c.mlp->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!step.ok()) return step.status();
-      absl::StatusOr<std::unique_ptr<PendingCall>> push = (*pusher)->Push(
-          c.mlp->device_gradients(), versions, batches->batch_size());
+      // Every shard gets the gradient as step `version`, whatever version
+      // it reported (see above).
+      absl::StatusOr<std::unique_ptr<PendingCall>> push =
+          (*pusher)->Push(c.mlp->device_gradients(),
+                          std::vector<int64_t>(versions.size(), version),
+                          batches->batch_size());
       if (!push.ok()) return push.status();
-      if (status = (*push)->Wait(); !status.ok()) return status;
-      version = *std::max_element(versions.begin(), versions.end()) + 1;
+      status = (*push)->Wait();
+      // A worker restarted in the middle of a push finds the shards it
+      // reached holding its gradient for this step already (the same batch
+      // on the same weights, so theirs stands): ALREADY_EXISTS, or ABORTED
+      // where the other workers' pushes have closed the step since. A step
+      // cannot close without this worker's gradient, so neither code can
+      // mean it was lost.
+      if (!status.ok() && status.code() != absl::StatusCode::kAlreadyExists &&
+          status.code() != absl::StatusCode::kAborted) {
+        return status;
+      }
+      ++version;
       progress.Step(step->loss, batches->batch_size());
     }
     return progress.Finish();

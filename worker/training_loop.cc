@@ -48,13 +48,40 @@ absl::StatusOr<BatchStream> BatchStream::Create(const Dataset* data,
   return stream;
 }
 
-bool BatchStream::Next() {
+absl::StatusOr<BatchStream> BatchStream::ForWorker(const WorkerContext& c) {
+  absl::StatusOr<BatchStream> stream =
+      Create(c.train, c.config, c.rank, c.num_workers);
+  if (!stream.ok()) return stream;
+  stream->Skip(c.resume_steps);
+  return stream;
+}
+
+int64_t ResumeSteps(const PsClient& client, const TrainingConfig& config) {
+  const int64_t steps = client.applied_samples() / config.batch_size();
+  return std::max<int64_t>(steps, 0);
+}
+
+bool BatchStream::Skip(int64_t steps) {
+  for (; steps > 0; --steps) {
+    if (!Advance()) return false;
+  }
+  return true;
+}
+
+bool BatchStream::Advance() {
   if (epoch_ < 0 || step_ == steps_per_epoch_) {
     if (epoch_ + 1 >= epochs_) return false;
     ++epoch_;
     step_ = 0;
     order_ = ShuffledOrder(partition_, seed_, rank_, epoch_);
   }
+  ++step_;
+  return true;
+}
+
+bool BatchStream::Next() {
+  if (!Advance()) return false;
+  --step_;
   const int64_t first = step_ * batch_size_;
   for (int i = 0; i < batch_size_; ++i) {
     const int64_t example = order_[first + i];

@@ -34,7 +34,16 @@ struct WorkerContext {
   // Notified by another thread to stop early (the loop then returns
   // CANCELLED between steps).
   const absl::Notification* stop = nullptr;
+  // Steps of this worker's batches already trained and applied by the
+  // servers (a restarted worker; see ResumeSteps): the loop starts after
+  // them.
+  int64_t resume_steps = 0;
 };
+
+// The steps a worker of this rank has already had applied, from what the
+// servers reported at registration (PsClient::applied_samples). 0 for a
+// fresh run.
+int64_t ResumeSteps(const PsClient& client, const TrainingConfig& config);
 
 struct WorkerResult {
   int64_t steps = 0;
@@ -68,6 +77,12 @@ class BatchStream {
   static absl::StatusOr<BatchStream> Create(const Dataset* data,
                                             const TrainingConfig& config,
                                             int rank, int num_workers);
+  // The batches of a loop's worker, after its context's resume_steps.
+  static absl::StatusOr<BatchStream> ForWorker(const WorkerContext& context);
+
+  // Moves past `steps` batches as if Next() had been called that often
+  // (without copying them). False if the stream ends first.
+  bool Skip(int64_t steps);
 
   // Copies the next batch into images()/labels(). False after the last.
   bool Next();
@@ -81,6 +96,9 @@ class BatchStream {
 
  private:
   BatchStream() = default;
+  // Moves to the next batch (a new epoch's order when one begins); false
+  // after the last.
+  bool Advance();
 
   const Dataset* data_ = nullptr;
   Partition partition_{0, 0};

@@ -1,0 +1,76 @@
+// BatchStream: a worker's batches, and skipping the ones a restarted worker
+// has already trained on.
+#include <cstdint>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/test_util.h"
+#include "worker/dataset.h"
+#include "worker/training_loop.h"
+
+namespace monsoon::worker {
+namespace {
+
+using ::monsoon::testutil::ResolvedConfig;
+
+// 50 examples of one value each, the value being the example's index: a
+// batch's images name the examples in it.
+Dataset Indexed() {
+  Dataset data;
+  data.size = 50;
+  data.dim = 1;
+  for (int i = 0; i < data.size; ++i) {
+    data.images.push_back(static_cast<float>(i));
+    data.labels.push_back(i % 10);
+  }
+  return data;
+}
+
+// Rank 1 of 2 gets 25 examples: 3 batches of 8 per epoch, 3 epochs.
+constexpr char kConfig[] = "layer_sizes: [1, 10] batch_size: 8 epochs: 3";
+
+std::vector<float> Images(const BatchStream& stream) {
+  return std::vector<float>(stream.images(), stream.images() + 8);
+}
+
+TEST(BatchStreamTest, SkippingLandsOnTheBatchThatNextWouldGive) {
+  const Dataset data = Indexed();
+  const TrainingConfig config = ResolvedConfig(kConfig);
+  for (int64_t skip = 0; skip < 9; ++skip) {
+    SCOPED_TRACE(skip);
+    ASSERT_OK_AND_ASSIGN(BatchStream walked,
+                         BatchStream::Create(&data, config, 1, 2));
+    ASSERT_OK_AND_ASSIGN(BatchStream skipped,
+                         BatchStream::Create(&data, config, 1, 2));
+    ASSERT_EQ(walked.total_steps(), 9);
+    for (int64_t i = 0; i < skip; ++i) ASSERT_TRUE(walked.Next());
+    ASSERT_TRUE(skipped.Skip(skip));
+    // Every remaining batch is the same, epoch boundaries included.
+    while (walked.Next()) {
+      ASSERT_TRUE(skipped.Next());
+      EXPECT_EQ(Images(skipped), Images(walked));
+      EXPECT_EQ(skipped.epoch(), walked.epoch());
+      EXPECT_EQ(skipped.step_in_epoch(), walked.step_in_epoch());
+    }
+    EXPECT_FALSE(skipped.Next());
+  }
+}
+
+TEST(BatchStreamTest, SkippingPastTheEndLeavesNothing) {
+  const Dataset data = Indexed();
+  ASSERT_OK_AND_ASSIGN(
+      BatchStream stream,
+      BatchStream::Create(&data, ResolvedConfig(kConfig), 1, 2));
+  EXPECT_TRUE(stream.Skip(9));
+  EXPECT_FALSE(stream.Next());
+  ASSERT_OK_AND_ASSIGN(
+      BatchStream beyond,
+      BatchStream::Create(&data, ResolvedConfig(kConfig), 1, 2));
+  EXPECT_FALSE(beyond.Skip(10));
+  EXPECT_FALSE(beyond.Next());
+}
+
+}  // namespace
+}  // namespace monsoon::worker
