@@ -150,7 +150,7 @@ absl::Status ShardServer::SaveCheckpoint(int64_t* version) {
   common::AppendFloatBytes(saved.weights, checkpoint.mutable_weights());
   checkpoint.set_optimizer(saved.optimizer);
   checkpoint.set_optimizer_state(saved.optimizer_state);
-  *checkpoint.mutable_stats() = state_->Stats();
+  *checkpoint.mutable_stats() = saved.stats;
   return WriteCheckpoint(checkpoint_path_, checkpoint);
 }
 

@@ -61,6 +61,7 @@ RuleState SaveRuleState(const ShardState& state, int64_t version,
   RuleState saved;
   saved.version = version;
   state.CopyWeights(&saved.weights);
+  saved.stats = state.Stats();
   if (optimizer != nullptr) {
     saved.optimizer = optimizer->Name();
     saved.optimizer_state = optimizer->SaveState();

@@ -52,6 +52,9 @@ struct RuleState {
   std::vector<float> weights;   // the shard's slice
   std::string optimizer;        // Optimizer::Name(); empty: no optimizer
   std::string optimizer_state;  // Optimizer::SaveState()
+  // The shard's counters, taken with the weights, so that a checkpoint's
+  // examples applied per worker match its weights (see SaveRuleState).
+  StatsResponse stats;
 };
 
 class UpdateRule {
@@ -78,7 +81,8 @@ class UpdateRule {
 };
 
 // Helpers for the rules' SaveState and RestoreState. The caller holds
-// whatever lock keeps pushes out. `optimizer` may be null (no optimizer).
+// whatever lock keeps pushes out (none under hogwild, whose saved counters
+// may then be a push ahead of or behind its weights). `optimizer` may be null (no optimizer).
 RuleState SaveRuleState(const ShardState& state, int64_t version,
                         const Optimizer* optimizer);
 // Checks that `saved` fits, then restores the weights and the optimizer

@@ -131,6 +131,11 @@ TEST_P(CheckpointRoundTripTest,
   EXPECT_EQ(resumed_stats.bytes_pushed(), stats.bytes_pushed());
   EXPECT_THAT(resumed_stats.staleness_counts(),
               ElementsAreArray(stats.staleness_counts()));
+  for (int worker = 0; worker < 2; ++worker) {
+    EXPECT_GT(original->state()->AppliedSamples(worker), 0);
+    EXPECT_EQ(resumed->state()->AppliedSamples(worker),
+              original->state()->AppliedSamples(worker));
+  }
 
   // The next step gives the same result on both.
   for (int worker = 0; worker < 2; ++worker) {
