@@ -8,7 +8,6 @@
 #include <memory>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "worker/gradient_pusher.h"
 #include "worker/training_loop.h"
 
@@ -29,27 +28,18 @@ class DownpourLoop : public TrainingLoop {
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     ProgressLog progress(c, *batches);
 
-    // The push in flight, if any: waited for before the next one starts and
-    // on every way out of this function, so no RPC outlives the loop.
-    std::unique_ptr<PendingCall> in_flight;
-    auto finish_in_flight = [&]() -> absl::Status {
-      if (in_flight == nullptr) return absl::OkStatus();
-      absl::Status status = in_flight->Wait();
-      in_flight.reset();
-      return status;
-    };
-    absl::Cleanup wait_on_exit = [&] { finish_in_flight().IgnoreError(); };
+    PushInFlight in_flight;
     // Pushes `steps` steps' gradient: at device_grads, or (nullptr) what the
     // pusher has summed.
     auto push = [&](int steps, const float* device_grads) -> absl::Status {
-      if (auto s = finish_in_flight(); !s.ok()) return s;
+      if (auto s = in_flight.Finish(); !s.ok()) return s;
       const int64_t samples =
           static_cast<int64_t>(steps) * batches->batch_size();
       absl::StatusOr<std::unique_ptr<PendingCall>> started =
           device_grads != nullptr ? pusher.Push(device_grads, versions, samples)
                                   : pusher.PushAccumulated(versions, samples);
       if (!started.ok()) return started.status();
-      in_flight = *std::move(started);
+      in_flight.Hold(*std::move(started));
       return absl::OkStatus();
     };
 
@@ -90,7 +80,7 @@ class DownpourLoop : public TrainingLoop {
         return s;
       }
     }
-    if (auto s = finish_in_flight(); !s.ok()) return s;
+    if (auto s = in_flight.Finish(); !s.ok()) return s;
     return progress.Finish();
   }
 };

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -76,6 +77,30 @@ class GradientPusher {
   // Device sum for Accumulate, allocated on first use.
   float* sum_ = nullptr;
   int accumulated_steps_ = 0;
+};
+
+// The one push a loop keeps in flight while it computes its next steps.
+// Finish() waits for it; the destructor does too, so that no RPC outlives
+// the loop. Not thread-safe.
+class PushInFlight {
+ public:
+  PushInFlight() = default;
+  PushInFlight(const PushInFlight&) = delete;
+  PushInFlight& operator=(const PushInFlight&) = delete;
+  ~PushInFlight() { Finish().IgnoreError(); }
+
+  // Waits for the push in flight, if any, and returns its outcome.
+  absl::Status Finish() {
+    if (call_ == nullptr) return absl::OkStatus();
+    absl::Status status = call_->Wait();
+    call_.reset();
+    return status;
+  }
+  // Keeps `call` in flight; call Finish() before starting it.
+  void Hold(std::unique_ptr<PendingCall> call) { call_ = std::move(call); }
+
+ private:
+  std::unique_ptr<PendingCall> call_;
 };
 
 }  // namespace monsoon::worker

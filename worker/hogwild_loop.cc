@@ -1,11 +1,12 @@
 // hogwild (Niu, Recht, Re and Wright 2011): pull, compute, push, never wait
 // for other workers. The push of step i streams while step i+1 pulls and
 // computes; the worker waits only for its own previous push before starting
-// the next (two gradient buffers).
+// the next. Pushes leave the device shard by shard (GradientPusher).
 
 #include <memory>
 #include <vector>
 
+#include "worker/gradient_pusher.h"
 #include "worker/training_loop.h"
 
 namespace monsoon::worker {
@@ -16,42 +17,33 @@ class HogwildLoop : public TrainingLoop {
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
-    const size_t p = c.mlp->layout().num_params();
-    std::vector<float> params(p);
-    std::vector<float> grads[2] = {std::vector<float>(p),
-                                   std::vector<float>(p)};
-    std::vector<int64_t> versions[2];
-    std::unique_ptr<PendingCall> in_flight;
+    absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
+        GradientPusher::Create(c.mlp->backend(), c.client, c.config);
+    if (!pusher.ok()) return pusher.status();
+    std::vector<float> params(c.mlp->layout().num_params());
+    std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     ProgressLog progress(c, *batches);
-    int current = 0;
+    PushInFlight in_flight;  // the previous step's push
     while (batches->Next()) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
-        if (in_flight != nullptr) in_flight->Wait().IgnoreError();
         return absl::CancelledError("stopped");
       }
-      absl::Status status = c.client->Pull(0, timeout, absl::MakeSpan(params),
-                                           &versions[current]);
+      absl::Status status =
+          c.client->Pull(0, timeout, absl::MakeSpan(params), &versions);
       if (!status.ok()) return status;
       if (auto s = c.mlp->SetParams(params); !s.ok()) return s;
       absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!result.ok()) return result.status();
-      if (auto s = c.mlp->GetGradients(absl::MakeSpan(grads[current]));
-          !s.ok()) {
-        return s;
-      }
-      if (in_flight != nullptr) {
-        if (auto s = in_flight->Wait(); !s.ok()) return s;
-      }
-      in_flight = c.client->PushAsync(grads[current], versions[current],
-                                      batches->batch_size(), nullptr);
-      current = 1 - current;
+      if (auto s = in_flight.Finish(); !s.ok()) return s;
+      absl::StatusOr<std::unique_ptr<PendingCall>> push = (*pusher)->Push(
+          c.mlp->device_gradients(), versions, batches->batch_size());
+      if (!push.ok()) return push.status();
+      in_flight.Hold(*std::move(push));
       progress.Step(result->loss, batches->batch_size());
     }
-    if (in_flight != nullptr) {
-      if (auto s = in_flight->Wait(); !s.ok()) return s;
-    }
+    if (auto s = in_flight.Finish(); !s.ok()) return s;
     return progress.Finish();
   }
 };
