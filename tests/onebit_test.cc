@@ -1,8 +1,10 @@
 #include "common/onebit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -81,6 +83,65 @@ TEST(OneBitTest, DecodedPlusNewResidualEqualsGradientPlusOldResidual) {
   // Error feedback keeps the residual bounded rather than drifting: with
   // unit-variance gradients it stays within a few standard deviations.
   EXPECT_LT(worst_residual, 10.0f);
+}
+
+// The codec's definition written plainly, one value at a time: per bucket,
+// each side's mean in double precision, then the bits and the loss.
+void ReferenceEncode(const std::vector<float>& gradient,
+                     std::vector<float>* residual, int bucket,
+                     OneBitEncoded* out) {
+  const size_t n = gradient.size();
+  for (size_t begin = 0; begin < n; begin += bucket) {
+    const size_t end = std::min(n, begin + bucket);
+    double sums[2] = {0, 0};
+    int64_t counts[2] = {0, 0};
+    for (size_t i = begin; i < end; ++i) {
+      const float v = gradient[i] + (*residual)[i];
+      (*residual)[i] = v;
+      sums[v >= 0 ? 1 : 0] += v;
+      ++counts[v >= 0 ? 1 : 0];
+    }
+    float scales[2];
+    for (int side = 0; side < 2; ++side) {
+      scales[side] =
+          counts[side] > 0 ? static_cast<float>(sums[side] / counts[side]) : 0;
+    }
+    std::string bits((end - begin + 7) / 8, '\0');
+    for (size_t i = begin; i < end; ++i) {
+      const float v = (*residual)[i];
+      const int side = v >= 0 ? 1 : 0;
+      if (side == 1)
+        bits[(i - begin) / 8] |= static_cast<char>(1 << ((i - begin) % 8));
+      (*residual)[i] = v - scales[side];
+    }
+    out->bits += bits;
+    out->scales.append(reinterpret_cast<const char*>(scales), sizeof(scales));
+  }
+}
+
+TEST(OneBitTest, EncoderMatchesThePlainDefinitionBitForBit) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int bucket : {1, 5, 8, 13, 64, 512}) {
+    for (int n : {0, 1, 7, 8, 9, 100, 1031}) {
+      SCOPED_TRACE(testing::Message() << "bucket " << bucket << " n " << n);
+      std::vector<float> gradient(n), residual(n), expected_residual(n);
+      for (int i = 0; i < n; ++i) {
+        // Zeros and negative zeros too, which sit on the sign boundary.
+        gradient[i] = i % 17 == 0 ? 0.0f : i % 19 == 0 ? -0.0f : normal(rng);
+        residual[i] = expected_residual[i] = i % 3 == 0 ? 0.0f : normal(rng);
+      }
+      for (int step = 0; step < 3; ++step) {
+        OneBitEncoded encoded, expected;
+        OneBitEncode(gradient, absl::MakeSpan(residual), bucket, &encoded);
+        ReferenceEncode(gradient, &expected_residual, bucket, &expected);
+        ASSERT_EQ(encoded.bits, expected.bits);
+        ASSERT_EQ(encoded.scales, expected.scales);
+        ASSERT_EQ(0, std::memcmp(residual.data(), expected_residual.data(),
+                                 n * sizeof(float)));
+      }
+    }
+  }
 }
 
 TEST(OneBitTest, WireSizeIsOneBitPerValuePlusTwoFloatsPerBucket) {
