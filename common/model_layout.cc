@@ -42,6 +42,18 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+std::vector<float> UniformValues(size_t n, uint64_t seed, float scale) {
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t bits = SplitMix64(seed * 1000003 + i);
+    values[i] =
+        static_cast<float>(scale * (static_cast<double>(bits >> 11) /
+                                        static_cast<double>(1ull << 52) -
+                                    1.0));
+  }
+  return values;
+}
+
 float InitialValue(const ModelLayout& layout, uint64_t seed, uint64_t index) {
   for (int l = 0; l < layout.num_layers(); ++l) {
     const TensorSpec& w = layout.weights(l);

@@ -64,6 +64,11 @@ void InitialValues(const ModelLayout& layout, uint64_t seed, uint64_t begin,
 // SplitMix64: a counter-based generator for reproducible randomness.
 uint64_t SplitMix64(uint64_t x);
 
+// n values uniform in [-scale, scale), value i drawn from
+// SplitMix64(seed * 1000003 + i): the same on every platform. For tests and
+// benchmarks that need arbitrary but repeatable inputs.
+std::vector<float> UniformValues(size_t n, uint64_t seed, float scale = 1.0f);
+
 }  // namespace monsoon::common
 
 #endif  // MONSOON_COMMON_MODEL_LAYOUT_H_

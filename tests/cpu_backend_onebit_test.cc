@@ -28,13 +28,7 @@ using ::monsoon::testutil::StatusIs;
 // Uniform in [-scale, scale) with exact zeros and -0 sprinkled in, and a
 // first bucket of up to 64 values with no negative one.
 std::vector<float> CodecInput(size_t n, uint64_t seed, float scale) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t bits = common::SplitMix64(seed * 1000003 + i);
-    v[i] = static_cast<float>(scale * (static_cast<double>(bits >> 11) /
-                                           static_cast<double>(1ull << 52) -
-                                       1.0));
-  }
+  std::vector<float> v = common::UniformValues(n, seed, scale);
   for (size_t i = 0; i < n; i += 97) v[i] = 0.0f;
   for (size_t i = 50; i < n; i += 101) v[i] = -0.0f;
   for (size_t i = 0; i < std::min<size_t>(n, 64); ++i) v[i] = std::abs(v[i]);

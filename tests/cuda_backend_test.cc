@@ -55,13 +55,9 @@ bool RequireGpu() {
 
 // Uniform in [-scale, scale), reproducibly, with no exact zeros.
 std::vector<float> RandomValues(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::vector<float> values(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t bits = common::SplitMix64(seed * 1000003 + i);
-    double u =
-        static_cast<double>(bits >> 11) / static_cast<double>(1ull << 52) - 1.0;
-    if (u == 0) u = 0.5;
-    values[i] = static_cast<float>(scale * u);
+  std::vector<float> values = common::UniformValues(n, seed, scale);
+  for (float& v : values) {
+    if (v == 0) v = static_cast<float>(scale * 0.5);
   }
   return values;
 }

@@ -20,18 +20,6 @@ namespace {
 
 using ::monsoon::testutil::StatusIs;
 
-// Uniform in [-1, 1), reproducibly.
-std::vector<float> RandomValues(size_t n, uint64_t seed) {
-  std::vector<float> values(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t bits = common::SplitMix64(seed * 1000003 + i);
-    values[i] = static_cast<float>(static_cast<double>(bits >> 11) /
-                                       static_cast<double>(1ull << 52) -
-                                   1.0);
-  }
-  return values;
-}
-
 // The network's mean loss and correct count, in double on the host, as the
 // reference; *margin gets the smallest |pre-activation| of a hidden unit.
 struct Reference {
@@ -80,8 +68,8 @@ class MlpTest : public testing::Test {
   MlpTest()
       : backend_(MakeCpuBackend(1)),
         layout_({5, 4, 3}),
-        params_(RandomValues(layout_.num_params(), 1)),
-        images_(RandomValues(10 * 5, 2)),
+        params_(common::UniformValues(layout_.num_params(), 1)),
+        images_(common::UniformValues(10 * 5, 2)),
         labels_({0, 1, 2, 1, 2, 0, 0, 1, 2, 2}) {}
 
   std::unique_ptr<Mlp> MakeMlp(int max_batch) {

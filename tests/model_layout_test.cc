@@ -169,5 +169,21 @@ TEST(SplitMix64Test, MatchesTheReferenceSequence) {
   EXPECT_EQ(SplitMix64(0x9e3779b97f4a7c15ull), 0x6e789e6aa1b965f4ull);
 }
 
+TEST(UniformValuesTest, RepeatableAndWithinScale) {
+  const std::vector<float> a = UniformValues(10000, 7, 2.0f);
+  EXPECT_EQ(a, UniformValues(10000, 7, 2.0f));
+  EXPECT_NE(a, UniformValues(10000, 8, 2.0f));
+  double sum = 0;
+  for (float v : a) {
+    ASSERT_GE(v, -2.0f);
+    ASSERT_LT(v, 2.0f);
+    sum += v;
+  }
+  EXPECT_NEAR(sum / a.size(), 0.0, 0.05);
+  // The scale only stretches the same draws.
+  const std::vector<float> unit = UniformValues(10000, 7);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], 2.0f * unit[i]);
+}
+
 }  // namespace
 }  // namespace monsoon::common

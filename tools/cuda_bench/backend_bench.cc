@@ -88,17 +88,6 @@ absl::StatusOr<PhaseTiming> Time(ComputeBackend* backend, std::string name,
   return timing;
 }
 
-std::vector<float> RandomValues(size_t n, uint64_t seed) {
-  std::vector<float> values(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t bits = common::SplitMix64(seed * 1000003 + i);
-    values[i] = static_cast<float>(static_cast<double>(bits >> 11) /
-                                       static_cast<double>(1ull << 52) -
-                                   1.0);
-  }
-  return values;
-}
-
 std::string Seconds(double s) {
   if (s >= 1) return absl::StrFormat("%.3g s", s);
   if (s >= 1e-3) return absl::StrFormat("%.3g ms", s * 1e3);
@@ -186,7 +175,7 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
   std::vector<float> host_params(p);
   common::InitialValues(layout, /*seed=*/1, 0, absl::MakeSpan(host_params));
   const std::vector<float> images =
-      RandomValues(static_cast<size_t>(batch) * sizes[0], 2);
+      common::UniformValues(static_cast<size_t>(batch) * sizes[0], 2);
   std::vector<int32_t> host_labels(batch);
   for (int i = 0; i < batch; ++i) {
     host_labels[i] =
