@@ -2,7 +2,6 @@
 // one local cluster after another, and writes results.json, summary.md and
 // plots into --out_dir; the summary table is printed at the end.
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -18,6 +17,7 @@
 #include "tools/comparison.h"
 #include "tools/config_flags.h"
 #include "tools/emulated_network.h"
+#include "tools/local_cluster.h"
 #include "tools/process_supervisor.h"
 #include "worker/dataset.h"
 
@@ -62,16 +62,6 @@ constexpr int kConfigError = 2;
 int Fail(int code, const absl::Status& status) {
   monsoon::common::Log("compare: error: %s", status.ToString());
   return code;
-}
-
-std::string ExecutablePath() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  return n > 0 ? std::string(path, static_cast<size_t>(n)) : "";
-}
-
-std::string Dirname(const std::string& path) {
-  return path.substr(0, path.rfind('/'));
 }
 
 bool Exists(const std::string& path) {
@@ -154,13 +144,13 @@ int main(int argc, char** argv) {
   options.time_limit_s = absl::GetFlag(FLAGS_time_limit_s);
   options.target_accuracy = absl::GetFlag(FLAGS_target);
   options.eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
-  const std::string exe = ExecutablePath();
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
-                        ? Dirname(Dirname(exe))
+                        ? monsoon::tools::DefaultBinDir()
                         : absl::GetFlag(FLAGS_bin_dir);
   std::string script = absl::GetFlag(FLAGS_report_script);
   if (script.empty())
-    script = exe + ".runfiles/monsoon/tools/compare_report.py";
+    script = monsoon::tools::ExecutablePath() +
+             ".runfiles/monsoon/tools/compare_report.py";
   if (!Exists(script)) {
     return Fail(kConfigError, absl::NotFoundError(absl::StrCat(
                                   "report script '", script,

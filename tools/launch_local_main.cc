@@ -3,7 +3,6 @@
 // with role prefixes, stops everything at the end or on Ctrl-C, and writes
 // the run's metrics as JSON.
 #include <stdlib.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -48,16 +47,6 @@ int Fail(int code, const absl::Status& status) {
   return code;
 }
 
-// bazel-bin/tools/launch_local -> bazel-bin, where server/ and worker/ are.
-std::string DefaultBinDir() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) return ".";
-  std::string exe(path, static_cast<size_t>(n));
-  std::string dir = exe.substr(0, exe.rfind('/'));
-  return dir.substr(0, dir.rfind('/'));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,7 +86,7 @@ int main(int argc, char** argv) {
   options.servers = servers;
   options.workers = workers;
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
-                        ? DefaultBinDir()
+                        ? monsoon::tools::DefaultBinDir()
                         : absl::GetFlag(FLAGS_bin_dir);
   options.eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);

@@ -2,6 +2,7 @@
 
 #include <google/protobuf/text_format.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -16,6 +17,19 @@
 #include "worker/ps_client.h"
 
 namespace monsoon::tools {
+
+std::string ExecutablePath() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return n > 0 ? std::string(path, static_cast<size_t>(n)) : "";
+}
+
+std::string DefaultBinDir() {
+  const std::string exe = ExecutablePath();
+  if (exe.empty()) return ".";
+  const std::string dir = exe.substr(0, exe.rfind('/'));
+  return dir.substr(0, dir.rfind('/'));
+}
 namespace {
 
 bool ReadFile(const std::string& path, std::string* text) {

@@ -26,6 +26,14 @@ struct HostPlacement {
   std::vector<std::string> control_addresses;
 };
 
+// This program's path (from /proc/self/exe); empty if it cannot be read.
+std::string ExecutablePath();
+
+// Where the daemons are for a tool built beside them: for
+// bazel-bin/tools/<tool>, bazel-bin (holding server/ and worker/). "." if
+// this program's path cannot be read.
+std::string DefaultBinDir();
+
 struct LocalClusterOptions {
   TrainingConfig config;  // resolved
   int servers = 2;
