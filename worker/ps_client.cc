@@ -253,9 +253,6 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
           ": check --servers and the servers' --num_shards"));
     }
     client->ranges_.push_back(expected);
-    if (options.config.compression() == COMPRESSION_ONEBIT) {
-      client->residual_.assign(params, 0.0f);
-    }
     client->initial_versions_.push_back(response.version());
     client->applied_samples_ =
         s == 0 ? response.samples_applied()
@@ -309,6 +306,9 @@ std::vector<PushChunk> PsClient::EncodeShard(int shard,
   if (header.encoding() != ENCODING_FLOAT32) {
     // Quantize v = g + residual, bucket by bucket within this shard's slice.
     const common::ShardRange range = ranges_[shard];
+    // Allocated on first use: a worker whose backend quantizes on the
+    // device (GradientPusher) never needs it.
+    if (residual_.empty()) residual_.assign(ranges_.back().end, 0.0f);
     common::OneBitEncoded encoded;
     common::OneBitEncode(
         values, absl::MakeSpan(residual_).subspan(range.begin, range.size()),

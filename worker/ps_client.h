@@ -139,7 +139,8 @@ class PsClient {
   std::vector<int64_t> initial_versions_;
   int64_t applied_samples_ = 0;
 
-  // 1-bit error feedback: what earlier pushes' quantization lost.
+  // 1-bit error feedback for pushes quantized here: what earlier pushes'
+  // quantization lost, all parameters (empty until the first).
   std::vector<float> residual_;
 
   std::atomic<int64_t> bytes_pushed_{0};
