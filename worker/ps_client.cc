@@ -285,6 +285,15 @@ absl::Status PsClient::Pull(int64_t min_version, absl::Duration timeout,
   return PullAsync(min_version, timeout, params, versions)->Wait();
 }
 
+std::vector<PushChunk> PsClient::Seal(std::vector<PushChunk> chunks,
+                                      PushHeader header) {
+  *chunks[0].mutable_header() = std::move(header);
+  for (const PushChunk& chunk : chunks) {
+    bytes_pushed_.fetch_add(static_cast<int64_t>(chunk.ByteSizeLong()));
+  }
+  return chunks;
+}
+
 PushHeader PsClient::Header(int shard, int64_t base_version,
                             int64_t samples) const {
   PushHeader header;
@@ -323,11 +332,7 @@ std::vector<PushChunk> PsClient::EncodeShard(int shard,
     common::AppendFloatBytes(values.subspan(sent, n), chunk.mutable_data());
     sent += n;
   }
-  *chunks[0].mutable_header() = std::move(header);
-  for (const PushChunk& chunk : chunks) {
-    bytes_pushed_.fetch_add(static_cast<int64_t>(chunk.ByteSizeLong()));
-  }
-  return chunks;
+  return Seal(std::move(chunks), std::move(header));
 }
 
 std::vector<PushChunk> PsClient::ChunkOneBit(
@@ -351,11 +356,7 @@ std::vector<PushChunk> PsClient::ChunkOneBit(
                                            count * 2 * sizeof(float)));
     bits_at += bits;
   }
-  *chunks[0].mutable_header() = std::move(header);
-  for (const PushChunk& chunk : chunks) {
-    bytes_pushed_.fetch_add(static_cast<int64_t>(chunk.ByteSizeLong()));
-  }
-  return chunks;
+  return Seal(std::move(chunks), std::move(header));
 }
 
 class ShardedPushImpl : public ShardedPush {

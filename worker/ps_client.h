@@ -126,6 +126,9 @@ class PsClient {
   std::vector<PushChunk> ChunkOneBit(uint64_t n,
                                      const common::OneBitEncoded& encoded,
                                      PushHeader header);
+  // Puts the header into the first of `chunks` (never empty) and counts
+  // their bytes as pushed.
+  std::vector<PushChunk> Seal(std::vector<PushChunk> chunks, PushHeader header);
   PushHeader Header(int shard, int64_t base_version, int64_t samples) const;
   friend class ShardedPushImpl;
 
