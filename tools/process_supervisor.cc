@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -169,9 +170,13 @@ absl::Status ProcessSupervisor::Pump(const std::function<bool()>& done,
         owners.push_back(&child);
       }
     }
-    // Wake at least every 200 ms: a SIGCHLD merged with another is not lost.
-    const int wait_ms = static_cast<int>(
-        std::min<int64_t>(200, absl::ToInt64Milliseconds(left) + 1));
+    // Blocks until a child writes, a signal arrives (SIGCHLD included) or
+    // 200 ms pass, so that a SIGCHLD merged with another is not lost and a
+    // time-based done() is checked. `left` may be infinite: clamp it before
+    // converting, or the sum overflows into a zero timeout and this spins.
+    const int wait_ms = static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(std::min(left, absl::Milliseconds(200))) + 1,
+        1, 200));
     poll(fds.data(), fds.size(), wait_ms);
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents != 0) ReadOutput(*owners[i]);
