@@ -1,0 +1,324 @@
+#include "common/wire.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/onebit.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace monsoon::common {
+namespace {
+
+using ::monsoon::testutil::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A message's bytes, joined.
+std::string Bytes(const grpc::ByteBuffer& message) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(message.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+// `bytes` as a message of several slices, cut at `cuts` (so that fields
+// straddle slice boundaries, as they do off a socket).
+grpc::ByteBuffer Sliced(const std::string& bytes, std::vector<size_t> cuts) {
+  std::vector<grpc::Slice> slices;
+  size_t at = 0;
+  cuts.push_back(bytes.size());
+  for (size_t cut : cuts) {
+    slices.emplace_back(bytes.data() + at, cut - at);  // copied
+    at = cut;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+grpc::ByteBuffer Whole(const std::string& bytes) { return Sliced(bytes, {}); }
+
+std::string FloatBytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()),
+                     values.size() * sizeof(float));
+}
+
+PushHeader Header() {
+  PushHeader header;
+  header.set_worker_rank(1);
+  header.set_shard(2);
+  header.set_base_version(300);
+  header.set_length(5);
+  header.set_samples(64);
+  return header;
+}
+
+TEST(WireTest, PushChunkBytesAreProtobufsSerialization) {
+  const PushHeader header = Header();
+  const std::string data = FloatBytes({1.5f, -2, 3, 0.25f});
+  const std::string scales = FloatBytes({-1, 1});
+  BufferLease lease;
+  const grpc::ByteBuffer message =
+      PushChunkMessage(&header, 129, lease.Borrow(data.data(), data.size()),
+                       lease.Borrow(scales.data(), scales.size()));
+  PushChunk expected;
+  *expected.mutable_header() = header;
+  expected.set_offset(129);
+  expected.set_data(data);
+  expected.set_scales(scales);
+  EXPECT_EQ(Bytes(message), expected.SerializeAsString());
+}
+
+TEST(WireTest, ChunksWithoutHeaderOffsetOrScalesLeaveThemOut) {
+  const std::string data = FloatBytes({7});
+  const grpc::ByteBuffer message = PushChunkMessage(
+      nullptr, 0, grpc::Slice(data.data(), data.size()), grpc::Slice());
+  PushChunk expected;
+  expected.set_data(data);
+  EXPECT_EQ(Bytes(message), expected.SerializeAsString());
+}
+
+TEST(WireTest, PullChunkBytesAreProtobufsSerialization) {
+  const std::string data = FloatBytes({4, 5, 6});
+  PushResponse push;
+  push.set_version(12);
+  push.set_staleness(3);
+  PullChunk expected;
+  expected.set_version(12);
+  expected.set_offset(1u << 20);
+  expected.set_data(data);
+  *expected.mutable_push() = push;
+  EXPECT_EQ(Bytes(PullChunkMessage(12, 1u << 20,
+                                   grpc::Slice(data.data(), data.size()),
+                                   &push)),
+            expected.SerializeAsString());
+  expected.clear_push();
+  EXPECT_EQ(Bytes(PullChunkMessage(
+                12, 1u << 20, grpc::Slice(data.data(), data.size()), nullptr)),
+            expected.SerializeAsString());
+}
+
+TEST(WireTest, ReadsAPushChunkAcrossSliceBoundaries) {
+  PushChunk chunk;
+  *chunk.mutable_header() = Header();
+  chunk.set_offset(300);
+  chunk.set_data(FloatBytes({1, 2, 3, 4, 5}));
+  chunk.set_scales(FloatBytes({-0.5f, 0.5f}));
+  const std::string bytes = chunk.SerializeAsString();
+  // Every cut point, so that each tag, varint and payload is split once.
+  for (size_t cut = 1; cut < bytes.size(); ++cut) {
+    MessageReader reader;
+    MessageReader::PushChunkView view;
+    ASSERT_OK(reader.ParsePushChunk(Sliced(bytes, {cut}), &view));
+    EXPECT_TRUE(view.has_header);
+    EXPECT_EQ(view.header.SerializeAsString(), Header().SerializeAsString());
+    EXPECT_EQ(view.offset, 300u);
+    EXPECT_EQ(view.data.ToString(), chunk.data()) << "cut at " << cut;
+    EXPECT_EQ(view.scales.ToString(), chunk.scales());
+    EXPECT_EQ(view.message_bytes, bytes.size());
+  }
+}
+
+TEST(WireTest, CopyToFillsTheDestinationAcrossManySlices) {
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * i;
+  PushChunk chunk;
+  chunk.set_offset(7);
+  chunk.set_data(FloatBytes(values));
+  const std::string bytes = chunk.SerializeAsString();
+  MessageReader reader;
+  MessageReader::PushChunkView view;
+  ASSERT_OK(reader.ParsePushChunk(Sliced(bytes, {3, 10, 11, 999, 2000}),
+                                  &view));
+  std::vector<float> out(values.size());
+  ASSERT_EQ(view.data.size(), out.size() * sizeof(float));
+  view.data.CopyTo(out.data());
+  EXPECT_EQ(out, values);
+}
+
+TEST(WireTest, ReadsFieldsInAnyOrderAndSkipsUnknownOnes) {
+  // offset, then an unknown varint field 9, data, an unknown
+  // length-delimited field 10, a fixed32 and a fixed64, then the header.
+  std::string bytes;
+  bytes += '\x10';  // field 2, varint
+  bytes += '\x05';
+  bytes += '\x48';  // field 9, varint
+  bytes += '\x01';
+  const std::string data = FloatBytes({9});
+  bytes += '\x1a';  // field 3, length-delimited
+  bytes += static_cast<char>(data.size());
+  bytes += data;
+  bytes += '\x52';  // field 10, length-delimited
+  bytes += '\x02';
+  bytes += "ab";
+  bytes += '\x5d';  // field 11, fixed32
+  bytes += std::string(4, '\x01');
+  bytes += '\x61';  // field 12, fixed64
+  bytes += std::string(8, '\x02');
+  const std::string header = Header().SerializeAsString();
+  bytes += '\x0a';  // field 1, length-delimited
+  bytes += static_cast<char>(header.size());
+  bytes += header;
+  MessageReader reader;
+  MessageReader::PushChunkView view;
+  ASSERT_OK(reader.ParsePushChunk(Whole(bytes), &view));
+  EXPECT_TRUE(view.has_header);
+  EXPECT_EQ(view.header.base_version(), 300);
+  EXPECT_EQ(view.offset, 5u);
+  EXPECT_EQ(view.data.ToString(), data);
+  EXPECT_TRUE(view.scales.empty());
+}
+
+TEST(WireTest, ReadsAPullChunk) {
+  PullChunk chunk;
+  chunk.set_version(-1);  // a negative int64 is a 10-byte varint
+  chunk.set_offset(12);
+  chunk.set_data(FloatBytes({3, 4}));
+  chunk.mutable_push()->set_version(8);
+  chunk.mutable_push()->set_staleness(2);
+  MessageReader reader;
+  MessageReader::PullChunkView view;
+  ASSERT_OK(reader.ParsePullChunk(Whole(chunk.SerializeAsString()), &view));
+  EXPECT_EQ(view.version, -1);
+  EXPECT_EQ(view.offset, 12u);
+  EXPECT_EQ(view.data.ToString(), chunk.data());
+  EXPECT_TRUE(view.has_push);
+  EXPECT_EQ(view.push.version(), 8);
+  EXPECT_EQ(view.push.staleness(), 2);
+}
+
+TEST(WireTest, EmptyMessageIsAnEmptyChunk) {
+  MessageReader reader;
+  MessageReader::PushChunkView view;
+  ASSERT_OK(reader.ParsePushChunk(Whole(""), &view));
+  EXPECT_FALSE(view.has_header);
+  EXPECT_EQ(view.offset, 0u);
+  EXPECT_TRUE(view.data.empty());
+}
+
+TEST(WireTest, MalformedMessagesAreInvalidArgument) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {std::string("\x1a\x05\x01\x02", 4), "runs past the message"},
+      {std::string("\x10", 1), "truncated varint"},
+      {std::string("\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 12),
+       "truncated varint"},
+      {std::string("\x0b", 1), "unsupported wire type 3"},  // start group
+      {std::string("\x00\x01", 2), "field number out of range"},
+      {std::string("\x12\x01\x00", 3), "wrong wire type"},  // offset as bytes
+      {std::string("\x0a\x02\xff\xff", 4), "header does not parse"},
+      {std::string("\x5d\x01", 2), "truncated fixed32"},
+      {std::string("\x80", 1), "truncated field tag"},
+  };
+  for (const auto& [bytes, message] : cases) {
+    MessageReader reader;
+    MessageReader::PushChunkView view;
+    EXPECT_THAT(reader.ParsePushChunk(Whole(bytes), &view),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(message)))
+        << "bytes of size " << bytes.size();
+  }
+}
+
+TEST(WireTest, SmallMessagesRoundTrip) {
+  PullRequest request;
+  request.set_worker_rank(3);
+  request.set_shard(1);
+  request.set_min_version(77);
+  PullRequest parsed;
+  ASSERT_OK(ParseSmallMessage(SmallMessage(request), &parsed));
+  EXPECT_EQ(parsed.SerializeAsString(), request.SerializeAsString());
+  EXPECT_THAT(ParseSmallMessage(Whole(std::string("\x08", 1)), &parsed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("monsoon.PullRequest")));
+}
+
+TEST(WireTest, Float32ChunkPlanCutsWholeValues) {
+  // 10 values in chunks of 16 bytes: 4 + 4 + 2 values.
+  const ChunkPlan plan(ENCODING_FLOAT32, 10, 512, 16);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[0].first_value, 0u);
+  EXPECT_EQ(plan[0].values, 4u);
+  EXPECT_EQ(plan[0].data_offset, 0u);
+  EXPECT_EQ(plan[0].data_bytes, 16u);
+  EXPECT_EQ(plan[2].first_value, 8u);
+  EXPECT_EQ(plan[2].values, 2u);
+  EXPECT_EQ(plan[2].data_offset, 32u);
+  EXPECT_EQ(plan[2].data_bytes, 8u);
+  EXPECT_EQ(plan[2].scales_bytes, 0u);
+  EXPECT_EQ(ChunkPlan(ENCODING_FLOAT32, 0, 512, 16).size(), 1u);
+}
+
+TEST(WireTest, OneBitChunkPlanCutsWholeBuckets) {
+  // Buckets of 10 values: 2 bytes of bits + 8 of scales = 10 bytes each;
+  // chunks of 25 bytes hold 2 buckets. 45 values = 4.5 buckets: 3 chunks.
+  const ChunkPlan plan(ENCODING_ONEBIT, 45, 10, 25);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[1].first_value, 20u);
+  EXPECT_EQ(plan[1].values, 20u);
+  EXPECT_EQ(plan[1].data_offset, 4u);
+  EXPECT_EQ(plan[1].data_bytes, 4u);
+  EXPECT_EQ(plan[1].scales_offset, 16u);
+  EXPECT_EQ(plan[1].scales_bytes, 16u);
+  EXPECT_EQ(plan[2].first_value, 40u);
+  EXPECT_EQ(plan[2].values, 5u);
+  EXPECT_EQ(plan[2].data_bytes, 1u);
+  EXPECT_EQ(plan[2].scales_bytes, 8u);
+  const PayloadBytes whole = PayloadBytesFor(ENCODING_ONEBIT, 45, 10);
+  EXPECT_EQ(whole.data, OneBitBitsBytes(45, 10));
+  EXPECT_EQ(whole.scales, 5u * 8);
+  EXPECT_EQ(plan[2].data_offset + plan[2].data_bytes, whole.data);
+  EXPECT_EQ(plan[2].scales_offset + plan[2].scales_bytes, whole.scales);
+}
+
+TEST(WireTest, LeaseCountsBorrowsUntilEverySliceIsGone) {
+  // Larger than gRPC's inline slices (23 bytes), which it would copy.
+  std::string data(100, 'x');
+  data.replace(2, 3, "234");
+  BufferLease lease;
+  EXPECT_TRUE(lease.AwaitReleased(absl::ZeroDuration()));
+  {
+    grpc::Slice slice = lease.Borrow(data.data(), data.size());
+    grpc::Slice part = slice.sub(2, 50);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(part.begin()), 3),
+              "234");
+    EXPECT_EQ(part.begin(), reinterpret_cast<const uint8_t*>(data.data()) + 2);
+    grpc::ByteBuffer message = PushChunkMessage(nullptr, 0, part,
+                                                grpc::Slice());
+    slice = grpc::Slice();
+    EXPECT_FALSE(lease.AwaitReleased(absl::Milliseconds(1)));
+  }
+  EXPECT_TRUE(lease.AwaitReleased(absl::ZeroDuration()));
+}
+
+TEST(WireTest, SharedSliceHoldsItsOwner) {
+  auto owner = std::make_shared<std::vector<float>>(4, 2.0f);
+  std::weak_ptr<std::vector<float>> watch = owner;
+  grpc::Slice slice =
+      SharedSlice(owner->data(), owner->size() * sizeof(float), owner);
+  owner.reset();
+  EXPECT_FALSE(watch.expired());
+  slice = grpc::Slice();
+  EXPECT_TRUE(watch.expired());
+}
+
+TEST(WireTest, FirstNonFiniteFindsTheFirstNanOrInf) {
+  std::vector<float> values(5000, 1.0f);
+  EXPECT_EQ(FirstNonFinite(values.data(), values.size()), 5000u);
+  values[4100] = std::numeric_limits<float>::infinity();
+  values[4500] = std::nanf("");
+  EXPECT_EQ(FirstNonFinite(values.data(), values.size()), 4100u);
+  values[3] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FirstNonFinite(values.data(), values.size()), 3u);
+  values[3] = std::numeric_limits<float>::max();
+  values[2] = std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(FirstNonFinite(values.data(), values.size()), 4100u);
+}
+
+}  // namespace
+}  // namespace monsoon::common

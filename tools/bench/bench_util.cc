@@ -1,0 +1,77 @@
+#include "tools/bench/bench_util.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace monsoon::tools {
+namespace {
+
+// The value at fraction q of the sorted samples (nearest rank).
+double At(const std::vector<double>& sorted, double q) {
+  const size_t n = sorted.size();
+  size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(n)));
+  rank = std::clamp<size_t>(rank, 1, n);
+  return sorted[rank - 1];
+}
+
+std::string Quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+Summary Summarize(std::vector<double> samples) {
+  Summary summary;
+  if (samples.empty()) return summary;
+  std::sort(samples.begin(), samples.end());
+  summary.count = static_cast<int>(samples.size());
+  summary.p50 = At(samples, 0.5);
+  summary.p10 = At(samples, 0.1);
+  summary.p90 = At(samples, 0.9);
+  return summary;
+}
+
+JsonLine& JsonLine::Add(const std::string& key, const std::string& value) {
+  fields_.emplace_back(key, Quoted(value));
+  return *this;
+}
+
+JsonLine& JsonLine::Add(const std::string& key, const char* value) {
+  return Add(key, std::string(value));
+}
+
+JsonLine& JsonLine::Add(const std::string& key, double value) {
+  fields_.emplace_back(
+      key, std::isfinite(value) ? absl::StrFormat("%.6g", value) : "null");
+  return *this;
+}
+
+JsonLine& JsonLine::Add(const std::string& key, long long value) {
+  fields_.emplace_back(key, absl::StrCat(value));
+  return *this;
+}
+
+std::string JsonLine::str() const {
+  std::string out = "{";
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    if (i > 0) out += ", ";
+    absl::StrAppend(&out, Quoted(fields_[i].first), ": ", fields_[i].second);
+  }
+  return out + "}";
+}
+
+}  // namespace monsoon::tools

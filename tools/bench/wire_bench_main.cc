@@ -1,0 +1,212 @@
+// wire_bench: Monsoon's push and pull between one client and one shard over
+// loopback gRPC, against a raw gRPC stream of the same bytes (raw_grpc.h:
+// a minimal service in this binary, no Monsoon code on its path), measured
+// in the same run, interleaved repetition by repetition.
+//
+// Cases, for each size (the tensor's float32 bytes):
+//   push_float32_<N>MiB    one push of the tensor (the shard decodes,
+//                          validates and applies it)
+//   push_onebit_<N>MiB     the same tensor 1-bit quantized with error
+//                          feedback on the client; the reference moves the
+//                          same (1/32-size) bytes
+//   pull_float32_<N>MiB    one pull of the shard's weights
+//   pushpull_float32_<N>MiB  a push and the pull of the version it makes
+//                          (a sync step's exchange)
+//
+//   bazel build //tools/bench:wire_bench
+//   bazel-bin/tools/bench/wire_bench                 # table
+//   bazel-bin/tools/bench/wire_bench --json          # one object per case
+//
+// Exit codes: 0 after a report, 2 for a bad flag, 1 for any other failure.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "tools/bench/bench_util.h"
+#include "tools/bench/monsoon_wire.h"
+#include "tools/bench/raw_grpc.h"
+
+ABSL_FLAG(std::string, sizes_mib, "1,4,16",
+          "Tensor sizes in MiB of float32 values, comma-separated.");
+ABSL_FLAG(int, repeats, 30, "Timed repetitions of each case (medians).");
+ABSL_FLAG(int, warmup, 3, "Untimed repetitions before them.");
+ABSL_FLAG(std::string, mode, "sync",
+          "The shard's update mode (sync with one worker applies each push "
+          "at once with SGD and momentum).");
+ABSL_FLAG(int, chunk_kib, 1024,
+          "Message size of both streams, in KiB (the config's chunk_bytes).");
+ABSL_FLAG(bool, json, false, "Print one JSON object per case.");
+
+namespace monsoon::tools {
+namespace {
+
+constexpr int kUsageError = 2;
+
+struct Case {
+  std::string name;
+  uint64_t bytes = 0;      // the tensor's float32 bytes
+  uint64_t raw_bytes = 0;  // what the reference moves each way
+  // One repetition of each side.
+  std::function<absl::Status()> monsoon;
+  std::function<absl::Status()> raw;
+};
+
+// Times `run` once, in microseconds.
+absl::StatusOr<double> Time(const std::function<absl::Status()>& run) {
+  const absl::Time start = absl::Now();
+  absl::Status status = run();
+  if (!status.ok()) return status;
+  return absl::ToDoubleMicroseconds(absl::Now() - start);
+}
+
+absl::Status RunCase(const Case& c, int warmup, int repeats, bool json) {
+  std::vector<double> ours, raw;
+  for (int i = 0; i < warmup + repeats; ++i) {
+    absl::StatusOr<double> a = Time(c.monsoon);
+    if (!a.ok()) return a.status();
+    absl::StatusOr<double> b = Time(c.raw);
+    if (!b.ok()) return b.status();
+    if (i >= warmup) {
+      ours.push_back(*a);
+      raw.push_back(*b);
+    }
+  }
+  const Summary s = Summarize(ours);
+  const Summary r = Summarize(raw);
+  // Gbit/s of the tensor's float32 bytes: what a push or pull delivers.
+  const double moved = c.name.rfind("pushpull", 0) == 0 ? 2.0 * c.bytes
+                                                        : 1.0 * c.bytes;
+  const double gbps = moved * 8 / (s.p50 * 1e3);
+  const double raw_gbps = moved * 8 / (r.p50 * 1e3);
+  if (json) {
+    JsonLine line;
+    line.Add("case", c.name)
+        .Add("bytes", static_cast<long long>(c.bytes))
+        .Add("wire_bytes", static_cast<long long>(c.raw_bytes))
+        .Add("repeats", repeats)
+        .Add("p50_us", s.p50)
+        .Add("p10_us", s.p10)
+        .Add("p90_us", s.p90)
+        .Add("gbps", gbps)
+        .Add("raw_grpc_p50_us", r.p50)
+        .Add("raw_grpc_gbps", raw_gbps)
+        .Add("ratio", r.p50 / s.p50);
+    std::printf("%s\n", line.str().c_str());
+  } else {
+    std::printf("%-26s %9.0f %9.0f %8.2f %9.0f %8.2f %6.2f\n",
+                c.name.c_str(), s.p50, s.p90, gbps, r.p50, raw_gbps,
+                r.p50 / s.p50);
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+int Main() {
+  std::vector<int> sizes;
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_sizes_mib), ',')) {
+    int mib = 0;
+    if (!absl::SimpleAtoi(part, &mib) || mib < 1 || mib > 64) {
+      std::fprintf(stderr,
+                   "wire_bench: --sizes_mib takes sizes from 1 to 64, e.g. "
+                   "1,4,16\n");
+      return kUsageError;
+    }
+    sizes.push_back(mib);
+  }
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const uint64_t chunk = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_kib))
+                         << 10;
+  absl::StatusOr<Mode> mode = common::ParseMode(absl::GetFlag(FLAGS_mode));
+  if (repeats < 1 || warmup < 0 || chunk < (256 << 10) || chunk > (4 << 20) ||
+      !mode.ok()) {
+    std::fprintf(stderr,
+                 "wire_bench: --repeats >= 1, --warmup >= 0, --chunk_kib in "
+                 "[256, 4096] and a known --mode, please\n");
+    return kUsageError;
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json) {
+    std::printf("%-26s %9s %9s %8s %9s %8s %6s\n", "case", "p50 us", "p90 us",
+                "Gbit/s", "raw p50", "raw Gb/s", "ratio");
+  }
+  const uint64_t max_bytes = static_cast<uint64_t>(sizes.back()) << 20;
+  uint64_t largest = 0;
+  for (int mib : sizes) largest = std::max<uint64_t>(largest, mib);
+  absl::StatusOr<std::unique_ptr<RawGrpcServer>> raw_server =
+      RawGrpcServer::Start(largest << 20);
+  if (!raw_server.ok()) {
+    std::fprintf(stderr, "wire_bench: %s\n",
+                 raw_server.status().ToString().c_str());
+    return 1;
+  }
+  (void)max_bytes;
+  RawGrpcClient raw(absl::StrCat("127.0.0.1:", (*raw_server)->port()),
+                    largest << 20);
+
+  for (int mib : sizes) {
+    const uint64_t bytes = static_cast<uint64_t>(mib) << 20;
+    for (bool onebit : {false, true}) {
+      absl::StatusOr<std::unique_ptr<MonsoonWire>> monsoon =
+          MonsoonWire::Start(bytes / sizeof(float), *mode, onebit, chunk);
+      if (!monsoon.ok()) {
+        std::fprintf(stderr, "wire_bench: %s\n",
+                     monsoon.status().ToString().c_str());
+        return 1;
+      }
+      MonsoonWire* m = monsoon->get();
+      std::vector<Case> cases;
+      const std::string suffix = absl::StrCat(mib, "MiB");
+      if (onebit) {
+        const uint64_t wire = m->push_wire_bytes();
+        cases.push_back({"push_onebit_" + suffix, bytes, wire,
+                         [m] { return m->Push(); },
+                         [&raw, wire, chunk] { return raw.Push(wire, chunk); }});
+      } else {
+        cases.push_back({"push_float32_" + suffix, bytes, bytes,
+                         [m] { return m->Push(); },
+                         [&raw, bytes, chunk] { return raw.Push(bytes, chunk); }});
+        cases.push_back({"pull_float32_" + suffix, bytes, bytes,
+                         [m] { return m->Pull(); },
+                         [&raw, bytes, chunk] { return raw.Pull(bytes, chunk); }});
+        cases.push_back(
+            {"pushpull_float32_" + suffix, bytes, bytes,
+             [m] { return m->PushPull(); },
+             [&raw, bytes, chunk] { return raw.PushPull(bytes, chunk); }});
+      }
+      for (const Case& c : cases) {
+        absl::Status status = RunCase(c, warmup, repeats, json);
+        if (!status.ok()) {
+          std::fprintf(stderr, "wire_bench: %s: %s\n", c.name.c_str(),
+                       status.ToString().c_str());
+          return 1;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace monsoon::tools
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Times Monsoon's push and pull between one client and one shard on "
+      "loopback against a raw gRPC stream of the same bytes, measured in "
+      "the same run (medians).\n\n  wire_bench\n  wire_bench --sizes_mib=4 "
+      "--json");
+  absl::ParseCommandLine(argc, argv);
+  return monsoon::tools::Main();
+}
