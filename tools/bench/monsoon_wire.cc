@@ -10,13 +10,17 @@ absl::StatusOr<std::unique_ptr<MonsoonWire>> MonsoonWire::Start(
     uint64_t values, Mode mode, bool onebit, uint64_t chunk_bytes) {
   std::unique_ptr<MonsoonWire> wire(new MonsoonWire());
   TrainingConfig config;
-  // One layer of (values / 2 - 1) inputs and two outputs: `values`
-  // parameters (an even count).
-  if (values < 4 || values % 2 != 0) {
-    return absl::InvalidArgumentError("an even parameter count, at least 4");
+  // One layer of k outputs and (values / k - 1) inputs: `values`
+  // parameters. k is the least power of two from 2 that keeps the input
+  // within the config's limit on a layer's size.
+  uint64_t k = 2;
+  while (values % k == 0 && values / k - 1 > (1u << 20)) k *= 2;
+  if (values < 4 || values % k != 0) {
+    return absl::InvalidArgumentError(
+        "the parameter count must be a multiple of a power of two, at least 4");
   }
-  config.add_layer_sizes(static_cast<int>(values / 2 - 1));
-  config.add_layer_sizes(2);
+  config.add_layer_sizes(static_cast<int>(values / k - 1));
+  config.add_layer_sizes(static_cast<int>(k));
   config.set_mode(mode);
   config.set_chunk_bytes(static_cast<int>(chunk_bytes));
   if (onebit) config.set_compression(COMPRESSION_ONEBIT);
