@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,14 +33,13 @@ uint64_t OneBitBitsBytes(uint64_t n, int bucket_size) {
   return full * ((bucket_size + 7) / 8) + (rest + 7) / 8;
 }
 
-void OneBitEncode(absl::Span<const float> gradient, absl::Span<float> residual,
-                  int bucket_size, OneBitEncoded* out) {
+void OneBitEncode(const float* gradient, float* residual, size_t n,
+                  int bucket_size, uint8_t* bits, float* scales) {
   // Branch-free on the sign, which is close to random: each side's sum takes
   // a zero for values of the other side, which leaves it exactly as it was,
   // and bits are gathered a byte at a time.
-  const size_t n = gradient.size();
-  const float* g = gradient.data();
-  float* r = residual.data();
+  const float* g = gradient;
+  float* r = residual;
   for (size_t begin = 0; begin < n; begin += bucket_size) {
     const size_t end = std::min(n, begin + bucket_size);
     double negative_sum = 0, non_negative_sum = 0;
@@ -53,13 +53,10 @@ void OneBitEncode(absl::Span<const float> gradient, absl::Span<float> residual,
       non_negative += up;
     }
     const int64_t negative = static_cast<int64_t>(end - begin) - non_negative;
-    const float scales[2] = {
+    const float pair[2] = {
         negative > 0 ? static_cast<float>(negative_sum / negative) : 0.0f,
         non_negative > 0 ? static_cast<float>(non_negative_sum / non_negative)
                          : 0.0f};
-    const size_t at = out->bits.size();
-    out->bits.resize(at + (end - begin + 7) / 8);
-    char* bits = out->bits.data() + at;
     for (size_t first = begin; first < end; first += 8) {
       const size_t last = std::min(end, first + 8);
       unsigned byte = 0;
@@ -67,12 +64,28 @@ void OneBitEncode(absl::Span<const float> gradient, absl::Span<float> residual,
         const float v = r[i];
         const bool up = v >= 0;
         byte |= static_cast<unsigned>(up) << (i - first);
-        r[i] = v - scales[static_cast<int>(up)];  // an index, not a branch
+        r[i] = v - pair[static_cast<int>(up)];  // an index, not a branch
       }
-      bits[(first - begin) / 8] = static_cast<char>(byte);
+      *bits++ = static_cast<uint8_t>(byte);
     }
-    out->scales.append(reinterpret_cast<const char*>(scales), sizeof(scales));
+    *scales++ = pair[0];
+    *scales++ = pair[1];
   }
+}
+
+void OneBitEncode(absl::Span<const float> gradient, absl::Span<float> residual,
+                  int bucket_size, OneBitEncoded* out) {
+  const size_t n = gradient.size();
+  const size_t bits_at = out->bits.size();
+  out->bits.resize(bits_at + OneBitBitsBytes(n, bucket_size));
+  // A string's bytes need not be aligned for floats: the scales go through
+  // a vector.
+  std::vector<float> scales(2 * OneBitBuckets(n, bucket_size));
+  OneBitEncode(gradient.data(), residual.data(), n, bucket_size,
+               reinterpret_cast<uint8_t*>(out->bits.data() + bits_at),
+               scales.data());
+  out->scales.append(reinterpret_cast<const char*>(scales.data()),
+                     scales.size() * sizeof(float));
 }
 
 absl::Status OneBitDecode(const std::string& bits, const std::string& scales,

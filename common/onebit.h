@@ -39,6 +39,11 @@ uint64_t OneBitBitsBytes(uint64_t n, int bucket_size);
 void OneBitEncode(absl::Span<const float> gradient, absl::Span<float> residual,
                   int bucket_size, OneBitEncoded* out);
 
+// The same into caller buffers: `bits` gets OneBitBitsBytes(n, bucket_size)
+// bytes and `scales` 2 floats per bucket.
+void OneBitEncode(const float* gradient, float* residual, size_t n,
+                  int bucket_size, uint8_t* bits, float* scales);
+
 // Decodes n = out.size() values. INVALID_ARGUMENT when the byte counts do
 // not match n and bucket_size, or a scale is NaN or Inf; `out` is then
 // unspecified.

@@ -18,9 +18,9 @@ class DownpourRule : public SerialRule {
  protected:
   Optimizer* optimizer() override { return optimizer_.get(); }
 
-  void Update(absl::Span<const float> gradient,
-              absl::Span<std::atomic<float>> weights) override {
-    optimizer_->Apply(gradient, weights);
+  void Update(absl::Span<const float> gradient, const float* in,
+              float* out) override {
+    optimizer_->Apply(gradient, 1.0f, in, out);
   }
 
  private:

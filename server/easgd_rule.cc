@@ -15,12 +15,13 @@ class EasgdRule : public SerialRule {
   using SerialRule::SerialRule;
 
  protected:
-  void Update(absl::Span<const float> elastic,
-              absl::Span<std::atomic<float>> center) override {
-    for (size_t i = 0; i < center.size(); ++i) {
-      center[i].store(center[i].load(std::memory_order_relaxed) + elastic[i],
-                      std::memory_order_relaxed);
-    }
+  void Update(absl::Span<const float> elastic, const float* in,
+              float* out) override {
+    const size_t n = elastic.size();
+    const float* __restrict d = elastic.data();
+    const float* __restrict center = in;
+    float* __restrict next = out;
+    for (size_t i = 0; i < n; ++i) next[i] = center[i] + d[i];
   }
 };
 

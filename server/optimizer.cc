@@ -13,17 +13,22 @@ SgdOptimizer::SgdOptimizer(size_t size, float learning_rate, float momentum)
       momentum_(momentum),
       velocity_(momentum > 0 ? size : 0, 0.0f) {}
 
-void SgdOptimizer::Apply(absl::Span<const float> grad,
-                         absl::Span<std::atomic<float>> weights) {
-  for (size_t i = 0; i < grad.size(); ++i) {
-    float step = grad[i];
-    if (momentum_ > 0) {
-      velocity_[i] = momentum_ * velocity_[i] + grad[i];
-      step = velocity_[i];
+void SgdOptimizer::Apply(absl::Span<const float> grad, float grad_scale,
+                         const float* in, float* out) {
+  const size_t n = grad.size();
+  const float* __restrict g = grad.data();
+  const float* __restrict w = in;
+  float* __restrict next = out;
+  const float lr = learning_rate_;
+  if (momentum_ > 0) {
+    float* __restrict v = velocity_.data();
+    const float m = momentum_;
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = m * v[i] + g[i] * grad_scale;
+      next[i] = w[i] - lr * v[i];
     }
-    weights[i].store(
-        weights[i].load(std::memory_order_relaxed) - learning_rate_ * step,
-        std::memory_order_relaxed);
+  } else {
+    for (size_t i = 0; i < n; ++i) next[i] = w[i] - lr * (g[i] * grad_scale);
   }
 }
 
@@ -31,13 +36,19 @@ AdagradOptimizer::AdagradOptimizer(size_t size, float learning_rate,
                                    float initial_accumulator)
     : learning_rate_(learning_rate), accumulator_(size, initial_accumulator) {}
 
-void AdagradOptimizer::Apply(absl::Span<const float> grad,
-                             absl::Span<std::atomic<float>> weights) {
-  for (size_t i = 0; i < grad.size(); ++i) {
-    accumulator_[i] += grad[i] * grad[i];
-    weights[i].store(weights[i].load(std::memory_order_relaxed) -
-                         learning_rate_ * grad[i] / std::sqrt(accumulator_[i]),
-                     std::memory_order_relaxed);
+void AdagradOptimizer::Apply(absl::Span<const float> grad, float grad_scale,
+                             const float* in, float* out) {
+  const size_t n = grad.size();
+  const float* __restrict g = grad.data();
+  const float* __restrict w = in;
+  float* __restrict next = out;
+  float* __restrict h = accumulator_.data();
+  const float lr = learning_rate_;
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * grad_scale;
+    h[i] += gi * gi;
+    // -fno-math-errno (BUILD) lets this vectorize; sqrt is exact either way.
+    next[i] = w[i] - lr * gi / std::sqrt(h[i]);
   }
 }
 

@@ -1,12 +1,11 @@
 // Server-side optimizers: how a shard turns a gradient into a weight update.
 // An Optimizer owns its state (momentum, Adagrad accumulators) for one shard,
 // and can export and import it (SaveState, RestoreState) for checkpoints.
-// Not thread-safe: the update rule serializes calls, except Hogwild, whose
-// plain SGD keeps no state.
+// Not thread-safe: the update rule serializes calls. (Hogwild applies its
+// own plain SGD in place, without an optimizer.)
 #ifndef MONSOON_SERVER_OPTIMIZER_H_
 #define MONSOON_SERVER_OPTIMIZER_H_
 
-#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,10 +20,12 @@ namespace monsoon::server {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // weights -= update(grad), element by element with relaxed atomics.
-  // grad.size() == weights.size().
-  virtual void Apply(absl::Span<const float> grad,
-                     absl::Span<std::atomic<float>> weights) = 0;
+  // out = in - update(g), element by element, where g[i] = grad[i] *
+  // grad_scale (sync's average: the scale is applied here rather than in a
+  // pass of its own) and in and out hold grad.size() values and do not
+  // overlap. Loops vectorize.
+  virtual void Apply(absl::Span<const float> grad, float grad_scale,
+                     const float* in, float* out) = 0;
 
   // "sgd" or "adagrad": names the format of SaveState's bytes.
   virtual std::string Name() const = 0;
@@ -41,8 +42,8 @@ class Optimizer {
 class SgdOptimizer : public Optimizer {
  public:
   SgdOptimizer(size_t size, float learning_rate, float momentum);
-  void Apply(absl::Span<const float> grad,
-             absl::Span<std::atomic<float>> weights) override;
+  void Apply(absl::Span<const float> grad, float grad_scale, const float* in,
+             float* out) override;
   std::string Name() const override;
   std::string SaveState() const override;
   absl::Status RestoreState(absl::string_view state) override;
@@ -57,8 +58,8 @@ class SgdOptimizer : public Optimizer {
 class AdagradOptimizer : public Optimizer {
  public:
   AdagradOptimizer(size_t size, float learning_rate, float initial_accumulator);
-  void Apply(absl::Span<const float> grad,
-             absl::Span<std::atomic<float>> weights) override;
+  void Apply(absl::Span<const float> grad, float grad_scale, const float* in,
+             float* out) override;
   std::string Name() const override;
   std::string SaveState() const override;
   absl::Status RestoreState(absl::string_view state) override;

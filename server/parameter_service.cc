@@ -4,101 +4,206 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/config.h"
-#include "common/float_bytes.h"
 #include "common/grpc_status.h"
+#include "common/wire.h"
 #include "server/push_decoder.h"
 
 namespace monsoon::server {
 namespace {
 
 using common::ToGrpcStatus;
+using Shared = ParameterServiceImpl::Shared;
 
 grpc::Status InvalidArgument(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
 }
 
-// Reads a push stream chunk by chunk, then applies it. Deletes itself.
-class PushReactor : public grpc::ServerReadReactor<PushChunk> {
+grpc::Status Cancelled(const char* what) {
+  return grpc::Status(grpc::StatusCode::CANCELLED, what);
+}
+
+// The messages of one pull: a snapshot's values in chunks, each a slice of
+// the shared Weights (no copy), which the slices keep alive.
+class SnapshotChunks {
  public:
-  PushReactor(grpc::CallbackServerContext* context, ShardState* state,
-              UpdateRule* rule, int num_workers, PushEncoding encoding,
-              int bucket_size, PushResponse* response)
-      : context_(context),
-        state_(state),
-        rule_(rule),
-        decoder_(state->shard(), state->size(), num_workers, encoding,
-                 bucket_size),
-        response_(response) {
-    StartRead(&chunk_);
+  SnapshotChunks() = default;
+  SnapshotChunks(const WeightsPtr& weights, size_t chunk_values)
+      : chunk_values_(chunk_values),
+        version_(weights->version()),
+        size_(weights->values().size()),
+        whole_(common::SharedSlice(weights->values().data(),
+                                   size_ * sizeof(float), weights)) {}
+
+  // Shards are never empty (the server refuses more shards than
+  // parameters), so every snapshot has a first chunk.
+  bool done() const { return sent_ == size_; }
+
+  // The next chunk's message; `push` (the PushPull answer) goes into the
+  // first.
+  grpc::ByteBuffer Next(const PushResponse* push) {
+    const size_t n = std::min(chunk_values_, size_ - sent_);
+    grpc::ByteBuffer message = common::PullChunkMessage(
+        version_, sent_,
+        whole_.sub(sent_ * sizeof(float), (sent_ + n) * sizeof(float)),
+        sent_ == 0 ? push : nullptr);
+    sent_ += n;
+    return message;
+  }
+
+ private:
+  size_t chunk_values_ = 0;
+  int64_t version_ = 0;
+  size_t size_ = 0;
+  size_t sent_ = 0;
+  grpc::Slice whole_;
+};
+
+// Waits for a version without a thread, and lets a cancellation end the
+// wait: the waiter runs once (maybe at once, on the thread that starts the
+// wait, or later on the thread that advances the version) unless a
+// cancellation removes it first. Exactly one of Start and Cancel reports a
+// removed waiter, and its caller then finishes the call. Never runs the
+// waiter with a lock held. Thread-safe.
+class VersionWait {
+ public:
+  explicit VersionWait(ShardState* state) : state_(state) {}
+
+  // Begins the wait. False when the call was cancelled before the waiter
+  // could run: it never will, and the caller finishes the call.
+  bool Start(int64_t min_version, ShardState::Waiter ready) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return false;
+    }
+    const uint64_t id =
+        state_->WhenVersionAtLeast(min_version, std::move(ready));
+    absl::MutexLock lock(&mu_);
+    id_ = id;
+    // A cancellation meanwhile found no waiter to remove: remove it here.
+    return !(cancelled_ && id != 0 && state_->CancelWaiter(id));
+  }
+
+  // True when this removed the waiter, which then never runs.
+  bool Cancel() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    return id_ != 0 && state_->CancelWaiter(id_);
+  }
+
+ private:
+  ShardState* const state_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Reads a push stream chunk by chunk into a PushDecoder. Shared by Push and
+// PushPull.
+class PushReader {
+ public:
+  explicit PushReader(const Shared& shared)
+      : shared_(shared),
+        decoder_(shared.state->shard(), shared.state->size(),
+                 shared.num_workers, shared.encoding, shared.bucket_size,
+                 &shared.state->buffers()) {}
+
+  // Takes the message just read.
+  absl::Status Add(grpc::ByteBuffer* message) {
+    absl::Status status = decoder_.Add(*message);
+    message->Clear();
+    if (!status.ok()) shared_.state->RecordRejectedPush();
+    return status;
+  }
+
+  // Applies the whole push, once the stream has ended.
+  absl::StatusOr<PushResult> Apply() {
+    absl::StatusOr<PushData> push = decoder_.Finish();
+    absl::StatusOr<PushResult> result =
+        push.ok() ? shared_.rule->Apply(*push)
+                  : absl::StatusOr<PushResult>(push.status());
+    if (!result.ok()) {
+      shared_.state->RecordRejectedPush();
+    } else {
+      base_version_ = push->base_version;
+      worker_rank_ = push->worker_rank;
+    }
+    return result;
+  }
+
+  int64_t base_version() const { return base_version_; }
+  int worker_rank() const { return worker_rank_; }
+
+ private:
+  const Shared& shared_;
+  PushDecoder decoder_;
+  int64_t base_version_ = 0;
+  int worker_rank_ = 0;
+};
+
+PushResponse ResponseFor(const PushResult& result) {
+  PushResponse response;
+  response.set_version(result.version);
+  response.set_staleness(result.staleness);
+  return response;
+}
+
+// Push: reads the stream, then applies it. Deletes itself.
+class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  PushReactor(grpc::CallbackServerContext* context, const Shared& shared,
+              grpc::ByteBuffer* response)
+      : context_(context), reader_(shared), response_(response) {
+    StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
     if (ok) {
-      absl::Status status = decoder_.Add(chunk_);
-      if (!status.ok()) return Reject(status);
-      StartRead(&chunk_);
+      absl::Status status = reader_.Add(&message_);
+      if (!status.ok()) return Finish(ToGrpcStatus(status));
+      StartRead(&message_);
       return;
     }
     // The stream ended, or the call was cancelled: apply only a whole push.
-    if (context_->IsCancelled()) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "push cancelled"));
-      return;
-    }
-    absl::StatusOr<PushData> push = decoder_.Finish();
-    if (!push.ok()) return Reject(push.status());
-    absl::StatusOr<PushResult> result = rule_->Apply(*push);
-    if (!result.ok()) return Reject(result.status());
-    response_->set_version(result->version);
-    response_->set_staleness(result->staleness);
+    if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
+    absl::StatusOr<PushResult> result = reader_.Apply();
+    if (!result.ok()) return Finish(ToGrpcStatus(result.status()));
+    *response_ = common::SmallMessage(ResponseFor(*result));
     Finish(grpc::Status::OK);
   }
 
   void OnDone() override { delete this; }
 
  private:
-  void Reject(const absl::Status& status) {
-    state_->RecordRejectedPush();
-    Finish(ToGrpcStatus(status));
-  }
-
   grpc::CallbackServerContext* const context_;
-  ShardState* const state_;
-  UpdateRule* const rule_;
-  PushDecoder decoder_;
-  PushResponse* const response_;
-  PushChunk chunk_;
+  PushReader reader_;
+  grpc::ByteBuffer* const response_;
+  grpc::ByteBuffer message_;
 };
 
-// Waits (without a thread) for the wanted version, then streams a snapshot.
-// Deletes itself.
-class PullReactor : public grpc::ServerWriteReactor<PullChunk> {
+// Pull: waits (without a thread) for the wanted version, then streams the
+// rule's snapshot. Deletes itself.
+class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(ShardState* state, UpdateRule* rule, int64_t min_version,
-              bool count_bytes, size_t chunk_values)
-      : state_(state),
-        rule_(rule),
-        count_bytes_(count_bytes),
-        chunk_values_(chunk_values) {
+  PullReactor(const Shared& shared, int64_t min_version, bool count_bytes)
+      : shared_(shared), count_bytes_(count_bytes), wait_(shared.state) {
     // May call Ready() at once, on this thread.
-    waiter_id_ = state_->WhenVersionAtLeast(min_version, [this] { Ready(); });
+    wait_.Start(min_version, [this] { Ready(); });
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "pull cancelled"));
-      return;
-    }
+    if (!ok) return Finish(Cancelled("pull cancelled"));
     WriteNext();
   }
 
   void OnCancel() override {
     // If the waiter had already run, the write path finishes the call.
-    if (state_->CancelWaiter(waiter_id_)) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                          "pull cancelled while waiting for its version"));
+    if (wait_.Cancel()) {
+      Finish(Cancelled("pull cancelled while waiting for its version"));
     }
   }
 
@@ -106,39 +211,106 @@ class PullReactor : public grpc::ServerWriteReactor<PullChunk> {
 
  private:
   void Ready() {
-    rule_->Snapshot(&snapshot_, &version_);
+    chunks_ = SnapshotChunks(shared_.rule->Snapshot(), shared_.chunk_values);
     WriteNext();
   }
 
-  // Sends the next chunk, or finishes once all are sent. Shards are never
-  // empty (the server refuses more shards than parameters).
   void WriteNext() {
-    if (sent_ == snapshot_.size()) {
-      Finish(grpc::Status::OK);
-      return;
-    }
-    const size_t n = std::min(chunk_values_, snapshot_.size() - sent_);
-    chunk_.Clear();
-    chunk_.set_version(version_);
-    chunk_.set_offset(sent_);
-    common::AppendFloatBytes(absl::MakeConstSpan(snapshot_.data() + sent_, n),
-                             chunk_.mutable_data());
-    sent_ += n;
+    if (chunks_.done()) return Finish(grpc::Status::OK);
+    message_ = chunks_.Next(nullptr);
     if (count_bytes_) {
-      state_->RecordPulledBytes(static_cast<int64_t>(chunk_.ByteSizeLong()));
+      shared_.state->RecordPulledBytes(static_cast<int64_t>(message_.Length()));
     }
-    StartWrite(&chunk_);
+    StartWrite(&message_);
   }
 
-  ShardState* const state_;
-  UpdateRule* const rule_;
+  const Shared& shared_;
   const bool count_bytes_;
-  const size_t chunk_values_;
-  uint64_t waiter_id_ = 0;
-  std::vector<float> snapshot_;
-  int64_t version_ = 0;
-  size_t sent_ = 0;
-  PullChunk chunk_;
+  VersionWait wait_;
+  SnapshotChunks chunks_;
+  grpc::ByteBuffer message_;
+};
+
+// PushPull: reads and applies a push as PushReactor does, then waits for
+// the version that includes it and streams it as PullReactor does, the
+// push's answer in the first chunk. Deletes itself.
+class PushPullReactor
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  PushPullReactor(grpc::CallbackServerContext* context, const Shared& shared)
+      : context_(context),
+        shared_(shared),
+        reader_(shared),
+        wait_(shared.state) {
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      absl::Status status = reader_.Add(&message_);
+      if (!status.ok()) return Finish(ToGrpcStatus(status));
+      StartRead(&message_);
+      return;
+    }
+    if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
+    absl::StatusOr<PushResult> result = reader_.Apply();
+    if (!result.ok()) return Finish(ToGrpcStatus(result.status()));
+    response_ = ResponseFor(*result);
+    // The version that includes the push: in sync the step's close (the
+    // rule answers with the version still collecting until then), in the
+    // other modes the version the push made.
+    const int64_t min_version =
+        std::max(result->version, reader_.base_version() + 1);
+    if (!wait_.Start(min_version, [this] { Ready(); })) {
+      Finish(Cancelled("push-pull cancelled"));
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(Cancelled("push-pull cancelled"));
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    // A cancellation while the push streams in ends the reads, and the read
+    // path finishes the call; once the weights are being written, the
+    // write path does.
+    if (wait_.Cancel()) {
+      Finish(Cancelled("push-pull cancelled while waiting for the step"));
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Ready() {
+    chunks_ = SnapshotChunks(shared_.rule->Snapshot(), shared_.chunk_values);
+    WriteNext();
+  }
+
+  void WriteNext() {
+    if (chunks_.done()) return Finish(grpc::Status::OK);
+    message_ = chunks_.Next(first_ ? &response_ : nullptr);
+    first_ = false;
+    shared_.state->RecordPulledBytes(static_cast<int64_t>(message_.Length()));
+    StartWrite(&message_);
+  }
+
+  grpc::CallbackServerContext* const context_;
+  const Shared& shared_;
+  PushReader reader_;
+  VersionWait wait_;
+  PushResponse response_;
+  SnapshotChunks chunks_;
+  grpc::ByteBuffer message_;
+  bool first_ = true;
+};
+
+// Answers a call that fails validation at once.
+class FailedPull : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit FailedPull(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
 };
 
 }  // namespace
@@ -147,17 +319,17 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state,
                                            UpdateRule* rule)
     : fingerprint_(common::ConfigFingerprint(resolved)),
-      num_workers_(num_workers),
-      chunk_values_(static_cast<size_t>(resolved.chunk_bytes()) /
-                    sizeof(float)),
-      encoding_(PushEncodingFor(resolved)),
-      bucket_size_(resolved.onebit_bucket_size()),
-      state_(state),
-      rule_(rule) {}
+      shared_{num_workers,
+              static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
+              common::PushEncodingFor(resolved),
+              resolved.onebit_bucket_size(),
+              state,
+              rule} {}
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
     grpc::CallbackServerContext* context, const RegisterRequest* request,
     RegisterResponse* response) {
+  ShardState* const state = shared_.state;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (request->config_fingerprint() != fingerprint_) {
     reactor->Finish(grpc::Status(
@@ -165,75 +337,75 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
         absl::StrFormat("config fingerprint %016x differs from shard %d's "
                         "%016x: every daemon of a run must read the same "
                         "config (data_dir aside)",
-                        request->config_fingerprint(), state_->shard(),
+                        request->config_fingerprint(), state->shard(),
                         fingerprint_)));
     return reactor;
   }
-  if (request->shard() != state_->shard()) {
+  if (request->shard() != state->shard()) {
     reactor->Finish(InvalidArgument(
-        absl::StrCat("this is shard ", state_->shard(), ", not shard ",
+        absl::StrCat("this is shard ", state->shard(), ", not shard ",
                      request->shard(), ": list --servers in shard order")));
     return reactor;
   }
-  if (request->worker_rank() < -1 || request->worker_rank() >= num_workers_) {
+  if (request->worker_rank() < -1 ||
+      request->worker_rank() >= shared_.num_workers) {
     reactor->Finish(InvalidArgument(absl::StrCat(
         "worker rank ", request->worker_rank(), " is outside [0, ",
-        num_workers_, ") (-1 for an evaluator): check --num_workers")));
+        shared_.num_workers, ") (-1 for an evaluator): check --num_workers")));
     return reactor;
   }
-  response->set_shard(state_->shard());
-  response->set_num_shards(state_->num_shards());
-  response->set_offset(state_->range().begin);
-  response->set_length(state_->size());
-  response->set_version(state_->version());
+  response->set_shard(state->shard());
+  response->set_num_shards(state->num_shards());
+  response->set_offset(state->range().begin);
+  response->set_length(state->size());
+  response->set_version(state->version());
   if (request->worker_rank() >= 0) {
     response->set_samples_applied(
-        state_->AppliedSamples(request->worker_rank()));
+        state->AppliedSamples(request->worker_rank()));
   }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
-grpc::ServerReadReactor<PushChunk>* ParameterServiceImpl::Push(
-    grpc::CallbackServerContext* context, PushResponse* response) {
-  return new PushReactor(context, state_, rule_, num_workers_, encoding_,
-                         bucket_size_, response);
+grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::Push(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new PushReactor(context, shared_, response);
 }
 
-namespace {
-
-// Answers a pull that fails validation at once.
-class FailedPull : public grpc::ServerWriteReactor<PullChunk> {
- public:
-  explicit FailedPull(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
-}  // namespace
-
-grpc::ServerWriteReactor<PullChunk>* ParameterServiceImpl::Pull(
-    grpc::CallbackServerContext* context, const PullRequest* request) {
-  if (request->shard() != state_->shard()) {
-    return new FailedPull(
-        InvalidArgument(absl::StrCat("pull for shard ", request->shard(),
-                                     " reached shard ", state_->shard())));
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
+    grpc::CallbackServerContext* /*context*/, const grpc::ByteBuffer* raw) {
+  PullRequest request;
+  if (absl::Status s = common::ParseSmallMessage(*raw, &request); !s.ok()) {
+    return new FailedPull(ToGrpcStatus(s));
   }
-  if (request->worker_rank() < -1 || request->worker_rank() >= num_workers_) {
+  ShardState* const state = shared_.state;
+  if (request.shard() != state->shard()) {
     return new FailedPull(
-        InvalidArgument(absl::StrCat("worker rank ", request->worker_rank(),
-                                     " is outside [-1, ", num_workers_, ")")));
+        InvalidArgument(absl::StrCat("pull for shard ", request.shard(),
+                                     " reached shard ", state->shard())));
   }
-  if (request->min_version() < 0) {
+  if (request.worker_rank() < -1 ||
+      request.worker_rank() >= shared_.num_workers) {
+    return new FailedPull(InvalidArgument(
+        absl::StrCat("worker rank ", request.worker_rank(), " is outside [-1, ",
+                     shared_.num_workers, ")")));
+  }
+  if (request.min_version() < 0) {
     return new FailedPull(InvalidArgument("min_version must not be negative"));
   }
-  return new PullReactor(state_, rule_, request->min_version(),
-                         request->worker_rank() >= 0, chunk_values_);
+  return new PullReactor(shared_, request.min_version(),
+                         request.worker_rank() >= 0);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+ParameterServiceImpl::PushPull(grpc::CallbackServerContext* context) {
+  return new PushPullReactor(context, shared_);
 }
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::Stats(
     grpc::CallbackServerContext* context, const StatsRequest* /*request*/,
     StatsResponse* response) {
-  *response = state_->Stats();
+  *response = shared_.state->Stats();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

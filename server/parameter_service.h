@@ -1,8 +1,13 @@
 // ParameterServiceImpl: the gRPC face of one shard, on the callback API so
-// that a pull waiting for a version holds no thread. It validates requests
+// that a pull waiting for a version holds no thread. Push, Pull and PushPull
+// take and give raw messages that common/wire.h reads and writes, so that
+// tensors are copied once on the way in and not at all on the way out
+// (pulls send the rule's Weights, shared). It validates requests
 // (PushDecoder), then hands them to the shard's UpdateRule. Thread-safe.
 #ifndef MONSOON_SERVER_PARAMETER_SERVICE_H_
 #define MONSOON_SERVER_PARAMETER_SERVICE_H_
+
+#include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
 
@@ -13,7 +18,15 @@
 
 namespace monsoon::server {
 
-class ParameterServiceImpl final : public ParameterService::CallbackService {
+// Register and Stats typed, the tensor streams raw.
+using RawParameterService = ParameterService::WithCallbackMethod_Register<
+    ParameterService::WithRawCallbackMethod_Push<
+        ParameterService::WithRawCallbackMethod_Pull<
+            ParameterService::WithRawCallbackMethod_PushPull<
+                ParameterService::WithCallbackMethod_Stats<
+                    ParameterService::Service>>>>>;
+
+class ParameterServiceImpl final : public RawParameterService {
  public:
   // `state` and `rule` are not owned and must outlive the service.
   ParameterServiceImpl(const TrainingConfig& resolved, int num_workers,
@@ -22,24 +35,32 @@ class ParameterServiceImpl final : public ParameterService::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
                                      RegisterResponse* response) override;
-  grpc::ServerReadReactor<PushChunk>* Push(grpc::CallbackServerContext* context,
-                                           PushResponse* response) override;
-  grpc::ServerWriteReactor<PullChunk>* Pull(
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Push(
       grpc::CallbackServerContext* context,
-      const PullRequest* request) override;
+      grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(
+      grpc::CallbackServerContext* context,
+      const grpc::ByteBuffer* request) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushPull(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const StatsRequest* request,
                                   StatsResponse* response) override;
 
+  // What every push and pull call of this service shares.
+  struct Shared {
+    int num_workers = 0;
+    size_t chunk_values = 0;  // float32 values per pull chunk
+    PushEncoding encoding = ENCODING_FLOAT32;
+    int bucket_size = 0;
+    ShardState* state = nullptr;
+    UpdateRule* rule = nullptr;
+  };
+
  private:
   // Constant after construction.
   const uint64_t fingerprint_;
-  const int num_workers_;
-  const size_t chunk_values_;
-  const PushEncoding encoding_;
-  const int bucket_size_;
-  ShardState* const state_;
-  UpdateRule* const rule_;
+  const Shared shared_;
 };
 
 }  // namespace monsoon::server

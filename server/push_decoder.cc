@@ -5,32 +5,30 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/float_bytes.h"
 #include "common/onebit.h"
 
 namespace monsoon::server {
 
-PushEncoding PushEncodingFor(const TrainingConfig& resolved) {
-  return resolved.compression() == COMPRESSION_ONEBIT ? ENCODING_ONEBIT
-                                                      : ENCODING_FLOAT32;
-}
-
 PushDecoder::PushDecoder(int shard, uint64_t shard_size, int num_workers,
-                         PushEncoding encoding, int bucket_size)
+                         PushEncoding encoding, int bucket_size,
+                         FloatBufferPool* buffers)
     : shard_(shard),
       shard_size_(shard_size),
       num_workers_(num_workers),
       encoding_(encoding),
-      bucket_size_(bucket_size) {}
+      bucket_size_(bucket_size),
+      buffers_(buffers) {}
 
-absl::Status PushDecoder::Add(const PushChunk& chunk) {
-  data_.wire_bytes += static_cast<int64_t>(chunk.ByteSizeLong());
+absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
+  absl::Status parsed = reader_.ParsePushChunk(message, &chunk_);
+  data_.wire_bytes += static_cast<int64_t>(chunk_.message_bytes);
+  if (!parsed.ok()) return parsed;
   if (!have_header_) {
-    if (!chunk.has_header()) {
+    if (!chunk_.has_header) {
       return absl::InvalidArgumentError(
           "the first chunk of a push must carry its header");
     }
-    const PushHeader& h = chunk.header();
+    const PushHeader& h = chunk_.header;
     if (h.shard() != shard_) {
       return absl::InvalidArgumentError(
           absl::StrCat("push for shard ", h.shard(), " reached shard ", shard_,
@@ -67,45 +65,62 @@ absl::Status PushDecoder::Add(const PushChunk& chunk) {
     data_.worker_rank = h.worker_rank();
     data_.base_version = h.base_version();
     data_.samples = h.samples();
-    data_.values.resize(shard_size_);
-  } else if (chunk.has_header()) {
+    values_ = buffers_->Take();
+  } else if (chunk_.has_header) {
     return absl::InvalidArgumentError(
         "only the first chunk may carry a header");
   }
-  if (chunk.offset() != received_) {
+  if (chunk_.offset != received_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk at offset ", chunk.offset(), " but ", received_,
+        absl::StrCat("chunk at offset ", chunk_.offset, " but ", received_,
                      " values have arrived: chunks must be in order"));
   }
-  if (encoding_ == ENCODING_ONEBIT) return AddOneBit(chunk);
-  if (!chunk.scales().empty()) {
+  absl::Status added =
+      encoding_ == ENCODING_ONEBIT ? AddOneBit(chunk_) : AddFloat32(chunk_);
+  reader_.Reset();  // lets go of the message's slices
+  return added;
+}
+
+absl::Status PushDecoder::AddFloat32(
+    const common::MessageReader::PushChunkView& chunk) {
+  if (!chunk.scales.empty()) {
     return absl::InvalidArgumentError("a float32 push chunk carries scales");
   }
-  if (chunk.data().size() % sizeof(float) != 0) {
+  if (chunk.data.size() % sizeof(float) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk of ", chunk.data().size(),
+        absl::StrCat("chunk of ", chunk.data.size(),
                      " bytes is not a whole number of float32 values"));
   }
-  const uint64_t n = chunk.data().size() / sizeof(float);
+  const uint64_t n = chunk.data.size() / sizeof(float);
   if (n > shard_size_ - received_) {
     return absl::InvalidArgumentError(
         absl::StrCat("push carries more than the ", shard_size_,
                      " values of shard ", shard_));
   }
-  common::CopyBytesToFloats(chunk.data(), data_.values.data() + received_);
+  float* out = values_.get() + received_;
+  chunk.data.CopyTo(out);
+  // Checked while the chunk is still in cache.
+  const uint64_t bad = common::FirstNonFinite(out, n);
+  if (bad < n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push value ", received_ + bad, " is ", out[bad],
+                     ": gradients must be finite (did training diverge? "
+                     "try a lower learning rate)"));
+  }
   received_ += n;
   return absl::OkStatus();
 }
 
-absl::Status PushDecoder::AddOneBit(const PushChunk& chunk) {
+absl::Status PushDecoder::AddOneBit(
+    const common::MessageReader::PushChunkView& chunk) {
   // Chunks hold whole buckets: the scales say how many.
   constexpr uint64_t kScaleBytes = 2 * sizeof(float);
-  if (chunk.scales().size() % kScaleBytes != 0 || chunk.scales().empty()) {
+  if (chunk.scales.size() % kScaleBytes != 0 || chunk.scales.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "1-bit chunk has ", chunk.scales().size(),
+        "1-bit chunk has ", chunk.scales.size(),
         " bytes of scales; it needs two float32 per bucket, at least one"));
   }
-  const uint64_t buckets = chunk.scales().size() / kScaleBytes;
+  const uint64_t buckets = chunk.scales.size() / kScaleBytes;
   const uint64_t left = shard_size_ - received_;
   if (buckets > common::OneBitBuckets(left, bucket_size_)) {
     return absl::InvalidArgumentError(
@@ -114,9 +129,13 @@ absl::Status PushDecoder::AddOneBit(const PushChunk& chunk) {
                      bucket_size_, ")"));
   }
   const uint64_t n = std::min<uint64_t>(left, buckets * bucket_size_);
+  bits_.resize(chunk.data.size());
+  chunk.data.CopyTo(bits_.data());
+  scales_.resize(chunk.scales.size());
+  chunk.scales.CopyTo(scales_.data());
   absl::Status status =
-      common::OneBitDecode(chunk.data(), chunk.scales(), bucket_size_,
-                           absl::MakeSpan(data_.values.data() + received_, n));
+      common::OneBitDecode(bits_, scales_, bucket_size_,
+                           absl::MakeSpan(values_.get() + received_, n));
   if (!status.ok()) return status;
   received_ += n;
   return absl::OkStatus();
@@ -130,15 +149,9 @@ absl::StatusOr<PushData> PushDecoder::Finish() {
     return absl::InvalidArgumentError(absl::StrCat(
         "push ended after ", received_, " of ", shard_size_, " values"));
   }
-  for (uint64_t i = 0; i < shard_size_; ++i) {
-    if (!std::isfinite(data_.values[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push value ", i, " is ", data_.values[i],
-                       ": gradients must be finite (did training diverge? "
-                       "try a lower learning rate)"));
-    }
-  }
-  return std::move(data_);
+  PushData push = data_;
+  push.values = absl::MakeConstSpan(values_.get(), shard_size_);
+  return push;
 }
 
 }  // namespace monsoon::server

@@ -1,17 +1,24 @@
 // PushDecoder reassembles and validates one push stream for one shard: the
-// header, chunk offsets and sizes, the total length and finiteness. It also
-// decodes 1-bit pushes (common/onebit.h) into float32 values. Nothing
-// reaches an update rule unless all of it checks out. One instance per push;
-// not thread-safe (gRPC delivers a stream's chunks one at a time).
+// header, chunk offsets and sizes, the total length and finiteness, chunk
+// by chunk as the messages arrive (common/wire.h reads them). It also
+// decodes 1-bit pushes (common/onebit.h) into float32 values. The values go
+// into one buffer from the shard's pool, copied once out of the received
+// messages. Nothing reaches an update rule unless all of it checks out. One
+// instance per push; not thread-safe (gRPC delivers a stream's chunks one at
+// a time).
 #ifndef MONSOON_SERVER_PUSH_DECODER_H_
 #define MONSOON_SERVER_PUSH_DECODER_H_
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "proto/config.pb.h"
+#include "common/wire.h"
 #include "proto/service.pb.h"
+#include "server/buffer_pool.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -19,19 +26,25 @@ namespace monsoon::server {
 class PushDecoder {
  public:
   // `encoding` is what the run's config makes workers send; a push in any
-  // other encoding is refused.
+  // other encoding is refused. `buffers` (not owned, of shard_size floats)
+  // must outlive the decoder.
   PushDecoder(int shard, uint64_t shard_size, int num_workers,
-              PushEncoding encoding = ENCODING_FLOAT32, int bucket_size = 512);
+              PushEncoding encoding, int bucket_size, FloatBufferPool* buffers);
 
-  // Takes the next chunk. INVALID_ARGUMENT says what is wrong with it.
-  absl::Status Add(const PushChunk& chunk);
+  // Takes the next message of the stream. INVALID_ARGUMENT says what is
+  // wrong with it (also a NaN or infinite value, naming its index).
+  absl::Status Add(const grpc::ByteBuffer& message);
 
-  // The complete push, once the stream has ended. INVALID_ARGUMENT if it is
-  // short, or holds NaN or Inf (the message names the first bad index).
+  // The complete push, once the stream has ended; its values stay valid as
+  // long as the decoder. INVALID_ARGUMENT if it is empty or short.
   absl::StatusOr<PushData> Finish();
 
+  // Serialized bytes received so far.
+  int64_t wire_bytes() const { return data_.wire_bytes; }
+
  private:
-  absl::Status AddOneBit(const PushChunk& chunk);
+  absl::Status AddFloat32(const common::MessageReader::PushChunkView& chunk);
+  absl::Status AddOneBit(const common::MessageReader::PushChunkView& chunk);
 
   // Constant after construction.
   const int shard_;
@@ -39,14 +52,18 @@ class PushDecoder {
   const int num_workers_;
   const PushEncoding encoding_;
   const int bucket_size_;
+  FloatBufferPool* const buffers_;
 
+  common::MessageReader reader_;
+  common::MessageReader::PushChunkView chunk_;
   bool have_header_ = false;
   uint64_t received_ = 0;
+  FloatBufferPool::Buffer values_;
   PushData data_;
+  // 1-bit: one chunk's bits and scales, copied out of the message.
+  std::string bits_;
+  std::string scales_;
 };
-
-// The encoding a resolved config makes workers push.
-PushEncoding PushEncodingFor(const TrainingConfig& resolved);
 
 }  // namespace monsoon::server
 

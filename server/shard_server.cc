@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/float_bytes.h"
 #include "common/model_layout.h"
+#include "common/wire.h"
 #include "server/checkpoint.h"
 
 namespace monsoon::server {
@@ -67,8 +68,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.AddListeningPort(options.listen_address,
                            grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(common::kMaxMessageBytes);
   // gRPC sets SO_REUSEPORT by default, which would let a second shard bind
   // a port already in use and silently share its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

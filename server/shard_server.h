@@ -114,9 +114,6 @@ class ShardServer {
   absl::Mutex shutdown_mu_;  // one Shutdown at a time
 };
 
-// Tensor streams use chunks of up to 4 MiB; leave room for the headers.
-inline constexpr int kMaxMessageBytes = 8 << 20;
-
 }  // namespace monsoon::server
 
 #endif  // MONSOON_SERVER_SHARD_SERVER_H_

@@ -10,19 +10,23 @@ ShardState::ShardState(const common::ModelLayout& layout, uint64_t seed,
     : shard_(shard),
       num_shards_(num_shards),
       range_(common::ShardRangeFor(layout.num_params(), num_shards, shard)),
-      weights_(new std::atomic<float>[range_.size()]),
-      staleness_counts_(kStalenessBuckets, 0) {
-  for (uint64_t i = 0; i < range_.size(); ++i) {
-    weights_[i].store(common::InitialValue(layout, seed, range_.begin + i),
-                      std::memory_order_relaxed);
-  }
+      layout_(layout),
+      seed_(seed),
+      buffers_(range_.size()),
+      staleness_counts_(kStalenessBuckets, 0) {}
+
+WeightsPtr ShardState::InitialWeights() {
+  FloatBufferPool::Buffer values = buffers_.Take();
+  common::InitialValues(layout_, seed_, range_.begin,
+                        absl::MakeSpan(values.get(), size()));
+  return std::make_shared<const Weights>(0, std::move(values), size());
 }
 
-void ShardState::CopyWeights(std::vector<float>* out) const {
-  out->resize(size());
-  for (size_t i = 0; i < size(); ++i) {
-    (*out)[i] = weights_[i].load(std::memory_order_relaxed);
-  }
+WeightsPtr ShardState::MakeWeights(int64_t version,
+                                   absl::Span<const float> values) {
+  FloatBufferPool::Buffer buffer = buffers_.Take();
+  std::copy(values.begin(), values.end(), buffer.get());
+  return std::make_shared<const Weights>(version, std::move(buffer), size());
 }
 
 int64_t ShardState::version() const {

@@ -1,10 +1,9 @@
-// ShardState: one shard's slice of the flattened parameters, its version
-// counter, the pulls waiting for a version, and its statistics.
-//
-// Weights are std::atomic<float> read and written with relaxed order, so that
-// a lock-free rule (Hogwild) may race element by element without undefined
-// behaviour; rules that serialize pushes do so with their own mutex.
-// Thread-safe.
+// ShardState: what every update rule of one shard shares: the shard's
+// place in the model, its initial weights, a pool of buffers of its size,
+// its version counter with the pulls waiting for a version, and its
+// statistics. The weights themselves belong to the rule (update_rule.h):
+// most rules publish each version as an immutable Weights, which pulls send
+// without copying it. Thread-safe.
 #ifndef MONSOON_SERVER_SHARD_STATE_H_
 #define MONSOON_SERVER_SHARD_STATE_H_
 
@@ -20,15 +19,36 @@
 #include "absl/types/span.h"
 #include "common/model_layout.h"
 #include "proto/service.pb.h"
+#include "server/buffer_pool.h"
 
 namespace monsoon::server {
+
+// One version of a shard's weights. Immutable once made, except under
+// hogwild, whose live weights are one such buffer written in place.
+class Weights {
+ public:
+  Weights(int64_t version, FloatBufferPool::Buffer values, size_t size)
+      : version_(version), values_(std::move(values)), size_(size) {}
+  int64_t version() const { return version_; }
+  absl::Span<const float> values() const {
+    return absl::MakeConstSpan(values_.get(), size_);
+  }
+  // For the rule that made it, before it is shared (and hogwild's live
+  // weights).
+  float* mutable_data() const { return values_.get(); }
+
+ private:
+  const int64_t version_;
+  const FloatBufferPool::Buffer values_;
+  const size_t size_;
+};
+using WeightsPtr = std::shared_ptr<const Weights>;
 
 class ShardState {
  public:
   // Pushes with staleness >= this share the last histogram bucket.
   static constexpr int kStalenessBuckets = 1024;
 
-  // Initial weights are InitialValue(layout, seed, range.begin + i).
   ShardState(const common::ModelLayout& layout, uint64_t seed, int shard,
              int num_shards);
   ShardState(const ShardState&) = delete;
@@ -39,12 +59,12 @@ class ShardState {
   common::ShardRange range() const { return range_; }
   size_t size() const { return range_.size(); }
 
-  // The weights, for update rules to read and write with relaxed order.
-  absl::Span<std::atomic<float>> weights() {
-    return absl::MakeSpan(weights_.get(), size());
-  }
-  // Copies the weights with relaxed loads (not atomic as a whole).
-  void CopyWeights(std::vector<float>* out) const;
+  // Version 0: value i is InitialValue(layout, seed, range().begin + i).
+  WeightsPtr InitialWeights();
+  // Buffers of size() floats (pushes, new versions, snapshots).
+  FloatBufferPool& buffers() { return buffers_; }
+  // Weights of `version` in a pool buffer holding a copy of `values`.
+  WeightsPtr MakeWeights(int64_t version, absl::Span<const float> values);
 
   int64_t version() const;
 
@@ -94,7 +114,9 @@ class ShardState {
   const int shard_;
   const int num_shards_;
   const common::ShardRange range_;
-  const std::unique_ptr<std::atomic<float>[]> weights_;
+  const common::ModelLayout layout_;
+  const uint64_t seed_;
+  FloatBufferPool buffers_;
 
   mutable absl::Mutex waiters_mu_;
   int64_t version_ ABSL_GUARDED_BY(waiters_mu_) = 0;

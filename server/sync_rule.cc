@@ -23,7 +23,8 @@ class SyncRule : public UpdateRule {
       : num_workers_(num_workers),
         state_(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
-        sum_(state->size(), 0.0f),
+        weights_(state->InitialWeights()),
+        sum_(state->size()),
         arrived_(num_workers, false),
         step_samples_(num_workers, 0) {}
 
@@ -32,88 +33,106 @@ class SyncRule : public UpdateRule {
     PushResult result;
     {
       absl::MutexLock lock(&mu_);
-      if (push.base_version < version_) {
+      const int64_t version = weights_->version();
+      if (push.base_version < version) {
         return absl::AbortedError(
             absl::StrCat("sync push for step ", push.base_version,
                          " but shard ", state_->shard(), " is at version ",
-                         version_, ": that step is closed; pull and retry"));
+                         version, ": that step is closed; pull and retry"));
       }
-      if (push.base_version > version_) {
+      if (push.base_version > version) {
         return absl::InvalidArgumentError(absl::StrCat(
             "sync push for step ", push.base_version, " but shard ",
-            state_->shard(), " is only at version ", version_));
+            state_->shard(), " is only at version ", version));
       }
       if (arrived_[push.worker_rank]) {
         return absl::AlreadyExistsError(
             absl::StrCat("worker ", push.worker_rank, " already pushed step ",
-                         version_, " to shard ", state_->shard()));
+                         version, " to shard ", state_->shard()));
       }
       arrived_[push.worker_rank] = true;
       step_samples_[push.worker_rank] = push.samples;
       ++count_;
-      for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += push.values[i];
-      state_->RecordPush(/*staleness=*/0, push.samples, push.wire_bytes);
-      if (count_ == num_workers_) {
-        const float scale = 1.0f / static_cast<float>(num_workers_);
-        for (float& v : sum_) v *= scale;
-        state_->BeginApply();
-        optimizer_->Apply(sum_, state_->weights());
-        state_->EndApply();
-        std::fill(sum_.begin(), sum_.end(), 0.0f);
-        std::fill(arrived_.begin(), arrived_.end(), false);
-        // Only now are the step's examples in the weights.
-        for (int rank = 0; rank < num_workers_; ++rank) {
-          state_->RecordAppliedSamples(rank, step_samples_[rank]);
+      {
+        // The step's first gradient starts the sum: 0 + g, as adding to a
+        // zeroed sum would (it turns -0 into +0), without the zeroing pass.
+        const size_t n = sum_.size();
+        float* __restrict sum = sum_.data();
+        const float* __restrict g = push.values.data();
+        if (count_ == 1) {
+          for (size_t i = 0; i < n; ++i) sum[i] = 0.0f + g[i];
+        } else {
+          for (size_t i = 0; i < n; ++i) sum[i] += g[i];
         }
-        count_ = 0;
-        ++version_;
-        ready = state_->AdvanceVersion(version_);
       }
-      result.version = version_;
+      state_->RecordPush(/*staleness=*/0, push.samples, push.wire_bytes);
+      result.version = version;
+      if (count_ == num_workers_) {
+        CloseStep();
+        result.version = weights_->version();
+        ready = state_->AdvanceVersion(result.version);
+      }
     }
     for (auto& waiter : ready) waiter();
     return result;
   }
 
-  void Snapshot(std::vector<float>* weights, int64_t* version) override {
+  WeightsPtr Snapshot() override {
     absl::MutexLock lock(&mu_);
-    state_->CopyWeights(weights);
-    *version = version_;
+    return weights_;
   }
 
   // The last completed step; the partial sum of the step in progress is not
   // part of it (see update_rule.h).
   RuleState SaveState() override {
     absl::MutexLock lock(&mu_);
-    return SaveRuleState(*state_, version_, optimizer_.get());
+    return SaveRuleState(*state_, weights_->version(), weights_->values(),
+                         optimizer_.get());
   }
 
   absl::Status RestoreState(const RuleState& saved) override {
     std::vector<ShardState::Waiter> ready;
     {
       absl::MutexLock lock(&mu_);
-      absl::Status restored =
+      absl::StatusOr<WeightsPtr> restored =
           RestoreWeightsAndOptimizer(saved, state_, optimizer_.get());
-      if (!restored.ok()) return restored;
-      version_ = saved.version;
-      std::fill(sum_.begin(), sum_.end(), 0.0f);
+      if (!restored.ok()) return restored.status();
+      weights_ = *std::move(restored);
       std::fill(arrived_.begin(), arrived_.end(), false);
       std::fill(step_samples_.begin(), step_samples_.end(), 0);
       count_ = 0;
-      ready = state_->AdvanceVersion(version_);
+      ready = state_->AdvanceVersion(weights_->version());
     }
     for (auto& waiter : ready) waiter();
     return absl::OkStatus();
   }
 
  private:
+  // Averages the step's gradients and publishes the next version.
+  void CloseStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const float scale = 1.0f / static_cast<float>(num_workers_);
+    FloatBufferPool::Buffer next = state_->buffers().Take();
+    state_->BeginApply();
+    optimizer_->Apply(sum_, scale, weights_->values().data(), next.get());
+    state_->EndApply();
+    weights_ = std::make_shared<const Weights>(weights_->version() + 1,
+                                               std::move(next), state_->size());
+    std::fill(arrived_.begin(), arrived_.end(), false);
+    // Only now are the step's examples in the weights.
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      state_->RecordAppliedSamples(rank, step_samples_[rank]);
+    }
+    count_ = 0;
+  }
+
   // Constant after construction.
   const int num_workers_;
   ShardState* const state_;
 
   absl::Mutex mu_;
   const std::unique_ptr<Optimizer> optimizer_ ABSL_PT_GUARDED_BY(mu_);
-  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  WeightsPtr weights_ ABSL_GUARDED_BY(mu_);  // the last closed step's
+  // The step's gradients summed; its first push overwrites it.
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
   // Examples behind each worker's gradient for the step in progress.

@@ -1,5 +1,8 @@
 #include "server/update_rule.h"
 
+#include <utility>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -10,20 +13,23 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
   PushResult result;
   {
     absl::MutexLock lock(&mu_);
-    if (push.base_version > version_) {
+    const int64_t version = weights_->version();
+    if (push.base_version > version) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push computed from version ", push.base_version, " but shard ",
-          state_->shard(), " is only at version ", version_));
+          state_->shard(), " is only at version ", version));
     }
-    result.staleness = version_ - push.base_version;
+    result.staleness = version - push.base_version;
+    FloatBufferPool::Buffer next = state_->buffers().Take();
     state_->BeginApply();
-    Update(push.values, state_->weights());
+    Update(push.values, weights_->values().data(), next.get());
     state_->EndApply();
-    ++version_;
-    result.version = version_;
+    result.version = version + 1;
+    weights_ = std::make_shared<const Weights>(result.version, std::move(next),
+                                               state_->size());
     state_->RecordPush(result.staleness, push.samples, push.wire_bytes);
     state_->RecordAppliedSamples(push.worker_rank, push.samples);
-    ready = state_->AdvanceVersion(version_);
+    ready = state_->AdvanceVersion(result.version);
   }
   // Pulls waiting for this version run outside the lock: they take it again
   // through Snapshot.
@@ -31,36 +37,37 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
   return result;
 }
 
-void SerialRule::Snapshot(std::vector<float>* weights, int64_t* version) {
+WeightsPtr SerialRule::Snapshot() {
   absl::MutexLock lock(&mu_);
-  state_->CopyWeights(weights);
-  *version = version_;
+  return weights_;
 }
 
 RuleState SerialRule::SaveState() {
   absl::MutexLock lock(&mu_);
-  return SaveRuleState(*state_, version_, optimizer());
+  return SaveRuleState(*state_, weights_->version(), weights_->values(),
+                       optimizer());
 }
 
 absl::Status SerialRule::RestoreState(const RuleState& saved) {
   std::vector<ShardState::Waiter> ready;
   {
     absl::MutexLock lock(&mu_);
-    absl::Status restored =
+    absl::StatusOr<WeightsPtr> restored =
         RestoreWeightsAndOptimizer(saved, state_, optimizer());
-    if (!restored.ok()) return restored;
-    version_ = saved.version;
-    ready = state_->AdvanceVersion(version_);
+    if (!restored.ok()) return restored.status();
+    weights_ = *std::move(restored);
+    ready = state_->AdvanceVersion(weights_->version());
   }
   for (auto& waiter : ready) waiter();
   return absl::OkStatus();
 }
 
 RuleState SaveRuleState(const ShardState& state, int64_t version,
+                        absl::Span<const float> weights,
                         const Optimizer* optimizer) {
   RuleState saved;
   saved.version = version;
-  state.CopyWeights(&saved.weights);
+  saved.weights.assign(weights.begin(), weights.end());
   saved.stats = state.Stats();
   if (optimizer != nullptr) {
     saved.optimizer = optimizer->Name();
@@ -69,9 +76,9 @@ RuleState SaveRuleState(const ShardState& state, int64_t version,
   return saved;
 }
 
-absl::Status RestoreWeightsAndOptimizer(const RuleState& saved,
-                                        ShardState* state,
-                                        Optimizer* optimizer) {
+absl::StatusOr<WeightsPtr> RestoreWeightsAndOptimizer(const RuleState& saved,
+                                                      ShardState* state,
+                                                      Optimizer* optimizer) {
   if (saved.weights.size() != state->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "saved state holds ", saved.weights.size(), " weights, shard ",
@@ -94,11 +101,7 @@ absl::Status RestoreWeightsAndOptimizer(const RuleState& saved,
     return absl::InvalidArgumentError(
         "saved optimizer state but this rule has no optimizer");
   }
-  auto weights = state->weights();
-  for (size_t i = 0; i < weights.size(); ++i) {
-    weights[i].store(saved.weights[i], std::memory_order_relaxed);
-  }
-  return absl::OkStatus();
+  return state->MakeWeights(saved.version, saved.weights);
 }
 
 std::unique_ptr<UpdateRule> MakeUpdateRule(const TrainingConfig& resolved,

@@ -8,6 +8,12 @@
 // error and changes nothing. Implementations are thread-safe: gRPC calls
 // Apply and Snapshot from many threads at once.
 //
+// The weights belong to the rule. Every rule but hogwild publishes each
+// version as a new immutable Weights, written out of place from the last
+// one into a pooled buffer; Snapshot shares it, so that all pulls of a
+// version send the same buffer and none copies it. Hogwild writes one buffer
+// in place, and its Snapshot copies it (once per version).
+//
 // SaveState and RestoreState export and import what a checkpoint keeps:
 // the weights, the version and the optimizer's state. SaveState is
 // consistent when no push is running (ShardServer calls it after the server
@@ -20,7 +26,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -37,8 +42,10 @@ struct PushData {
   int worker_rank = 0;
   int64_t base_version = 0;
   int64_t samples = 0;
-  int64_t wire_bytes = 0;     // serialized size, for statistics
-  std::vector<float> values;  // size() == the shard's size; all finite
+  int64_t wire_bytes = 0;  // serialized size, for statistics
+  // size() == the shard's size; all finite. Owned by whoever made the push
+  // (PushDecoder), valid during Apply.
+  absl::Span<const float> values;
 };
 
 struct PushResult {
@@ -67,8 +74,9 @@ class UpdateRule {
   // never had. On error the shard is unchanged.
   virtual absl::StatusOr<PushResult> Apply(const PushData& push) = 0;
 
-  // A copy of the weights and the version they belong to.
-  virtual void Snapshot(std::vector<float>* weights, int64_t* version) = 0;
+  // The current weights and their version, shared (not copied): valid as
+  // long as the pointer is held.
+  virtual WeightsPtr Snapshot() = 0;
 
   // The weights, version and optimizer state (see the file comment).
   virtual RuleState SaveState() = 0;
@@ -82,24 +90,28 @@ class UpdateRule {
 
 // Helpers for the rules' SaveState and RestoreState. The caller holds
 // whatever lock keeps pushes out (none under hogwild, whose saved counters
-// may then be a push ahead of or behind its weights). `optimizer` may be null (no optimizer).
+// may then be a push ahead of or behind its weights). `optimizer` may be
+// null (no optimizer).
 RuleState SaveRuleState(const ShardState& state, int64_t version,
+                        absl::Span<const float> weights,
                         const Optimizer* optimizer);
-// Checks that `saved` fits, then restores the weights and the optimizer
-// state; the caller sets its own version and advances the shard's.
-absl::Status RestoreWeightsAndOptimizer(const RuleState& saved,
-                                        ShardState* state,
-                                        Optimizer* optimizer);
+// Checks that `saved` fits, then restores the optimizer state and returns
+// the saved weights as version saved.version; the caller makes them its
+// current weights and advances the shard's version.
+absl::StatusOr<WeightsPtr> RestoreWeightsAndOptimizer(const RuleState& saved,
+                                                      ShardState* state,
+                                                      Optimizer* optimizer);
 
 // A rule that applies pushes one at a time, at once, whatever their
 // staleness (recorded, not refused): downpour and easgd. Subclasses say only
 // how a push changes the weights.
 class SerialRule : public UpdateRule {
  public:
-  explicit SerialRule(ShardState* state) : state_(state) {}
+  explicit SerialRule(ShardState* state)
+      : state_(state), weights_(state->InitialWeights()) {}
 
   absl::StatusOr<PushResult> Apply(const PushData& push) final;
-  void Snapshot(std::vector<float>* weights, int64_t* version) final;
+  WeightsPtr Snapshot() final;
   RuleState SaveState() final;
   absl::Status RestoreState(const RuleState& saved) final;
 
@@ -108,15 +120,17 @@ class SerialRule : public UpdateRule {
   // rule's lock.
   virtual Optimizer* optimizer() { return nullptr; }
 
-  // Called with the rule's lock held, one push at a time.
-  virtual void Update(absl::Span<const float> values,
-                      absl::Span<std::atomic<float>> weights) = 0;
+  // out = the weights `in` after the push's `values`, out of place (in and
+  // out do not overlap; both have values.size() floats). Called with the
+  // rule's lock held, one push at a time.
+  virtual void Update(absl::Span<const float> values, const float* in,
+                      float* out) = 0;
 
  private:
   ShardState* const state_;  // constant after construction
 
   absl::Mutex mu_;
-  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  WeightsPtr weights_ ABSL_GUARDED_BY(mu_);  // the current version
 };
 
 // The rule for resolved.mode(), over `state` (not owned; must outlive it).

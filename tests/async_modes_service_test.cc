@@ -23,6 +23,8 @@
 #include "server/shard_server.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
+#include "worker/cpu_backend.h"
+#include "worker/gradient_pusher.h"
 #include "worker/ps_client.h"
 
 namespace monsoon {
@@ -68,6 +70,29 @@ std::vector<float> Weights(worker::PsClient* client, size_t n) {
       client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights), &versions),
       IsOk());
   return weights;
+}
+
+// Pushes `grads` as a worker does: through a GradientPusher on the CPU
+// backend, which quantizes them under 1-bit (from a zero residual: a new
+// pusher each time).
+absl::Status PushAsWorker(worker::PsClient* client,
+                          const TrainingConfig& config,
+                          const std::vector<float>& grads) {
+  std::unique_ptr<worker::ComputeBackend> cpu = worker::MakeCpuBackend(1);
+  absl::StatusOr<std::unique_ptr<worker::GradientPusher>> pusher =
+      worker::GradientPusher::Create(cpu.get(), client, config);
+  if (!pusher.ok()) return pusher.status();
+  absl::StatusOr<float*> device = cpu->AllocateFloats(grads.size());
+  if (!device.ok()) return device.status();
+  absl::Status status =
+      cpu->CopyToDevice(grads.data(), *device, grads.size() * sizeof(float));
+  if (status.ok()) {
+    absl::StatusOr<std::unique_ptr<worker::PendingCall>> push =
+        (*pusher)->Push(*device, {0}, 1);
+    status = push.ok() ? (*push)->Wait() : push.status();
+  }
+  cpu->Free(*device);
+  return status;
 }
 
 std::vector<float> Ramp(size_t n, float scale) {
@@ -177,7 +202,7 @@ TEST(OneBitServiceTest, ShardAppliesTheDecodedGradient) {
   ASSERT_THAT(common::OneBitDecode(encoded.bits, encoded.scales, 64,
                                    absl::MakeSpan(decoded)),
               IsOk());
-  ASSERT_THAT(client->Push(grads, {0}, 1), IsOk());
+  ASSERT_THAT(PushAsWorker(client.get(), config, grads), IsOk());
   const std::vector<float> after = Weights(client.get(), p);
   for (size_t i = 0; i < p; ++i) {
     ASSERT_FLOAT_EQ(after[i], before[i] - 0.5f * decoded[i]) << i;
@@ -198,7 +223,7 @@ TEST(OneBitServiceTest, PushIsOverTwentyTimesSmallerThanFloat32) {
   const size_t p = server_f->state()->size();  // 1325 values
   const std::vector<float> grads = Ramp(p, 1.0f);
   ASSERT_THAT(client_f->Push(grads, {0}, 1), IsOk());
-  ASSERT_THAT(client_b->Push(grads, {0}, 1), IsOk());
+  ASSERT_THAT(PushAsWorker(client_b.get(), onebit, grads), IsOk());
   // Payload: 166 bytes of bits (3 buckets: 64 + 64 + 38) and 24 of scales;
   // the rest is the header and field tags.
   EXPECT_GE(client_b->bytes_pushed(), 166 + 24);

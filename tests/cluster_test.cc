@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/model_layout.h"
+#include "common/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/metrics.pb.h"
@@ -239,10 +240,15 @@ TEST_F(ClusterTest, SyncWorkersRestartedMidStepRejoinIt) {
     ASSERT_OK_AND_ASSIGN(auto dying1, Connect(config, 1));
     const std::vector<float> zeros(
         common::ModelLayout::FromConfig(config).num_params(), 0.0f);
+    common::BufferLease lease;
     std::unique_ptr<worker::ShardedPush> push =
-        dying0->StartPush({0, 0}, 20, nullptr);
-    push->Send(
-        0, absl::MakeConstSpan(zeros).subspan(0, dying0->ranges()[0].size()));
+        dying0->StartPush({0, 0}, 20, &lease, nullptr);
+    worker::ShardPayload payload;
+    payload.values = dying0->ranges()[0].size();
+    payload.data =
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(zeros.data()),
+                            payload.values * sizeof(float));
+    push->Send(0, payload);
     EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
     ASSERT_OK(dying1->Push(zeros, {0, 0}, 20));
     const std::vector<StatsResponse> stats = ShardStats();

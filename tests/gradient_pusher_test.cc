@@ -10,6 +10,8 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/model_layout.h"
+#include "common/onebit.h"
+#include "common/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
@@ -25,6 +27,7 @@ namespace {
 
 using ::monsoon::testutil::ResolvedConfig;
 using ::monsoon::testutil::StatusIs;
+using ::testing::HasSubstr;
 
 // 53 parameters on two shards ([0, 26) and [26, 53)); one worker, so each
 // sync push is applied at once; learning rate 1.
@@ -45,108 +48,92 @@ std::vector<float> Gradient(int step) {
   return g;
 }
 
-// The CPU backend with its 1-bit codec hidden, as a backend without one.
-class NoCodecBackend : public ComputeBackend {
- public:
-  NoCodecBackend() : cpu_(MakeCpuBackend(1)) {}
-  std::string Name() const override { return "cpu without codec"; }
-  absl::StatusOr<float*> AllocateFloats(size_t n) override {
-    return cpu_->AllocateFloats(n);
-  }
-  absl::StatusOr<int32_t*> AllocateInts(size_t n) override {
-    return cpu_->AllocateInts(n);
-  }
-  void Free(void* p) override { cpu_->Free(p); }
-  absl::Status CopyToDevice(const void* host, void* device,
-                            size_t bytes) override {
-    return cpu_->CopyToDevice(host, device, bytes);
-  }
-  absl::Status CopyToHost(const void* device, void* host,
-                          size_t bytes) override {
-    return cpu_->CopyToHost(device, host, bytes);
-  }
-  void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
-            const float* b, float beta, float* c) override {
-    cpu_->Gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
-  }
-  void AddBias(int rows, int cols, const float* bias, float* y) override {
-    cpu_->AddBias(rows, cols, bias, y);
-  }
-  void Relu(size_t n, float* y) override { cpu_->Relu(n, y); }
-  void ReluBackward(size_t n, const float* y, float* dy) override {
-    cpu_->ReluBackward(n, y, dy);
-  }
-  void ColumnSums(int rows, int cols, const float* x, float* sums) override {
-    cpu_->ColumnSums(rows, cols, x, sums);
-  }
-  void SoftmaxCrossEntropy(int rows, int cols, const float* logits,
-                           const int32_t* labels, float* dlogits,
-                           float* stats) override {
-    cpu_->SoftmaxCrossEntropy(rows, cols, logits, labels, dlogits, stats);
-  }
-  void Axpy(size_t n, float alpha, const float* x, float* y) override {
-    cpu_->Axpy(n, alpha, x, y);
-  }
-  void Scale(size_t n, float alpha, float* y) override {
-    cpu_->Scale(n, alpha, y);
-  }
-  void Fill(size_t n, float value, float* y) override {
-    cpu_->Fill(n, value, y);
-  }
-  absl::Status Synchronize() override { return cpu_->Synchronize(); }
-
- private:
-  std::unique_ptr<ComputeBackend> cpu_;
-};
-
 // Two shards, one worker.
 struct Cluster : testutil::LocalCluster {
   explicit Cluster(const TrainingConfig& config) : LocalCluster(config, 2, 1) {}
 };
 
-// Pushes Gradient(0..steps-1) through a GradientPusher on `backend` to one
-// cluster and through PsClient::Push to another; both must see the same
-// bytes and end with the same weights.
-void ExpectSameAsPlainPushes(const TrainingConfig& config,
-                             ComputeBackend* backend, bool on_device) {
+// A float32 or 1-bit payload borrowed from host bytes.
+ShardPayload Payload(PushEncoding encoding, uint64_t n, const void* data,
+                     size_t data_bytes, const void* scales = nullptr,
+                     size_t scales_bytes = 0) {
+  ShardPayload payload;
+  payload.encoding = encoding;
+  payload.values = n;
+  payload.data =
+      absl::MakeConstSpan(static_cast<const uint8_t*>(data), data_bytes);
+  payload.scales =
+      absl::MakeConstSpan(static_cast<const uint8_t*>(scales), scales_bytes);
+  return payload;
+}
+
+TEST(GradientPusherTest, Float32PushMatchesThePlainPush) {
+  const TrainingConfig config = ResolvedConfig(kFloat32);
   Cluster plain(config), pushed(config);
   ASSERT_NE(plain.client, nullptr);
   ASSERT_NE(pushed.client, nullptr);
+  std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
       std::unique_ptr<GradientPusher> pusher,
-      GradientPusher::Create(backend, pushed.client.get(), config));
-  EXPECT_EQ(pusher->quantizes_on_device(), on_device);
-  ASSERT_OK_AND_ASSIGN(float* device, backend->AllocateFloats(53));
+      GradientPusher::Create(cpu.get(), pushed.client.get(), config));
+  ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
   constexpr int kSteps = 5;
   for (int step = 0; step < kSteps; ++step) {
     const std::vector<float> g = Gradient(step);
     ASSERT_OK(plain.client->Push(g, {step, step}, 8));
-    ASSERT_OK(backend->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> push,
                          pusher->Push(device, {step, step}, 8));
+    // The pusher copied the gradient: the device buffer may change now.
+    cpu->Fill(53, 1e9f, device);
     ASSERT_OK(push->Wait());
   }
-  backend->Free(device);
+  cpu->Free(device);
   EXPECT_EQ(pushed.client->bytes_pushed(), plain.client->bytes_pushed());
   EXPECT_EQ(pushed.Weights(kSteps), plain.Weights(kSteps));
 }
 
-TEST(GradientPusherTest, OneBitQuantizedOnTheDeviceMatchesTheHostEncoder) {
+TEST(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
+  // The backend's codec with the pusher's residual against the host codec
+  // with one of the test's, pushed shard by shard through PsClient.
+  const TrainingConfig config = ResolvedConfig(kOneBit);
+  Cluster by_hand(config), pushed(config);
+  ASSERT_NE(by_hand.client, nullptr);
+  ASSERT_NE(pushed.client, nullptr);
   std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-  ExpectSameAsPlainPushes(ResolvedConfig(kOneBit), cpu.get(),
-                          /*on_device=*/true);
-}
-
-TEST(GradientPusherTest, OneBitOnABackendWithoutCodecQuantizesOnTheHost) {
-  NoCodecBackend backend;
-  ExpectSameAsPlainPushes(ResolvedConfig(kOneBit), &backend,
-                          /*on_device=*/false);
-}
-
-TEST(GradientPusherTest, Float32PushMatchesThePlainPush) {
-  std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-  ExpectSameAsPlainPushes(ResolvedConfig(kFloat32), cpu.get(),
-                          /*on_device=*/false);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<GradientPusher> pusher,
+      GradientPusher::Create(cpu.get(), pushed.client.get(), config));
+  ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+  const std::vector<float> initial = pushed.Weights(0);
+  std::vector<float> residual(53, 0.0f);
+  constexpr int kSteps = 5;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<float> g = Gradient(step);
+    std::vector<common::OneBitEncoded> encoded(2);
+    common::BufferLease lease;
+    std::unique_ptr<ShardedPush> push =
+        by_hand.client->StartPush({step, step}, 8, &lease, nullptr);
+    for (int s = 0; s < 2; ++s) {
+      const common::ShardRange r = by_hand.client->ranges()[s];
+      common::OneBitEncode(absl::MakeConstSpan(g).subspan(r.begin, r.size()),
+                           absl::MakeSpan(residual).subspan(r.begin, r.size()),
+                           8, &encoded[s]);
+      push->Send(s, Payload(ENCODING_ONEBIT, r.size(), encoded[s].bits.data(),
+                            encoded[s].bits.size(), encoded[s].scales.data(),
+                            encoded[s].scales.size()));
+    }
+    ASSERT_OK(push->Wait());
+    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> pushing,
+                         pusher->Push(device, {step, step}, 8));
+    ASSERT_OK(pushing->Wait());
+  }
+  cpu->Free(device);
+  EXPECT_EQ(pushed.client->bytes_pushed(), by_hand.client->bytes_pushed());
+  const std::vector<float> weights = pushed.Weights(kSteps);
+  EXPECT_EQ(weights, by_hand.Weights(kSteps));
+  EXPECT_NE(weights, initial);
 }
 
 TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
@@ -158,35 +145,67 @@ TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
       std::unique_ptr<GradientPusher> pusher,
       GradientPusher::Create(cpu.get(), cluster.client.get(), config));
   ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
-  auto accumulate = [&](const std::vector<float>& g) {
+  auto upload = [&](const std::vector<float>& g) {
     ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
-    ASSERT_OK(pusher->Accumulate(device));
   };
-  // Nothing accumulated yet.
-  EXPECT_THAT(pusher->PushAccumulated({0, 0}, 8).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // Nothing given and nothing accumulated.
+  EXPECT_THAT(pusher->Push(nullptr, {0, 0}, 8).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("none accumulated")));
   const std::vector<float> initial = cluster.Weights(0);
   const std::vector<float> g0 = Gradient(0), g1 = Gradient(1), g2 = Gradient(2);
-  accumulate(g0);
-  accumulate(g1);
+  upload(g0);
+  ASSERT_OK(pusher->Accumulate(device));
+  upload(g1);
+  ASSERT_OK(pusher->Accumulate(device));
   EXPECT_EQ(pusher->accumulated_steps(), 2);
+  // The sum so far plus this step's gradient.
+  upload(g2);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> push,
-                       pusher->PushAccumulated({0, 0}, 16));
+                       pusher->Push(device, {0, 0}, 24));
   ASSERT_OK(push->Wait());
   EXPECT_EQ(pusher->accumulated_steps(), 0);
   std::vector<float> expected = initial;
   for (size_t i = 0; i < expected.size(); ++i) {
-    expected[i] -= (0.0f + g0[i]) + g1[i];
+    expected[i] -= ((0.0f + g0[i]) + g1[i]) + g2[i];
   }
   EXPECT_EQ(cluster.Weights(1), expected);
 
-  // The sum starts again from zero.
-  accumulate(g2);
-  ASSERT_OK_AND_ASSIGN(push, pusher->PushAccumulated({1, 1}, 8));
+  // The sum starts again from zero; null pushes just the sum.
+  upload(g1);
+  ASSERT_OK(pusher->Accumulate(device));
+  ASSERT_OK_AND_ASSIGN(push, pusher->Push(nullptr, {1, 1}, 8));
   ASSERT_OK(push->Wait());
-  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= g2[i];
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= 0.0f + g1[i];
   EXPECT_EQ(cluster.Weights(2), expected);
   cpu->Free(device);
+}
+
+TEST(GradientPusherTest, PushWithAPullTargetGetsTheWeightsThatIncludeIt) {
+  for (const char* text : {kFloat32, kOneBit}) {
+    SCOPED_TRACE(text);
+    const TrainingConfig config = ResolvedConfig(text);
+    Cluster cluster(config);
+    ASSERT_NE(cluster.client, nullptr);
+    std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
+    ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<GradientPusher> pusher,
+        GradientPusher::Create(cpu.get(), cluster.client.get(), config));
+    ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+    const std::vector<float> initial = cluster.Weights(0);
+    const std::vector<float> g = Gradient(4);
+    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    std::vector<float> params(53, -7.0f);
+    std::vector<int64_t> versions;
+    const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> push,
+                         pusher->Push(device, {0, 0}, 8, &pull));
+    ASSERT_OK(push->Wait());
+    EXPECT_THAT(versions, testing::ElementsAre(1, 1));
+    EXPECT_EQ(params, cluster.Weights(1));
+    EXPECT_NE(params, initial);
+    cpu->Free(device);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 #include "server/optimizer.h"
 
-#include <atomic>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -15,25 +15,23 @@ namespace {
 //   w = {1, -2}, g1 = {0.5, -1}, g2 = {0.25, 2}.
 class OptimizerTest : public testing::Test {
  protected:
-  OptimizerTest() : weights_(new std::atomic<float>[2]) {
-    weights_[0].store(1.0f);
-    weights_[1].store(-2.0f);
+  // One step out of place, as the rules apply them: weights_ becomes the
+  // result.
+  void Step(Optimizer& optimizer, const std::vector<float>& grad,
+            float scale = 1.0f) {
+    std::vector<float> next(weights_.size(), -99.0f);
+    optimizer.Apply(grad, scale, weights_.data(), next.data());
+    weights_ = next;
   }
-
-  absl::Span<std::atomic<float>> weights() {
-    return absl::MakeSpan(weights_.get(), 2);
-  }
-  float w(int i) const { return weights_[i].load(); }
+  float w(int i) const { return weights_[i]; }
 
   void TwoSteps(Optimizer& optimizer, std::vector<float>* after_first) {
-    const std::vector<float> g1 = {0.5f, -1.0f};
-    const std::vector<float> g2 = {0.25f, 2.0f};
-    optimizer.Apply(g1, weights());
-    *after_first = {w(0), w(1)};
-    optimizer.Apply(g2, weights());
+    Step(optimizer, {0.5f, -1.0f});
+    *after_first = weights_;
+    Step(optimizer, {0.25f, 2.0f});
   }
 
-  std::unique_ptr<std::atomic<float>[]> weights_;
+  std::vector<float> weights_ = {1.0f, -2.0f};
 };
 
 TEST_F(OptimizerTest, SgdWithoutMomentumStepsAlongTheGradient) {
@@ -79,10 +77,53 @@ TEST_F(OptimizerTest, AdagradScalesEachStepByTheAccumulatedSquares) {
 TEST_F(OptimizerTest, AdagradLeavesWeightsOfZeroGradientUntouched) {
   AdagradOptimizer adagrad(2, 0.1f, 0.1f);
   const std::vector<float> zero = {0.0f, 0.0f};
-  adagrad.Apply(zero, weights());
-  adagrad.Apply(zero, weights());
+  Step(adagrad, zero);
+  Step(adagrad, zero);
   EXPECT_EQ(w(0), 1.0f);
   EXPECT_EQ(w(1), -2.0f);
+}
+
+TEST_F(OptimizerTest, GradientScaleMultipliesTheGradientFirst) {
+  // Sync's average of two workers' sum {1, -2}: the same as the mean.
+  SgdOptimizer scaled(2, 0.1f, 0.9f);
+  Step(scaled, {1.0f, -2.0f}, 0.5f);
+  const std::vector<float> by_scale = weights_;
+  weights_ = {1.0f, -2.0f};
+  SgdOptimizer plain(2, 0.1f, 0.9f);
+  Step(plain, {0.5f, -1.0f});
+  EXPECT_EQ(by_scale, weights_);
+  EXPECT_FLOAT_EQ(w(0), 0.95f);
+}
+
+TEST_F(OptimizerTest, LongSlicesMatchTheScalarDefinitionBitForBit) {
+  // The vectorized loops against the plain formulas, on enough values to
+  // cover whole vectors and a remainder.
+  const size_t n = 1003;
+  std::vector<float> w(n), g(n);
+  for (size_t i = 0; i < n; ++i) {
+    w[i] = 0.001f * static_cast<float>(i) - 0.4f;
+    g[i] = std::sin(static_cast<float>(i)) * 3.0f;
+  }
+  SgdOptimizer sgd(n, 0.05f, 0.9f);
+  AdagradOptimizer adagrad(n, 0.05f, 0.1f);
+  std::vector<float> sgd_out(n), adagrad_out(n);
+  for (int step = 0; step < 3; ++step) {
+    sgd.Apply(g, 0.5f, w.data(), sgd_out.data());
+    adagrad.Apply(g, 0.5f, w.data(), adagrad_out.data());
+  }
+  std::vector<float> v(n, 0.0f), h(n, 0.1f);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < n; ++i) {
+      const float gi = g[i] * 0.5f;
+      v[i] = 0.9f * v[i] + gi;
+      h[i] += gi * gi;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * 0.5f;
+    EXPECT_EQ(sgd_out[i], w[i] - 0.05f * v[i]) << i;
+    EXPECT_EQ(adagrad_out[i], w[i] - 0.05f * gi / std::sqrt(h[i])) << i;
+  }
 }
 
 TEST_F(OptimizerTest, MakeOptimizerBuildsTheOptimizerTheConfigNames) {
@@ -92,7 +133,7 @@ TEST_F(OptimizerTest, MakeOptimizerBuildsTheOptimizerTheConfigNames) {
   config.set_adagrad_initial_accumulator(0.1f);
   std::unique_ptr<Optimizer> adagrad = MakeOptimizer(config, 2);
   ASSERT_NE(adagrad, nullptr);
-  adagrad->Apply(std::vector<float>{0.5f, -1.0f}, weights());
+  Step(*adagrad, {0.5f, -1.0f});
   EXPECT_FLOAT_EQ(w(0), 0.91548457f);
   EXPECT_FLOAT_EQ(w(1), -1.9046537f);
 
@@ -100,8 +141,7 @@ TEST_F(OptimizerTest, MakeOptimizerBuildsTheOptimizerTheConfigNames) {
   config.set_momentum(0.9f);
   std::unique_ptr<Optimizer> sgd = MakeOptimizer(config, 2);
   ASSERT_NE(sgd, nullptr);
-  weights_[0].store(1.0f);
-  weights_[1].store(-2.0f);
+  weights_ = {1.0f, -2.0f};
   std::vector<float> first;
   TwoSteps(*sgd, &first);
   EXPECT_FLOAT_EQ(w(0), 0.88f);

@@ -320,13 +320,39 @@ std::vector<float> Ramp53() {
   return grads;
 }
 
+// A float32 payload of `values`, borrowed.
+ShardPayload Float32(absl::Span<const float> values) {
+  ShardPayload payload;
+  payload.values = values.size();
+  payload.data =
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(values.data()),
+                          values.size() * sizeof(float));
+  return payload;
+}
+
+// A 1-bit payload of n values, borrowed from `encoded`.
+ShardPayload OneBit(const common::OneBitEncoded& encoded, uint64_t n) {
+  ShardPayload payload;
+  payload.encoding = ENCODING_ONEBIT;
+  payload.values = n;
+  payload.data =
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(encoded.bits.data()),
+                          encoded.bits.size());
+  payload.scales = absl::MakeConstSpan(
+      reinterpret_cast<const uint8_t*>(encoded.scales.data()),
+      encoded.scales.size());
+  return payload;
+}
+
 TEST_F(TwoShardsTest, PushHandedOverShardByShardAppliesLikeOnePush) {
   const std::vector<float> grads = Ramp53();
   std::vector<PushResponse> responses;
-  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, &responses);
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({0, 0}, 16, &lease, &responses);
   // In either order.
-  push->Send(1, absl::MakeConstSpan(grads).subspan(26));
-  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
+  push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));
+  push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   ASSERT_OK(push->Wait());
   EXPECT_EQ(responses[0].version(), 1);
   EXPECT_EQ(responses[1].version(), 1);
@@ -340,12 +366,94 @@ TEST_F(TwoShardsTest, PushHandedOverShardByShardAppliesLikeOnePush) {
   EXPECT_EQ(params, expected);
 }
 
+TEST_F(TwoShardsTest, PushPullAnswersWithTheWeightsThatIncludeThePush) {
+  const std::vector<float> grads = Ramp53();
+  std::vector<PushResponse> responses;
+  std::vector<float> params(53, -1.0f);
+  std::vector<int64_t> versions;
+  const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({0, 0}, 16, &lease, &responses, &pull);
+  push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
+  push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));
+  ASSERT_OK(push->Wait());
+  EXPECT_EQ(responses[0].version(), 1);
+  EXPECT_EQ(responses[1].version(), 1);
+  EXPECT_THAT(versions, ElementsAre(1, 1));
+  std::vector<float> expected = AllInitialValues(config);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= grads[i];
+  EXPECT_EQ(params, expected);
+  // The answer's bytes count as pulled, like a pull's.
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
+                       client->Stats(absl::Seconds(30)));
+  EXPECT_EQ(stats[0].bytes_pulled() + stats[1].bytes_pulled(),
+            client->bytes_pulled());
+  EXPECT_GT(client->bytes_pulled(), static_cast<int64_t>(53 * sizeof(float)));
+}
+
+TEST(PsClientTest, SyncPushPullWaitsForTheBarrier) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 2);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker0,
+                       PsClient::Connect(OptionsFor(servers, config, 0)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker1,
+                       PsClient::Connect(OptionsFor(servers, config, 1)));
+  const std::vector<float> ones(53, 1.0f), threes(53, 3.0f);
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      worker0->StartPush({0, 0}, 1, &lease, nullptr, &pull);
+  push->Send(0, Float32(absl::MakeConstSpan(ones).subspan(0, 26)));
+  push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
+  // Worker 0's answer waits for step 0 to close, which needs worker 1.
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
+                       worker0->Stats(absl::Seconds(30)));
+  EXPECT_EQ(stats[0].version(), 0);
+  ASSERT_OK(worker1->Push(threes, {0, 0}, 1));
+  ASSERT_OK(push->Wait());
+  EXPECT_THAT(versions, ElementsAre(1, 1));
+  // SGD with learning rate 1 on the mean gradient 2.
+  std::vector<float> expected = AllInitialValues(config);
+  for (float& v : expected) v -= 2.0f;
+  EXPECT_EQ(params, expected);
+}
+
+TEST(PsClientTest, SyncPushPullPastTheTimeoutIsDeadlineExceeded) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 2);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker0,
+                       PsClient::Connect(OptionsFor(servers, config, 0)));
+  const std::vector<float> ones(53, 1.0f);
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  const PullTarget pull{absl::MakeSpan(params), &versions,
+                        absl::Milliseconds(300)};
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      worker0->StartPush({0, 0}, 1, &lease, nullptr, &pull);
+  push->Send(0, Float32(absl::MakeConstSpan(ones).subspan(0, 26)));
+  push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
+  EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                     HasSubstr("shard 0 at")));
+}
+
 TEST_F(TwoShardsTest, PushWithAShardNeverSentIsFailedPreconditionNamingIt) {
   const std::vector<float> grads = Ramp53();
-  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
-  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
-  EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                     HasSubstr("without a slice for shard 1")));
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({0, 0}, 16, &lease, nullptr);
+  push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
+  EXPECT_THAT(push->Wait(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("without a payload for shard 1")));
   // Shards apply pushes independently: shard 0 took its slice, shard 1
   // never heard of the push.
   ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
@@ -360,13 +468,16 @@ TEST_F(TwoShardsTest, PushOfTheWrongLengthIsInvalidAndSendsNothing) {
   EXPECT_THAT(client->Push(grads, {0, 0}, 16),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("push of 52 values to a model of 53")));
-  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
-  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
-  push->Send(1, absl::MakeConstSpan(grads).subspan(26));  // 26 of 27
-  EXPECT_THAT(
-      push->Wait(),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("push of 26 values to shard 1, which holds 27")));
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({0, 0}, 16, &lease, nullptr);
+  push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
+  push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));  // 26 of 27
+  EXPECT_THAT(push->Wait(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("push to shard 1 of 26 values with 104 bytes "
+                                 "of data and 0 of scales; the shard holds 27 "
+                                 "values, which need 108 and 0")));
   EXPECT_GT(client->bytes_pushed(), 0);  // shard 0's slice went
   ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
                        client->Stats(absl::Seconds(30)));
@@ -377,10 +488,12 @@ TEST_F(TwoShardsTest, PushOfTheWrongLengthIsInvalidAndSendsNothing) {
 
 TEST_F(TwoShardsTest, ShardSentTwiceIsInvalid) {
   const std::vector<float> grads = Ramp53();
-  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 16, nullptr);
-  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
-  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
-  push->Send(2, absl::MakeConstSpan(grads).subspan(26));
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({0, 0}, 16, &lease, nullptr);
+  push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
+  push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
+  push->Send(2, Float32(absl::MakeConstSpan(grads).subspan(26)));
   EXPECT_THAT(push->Wait(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("shard 0 is out of range or sent twice")));
@@ -393,34 +506,36 @@ constexpr char kOneBitConfig[] =
     "momentum: 0 chunk_bytes: 262144 compression: COMPRESSION_ONEBIT "
     "onebit_bucket_size: 8";
 
-TEST(PsClientTest, OneBitSlicesEncodedByTheCallerPutTheSameBytesOnTheWire) {
+TEST(PsClientTest, OneBitPayloadsAreAppliedAsTheValuesTheyDecodeTo) {
   const TrainingConfig config = ResolvedConfig(kOneBitConfig);
-  testutil::LocalCluster here(config, 2, 1), there(config, 2, 1);
-  ASSERT_NE(here.client, nullptr);
-  ASSERT_NE(there.client, nullptr);
-  PsClient* quantizing = here.client.get();
-  PsClient* forwarding = there.client.get();
+  testutil::LocalCluster cluster(config, 2, 1);
+  ASSERT_NE(cluster.client, nullptr);
+  PsClient* client = cluster.client.get();
+  const std::vector<float> grads = Ramp53();
   std::vector<float> residual(53, 0.0f);
-  for (int step = 0; step < 3; ++step) {
-    std::vector<float> grads = Ramp53();
-    for (float& g : grads) g *= static_cast<float>(step + 1) * 0.37f;
-    ASSERT_OK(quantizing->Push(grads, {step, step}, 4));
-    std::unique_ptr<ShardedPush> push =
-        forwarding->StartPush({step, step}, 4, nullptr);
-    for (int s = 0; s < 2; ++s) {
-      const common::ShardRange r = forwarding->ranges()[s];
-      common::OneBitEncoded encoded;
-      common::OneBitEncode(
-          absl::MakeConstSpan(grads).subspan(r.begin, r.size()),
-          absl::MakeSpan(residual).subspan(r.begin, r.size()), 8, &encoded);
-      push->SendOneBit(s, encoded);
-    }
-    ASSERT_OK(push->Wait());
+  std::vector<common::OneBitEncoded> encoded(2);
+  std::vector<float> decoded(53);
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({0, 0}, 4, &lease, nullptr);
+  for (int s = 0; s < 2; ++s) {
+    const common::ShardRange r = client->ranges()[s];
+    common::OneBitEncode(absl::MakeConstSpan(grads).subspan(r.begin, r.size()),
+                         absl::MakeSpan(residual).subspan(r.begin, r.size()), 8,
+                         &encoded[s]);
+    ASSERT_OK(common::OneBitDecode(
+        encoded[s].bits, encoded[s].scales, 8,
+        absl::MakeSpan(decoded).subspan(r.begin, r.size())));
+    push->Send(s, OneBit(encoded[s], r.size()));
   }
-  EXPECT_EQ(forwarding->bytes_pushed(), quantizing->bytes_pushed());
-  const std::vector<float> a = here.Weights(3);
-  EXPECT_EQ(a, there.Weights(3));
-  EXPECT_NE(a, AllInitialValues(config));
+  ASSERT_OK(push->Wait());
+  // SGD with learning rate 1 on what the bits and scales decode to.
+  std::vector<float> expected = AllInitialValues(config);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= decoded[i];
+  EXPECT_EQ(cluster.Weights(1), expected);
+  // Bytes on the wire: each shard's 1 chunk of bits and scales, and header.
+  EXPECT_GT(client->bytes_pushed(), 2 * (4 + 32));
+  EXPECT_LT(client->bytes_pushed(), 2 * (4 + 32) + 2 * 64);
 }
 
 TEST(PsClientTest, OneBitSliceOfTheWrongSizeIsInvalidAndNeverSent) {
@@ -431,12 +546,15 @@ TEST(PsClientTest, OneBitSliceOfTheWrongSizeIsInvalidAndNeverSent) {
   common::OneBitEncoded encoded;
   encoded.bits.assign(3, '\0');  // shard 0 needs 4
   encoded.scales.assign(32, '\0');
-  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 4, nullptr);
-  push->SendOneBit(0, encoded);
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({0, 0}, 4, &lease, nullptr);
+  push->Send(0, OneBit(encoded, 26));
   EXPECT_THAT(push->Wait(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("needs 4 bytes of bits and 32 of scales, got "
-                                 "3 and 32")));
+                       HasSubstr("with 3 bytes of data and 32 of scales; the "
+                                 "shard holds 26 values, which need 4 and 32 "
+                                 "in ENCODING_ONEBIT")));
   EXPECT_EQ(client->bytes_pushed(), 0);
 }
 
@@ -444,12 +562,25 @@ TEST_F(TwoShardsTest, OneBitSliceFromAFloat32ClientIsInvalid) {
   common::OneBitEncoded encoded;
   encoded.bits.assign(4, '\0');
   encoded.scales.assign(32, '\0');
-  std::unique_ptr<ShardedPush> push = client->StartPush({0, 0}, 4, nullptr);
-  push->SendOneBit(0, encoded);
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({0, 0}, 4, &lease, nullptr);
+  push->Send(0, OneBit(encoded, 26));
   EXPECT_THAT(push->Wait(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("does not use 1-bit compression")));
+                       HasSubstr("a push encoded as ENCODING_ONEBIT from a "
+                                 "client whose config pushes "
+                                 "ENCODING_FLOAT32")));
   EXPECT_EQ(client->bytes_pushed(), 0);
+}
+
+TEST(PsClientTest, Float32ConvenienceRefusesAOneBitConfig) {
+  const TrainingConfig config = ResolvedConfig(kOneBitConfig);
+  testutil::LocalCluster cluster(config, 2, 1);
+  ASSERT_NE(cluster.client, nullptr);
+  EXPECT_THAT(cluster.client->Push(Ramp53(), {0, 0}, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("GradientPusher")));
 }
 
 TEST_F(TwoShardsTest, ARestartedClientLearnsTheExamplesEveryShardApplied) {
@@ -457,8 +588,10 @@ TEST_F(TwoShardsTest, ARestartedClientLearnsTheExamplesEveryShardApplied) {
   const std::vector<float> grads = Ramp53();
   ASSERT_OK(client->Push(grads, {0, 0}, 16));
   // The next push reaches shard 0 only, as if the worker died mid-push.
-  std::unique_ptr<ShardedPush> push = client->StartPush({1, 1}, 16, nullptr);
-  push->Send(0, absl::MakeConstSpan(grads).subspan(0, 26));
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push =
+      client->StartPush({1, 1}, 16, &lease, nullptr);
+  push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
 
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> restarted,

@@ -10,6 +10,7 @@
 #include "absl/types/span.h"
 #include "common/float_bytes.h"
 #include "common/onebit.h"
+#include "common/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
@@ -53,8 +54,25 @@ PushChunk First(const std::vector<float>& values,
 
 const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
+// The decoder under test with a pool of its own, fed PushChunk messages as
+// the wire carries them (serialized).
+class TestDecoder {
+ public:
+  TestDecoder(int shard, uint64_t size, int workers,
+              PushEncoding encoding = ENCODING_FLOAT32, int bucket = 512)
+      : pool_(size), decoder_(shard, size, workers, encoding, bucket, &pool_) {}
+  absl::Status Add(const PushChunk& chunk) {
+    return decoder_.Add(common::SmallMessage(chunk));
+  }
+  absl::StatusOr<PushData> Finish() { return decoder_.Finish(); }
+
+ private:
+  FloatBufferPool pool_;
+  PushDecoder decoder_;
+};
+
 TEST(PushDecoderTest, SingleChunkPushDecodes) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   const PushChunk chunk = First({1, 2, 3, 4, 5});
   ASSERT_OK(decoder.Add(chunk));
   absl::StatusOr<PushData> push = decoder.Finish();
@@ -67,7 +85,7 @@ TEST(PushDecoderTest, SingleChunkPushDecodes) {
 }
 
 TEST(PushDecoderTest, MultiChunkPushReassemblesExactly) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   const std::vector<PushChunk> chunks = {
       First({0.5f, -1.25f}), Chunk(2, {1e-30f, -3e30f}), Chunk(4, {7.0f})};
   int64_t bytes = 0;
@@ -82,7 +100,7 @@ TEST(PushDecoderTest, MultiChunkPushReassemblesExactly) {
 }
 
 TEST(PushDecoderTest, EmptyChunksInOrderAreHarmless) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   ASSERT_OK(decoder.Add(First({})));
   ASSERT_OK(decoder.Add(Chunk(0, {1, 2, 3, 4, 5})));
   ASSERT_OK(decoder.Add(Chunk(5, {})));
@@ -92,13 +110,13 @@ TEST(PushDecoderTest, EmptyChunksInOrderAreHarmless) {
 }
 
 TEST(PushDecoderTest, FirstChunkWithoutHeaderIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   EXPECT_THAT(decoder.Add(Chunk(0, {1, 2, 3, 4, 5})),
               StatusIs(kInvalid, HasSubstr("header")));
 }
 
 TEST(PushDecoderTest, HeaderInALaterChunkIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   ASSERT_OK(decoder.Add(First({1, 2})));
   PushChunk second = Chunk(2, {3, 4, 5});
   *second.mutable_header() = Header();
@@ -108,7 +126,7 @@ TEST(PushDecoderTest, HeaderInALaterChunkIsInvalid) {
 TEST(PushDecoderTest, WrongLengthIsInvalid) {
   for (uint64_t length : {uint64_t{0}, kSize - 1, kSize + 1}) {
     SCOPED_TRACE(length);
-    PushDecoder decoder(kShard, kSize, kWorkers);
+    TestDecoder decoder(kShard, kSize, kWorkers);
     EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, Header(1, kShard, length))),
                 StatusIs(kInvalid, HasSubstr("holds 5")));
   }
@@ -117,7 +135,7 @@ TEST(PushDecoderTest, WrongLengthIsInvalid) {
 TEST(PushDecoderTest, PushForAnotherShardIsInvalid) {
   for (int shard : {0, 2, -1, 1000}) {
     SCOPED_TRACE(shard);
-    PushDecoder decoder(kShard, kSize, kWorkers);
+    TestDecoder decoder(kShard, kSize, kWorkers);
     EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, Header(1, shard))),
                 StatusIs(kInvalid, HasSubstr("reached shard 1")));
   }
@@ -126,18 +144,18 @@ TEST(PushDecoderTest, PushForAnotherShardIsInvalid) {
 TEST(PushDecoderTest, WorkerRankOutsideTheWorkersIsInvalid) {
   for (int rank : {-1, 2, 100}) {
     SCOPED_TRACE(rank);
-    PushDecoder decoder(kShard, kSize, kWorkers);
+    TestDecoder decoder(kShard, kSize, kWorkers);
     EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, Header(rank))),
                 StatusIs(kInvalid, HasSubstr("worker rank")));
   }
 }
 
 TEST(PushDecoderTest, NegativeBaseVersionOrSamplesIsInvalid) {
-  PushDecoder negative_version(kShard, kSize, kWorkers);
+  TestDecoder negative_version(kShard, kSize, kWorkers);
   EXPECT_THAT(negative_version.Add(
                   First({1, 2, 3, 4, 5}, Header(1, kShard, kSize, -1, 32))),
               StatusIs(kInvalid, HasSubstr("negative")));
-  PushDecoder negative_samples(kShard, kSize, kWorkers);
+  TestDecoder negative_samples(kShard, kSize, kWorkers);
   EXPECT_THAT(negative_samples.Add(
                   First({1, 2, 3, 4, 5}, Header(1, kShard, kSize, 0, -32))),
               StatusIs(kInvalid, HasSubstr("negative")));
@@ -145,19 +163,19 @@ TEST(PushDecoderTest, NegativeBaseVersionOrSamplesIsInvalid) {
 
 TEST(PushDecoderTest, ChunksOutOfOrderAreInvalid) {
   {
-    PushDecoder decoder(kShard, kSize, kWorkers);
+    TestDecoder decoder(kShard, kSize, kWorkers);
     PushChunk first = First({1, 2});
     first.set_offset(1);
     EXPECT_THAT(decoder.Add(first), StatusIs(kInvalid, HasSubstr("in order")));
   }
   {
-    PushDecoder decoder(kShard, kSize, kWorkers);
+    TestDecoder decoder(kShard, kSize, kWorkers);
     ASSERT_OK(decoder.Add(First({1, 2})));
     EXPECT_THAT(decoder.Add(Chunk(3, {4, 5})),
                 StatusIs(kInvalid, HasSubstr("chunk at offset 3")));
   }
   {
-    PushDecoder decoder(kShard, kSize, kWorkers);
+    TestDecoder decoder(kShard, kSize, kWorkers);
     ASSERT_OK(decoder.Add(First({1, 2})));
     EXPECT_THAT(decoder.Add(Chunk(0, {1, 2})),
                 StatusIs(kInvalid, HasSubstr("chunk at offset 0")));
@@ -165,13 +183,13 @@ TEST(PushDecoderTest, ChunksOutOfOrderAreInvalid) {
 }
 
 TEST(PushDecoderTest, ChunkOfPartialFloatIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   PushChunk first = First({1, 2});
   first.mutable_data()->push_back('\0');  // 9 bytes
   EXPECT_THAT(decoder.Add(first),
               StatusIs(kInvalid, HasSubstr("9 bytes is not a whole number")));
 
-  PushDecoder later(kShard, kSize, kWorkers);
+  TestDecoder later(kShard, kSize, kWorkers);
   ASSERT_OK(later.Add(First({1, 2})));
   PushChunk second = Chunk(2, {3});
   second.mutable_data()->resize(6);
@@ -179,18 +197,18 @@ TEST(PushDecoderTest, ChunkOfPartialFloatIsInvalid) {
 }
 
 TEST(PushDecoderTest, MoreValuesThanTheShardHoldsIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5, 6})),
               StatusIs(kInvalid, HasSubstr("more than the 5 values")));
 
-  PushDecoder split(kShard, kSize, kWorkers);
+  TestDecoder split(kShard, kSize, kWorkers);
   ASSERT_OK(split.Add(First({1, 2, 3})));
   EXPECT_THAT(split.Add(Chunk(3, {4, 5, 6})),
               StatusIs(kInvalid, HasSubstr("more than the 5 values")));
 }
 
 TEST(PushDecoderTest, TooShortPushIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   ASSERT_OK(decoder.Add(First({1, 2})));
   ASSERT_OK(decoder.Add(Chunk(2, {3})));
   EXPECT_THAT(decoder.Finish(),
@@ -198,7 +216,7 @@ TEST(PushDecoderTest, TooShortPushIsInvalid) {
 }
 
 TEST(PushDecoderTest, EmptyStreamIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   EXPECT_THAT(decoder.Finish(), StatusIs(kInvalid, HasSubstr("no header")));
 }
 
@@ -207,23 +225,42 @@ TEST(PushDecoderTest, NonFiniteValuesAreInvalidNamingTheIndex) {
   const float kInf = std::numeric_limits<float>::infinity();
   for (float bad : {kNan, kInf, -kInf}) {
     SCOPED_TRACE(bad);
-    PushDecoder decoder(kShard, kSize, kWorkers);
+    TestDecoder decoder(kShard, kSize, kWorkers);
     ASSERT_OK(decoder.Add(First({1, 2})));
-    ASSERT_OK(decoder.Add(Chunk(2, {3, bad, 5})));
-    EXPECT_THAT(decoder.Finish(),
+    // Refused with the chunk that carries it, before the push ends.
+    EXPECT_THAT(decoder.Add(Chunk(2, {3, bad, 5})),
                 StatusIs(kInvalid, HasSubstr("push value 3 is")));
   }
 }
 
+TEST(PushDecoderTest, MessageThatIsNotAPushChunkIsInvalid) {
+  FloatBufferPool pool(kSize);
+  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, &pool);
+  grpc::Slice garbage(std::string("\x1a\x09\x01", 3));
+  EXPECT_THAT(decoder.Add(grpc::ByteBuffer(&garbage, 1)),
+              StatusIs(kInvalid, HasSubstr("malformed message")));
+}
+
+TEST(PushDecoderTest, PushesReuseThePoolsBuffers) {
+  FloatBufferPool pool(kSize);
+  for (int push = 0; push < 5; ++push) {
+    PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, &pool);
+    ASSERT_OK(decoder.Add(common::SmallMessage(First({1, 2, 3, 4, 5}))));
+    ASSERT_OK_AND_ASSIGN(PushData data, decoder.Finish());
+    EXPECT_THAT(data.values, ElementsAre(1, 2, 3, 4, 5));
+  }
+  EXPECT_EQ(pool.allocations(), 1);
+}
+
 TEST(PushDecoderTest, Float32DecoderRefusesOtherEncodings) {
-  PushDecoder decoder(kShard, kSize, kWorkers);
+  TestDecoder decoder(kShard, kSize, kWorkers);
   PushHeader header = Header();
   header.set_encoding(ENCODING_ONEBIT);
   header.set_bucket_size(512);
   EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, header)),
               StatusIs(kInvalid, HasSubstr("ENCODING_ONEBIT")));
 
-  PushDecoder with_scales(kShard, kSize, kWorkers);
+  TestDecoder with_scales(kShard, kSize, kWorkers);
   PushChunk chunk = First({1, 2, 3, 4, 5});
   chunk.set_scales(std::string(8, '\0'));
   EXPECT_THAT(with_scales.Add(chunk), StatusIs(kInvalid, HasSubstr("scales")));
@@ -265,7 +302,7 @@ class OneBitPushDecoderTest : public testing::Test {
 };
 
 TEST_F(OneBitPushDecoderTest, MultiChunkPushDecodes) {
-  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
   PushChunk first = Encoded(0, 4);  // buckets 0 and 1
   *first.mutable_header() = OneBitHeader();
   ASSERT_OK(decoder.Add(first));
@@ -283,7 +320,7 @@ TEST_F(OneBitPushDecoderTest, MultiChunkPushDecodes) {
 }
 
 TEST_F(OneBitPushDecoderTest, WrongBucketSizeIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
   PushChunk first = Encoded(0, 5);
   *first.mutable_header() = OneBitHeader(4);
   EXPECT_THAT(decoder.Add(first),
@@ -291,7 +328,7 @@ TEST_F(OneBitPushDecoderTest, WrongBucketSizeIsInvalid) {
 }
 
 TEST_F(OneBitPushDecoderTest, NonFiniteScaleIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
   PushChunk first = Encoded(0, 5);
   *first.mutable_header() = OneBitHeader();
   std::string scales = first.scales();
@@ -303,7 +340,7 @@ TEST_F(OneBitPushDecoderTest, NonFiniteScaleIsInvalid) {
 }
 
 TEST_F(OneBitPushDecoderTest, ChunkWithMoreBucketsThanRemainIsInvalid) {
-  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
   PushChunk first = Encoded(0, 4);
   *first.mutable_header() = OneBitHeader();
   ASSERT_OK(decoder.Add(first));
@@ -316,9 +353,9 @@ TEST_F(OneBitPushDecoderTest, ChunkWithMoreBucketsThanRemainIsInvalid) {
 TEST(PushEncodingForTest, FollowsTheConfigsCompression) {
   TrainingConfig config;
   config.set_compression(COMPRESSION_NONE);
-  EXPECT_EQ(PushEncodingFor(config), ENCODING_FLOAT32);
+  EXPECT_EQ(common::PushEncodingFor(config), ENCODING_FLOAT32);
   config.set_compression(COMPRESSION_ONEBIT);
-  EXPECT_EQ(PushEncodingFor(config), ENCODING_ONEBIT);
+  EXPECT_EQ(common::PushEncodingFor(config), ENCODING_ONEBIT);
 }
 
 }  // namespace

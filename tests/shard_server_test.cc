@@ -70,13 +70,25 @@ ShardServerOptions Options(const std::string& config_text, int shard,
   return options;
 }
 
+// A push that owns its values; PushData only points at them, for as long
+// as the OwnedPush lives.
+struct OwnedPush {
+  std::vector<float> values;
+  PushData data;
+  operator PushData() const {  // NOLINT: converts where a push is wanted
+    PushData push = data;
+    push.values = values;
+    return push;
+  }
+};
+
 // A gradient whose values depend on the step, the worker and the index.
-PushData Gradient(size_t size, int64_t base_version, int worker, int step) {
-  PushData push;
-  push.worker_rank = worker;
-  push.base_version = base_version;
-  push.samples = 8;
-  push.wire_bytes = static_cast<int64_t>(4 * size);
+OwnedPush Gradient(size_t size, int64_t base_version, int worker, int step) {
+  OwnedPush push;
+  push.data.worker_rank = worker;
+  push.data.base_version = base_version;
+  push.data.samples = 8;
+  push.data.wire_bytes = static_cast<int64_t>(4 * size);
   for (size_t i = 0; i < size; ++i) {
     push.values.push_back(
         0.01f * static_cast<float>((i * 7 + step * 3 + worker) % 11) - 0.05f);
@@ -139,7 +151,7 @@ TEST_P(CheckpointRoundTripTest,
 
   // The next step gives the same result on both.
   for (int worker = 0; worker < 2; ++worker) {
-    const PushData push = Gradient(size, before.version, worker, 3);
+    const OwnedPush push = Gradient(size, before.version, worker, 3);
     ASSERT_OK_AND_ASSIGN(PushResult a, original->rule()->Apply(push));
     ASSERT_OK_AND_ASSIGN(PushResult b, resumed->rule()->Apply(push));
     EXPECT_EQ(a.version, b.version);

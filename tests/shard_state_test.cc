@@ -31,23 +31,25 @@ TEST(ShardStateTest, HoldsItsRangeOfTheInitialValues) {
   EXPECT_EQ(state.size(), 27u);
   std::vector<float> expected(27);
   common::InitialValues(Layout(), 3, 26, absl::MakeSpan(expected));
-  std::vector<float> weights;
-  state.CopyWeights(&weights);
-  EXPECT_EQ(weights, expected);
+  const WeightsPtr initial = state.InitialWeights();
+  EXPECT_EQ(
+      std::vector<float>(initial->values().begin(), initial->values().end()),
+      expected);
+  EXPECT_EQ(initial->version(), 0);
   EXPECT_EQ(state.version(), 0);
 }
 
 TEST(ShardStateTest, ThreeShardsHoldTheSameInitialWeightsAsOne) {
   ShardState whole(Layout(), /*seed=*/5, 0, 1);
-  std::vector<float> expected;
-  whole.CopyWeights(&expected);
+  const absl::Span<const float> all = whole.InitialWeights()->values();
+  const std::vector<float> expected(all.begin(), all.end());
   std::vector<float> joined;
   for (int s = 0; s < 3; ++s) {
     ShardState part(Layout(), 5, s, 3);
-    std::vector<float> weights;
-    part.CopyWeights(&weights);
+    const WeightsPtr weights = part.InitialWeights();
     EXPECT_EQ(part.range().begin, joined.size());
-    joined.insert(joined.end(), weights.begin(), weights.end());
+    joined.insert(joined.end(), weights->values().begin(),
+                  weights->values().end());
   }
   EXPECT_EQ(joined, expected);
 }

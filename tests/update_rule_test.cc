@@ -30,13 +30,25 @@ using ::testing::UnorderedElementsAre;
 // layer_sizes {3, 2}: 8 parameters on one shard.
 constexpr size_t kSize = 8;
 
-PushData MakePush(int rank, int64_t base_version, std::vector<float> values,
-                  int64_t samples = 4) {
-  PushData push;
-  push.worker_rank = rank;
-  push.base_version = base_version;
-  push.samples = samples;
-  push.wire_bytes = 100;
+// A push that owns its values; PushData only points at them, for as long
+// as the OwnedPush lives (a temporary: until the end of the statement).
+struct OwnedPush {
+  std::vector<float> values;
+  PushData data;
+  operator PushData() const {  // NOLINT: converts where a push is wanted
+    PushData push = data;
+    push.values = values;
+    return push;
+  }
+};
+
+OwnedPush MakePush(int rank, int64_t base_version, std::vector<float> values,
+                   int64_t samples = 4) {
+  OwnedPush push;
+  push.data.worker_rank = rank;
+  push.data.base_version = base_version;
+  push.data.samples = samples;
+  push.data.wire_bytes = 100;
   push.values = std::move(values);
   return push;
 }
@@ -45,11 +57,12 @@ std::vector<float> Filled(float value) {
   return std::vector<float>(kSize, value);
 }
 
-std::vector<float> Weights(const ShardState& state) {
-  std::vector<float> weights;
-  state.CopyWeights(&weights);
-  return weights;
+std::vector<float> Values(const WeightsPtr& weights) {
+  return std::vector<float>(weights->values().begin(), weights->values().end());
 }
+
+// The rule's current weights.
+std::vector<float> Weights(UpdateRule& rule) { return Values(rule.Snapshot()); }
 
 class SyncRuleTest : public testing::Test {
  protected:
@@ -58,7 +71,7 @@ class SyncRuleTest : public testing::Test {
                                "learning_rate: 0.5 momentum: 0")),
         state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
         rule_(MakeSyncRule(config_, /*num_workers=*/2, &state_)),
-        initial_(Weights(state_)) {}
+        initial_(Weights(*rule_)) {}
 
   // initial_ - 0.5 * step, elementwise.
   std::vector<float> InitialMinusHalfOf(const std::vector<float>& step) {
@@ -86,19 +99,19 @@ TEST_F(SyncRuleTest, AveragesBothWorkersPushesAndAppliesThemOnce) {
   EXPECT_EQ(first->version, 0);
   EXPECT_EQ(first->staleness, 0);
   EXPECT_EQ(state_.version(), 0);
-  EXPECT_EQ(Weights(state_), initial_);
+  EXPECT_EQ(Weights(*rule_), initial_);
 
   absl::StatusOr<PushResult> second = rule_->Apply(MakePush(1, 0, g1));
   ASSERT_OK(second.status());
   EXPECT_EQ(second->version, 1);
   EXPECT_EQ(state_.version(), 1);
-  EXPECT_EQ(Weights(state_), InitialMinusHalfOf(Filled(4.0f)));
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(4.0f)));
 
-  std::vector<float> snapshot;
-  int64_t version = -1;
-  rule_->Snapshot(&snapshot, &version);
-  EXPECT_EQ(version, 1);
-  EXPECT_EQ(snapshot, Weights(state_));
+  const WeightsPtr snapshot = rule_->Snapshot();
+  EXPECT_EQ(snapshot->version(), 1);
+  EXPECT_EQ(Values(snapshot), Weights(*rule_));
+  // Pulls of one version share its weights: no copy per pull.
+  EXPECT_EQ(rule_->Snapshot(), snapshot);
 
   const StatsResponse stats = state_.Stats();
   EXPECT_EQ(stats.pushes(), 2);
@@ -122,7 +135,7 @@ TEST_F(SyncRuleTest, ExamplesCountAsAppliedOnlyOnceTheStepIsApplied) {
 TEST_F(SyncRuleTest, NextStepStartsFromAnEmptySum) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(2.0f))).status());
-  const std::vector<float> after_one = Weights(state_);
+  const std::vector<float> after_one = Weights(*rule_);
   ASSERT_OK(rule_->Apply(MakePush(1, 1, Filled(1.0f))).status());
   absl::StatusOr<PushResult> result =
       rule_->Apply(MakePush(0, 1, Filled(3.0f)));
@@ -131,7 +144,7 @@ TEST_F(SyncRuleTest, NextStepStartsFromAnEmptySum) {
   // Step 1's mean is 2 again: the step-0 gradients are not counted twice.
   std::vector<float> expected(kSize);
   for (size_t i = 0; i < kSize; ++i) expected[i] = after_one[i] - 0.5f * 2.0f;
-  EXPECT_EQ(Weights(state_), expected);
+  EXPECT_EQ(Weights(*rule_), expected);
 }
 
 TEST_F(SyncRuleTest, PullWaiterFiresOnlyAtTheSecondPush) {
@@ -141,7 +154,9 @@ TEST_F(SyncRuleTest, PullWaiterFiresOnlyAtTheSecondPush) {
   // As a pull does: snapshot through the rule once the version is reached.
   // The rule must have released its lock by then.
   const uint64_t id = state_.WhenVersionAtLeast(1, [&] {
-    rule_->Snapshot(&seen, &seen_version);
+    const WeightsPtr snapshot = rule_->Snapshot();
+    seen = Values(snapshot);
+    seen_version = snapshot->version();
     fired.Notify();
   });
   EXPECT_NE(id, 0u);
@@ -159,26 +174,26 @@ TEST_F(SyncRuleTest, DuplicatePushIsAlreadyExistsAndNotCounted) {
   EXPECT_THAT(rule_->Apply(MakePush(0, 0, Filled(100.0f))),
               StatusIs(absl::StatusCode::kAlreadyExists,
                        HasSubstr("worker 0 already pushed step 0")));
-  EXPECT_EQ(Weights(state_), initial_);
+  EXPECT_EQ(Weights(*rule_), initial_);
   EXPECT_EQ(state_.version(), 0);
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(4.0f))).status());
   // Mean of 2 and 4, without the duplicate's 100.
-  EXPECT_EQ(Weights(state_), InitialMinusHalfOf(Filled(3.0f)));
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(3.0f)));
 }
 
 TEST_F(SyncRuleTest, StalePushIsAbortedAndLeavesWeightsUnchanged) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(2.0f))).status());
-  const std::vector<float> before = Weights(state_);
+  const std::vector<float> before = Weights(*rule_);
   EXPECT_THAT(
       rule_->Apply(MakePush(0, 0, Filled(100.0f))),
       StatusIs(absl::StatusCode::kAborted, HasSubstr("pull and retry")));
-  EXPECT_EQ(Weights(state_), before);
+  EXPECT_EQ(Weights(*rule_), before);
   EXPECT_EQ(state_.version(), 1);
   // The refused push is not part of step 1.
   ASSERT_OK(rule_->Apply(MakePush(0, 1, Filled(0.0f))).status());
   ASSERT_OK(rule_->Apply(MakePush(1, 1, Filled(0.0f))).status());
-  EXPECT_EQ(Weights(state_), before);
+  EXPECT_EQ(Weights(*rule_), before);
   EXPECT_EQ(state_.version(), 2);
 }
 
@@ -186,13 +201,13 @@ TEST_F(SyncRuleTest, PushFromAFutureVersionIsInvalidAndLeavesWeightsUnchanged) {
   EXPECT_THAT(rule_->Apply(MakePush(0, 5, Filled(100.0f))),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("only at version 0")));
-  EXPECT_EQ(Weights(state_), initial_);
+  EXPECT_EQ(Weights(*rule_), initial_);
   EXPECT_EQ(state_.version(), 0);
   EXPECT_EQ(state_.Stats().pushes(), 0);
   // Worker 0 may still push step 0.
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(1.0f))).status());
-  EXPECT_EQ(Weights(state_), InitialMinusHalfOf(Filled(1.0f)));
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(1.0f)));
 }
 
 TEST_F(SyncRuleTest, ConcurrentWorkersStepInLockstep) {
@@ -200,7 +215,7 @@ TEST_F(SyncRuleTest, ConcurrentWorkersStepInLockstep) {
   constexpr int kSteps = 20;
   ShardState state(common::ModelLayout::FromConfig(config_), 1, 0, 1);
   std::unique_ptr<UpdateRule> rule = MakeSyncRule(config_, kWorkers, &state);
-  const std::vector<float> initial = Weights(state);
+  const std::vector<float> initial = Weights(*rule);
   std::vector<absl::Status> errors(kWorkers);
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
@@ -230,7 +245,7 @@ TEST_F(SyncRuleTest, ConcurrentWorkersStepInLockstep) {
   for (int step = 0; step < kSteps; ++step) {
     for (float& v : expected) v -= 0.5f * 0.625f;
   }
-  EXPECT_EQ(Weights(state), expected);
+  EXPECT_EQ(Weights(*rule), expected);
 }
 
 class DownpourRuleTest : public testing::Test {
@@ -241,7 +256,7 @@ class DownpourRuleTest : public testing::Test {
             "adagrad_initial_accumulator: 0.1")),
         state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
         rule_(MakeDownpourRule(config_, &state_)),
-        initial_(Weights(state_)) {}
+        initial_(Weights(*rule_)) {}
 
   TrainingConfig config_;
   ShardState state_;
@@ -259,14 +274,14 @@ TEST_F(DownpourRuleTest, AppliesEachPushAtOnceWithAdagrad) {
   // h = 0.1 + 1 = 1.1; w -= 0.1 * 1 / sqrt(1.1).
   std::vector<float> expected = initial_;
   for (float& v : expected) v -= 0.1f * 1.0f / std::sqrt(1.1f);
-  EXPECT_EQ(Weights(state_), expected);
+  EXPECT_EQ(Weights(*rule_), expected);
 
   result = rule_->Apply(MakePush(0, 1, Filled(-2.0f)));
   ASSERT_OK(result.status());
   EXPECT_EQ(result->version, 2);
   // h = 1.1 + 4 = 5.1; w -= 0.1 * -2 / sqrt(5.1).
   for (float& v : expected) v -= 0.1f * -2.0f / std::sqrt(5.1f);
-  const std::vector<float> weights = Weights(state_);
+  const std::vector<float> weights = Weights(*rule_);
   for (size_t i = 0; i < kSize; ++i) EXPECT_FLOAT_EQ(weights[i], expected[i]);
 }
 
@@ -292,23 +307,19 @@ TEST_F(DownpourRuleTest, RecordsTheStalenessOfEachPush) {
 TEST_F(DownpourRuleTest,
        PushFromAFutureVersionIsInvalidAndLeavesWeightsUnchanged) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
-  const std::vector<float> before = Weights(state_);
+  const std::vector<float> before = Weights(*rule_);
   EXPECT_THAT(rule_->Apply(MakePush(1, 2, Filled(1.0f))),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("only at version 1")));
-  EXPECT_EQ(Weights(state_), before);
+  EXPECT_EQ(Weights(*rule_), before);
   EXPECT_EQ(state_.version(), 1);
   EXPECT_EQ(state_.Stats().pushes(), 1);
 }
 
 TEST_F(DownpourRuleTest, WakesPullWaitersAfterEachPush) {
   int woken_at = -1;
-  state_.WhenVersionAtLeast(2, [&] {
-    std::vector<float> snapshot;
-    int64_t version;
-    rule_->Snapshot(&snapshot, &version);
-    woken_at = static_cast<int>(version);
-  });
+  state_.WhenVersionAtLeast(
+      2, [&] { woken_at = static_cast<int>(rule_->Snapshot()->version()); });
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
   EXPECT_EQ(woken_at, -1);
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(1.0f))).status());
@@ -342,15 +353,14 @@ TEST_F(DownpourRuleTest, ConcurrentPushesAreEachAppliedOnce) {
   EXPECT_EQ(stats.max_concurrent_applies(), 1);
   // Identical gradients: the result does not depend on the order, so it
   // equals the same pushes applied one by one.
-  std::unique_ptr<std::atomic<float>[]> reference(
-      new std::atomic<float>[kSize]);
-  for (size_t i = 0; i < kSize; ++i) reference[i].store(initial_[i]);
+  std::vector<float> reference = initial_;
+  std::vector<float> next(kSize);
   AdagradOptimizer adagrad(kSize, 0.1f, 0.1f);
   for (int i = 0; i < kThreads * kPushes; ++i) {
-    adagrad.Apply(Filled(0.5f), absl::MakeSpan(reference.get(), kSize));
+    adagrad.Apply(Filled(0.5f), 1.0f, reference.data(), next.data());
+    reference.swap(next);
   }
-  const std::vector<float> weights = Weights(state_);
-  for (size_t i = 0; i < kSize; ++i) EXPECT_EQ(weights[i], reference[i].load());
+  EXPECT_EQ(Weights(*rule_), reference);
 }
 
 class EasgdRuleTest : public testing::Test {
@@ -359,7 +369,7 @@ class EasgdRuleTest : public testing::Test {
       : config_(ResolvedConfig("layer_sizes: [3, 2] mode: EASGD")),
         state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
         rule_(MakeEasgdRule(&state_)),
-        initial_(Weights(state_)) {}
+        initial_(Weights(*rule_)) {}
 
   TrainingConfig config_;
   ShardState state_;
@@ -380,12 +390,12 @@ TEST_F(EasgdRuleTest, AddsEachElasticDifferenceToTheCenter) {
   EXPECT_EQ(result->staleness, 1);
   std::vector<float> expected = initial_;
   for (float& v : expected) v = v + 0.5f + -0.25f;
-  EXPECT_EQ(Weights(state_), expected);
+  EXPECT_EQ(Weights(*rule_), expected);
 
   EXPECT_THAT(rule_->Apply(MakePush(0, 3, Filled(1.0f))),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("only at version 2")));
-  EXPECT_EQ(Weights(state_), expected);
+  EXPECT_EQ(Weights(*rule_), expected);
   EXPECT_THAT(state_.Stats().staleness_counts(), ElementsAre(1, 1));
 }
 
@@ -396,7 +406,7 @@ class HogwildRuleTest : public testing::Test {
             "layer_sizes: [3, 2] mode: HOGWILD learning_rate: 0.5")),
         state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
         rule_(MakeHogwildRule(config_, &state_)),
-        initial_(Weights(state_)) {}
+        initial_(Weights(*rule_)) {}
 
   TrainingConfig config_;
   ShardState state_;
@@ -413,18 +423,16 @@ TEST_F(HogwildRuleTest, AppliesPlainSgdAtOnce) {
   EXPECT_EQ(state_.version(), 1);
   std::vector<float> expected = initial_;
   for (float& v : expected) v -= 0.5f * 2.0f;
-  EXPECT_EQ(Weights(state_), expected);
+  EXPECT_EQ(Weights(*rule_), expected);
 
   EXPECT_THAT(rule_->Apply(MakePush(1, 2, Filled(1.0f))),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("only at version 1")));
-  EXPECT_EQ(Weights(state_), expected);
+  EXPECT_EQ(Weights(*rule_), expected);
 
-  std::vector<float> snapshot;
-  int64_t version = -1;
-  rule_->Snapshot(&snapshot, &version);
-  EXPECT_EQ(version, 1);
-  EXPECT_EQ(snapshot, expected);
+  const WeightsPtr snapshot = rule_->Snapshot();
+  EXPECT_EQ(snapshot->version(), 1);
+  EXPECT_EQ(Values(snapshot), expected);
 }
 
 TEST_F(HogwildRuleTest, ConcurrentPushesAreEachCounted) {
@@ -452,7 +460,7 @@ TEST_F(HogwildRuleTest, ConcurrentPushesAreEachCounted) {
   EXPECT_EQ(stats.pushes(), kThreads * kPushes);
   EXPECT_EQ(stats.staleness_max(), kThreads * kPushes - 1);
   EXPECT_GE(stats.max_concurrent_applies(), 1);
-  EXPECT_EQ(Weights(state_), initial_);
+  EXPECT_EQ(Weights(*rule_), initial_);
 }
 
 TEST(MakeUpdateRuleTest, BuildsTheRuleOfEachImplementedMode) {
@@ -497,15 +505,15 @@ TEST(MakeUpdateRuleTest, OnebitShardsApplyDecodedPushesLikeDownpour) {
       "layer_sizes: [3, 2] mode: ONEBIT learning_rate: 0.1 "
       "adagrad_initial_accumulator: 0.1");
   ShardState state(common::ModelLayout::FromConfig(config), 1, 0, 1);
-  const std::vector<float> initial = Weights(state);
   std::unique_ptr<UpdateRule> rule = MakeUpdateRule(config, 2, &state);
   ASSERT_NE(rule, nullptr);
+  const std::vector<float> initial = Weights(*rule);
   absl::StatusOr<PushResult> result = rule->Apply(MakePush(0, 0, Filled(1.0f)));
   ASSERT_OK(result.status());
   EXPECT_EQ(result->version, 1);
   std::vector<float> expected = initial;
   for (float& v : expected) v -= 0.1f * 1.0f / std::sqrt(1.1f);
-  EXPECT_EQ(Weights(state), expected);
+  EXPECT_EQ(Weights(*rule), expected);
 }
 
 }  // namespace

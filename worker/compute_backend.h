@@ -9,9 +9,8 @@
 // Matrices are row-major and contiguous. A backend is used by one thread at a
 // time; several backends (one per worker) may share a device.
 //
-// The 1-bit codec operations (OneBitEncode, OneBitDecode) and AllocateBytes
-// are optional: a backend that does not override them answers UNIMPLEMENTED
-// and HasOneBitCodec() false (AllocateBytes falls back on AllocateInts).
+// Every backend implements the 1-bit codec (common/onebit.h's format), so
+// that a gradient is quantized where it lives.
 #ifndef MONSOON_WORKER_COMPUTE_BACKEND_H_
 #define MONSOON_WORKER_COMPUTE_BACKEND_H_
 
@@ -30,6 +29,11 @@ class ComputeBackend {
 
   // "cpu (OpenBLAS, 1 thread)", "cuda:0 (NVIDIA H100 ...)", ...
   virtual std::string Name() const = 0;
+
+  // True where the device's memory is the host's (the CPU backend): its
+  // pointers may then be read and written directly, once queued work is
+  // done (Synchronize), and copies between host and device can be skipped.
+  virtual bool HostMemory() const { return false; }
 
   // Device memory; RESOURCE_EXHAUSTED when there is not enough.
   virtual absl::StatusOr<float*> AllocateFloats(size_t n) = 0;
@@ -75,9 +79,6 @@ class ComputeBackend {
   // y[i] = value.
   virtual void Fill(size_t n, float value, float* y) = 0;
 
-  // Whether OneBitEncode and OneBitDecode are implemented.
-  virtual bool HasOneBitCodec() const { return false; }
-
   // 1-bit quantization with error feedback in common/onebit.h's wire
   // layout, on device buffers of n values: v = grad + residual is cut into
   // buckets of bucket_size (the last may be shorter); `bits` gets
@@ -87,18 +88,14 @@ class ComputeBackend {
   // non-negative ones; 0 for an empty side), and residual becomes v minus its
   // reconstruction. The buffers must not overlap. Queued like the other
   // operations; the result says only what is known at once: INVALID_ARGUMENT
-  // for bucket_size < 1, UNIMPLEMENTED where the backend has no codec.
+  // for bucket_size < 1.
   virtual absl::Status OneBitEncode(const float* grad, float* residual,
                                     size_t n, int bucket_size, uint8_t* bits,
-                                    float* scales) {
-    return absl::UnimplementedError("this backend has no 1-bit encoder");
-  }
+                                    float* scales) = 0;
   // out[i] = the scale that i's bit selects in its bucket. The payload is
   // trusted: wire input is checked by common::OneBitDecode's rules first.
   virtual absl::Status OneBitDecode(const uint8_t* bits, const float* scales,
-                                    size_t n, int bucket_size, float* out) {
-    return absl::UnimplementedError("this backend has no 1-bit decoder");
-  }
+                                    size_t n, int bucket_size, float* out) = 0;
 
   // Waits for all queued work; the first error since the last call.
   virtual absl::Status Synchronize() = 0;

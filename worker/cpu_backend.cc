@@ -26,6 +26,8 @@ class CpuBackend : public ComputeBackend {
                         threads_ == 1 ? "" : "s", ")");
   }
 
+  bool HostMemory() const override { return true; }
+
   absl::StatusOr<float*> AllocateFloats(size_t n) override {
     void* memory = Allocate(n * sizeof(float));
     if (memory == nullptr) return OutOfMemory(n * sizeof(float));
@@ -123,19 +125,12 @@ class CpuBackend : public ComputeBackend {
     std::fill(y, y + n, value);
   }
 
-  bool HasOneBitCodec() const override { return true; }
-
   absl::Status OneBitEncode(const float* grad, float* residual, size_t n,
                             int bucket_size, uint8_t* bits,
                             float* scales) override {
     if (bucket_size < 1) return BadBucketSize(bucket_size);
-    // The codec itself, so that the wire format has one definition; the
-    // copy out of its strings is small next to the gradient.
-    common::OneBitEncoded encoded;
-    common::OneBitEncode(absl::MakeConstSpan(grad, n),
-                         absl::MakeSpan(residual, n), bucket_size, &encoded);
-    std::memcpy(bits, encoded.bits.data(), encoded.bits.size());
-    std::memcpy(scales, encoded.scales.data(), encoded.scales.size());
+    // The codec itself, so that the wire format has one definition.
+    common::OneBitEncode(grad, residual, n, bucket_size, bits, scales);
     return absl::OkStatus();
   }
 

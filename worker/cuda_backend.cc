@@ -255,8 +255,6 @@ class CudaBackend : public ComputeBackend {
     Record(LaunchStatus("Fill", cuda::Fill(stream_, sm_count_, n, value, y)));
   }
 
-  bool HasOneBitCodec() const override { return true; }
-
   absl::Status OneBitEncode(const float* grad, float* residual, size_t n,
                             int bucket_size, uint8_t* bits,
                             float* scales) override {

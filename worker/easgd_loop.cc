@@ -2,11 +2,13 @@
 // 2015, Algorithm 1): local SGD (with local_momentum: EAMSGD) on the worker's
 // own copy x at every step; every tau steps pull the center x~, compute
 // d = alpha * (x - x~), set x -= d and push d, which the shard adds to x~.
-// The pushed d carries the version of the center it was computed from, so the
-// shard records the exchange's staleness.
+// x and d stay on the device; only the center crosses to it. The pushed d
+// carries the version of the center it was computed from, so the shard
+// records the exchange's staleness.
 
 #include <vector>
 
+#include "worker/gradient_pusher.h"
 #include "worker/training_loop.h"
 
 namespace monsoon::worker {
@@ -21,14 +23,26 @@ class EasgdLoop : public TrainingLoop {
     const float alpha = c.config.has_alpha()
                             ? c.config.alpha()
                             : 0.9f / static_cast<float>(c.num_workers);
-    std::vector<float> x(p), center(p), elastic(p);
+    ComputeBackend* backend = c.mlp->backend();
+    absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
+        GradientPusher::Create(backend, c.client, c.config);
+    if (!pusher.ok()) return pusher.status();
+    absl::StatusOr<float*> elastic = backend->AllocateFloats(p);
+    if (!elastic.ok()) return elastic.status();
+    struct Free {
+      ComputeBackend* backend;
+      float* d;
+      ~Free() { backend->Free(d); }
+    } free_elastic{backend, *elastic};
+    float* d = *elastic;
+    std::vector<float> center(p);
     std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     // Start from the center.
     absl::Status status =
-        c.client->Pull(0, timeout, absl::MakeSpan(x), &versions);
+        c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
     if (!status.ok()) return status;
-    if (auto s = c.mlp->SetParams(x); !s.ok()) return s;
+    if (auto s = c.mlp->SetParams(center); !s.ok()) return s;
 
     ProgressLog progress(c, *batches);
     int since_exchange = 0;
@@ -36,17 +50,22 @@ class EasgdLoop : public TrainingLoop {
       absl::Status pulled =
           c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
       if (!pulled.ok()) return pulled;
-      if (auto s = c.mlp->GetParams(absl::MakeSpan(x)); !s.ok()) return s;
-      for (size_t i = 0; i < p; ++i) {
-        elastic[i] = alpha * (x[i] - center[i]);
-        x[i] -= elastic[i];
+      // d = alpha * (x - center), then x -= d, on the device.
+      float* x = c.mlp->device_params();
+      if (auto s = backend->CopyToDevice(center.data(), d, p * sizeof(float));
+          !s.ok()) {
+        return s;
       }
-      if (auto s = c.mlp->SetParams(x); !s.ok()) return s;
-      absl::Status pushed = c.client->Push(
-          elastic, versions,
+      backend->Scale(p, -1.0f, d);
+      backend->Axpy(p, 1.0f, x, d);
+      backend->Scale(p, alpha, d);
+      backend->Axpy(p, -1.0f, d, x);
+      absl::StatusOr<std::unique_ptr<PendingCall>> push = (*pusher)->Push(
+          d, versions,
           static_cast<int64_t>(since_exchange) * batches->batch_size());
       since_exchange = 0;
-      return pushed;
+      if (!push.ok()) return push.status();
+      return (*push)->Wait();
     };
     while (batches->Next()) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {

@@ -5,40 +5,94 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model_layout.h"
+#include "common/onebit.h"
 
 namespace monsoon::worker {
+namespace {
+
+// How long a push waits for gRPC to let go of the previous push's buffers
+// (it does once that push has been waited on; this only bounds a misuse).
+constexpr absl::Duration kReleaseTimeout = absl::Seconds(60);
+
+absl::Span<const uint8_t> Bytes(const void* data, size_t n) {
+  return absl::MakeConstSpan(static_cast<const uint8_t*>(data), n);
+}
+
+// A push whose Wait() also waits for gRPC to let go of the payload bytes,
+// so that the caller may change them as soon as it returns.
+class LeasedPush : public PendingCall {
+ public:
+  LeasedPush(std::unique_ptr<PendingCall> push, common::BufferLease* lease)
+      : push_(std::move(push)), lease_(lease) {}
+  ~LeasedPush() override { Wait().IgnoreError(); }
+
+  absl::Status Wait() override {
+    if (push_ == nullptr) return status_;
+    status_ = push_->Wait();
+    push_.reset();
+    if (!lease_->AwaitReleased(kReleaseTimeout) && status_.ok()) {
+      status_ = absl::InternalError(absl::StrCat(
+          "gRPC still held the pushed bytes ",
+          absl::FormatDuration(kReleaseTimeout), " after the push ended"));
+    }
+    return status_;
+  }
+
+ private:
+  std::unique_ptr<PendingCall> push_;
+  common::BufferLease* const lease_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+GradientPusher::GradientPusher(ComputeBackend* backend, PsClient* client,
+                               const TrainingConfig& config)
+    : backend_(backend),
+      client_(client),
+      config_(config),
+      encoding_(common::PushEncodingFor(config)),
+      bucket_size_(config.onebit_bucket_size()) {}
 
 absl::StatusOr<std::unique_ptr<GradientPusher>> GradientPusher::Create(
     ComputeBackend* backend, PsClient* client, const TrainingConfig& config) {
   std::unique_ptr<GradientPusher> pusher(
       new GradientPusher(backend, client, config));
-  uint64_t largest = 0;
-  for (const common::ShardRange& range : client->ranges()) {
-    largest = std::max<uint64_t>(largest, range.size());
-  }
-  if (config.compression() != COMPRESSION_ONEBIT ||
-      !backend->HasOneBitCodec()) {
-    pusher->host_values_.resize(largest);
+  const uint64_t params = client->ranges().back().end;
+  if (pusher->encoding_ == ENCODING_FLOAT32) {
+    pusher->host_values_.resize(params);
     return pusher;
   }
-  const uint64_t params = client->ranges().back().end;
-  const int bucket = config.onebit_bucket_size();
+  // 1-bit: each shard's encoding starts on a bucket boundary of its own.
+  uint64_t bits = 0;
+  uint64_t scales = 0;
+  for (const common::ShardRange& range : client->ranges()) {
+    pusher->bits_at_.push_back(bits);
+    pusher->scales_at_.push_back(scales);
+    const common::PayloadBytes bytes = common::PayloadBytesFor(
+        ENCODING_ONEBIT, range.size(), pusher->bucket_size_);
+    bits += bytes.data;
+    scales += bytes.scales / sizeof(float);
+  }
+  pusher->host_bits_.resize(bits);
+  pusher->host_scales_.resize(scales);
   absl::StatusOr<float*> residual = backend->AllocateFloats(params);
   if (!residual.ok()) return residual.status();
   pusher->residual_ = *residual;
   backend->Fill(params, 0.0f, pusher->residual_);
-  absl::StatusOr<uint8_t*> bits =
-      backend->AllocateBytes(common::OneBitBitsBytes(largest, bucket));
-  if (!bits.ok()) return bits.status();
-  pusher->device_bits_ = *bits;
-  absl::StatusOr<float*> scales =
-      backend->AllocateFloats(2 * common::OneBitBuckets(largest, bucket));
-  if (!scales.ok()) return scales.status();
-  pusher->device_scales_ = *scales;
+  absl::StatusOr<uint8_t*> device_bits = backend->AllocateBytes(bits);
+  if (!device_bits.ok()) return device_bits.status();
+  pusher->device_bits_ = *device_bits;
+  absl::StatusOr<float*> device_scales = backend->AllocateFloats(scales);
+  if (!device_scales.ok()) return device_scales.status();
+  pusher->device_scales_ = *device_scales;
   return pusher;
 }
 
 GradientPusher::~GradientPusher() {
+  // The host buffers must outlive gRPC's hold on them (pushes are waited on
+  // before this, so this returns at once).
+  lease_.AwaitReleased(kReleaseTimeout);
   for (void* p :
        {static_cast<void*>(residual_), static_cast<void*>(device_bits_),
         static_cast<void*>(device_scales_), static_cast<void*>(sum_)}) {
@@ -46,49 +100,93 @@ GradientPusher::~GradientPusher() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
-    const float* device_values, const std::vector<int64_t>& base_versions,
-    int64_t samples) {
-  std::unique_ptr<ShardedPush> push =
-      client_->StartPush(base_versions, samples, nullptr);
-  const int bucket = config_.onebit_bucket_size();
-  // Shard by shard: each Send starts that shard's RPC before the next
-  // shard's slice is copied.
-  for (int s = 0; s < client_->num_shards(); ++s) {
-    const common::ShardRange range = client_->ranges()[s];
-    absl::Status status;
-    if (quantizes_on_device()) {
-      encoded_.bits.resize(common::OneBitBitsBytes(range.size(), bucket));
-      encoded_.scales.resize(common::OneBitBuckets(range.size(), bucket) * 2 *
-                             sizeof(float));
-      status = backend_->OneBitEncode(device_values + range.begin,
-                                      residual_ + range.begin, range.size(),
-                                      bucket, device_bits_, device_scales_);
-      if (status.ok()) {
-        status = backend_->CopyToHost(device_bits_, encoded_.bits.data(),
-                                      encoded_.bits.size());
-      }
-      if (status.ok()) {
-        status = backend_->CopyToHost(device_scales_, encoded_.scales.data(),
-                                      encoded_.scales.size());
-      }
-      if (status.ok()) push->SendOneBit(s, encoded_);
-    } else {
-      status =
-          backend_->CopyToHost(device_values + range.begin, host_values_.data(),
-                               range.size() * sizeof(float));
-      if (status.ok()) {
-        push->Send(s, absl::MakeConstSpan(host_values_.data(), range.size()));
-      }
-    }
-    if (!status.ok()) {
-      push->Wait().IgnoreError();  // the shards already sent
-      return absl::Status(status.code(),
-                          absl::StrCat("preparing the push to shard ", s, ": ",
-                                       status.message()));
-    }
+absl::StatusOr<ShardPayload> GradientPusher::Prepare(int shard,
+                                                     const float* values,
+                                                     bool borrow) {
+  const common::ShardRange range = client_->ranges()[shard];
+  ShardPayload payload;
+  payload.encoding = encoding_;
+  payload.values = range.size();
+  if (borrow) {
+    payload.data = Bytes(values, range.size() * sizeof(float));
+    return payload;
   }
-  return push;
+  if (encoding_ == ENCODING_FLOAT32) {
+    float* host = host_values_.data() + range.begin;
+    absl::Status copied =
+        backend_->CopyToHost(values, host, range.size() * sizeof(float));
+    if (!copied.ok()) return copied;
+    payload.data = Bytes(host, range.size() * sizeof(float));
+    return payload;
+  }
+  const common::PayloadBytes bytes =
+      common::PayloadBytesFor(ENCODING_ONEBIT, range.size(), bucket_size_);
+  uint8_t* bits = device_bits_ + bits_at_[shard];
+  float* scales = device_scales_ + scales_at_[shard];
+  absl::Status status =
+      backend_->OneBitEncode(values, residual_ + range.begin, range.size(),
+                             bucket_size_, bits, scales);
+  if (status.ok()) {
+    status = backend_->CopyToHost(bits, host_bits_.data() + bits_at_[shard],
+                                  bytes.data);
+  }
+  if (status.ok()) {
+    status = backend_->CopyToHost(
+        scales, host_scales_.data() + scales_at_[shard], bytes.scales);
+  }
+  if (!status.ok()) return status;
+  payload.data = Bytes(host_bits_.data() + bits_at_[shard], bytes.data);
+  payload.scales = Bytes(host_scales_.data() + scales_at_[shard], bytes.scales);
+  return payload;
+}
+
+absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
+    const float* device_grads, const std::vector<int64_t>& base_versions,
+    int64_t samples, const PullTarget* pull) {
+  const float* values = device_grads;
+  if (accumulated_steps_ > 0) {
+    if (device_grads != nullptr) {
+      backend_->Axpy(client_->ranges().back().end, 1.0f, device_grads, sum_);
+    }
+    values = sum_;
+  } else if (device_grads == nullptr) {
+    return absl::FailedPreconditionError(
+        "a push of nothing: no gradient given and none accumulated");
+  }
+  // The previous push's RPCs may still borrow the host buffers.
+  if (!lease_.AwaitReleased(kReleaseTimeout)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gRPC still held the previous push's buffers after ",
+                     absl::FormatDuration(kReleaseTimeout),
+                     ": wait on a push before starting the next"));
+  }
+  // Float32 values already in host memory that stay put until Wait() are
+  // sent from where they are.
+  const bool borrow = pull != nullptr && encoding_ == ENCODING_FLOAT32 &&
+                      backend_->HostMemory();
+  std::unique_ptr<ShardedPush> push =
+      client_->StartPush(base_versions, samples, &lease_, nullptr, pull);
+  // Shard by shard: each Send starts that shard's RPC before the next
+  // shard's payload is prepared.
+  absl::Status failed;
+  for (int s = 0; s < client_->num_shards(); ++s) {
+    absl::StatusOr<ShardPayload> payload =
+        Prepare(s, values + client_->ranges()[s].begin, borrow);
+    if (!payload.ok()) {
+      failed = absl::Status(payload.status().code(),
+                            absl::StrCat("preparing the push to shard ", s,
+                                         ": ", payload.status().message()));
+      break;
+    }
+    push->Send(s, *payload);
+  }
+  accumulated_steps_ = 0;  // the next Accumulate starts a new sum
+  auto leased = std::make_unique<LeasedPush>(std::move(push), &lease_);
+  if (!failed.ok()) {
+    leased->Wait().IgnoreError();  // the shards already sent
+    return failed;
+  }
+  return leased;
 }
 
 absl::Status GradientPusher::Accumulate(const float* device_grads) {
@@ -97,24 +195,11 @@ absl::Status GradientPusher::Accumulate(const float* device_grads) {
     absl::StatusOr<float*> sum = backend_->AllocateFloats(params);
     if (!sum.ok()) return sum.status();
     sum_ = *sum;
-    backend_->Fill(params, 0.0f, sum_);
   }
+  if (accumulated_steps_ == 0) backend_->Fill(params, 0.0f, sum_);
   backend_->Axpy(params, 1.0f, device_grads, sum_);
   ++accumulated_steps_;
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::PushAccumulated(
-    const std::vector<int64_t>& base_versions, int64_t samples) {
-  if (sum_ == nullptr) {
-    return absl::FailedPreconditionError("nothing accumulated to push");
-  }
-  absl::StatusOr<std::unique_ptr<PendingCall>> push =
-      Push(sum_, base_versions, samples);
-  // Queued behind the copies above, which have all completed.
-  backend_->Fill(client_->ranges().back().end, 0.0f, sum_);
-  accumulated_steps_ = 0;
-  return push;
 }
 
 }  // namespace monsoon::worker

@@ -1,17 +1,19 @@
-// GradientPusher: sends a gradient that lives in a ComputeBackend's memory
-// to every shard, one shard at a time, so that shard s's RPC is already
-// under way while shard s+1's slice is still being copied off the device.
+// GradientPusher: the one way a training loop pushes. It prepares a push
+// from a gradient (or update) in a ComputeBackend's memory and hands it to
+// PsClient shard by shard, so that shard s's RPC is already under way while
+// shard s+1's payload is still being prepared: it copies the slice off the
+// device (float32), or quantizes it to 1 bit on the device with the one
+// residual it keeps there (error feedback, Seide et al. 2014) and copies
+// only the bits and scales, 1/32 of the size. It can also sum gradients
+// over several steps on the device first (Downpour's n_push), and ask the
+// shards to answer with the weights that include the push (PushPull: one
+// round trip).
 //
-// Under 1-bit compression, on a backend with a codec
-// (ComputeBackend::HasOneBitCodec), each shard's slice is quantized on the
-// device with a residual kept there, and only its bits and scales cross to
-// the host: the gradient leaves a GPU already compressed, 1/32 of its size.
-// Otherwise float32 values cross and PsClient quantizes them on the host.
-// Both paths put the same bytes on the wire.
-//
-// It can also sum gradients over several steps on the device (Downpour's
-// n_push) before pushing them. Not thread-safe: one worker thread owns it,
-// along with the backend and the client it was given, which must outlive it.
+// The payloads live in host buffers it owns, which the RPCs borrow without
+// copying; a push must have been waited on before the next one starts (Push
+// waits for gRPC to let go of the buffers otherwise) and before the pusher
+// is destroyed. Not thread-safe: one worker thread owns it, along with the
+// backend and the client it was given, which must outlive it.
 #ifndef MONSOON_WORKER_GRADIENT_PUSHER_H_
 #define MONSOON_WORKER_GRADIENT_PUSHER_H_
 
@@ -22,7 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/onebit.h"
+#include "common/wire.h"
 #include "proto/config.pb.h"
 #include "worker/compute_backend.h"
 #include "worker/ps_client.h"
@@ -38,42 +40,52 @@ class GradientPusher {
   GradientPusher(const GradientPusher&) = delete;
   GradientPusher& operator=(const GradientPusher&) = delete;
 
-  // True where 1-bit pushes are quantized on the backend's device.
-  bool quantizes_on_device() const { return residual_ != nullptr; }
-
-  // Starts pushing the model's gradient at `device_values` (all parameters,
-  // in the backend's memory), computed from base_versions[s] on shard s.
-  // When it returns, every slice has left `device_values`, which may then be
-  // overwritten; the RPCs may still be running: Wait() on the result (before
-  // the client goes away) gives their outcome. An error here means no more
-  // shards were sent; those already sent are waited for first.
+  // Starts pushing `device_grads` (all parameters, in the backend's memory;
+  // null for none) plus whatever Accumulate has summed since the last push,
+  // computed from base_versions[s] on shard s and summarizing `samples`
+  // examples. When it returns, device_grads may be overwritten; the RPCs may
+  // still run: Wait() on the result gives their outcome. With `pull`, every
+  // shard then answers with the weights of the version that includes the
+  // push (see PsClient::StartPush), and device_grads must stay unchanged
+  // until the push has been waited on (a loop that waits for its weights
+  // before it computes again does): a backend in host memory then sends
+  // them without a copy. An error here means no more shards were sent;
+  // those already sent are waited for first.
   absl::StatusOr<std::unique_ptr<PendingCall>> Push(
-      const float* device_values, const std::vector<int64_t>& base_versions,
-      int64_t samples);
+      const float* device_grads, const std::vector<int64_t>& base_versions,
+      int64_t samples, const PullTarget* pull = nullptr);
 
-  // sum += device_grads, on the device.
+  // sum += device_grads, on the device, for the next Push.
   absl::Status Accumulate(const float* device_grads);
-  // Push(sum), then sum = 0. Steps accumulated since the last push.
-  absl::StatusOr<std::unique_ptr<PendingCall>> PushAccumulated(
-      const std::vector<int64_t>& base_versions, int64_t samples);
+  // Steps accumulated since the last push.
   int accumulated_steps() const { return accumulated_steps_; }
 
  private:
   GradientPusher(ComputeBackend* backend, PsClient* client,
-                 const TrainingConfig& config)
-      : backend_(backend), client_(client), config_(config) {}
+                 const TrainingConfig& config);
+  // Shard s's payload from `values` (device memory, the shard's slice): in
+  // the host buffers, or where `borrow`, float32 values in host memory
+  // sent from where they are.
+  absl::StatusOr<ShardPayload> Prepare(int shard, const float* values,
+                                       bool borrow);
 
   ComputeBackend* const backend_;
   PsClient* const client_;
   const TrainingConfig config_;
-  // Float32 path: one shard's values at a time, on the host.
-  std::vector<float> host_values_;
-  // Device codec path: the residual of every parameter, and one shard's
-  // encoding at a time (device buffers sized for the largest shard).
+  const PushEncoding encoding_;
+  const int bucket_size_;
+
+  // What the RPCs borrow: the host payloads of every shard.
+  common::BufferLease lease_;
+  std::vector<float> host_values_;  // float32
+  std::vector<uint8_t> host_bits_;  // 1-bit, every shard's, in shard order
+  std::vector<float> host_scales_;
+  std::vector<uint64_t> bits_at_;    // shard s's bits begin here, scales
+  std::vector<uint64_t> scales_at_;  // (in floats) here
+  // 1-bit on the device: the residual of every parameter, and the encoding.
   float* residual_ = nullptr;
   uint8_t* device_bits_ = nullptr;
   float* device_scales_ = nullptr;
-  common::OneBitEncoded encoded_;
   // Device sum for Accumulate, allocated on first use.
   float* sum_ = nullptr;
   int accumulated_steps_ = 0;

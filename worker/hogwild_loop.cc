@@ -20,7 +20,7 @@ class HogwildLoop : public TrainingLoop {
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
         GradientPusher::Create(c.mlp->backend(), c.client, c.config);
     if (!pusher.ok()) return pusher.status();
-    std::vector<float> params(c.mlp->layout().num_params());
+    PulledParams params(c.mlp);
     std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     ProgressLog progress(c, *batches);
@@ -30,9 +30,9 @@ class HogwildLoop : public TrainingLoop {
         return absl::CancelledError("stopped");
       }
       absl::Status status =
-          c.client->Pull(0, timeout, absl::MakeSpan(params), &versions);
+          c.client->Pull(0, timeout, params.span(), &versions);
       if (!status.ok()) return status;
-      if (auto s = c.mlp->SetParams(params); !s.ok()) return s;
+      if (auto s = params.Commit(); !s.ok()) return s;
       absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!result.ok()) return result.status();

@@ -6,19 +6,18 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "common/config.h"
-#include "common/float_bytes.h"
 #include "common/grpc_status.h"
-#include "common/onebit.h"
 
 namespace monsoon::worker {
 namespace {
 
-constexpr int kMaxMessageBytes = 8 << 20;
+using Bidi = grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // Collects one status per shard and wakes Wait() when all are in.
 class ShardCalls : public PendingCall {
@@ -68,113 +67,201 @@ absl::Status Annotate(const absl::Status& status, int shard,
       absl::StrCat("shard ", shard, " at ", address, ": ", status.message()));
 }
 
-// Streams one shard's push, already cut into chunks.
-class PushCall : public grpc::ClientWriteReactor<PushChunk> {
+// Takes one shard's weights out of PullChunk messages, straight into the
+// caller's span.
+class PullReceiver {
  public:
-  PushCall(ParameterService::Stub* stub, ShardCalls* calls, int shard,
-           const std::string& address, std::vector<PushChunk> chunks,
-           PushResponse* response)
+  PullReceiver(absl::Span<float> out, int64_t* version,
+               std::atomic<int64_t>* bytes)
+      : out_(out), version_(version), bytes_(bytes) {}
+
+  // Copies one message's values into place; `push` (if not null) gets the
+  // PushPull answer the first chunk carries.
+  absl::Status Take(const grpc::ByteBuffer& message, PushResponse* push) {
+    absl::Status parsed = reader_.ParsePullChunk(message, &chunk_);
+    bytes_->fetch_add(static_cast<int64_t>(chunk_.message_bytes));
+    if (!parsed.ok()) return absl::DataLossError(parsed.message());
+    const uint64_t n = chunk_.data.size() / sizeof(float);
+    if (chunk_.offset != received_ || chunk_.data.size() % 4 != 0 ||
+        n > out_.size() - received_) {
+      return absl::DataLossError(
+          absl::StrCat("malformed pull chunk at offset ", chunk_.offset,
+                       " with ", chunk_.data.size(), " bytes (", received_,
+                       " of ", out_.size(), " values received)"));
+    }
+    if (received_ == 0) {
+      *version_ = chunk_.version;
+      if (push != nullptr) {
+        if (!chunk_.has_push) {
+          return absl::DataLossError("push-pull answer without the push's");
+        }
+        *push = chunk_.push;
+      }
+    } else if (chunk_.version != *version_) {
+      return absl::DataLossError("pull chunks of different versions");
+    }
+    chunk_.data.CopyTo(out_.data() + received_);
+    received_ += n;
+    reader_.Reset();
+    return absl::OkStatus();
+  }
+
+  // The status of a stream that ended: DATA_LOSS if it was short.
+  absl::Status Complete() const {
+    if (received_ == out_.size()) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat("pull ended after ", received_,
+                                            " of ", out_.size(), " values"));
+  }
+
+ private:
+  const absl::Span<float> out_;
+  int64_t* const version_;
+  std::atomic<int64_t>* const bytes_;
+  common::MessageReader reader_;
+  common::MessageReader::PullChunkView chunk_;
+  uint64_t received_ = 0;
+};
+
+// Streams one shard's push, built chunk by chunk from borrowed slices; then
+// reads the answer (Push) or the weights (PushPull).
+class PushCall : public Bidi {
+ public:
+  PushCall(const PsClient::Shard& shard, ShardCalls* calls, int index,
+           PushHeader header, grpc::Slice data, grpc::Slice scales,
+           const common::ChunkPlan& plan, PushResponse* response,
+           std::atomic<int64_t>* bytes_pushed, const PullTarget* pull,
+           absl::Span<float> pull_out, int64_t* pull_version,
+           std::atomic<int64_t>* bytes_pulled)
       : calls_(calls),
-        shard_(shard),
-        address_(address),
-        chunks_(std::move(chunks)),
-        response_(response) {
-    stub->async()->Push(&context_, response_, this);
-    StartWrite(&chunks_[0]);
+        index_(index),
+        address_(shard.address),
+        header_(std::move(header)),
+        data_(std::move(data)),
+        scales_(std::move(scales)),
+        plan_(plan),
+        response_(response),
+        bytes_pushed_(bytes_pushed) {
+    if (pull != nullptr) {
+      receiver_.emplace(pull_out, pull_version, bytes_pulled);
+      context_.set_deadline(absl::ToChronoTime(absl::Now() + pull->timeout));
+    }
+    shard.streams->PrepareBidiStreamingCall(
+        &context_,
+        pull != nullptr ? common::kPushPullMethod : common::kPushMethod,
+        grpc::StubOptions(), this);
+    WriteNext();
+    StartRead(&in_);
     StartCall();
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) return;  // the server ended the call; OnDone has its status
-    if (++next_ < chunks_.size()) {
-      StartWrite(&chunks_[next_]);
-    } else {
-      StartWritesDone();
-    }
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    calls_->Done(shard_,
-                 Annotate(common::ToAbslStatus(status), shard_, address_));
-  }
-
- private:
-  grpc::ClientContext context_;
-  ShardCalls* const calls_;
-  const int shard_;
-  const std::string address_;
-  const std::vector<PushChunk> chunks_;  // never empty
-  PushResponse* const response_;
-  size_t next_ = 0;
-};
-
-// Receives one shard's slice of the weights.
-class PullCall : public grpc::ClientReadReactor<PullChunk> {
- public:
-  PullCall(ParameterService::Stub* stub, ShardCalls* calls, int shard,
-           const std::string& address, const PullRequest& request,
-           absl::Duration timeout, absl::Span<float> out,
-           std::atomic<int64_t>* bytes, int64_t* version)
-      : calls_(calls),
-        shard_(shard),
-        address_(address),
-        request_(request),
-        out_(out),
-        bytes_(bytes),
-        version_(version) {
-    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    stub->async()->Pull(&context_, &request_, this);
-    StartRead(&chunk_);
-    StartCall();
+    if (next_ < plan_.size()) WriteNext();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // end of stream; OnDone follows
-    if (error_.ok()) error_ = Take();
-    if (!error_.ok()) context_.TryCancel();
-    StartRead(&chunk_);
+    if (error_.ok()) {
+      if (receiver_.has_value()) {
+        error_ = receiver_->Take(in_, response_);
+      } else {
+        error_ = common::ParseSmallMessage(in_, response_);
+      }
+      if (!error_.ok()) context_.TryCancel();
+    }
+    in_.Clear();
+    StartRead(&in_);
   }
 
   void OnDone(const grpc::Status& status) override {
     absl::Status result = error_;
     if (result.ok()) result = common::ToAbslStatus(status);
-    if (result.ok() && received_ != out_.size()) {
-      result = absl::DataLossError(absl::StrCat(
-          "pull ended after ", received_, " of ", out_.size(), " values"));
-    }
-    calls_->Done(shard_, Annotate(result, shard_, address_));
+    if (result.ok() && receiver_.has_value()) result = receiver_->Complete();
+    calls_->Done(index_, Annotate(result, index_, address_));
   }
 
  private:
-  absl::Status Take() {
-    bytes_->fetch_add(static_cast<int64_t>(chunk_.ByteSizeLong()));
-    if (chunk_.offset() != received_ || chunk_.data().size() % 4 != 0 ||
-        chunk_.data().size() / 4 > out_.size() - received_) {
-      return absl::DataLossError(
-          absl::StrCat("malformed pull chunk at offset ", chunk_.offset(),
-                       " with ", chunk_.data().size(), " bytes (", received_,
-                       " of ", out_.size(), " values received)"));
+  void WriteNext() {
+    const common::ChunkRange chunk = plan_[next_];
+    out_ = common::PushChunkMessage(
+        next_ == 0 ? &header_ : nullptr, chunk.first_value,
+        chunk.data_bytes > 0
+            ? data_.sub(chunk.data_offset, chunk.data_offset + chunk.data_bytes)
+            : grpc::Slice(),
+        chunk.scales_bytes > 0
+            ? scales_.sub(chunk.scales_offset,
+                          chunk.scales_offset + chunk.scales_bytes)
+            : grpc::Slice());
+    bytes_pushed_->fetch_add(static_cast<int64_t>(out_.Length()));
+    ++next_;
+    if (next_ == plan_.size()) {
+      StartWriteLast(&out_, grpc::WriteOptions());
+    } else {
+      StartWrite(&out_);
     }
-    if (received_ == 0) {
-      *version_ = chunk_.version();
-    } else if (chunk_.version() != *version_) {
-      return absl::DataLossError("pull chunks of different versions");
-    }
-    common::CopyBytesToFloats(chunk_.data(), out_.data() + received_);
-    received_ += chunk_.data().size() / 4;
-    return absl::OkStatus();
   }
 
   grpc::ClientContext context_;
   ShardCalls* const calls_;
-  const int shard_;
+  const int index_;
   const std::string address_;
-  const PullRequest request_;
-  const absl::Span<float> out_;
-  std::atomic<int64_t>* const bytes_;
-  int64_t* const version_;
-  PullChunk chunk_;
-  size_t received_ = 0;
+  const PushHeader header_;
+  const grpc::Slice data_;
+  const grpc::Slice scales_;
+  const common::ChunkPlan plan_;
+  PushResponse* const response_;
+  std::atomic<int64_t>* const bytes_pushed_;
+  std::optional<PullReceiver> receiver_;
+  size_t next_ = 0;
+  grpc::ByteBuffer out_;
+  grpc::ByteBuffer in_;
+  absl::Status error_;
+};
+
+// Receives one shard's slice of the weights.
+class PullCall : public Bidi {
+ public:
+  PullCall(const PsClient::Shard& shard, ShardCalls* calls, int index,
+           const PullRequest& request, absl::Duration timeout,
+           absl::Span<float> out, std::atomic<int64_t>* bytes, int64_t* version)
+      : calls_(calls),
+        index_(index),
+        address_(shard.address),
+        receiver_(out, version, bytes) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    shard.streams->PrepareBidiStreamingCall(&context_, common::kPullMethod,
+                                            grpc::StubOptions(), this);
+    out_ = common::SmallMessage(request);
+    StartWriteLast(&out_, grpc::WriteOptions());
+    StartRead(&in_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // end of stream; OnDone follows
+    if (error_.ok()) {
+      error_ = receiver_.Take(in_, nullptr);
+      if (!error_.ok()) context_.TryCancel();
+    }
+    in_.Clear();
+    StartRead(&in_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::Status result = error_;
+    if (result.ok()) result = common::ToAbslStatus(status);
+    if (result.ok()) result = receiver_.Complete();
+    calls_->Done(index_, Annotate(result, index_, address_));
+  }
+
+ private:
+  grpc::ClientContext context_;
+  ShardCalls* const calls_;
+  const int index_;
+  const std::string address_;
+  PullReceiver receiver_;
+  grpc::ByteBuffer out_;
+  grpc::ByteBuffer in_;
   absl::Status error_;
 };
 
@@ -182,8 +269,8 @@ class PullCall : public grpc::ClientReadReactor<PullChunk> {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
+  args.SetMaxSendMessageSize(common::kMaxMessageBytes);
   // Reconnect quickly while the servers start.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -200,9 +287,6 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   std::unique_ptr<PsClient> client(new PsClient());
   client->config_ = options.config;
   client->worker_rank_ = options.worker_rank;
-  client->chunk_values_ =
-      static_cast<size_t>(options.config.chunk_bytes()) / sizeof(float);
-  client->addresses_ = options.server_addresses;
   const int shards = static_cast<int>(options.server_addresses.size());
   const uint64_t params =
       common::ModelLayout::FromConfig(options.config).num_params();
@@ -210,7 +294,11 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   for (int s = 0; s < shards; ++s) {
     const std::string& address = options.server_addresses[s];
-    client->stubs_.push_back(ParameterService::NewStub(MakeChannel(address)));
+    std::shared_ptr<grpc::Channel> channel = MakeChannel(address);
+    Shard& shard = client->shards_.emplace_back();
+    shard.address = address;
+    shard.stub = ParameterService::NewStub(channel);
+    shard.streams = std::make_unique<grpc::GenericStub>(channel);
     RegisterRequest request;
     request.set_worker_rank(options.worker_rank);
     request.set_shard(s);
@@ -221,8 +309,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
       grpc::ClientContext context;
       context.set_wait_for_ready(true);
       context.set_deadline(absl::ToChronoTime(deadline));
-      grpc::Status status =
-          client->stubs_[s]->Register(&context, request, &response);
+      grpc::Status status = shard.stub->Register(&context, request, &response);
       if (status.ok()) break;
       const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
                          absl::Now() + backoff < deadline;
@@ -272,7 +359,7 @@ std::unique_ptr<PendingCall> PsClient::PullAsync(
     request.set_shard(s);
     request.set_min_version(min_version);
     calls->Own(std::make_unique<PullCall>(
-        stubs_[s].get(), calls.get(), s, addresses_[s], request, timeout,
+        shards_[s], calls.get(), s, request, timeout,
         params.subspan(ranges_[s].begin, ranges_[s].size()), &bytes_pulled_,
         &(*versions)[s]));
   }
@@ -285,92 +372,29 @@ absl::Status PsClient::Pull(int64_t min_version, absl::Duration timeout,
   return PullAsync(min_version, timeout, params, versions)->Wait();
 }
 
-std::vector<PushChunk> PsClient::Seal(std::vector<PushChunk> chunks,
-                                      PushHeader header) {
-  *chunks[0].mutable_header() = std::move(header);
-  for (const PushChunk& chunk : chunks) {
-    bytes_pushed_.fetch_add(static_cast<int64_t>(chunk.ByteSizeLong()));
-  }
-  return chunks;
-}
-
-PushHeader PsClient::Header(int shard, int64_t base_version,
-                            int64_t samples) const {
-  PushHeader header;
-  header.set_worker_rank(worker_rank_);
-  header.set_shard(shard);
-  header.set_base_version(base_version);
-  header.set_length(ranges_[shard].size());
-  header.set_samples(samples);
-  if (config_.compression() == COMPRESSION_ONEBIT) {
-    header.set_encoding(ENCODING_ONEBIT);
-    header.set_bucket_size(config_.onebit_bucket_size());
-  }
-  return header;
-}
-
-std::vector<PushChunk> PsClient::EncodeShard(int shard,
-                                             absl::Span<const float> values,
-                                             PushHeader header) {
-  if (header.encoding() != ENCODING_FLOAT32) {
-    // Quantize v = g + residual, bucket by bucket within this shard's slice.
-    const common::ShardRange range = ranges_[shard];
-    // Allocated on first use: a worker whose backend quantizes on the
-    // device (GradientPusher) never needs it.
-    if (residual_.empty()) residual_.assign(ranges_.back().end, 0.0f);
-    common::OneBitEncoded encoded;
-    common::OneBitEncode(
-        values, absl::MakeSpan(residual_).subspan(range.begin, range.size()),
-        config_.onebit_bucket_size(), &encoded);
-    return ChunkOneBit(values.size(), encoded, std::move(header));
-  }
-  std::vector<PushChunk> chunks;
-  for (size_t sent = 0; sent < values.size() || chunks.empty();) {
-    const size_t n = std::min(chunk_values_, values.size() - sent);
-    PushChunk& chunk = chunks.emplace_back();
-    chunk.set_offset(sent);
-    common::AppendFloatBytes(values.subspan(sent, n), chunk.mutable_data());
-    sent += n;
-  }
-  return Seal(std::move(chunks), std::move(header));
-}
-
-std::vector<PushChunk> PsClient::ChunkOneBit(
-    uint64_t n, const common::OneBitEncoded& encoded, PushHeader header) {
-  const int bucket = config_.onebit_bucket_size();
-  const uint64_t bucket_bytes = (bucket + 7) / 8 + 2 * sizeof(float);
-  const uint64_t per_chunk = std::max<uint64_t>(
-      1, static_cast<uint64_t>(config_.chunk_bytes()) / bucket_bytes);
-  const uint64_t buckets = common::OneBitBuckets(n, bucket);
-  std::vector<PushChunk> chunks;
-  size_t bits_at = 0;
-  for (uint64_t b = 0; b < buckets || chunks.empty(); b += per_chunk) {
-    const uint64_t count = std::min(per_chunk, buckets - b);
-    const uint64_t first = b * bucket;
-    const uint64_t values = std::min<uint64_t>(n - first, count * bucket);
-    const uint64_t bits = common::OneBitBitsBytes(values, bucket);
-    PushChunk& chunk = chunks.emplace_back();
-    chunk.set_offset(first);
-    chunk.set_data(encoded.bits.substr(bits_at, bits));
-    chunk.set_scales(encoded.scales.substr(b * 2 * sizeof(float),
-                                           count * 2 * sizeof(float)));
-    bits_at += bits;
-  }
-  return Seal(std::move(chunks), std::move(header));
-}
-
 class ShardedPushImpl : public ShardedPush {
  public:
   ShardedPushImpl(PsClient* client, const std::vector<int64_t>& base_versions,
-                  int64_t samples, std::vector<PushResponse>* results)
+                  int64_t samples, common::BufferLease* lease,
+                  std::vector<PushResponse>* results, const PullTarget* pull)
       : client_(client),
         base_versions_(base_versions),
         samples_(samples),
+        lease_(lease),
         results_(results),
         calls_(client->num_shards()),
         sent_(client->num_shards(), false) {
     if (results_ != nullptr) {
       results_->assign(client->num_shards(), PushResponse());
+    }
+    if (pull != nullptr) {
+      pull_ = *pull;
+      pull_->versions->assign(client->num_shards(), 0);
+      if (pull->params.size() != client->ranges_.back().end) {
+        misuse_ = absl::InvalidArgumentError(absl::StrCat(
+            "push-pull into ", pull->params.size(), " values for a model of ",
+            client->ranges_.back().end, " parameters"));
+      }
     }
     if (base_versions_.size() != sent_.size()) {
       misuse_ = absl::InvalidArgumentError(
@@ -381,46 +405,56 @@ class ShardedPushImpl : public ShardedPush {
 
   ~ShardedPushImpl() override { Wait().IgnoreError(); }
 
-  void Send(int shard, absl::Span<const float> slice) override {
-    if (!Claim(shard)) return;
-    if (slice.size() != client_->ranges_[shard].size()) {
-      Fail(shard, absl::InvalidArgumentError(absl::StrCat(
-                      "push of ", slice.size(), " values to shard ", shard,
-                      ", which holds ", client_->ranges_[shard].size())));
-      return;
-    }
-    Start(shard, client_->EncodeShard(shard, slice, Header(shard)));
-  }
-
-  void SendOneBit(int shard, const common::OneBitEncoded& encoded) override {
+  void Send(int shard, const ShardPayload& payload) override {
     if (!Claim(shard)) return;
     const TrainingConfig& config = client_->config_;
     const uint64_t n = client_->ranges_[shard].size();
     const int bucket = config.onebit_bucket_size();
-    if (config.compression() != COMPRESSION_ONEBIT) {
-      Fail(shard, absl::InvalidArgumentError(
-                      "a 1-bit push from a client whose config does not use "
-                      "1-bit compression"));
-      return;
+    const PushEncoding encoding = common::PushEncodingFor(config);
+    if (payload.encoding != encoding) {
+      return Fail(shard,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "a push encoded as ", PushEncoding_Name(payload.encoding),
+                      " from a client whose config pushes ",
+                      PushEncoding_Name(encoding))));
     }
-    if (encoded.bits.size() != common::OneBitBitsBytes(n, bucket) ||
-        encoded.scales.size() !=
-            common::OneBitBuckets(n, bucket) * 2 * sizeof(float)) {
-      Fail(shard, absl::InvalidArgumentError(absl::StrCat(
-                      "1-bit push to shard ", shard, " of ", n,
-                      " values in buckets of ", bucket, " needs ",
-                      common::OneBitBitsBytes(n, bucket), " bytes of bits and ",
-                      common::OneBitBuckets(n, bucket) * 2 * sizeof(float),
-                      " of scales, got ", encoded.bits.size(), " and ",
-                      encoded.scales.size())));
-      return;
+    const common::PayloadBytes bytes =
+        common::PayloadBytesFor(encoding, n, bucket);
+    if (payload.values != n || payload.data.size() != bytes.data ||
+        payload.scales.size() != bytes.scales) {
+      return Fail(
+          shard,
+          absl::InvalidArgumentError(absl::StrCat(
+              "push to shard ", shard, " of ", payload.values, " values with ",
+              payload.data.size(), " bytes of data and ", payload.scales.size(),
+              " of scales; the shard holds ", n, " values, which need ",
+              bytes.data, " and ", bytes.scales, " in ",
+              PushEncoding_Name(encoding))));
     }
-    Start(shard, client_->ChunkOneBit(n, encoded, Header(shard)));
-  }
-
-  // Fails every shard not yet sent with `status`, sending nothing more.
-  void FailAll(absl::Status status) {
-    if (misuse_.ok()) misuse_ = std::move(status);
+    PushHeader header;
+    header.set_worker_rank(client_->worker_rank_);
+    header.set_shard(shard);
+    header.set_base_version(base_versions_[shard]);
+    header.set_length(n);
+    header.set_samples(samples_);
+    header.set_encoding(encoding);
+    if (encoding == ENCODING_ONEBIT) header.set_bucket_size(bucket);
+    // A response slot per shard; a scratch one when the caller wants none.
+    PushResponse* response = results_ != nullptr
+                                 ? &(*results_)[shard]
+                                 : calls_.Own(std::make_unique<PushResponse>());
+    const common::ShardRange range = client_->ranges_[shard];
+    calls_.Own(std::make_unique<PushCall>(
+        client_->shards_[shard], &calls_, shard, std::move(header),
+        Borrow(payload.data), Borrow(payload.scales),
+        common::ChunkPlan(encoding, n, bucket,
+                          static_cast<uint64_t>(config.chunk_bytes())),
+        response, &client_->bytes_pushed_,
+        pull_.has_value() ? &*pull_ : nullptr,
+        pull_.has_value() ? pull_->params.subspan(range.begin, range.size())
+                          : absl::Span<float>(),
+        pull_.has_value() ? &(*pull_->versions)[shard] : nullptr,
+        &client_->bytes_pulled_));
   }
 
   absl::Status Wait() override {
@@ -429,7 +463,7 @@ class ShardedPushImpl : public ShardedPush {
         sent_[s] = true;
         calls_.Done(static_cast<int>(s),
                     absl::FailedPreconditionError(absl::StrCat(
-                        "push ended without a slice for shard ", s)));
+                        "push ended without a payload for shard ", s)));
       }
     }
     absl::Status status = calls_.Wait();
@@ -457,24 +491,17 @@ class ShardedPushImpl : public ShardedPush {
 
   void Fail(int shard, absl::Status status) { calls_.Done(shard, status); }
 
-  PushHeader Header(int shard) const {
-    return client_->Header(shard, base_versions_[shard], samples_);
-  }
-
-  void Start(int shard, std::vector<PushChunk> chunks) {
-    // A response slot per shard; a scratch one when the caller wants none.
-    PushResponse* response = results_ != nullptr
-                                 ? &(*results_)[shard]
-                                 : calls_.Own(std::make_unique<PushResponse>());
-    calls_.Own(std::make_unique<PushCall>(client_->stubs_[shard].get(), &calls_,
-                                          shard, client_->addresses_[shard],
-                                          std::move(chunks), response));
+  grpc::Slice Borrow(absl::Span<const uint8_t> bytes) {
+    if (bytes.empty()) return grpc::Slice();
+    return lease_->Borrow(bytes.data(), bytes.size());
   }
 
   PsClient* const client_;
   const std::vector<int64_t> base_versions_;
   const int64_t samples_;
+  common::BufferLease* const lease_;
   std::vector<PushResponse>* const results_;
+  std::optional<PullTarget> pull_;
   ShardCalls calls_;
   std::vector<bool> sent_;
   absl::Status misuse_;
@@ -482,33 +509,49 @@ class ShardedPushImpl : public ShardedPush {
 
 std::unique_ptr<ShardedPush> PsClient::StartPush(
     const std::vector<int64_t>& base_versions, int64_t samples,
-    std::vector<PushResponse>* results) {
-  return std::make_unique<ShardedPushImpl>(this, base_versions, samples,
-                                           results);
-}
-
-std::unique_ptr<PendingCall> PsClient::PushAsync(
-    absl::Span<const float> grads, const std::vector<int64_t>& base_versions,
-    int64_t samples, std::vector<PushResponse>* results) {
-  auto push =
-      std::make_unique<ShardedPushImpl>(this, base_versions, samples, results);
-  if (grads.size() != ranges_.back().end) {
-    push->FailAll(absl::InvalidArgumentError(
-        absl::StrCat("push of ", grads.size(), " values to a model of ",
-                     ranges_.back().end, " parameters")));
-    return push;
-  }
-  for (int s = 0; s < num_shards(); ++s) {
-    push->Send(s, grads.subspan(ranges_[s].begin, ranges_[s].size()));
-  }
-  return push;
+    common::BufferLease* lease, std::vector<PushResponse>* results,
+    const PullTarget* pull) {
+  return std::make_unique<ShardedPushImpl>(this, base_versions, samples, lease,
+                                           results, pull);
 }
 
 absl::Status PsClient::Push(absl::Span<const float> grads,
                             const std::vector<int64_t>& base_versions,
                             int64_t samples,
                             std::vector<PushResponse>* results) {
-  return PushAsync(grads, base_versions, samples, results)->Wait();
+  if (grads.size() != ranges_.back().end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push of ", grads.size(), " values to a model of ",
+                     ranges_.back().end, " parameters"));
+  }
+  if (common::PushEncodingFor(config_) != ENCODING_FLOAT32) {
+    return absl::InvalidArgumentError(
+        "PsClient::Push sends float32; this config pushes 1-bit payloads, "
+        "which GradientPusher prepares");
+  }
+  common::BufferLease lease;
+  absl::Status status;
+  {
+    std::unique_ptr<ShardedPush> push =
+        StartPush(base_versions, samples, &lease, results);
+    for (int s = 0; s < num_shards(); ++s) {
+      const absl::Span<const float> slice =
+          grads.subspan(ranges_[s].begin, ranges_[s].size());
+      ShardPayload payload;
+      payload.values = slice.size();
+      payload.data =
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(slice.data()),
+                              slice.size() * sizeof(float));
+      push->Send(s, payload);
+    }
+    status = push->Wait();
+  }
+  if (!lease.AwaitReleased(absl::Seconds(60))) {
+    // gRPC still holds the caller's memory: returning would let it go.
+    return absl::InternalError(
+        "gRPC still held the pushed values 60 s after the push ended");
+  }
+  return status;
 }
 
 absl::StatusOr<std::vector<StatsResponse>> PsClient::Stats(
@@ -517,9 +560,10 @@ absl::StatusOr<std::vector<StatsResponse>> PsClient::Stats(
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    grpc::Status status = stubs_[s]->Stats(&context, StatsRequest(), &stats[s]);
+    grpc::Status status =
+        shards_[s].stub->Stats(&context, StatsRequest(), &stats[s]);
     if (!status.ok()) {
-      return Annotate(common::ToAbslStatus(status), s, addresses_[s]);
+      return Annotate(common::ToAbslStatus(status), s, shards_[s].address);
     }
   }
   return stats;

@@ -1,16 +1,17 @@
-// PsClient: a worker's (or evaluator's) connection to every shard. Push and
-// Pull reach all shards in parallel, one streaming RPC per shard, through
-// gRPC's callback API: the *Async forms return a handle to Wait on, and the
-// plain forms wait at once. Tensors are the whole flattened parameter vector;
-// the client cuts and joins the shards' slices.
+// PsClient: a worker's (or evaluator's) connection to every shard, and
+// nothing but transport: it registers, moves finished payloads to the shards
+// and weights back, and never encodes (GradientPusher prepares pushes).
+// Requests reach all shards in parallel, one streaming RPC per shard,
+// through gRPC's callback API; tensors cross as common/wire.h says, without
+// a copy on the way out and with one on the way in.
 //
-// Thread-safe for calls that do not share output buffers, except that 1-bit
-// pushes (which update the residual) must not overlap; counters are atomic. A
-// PendingCall must be waited on before its buffers go away.
+// Thread-safe for calls that do not share output buffers; counters are
+// atomic. A PendingCall must be waited on before its buffers go away.
 #ifndef MONSOON_WORKER_PS_CLIENT_H_
 #define MONSOON_WORKER_PS_CLIENT_H_
 
 #include <grpcpp/channel.h>
+#include <grpcpp/generic/generic_stub.h>
 
 #include <atomic>
 #include <cstdint>
@@ -20,11 +21,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/model_layout.h"
-#include "common/onebit.h"
+#include "common/wire.h"
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
 
@@ -46,22 +46,35 @@ class PendingCall {
   virtual absl::Status Wait() = 0;
 };
 
+// One shard's finished push payload: `values` values in `encoding`, as
+// common/wire.h lays them out (common::PayloadBytesFor gives the sizes).
+struct ShardPayload {
+  PushEncoding encoding = ENCODING_FLOAT32;
+  uint64_t values = 0;
+  absl::Span<const uint8_t> data;
+  absl::Span<const uint8_t> scales;  // 1-bit only
+};
+
+// Where the weights go that a push's shards answer with (PushPull: one
+// round trip for a push and the pull after it).
+struct PullTarget {
+  absl::Span<float> params;        // all parameters
+  std::vector<int64_t>* versions;  // gets each shard's version
+  absl::Duration timeout;          // for the push and the wait together
+};
+
 // A push to every shard, handed over one shard at a time: each shard's RPC
-// starts as soon as its slice is given, while the caller prepares the next
-// one (copies it off a GPU, say). Every shard must be sent exactly once;
-// Wait() returns the first error, and a shard never sent fails the push
-// with FAILED_PRECONDITION (no RPC reaches that shard). The slices are
-// copied into the RPC's messages before Send returns. One thread at a time.
+// starts as soon as its payload is given, while the caller prepares the
+// next one (copies it off a GPU, say). Every shard must be sent exactly
+// once; Wait() returns the first error, and a shard never sent fails the
+// push with FAILED_PRECONDITION (no RPC reaches that shard). Payload bytes
+// are borrowed through the push's BufferLease, not copied. One thread at a
+// time.
 class ShardedPush : public PendingCall {
  public:
-  // Shard s's slice (its ranges()[s].size() values): float32, or quantized
-  // here with the client's residual under COMPRESSION_ONEBIT.
-  virtual void Send(int shard, absl::Span<const float> slice) = 0;
-  // Shard s's slice already quantized by the caller, with its own residual,
-  // in common/onebit.h's layout and the config's bucket size. A config
-  // without 1-bit compression or sizes that do not fit the shard make the
-  // push INVALID_ARGUMENT, and that shard gets nothing.
-  virtual void SendOneBit(int shard, const common::OneBitEncoded& encoded) = 0;
+  // A payload whose encoding or sizes do not fit the shard and the config
+  // makes the push INVALID_ARGUMENT, and that shard gets nothing.
+  virtual void Send(int shard, const ShardPayload& payload) = 0;
 };
 
 class PsClient {
@@ -72,7 +85,7 @@ class PsClient {
   static absl::StatusOr<std::unique_ptr<PsClient>> Connect(
       const PsClientOptions& options);
 
-  int num_shards() const { return static_cast<int>(stubs_.size()); }
+  int num_shards() const { return static_cast<int>(shards_.size()); }
   const std::vector<common::ShardRange>& ranges() const { return ranges_; }
   // Versions the shards reported at registration.
   const std::vector<int64_t>& initial_versions() const {
@@ -82,6 +95,7 @@ class PsClient {
   // at registration (the least over the shards): where a restarted worker
   // resumes its data.
   int64_t applied_samples() const { return applied_samples_; }
+  const TrainingConfig& config() const { return config_; }
 
   // Fills `params` (all parameters) once every shard's version is at least
   // min_version; versions[s] gets shard s's snapshot version. The call fails
@@ -93,22 +107,23 @@ class PsClient {
   absl::Status Pull(int64_t min_version, absl::Duration timeout,
                     absl::Span<float> params, std::vector<int64_t>* versions);
 
-  // Sends shard s the slice of `grads` it owns, computed from
-  // base_versions[s]. results (if not null) gets each shard's response.
-  // With the config's COMPRESSION_ONEBIT the values are quantized to 1 bit
-  // with this client's residual (error feedback), which the call updates:
-  // one push at a time then.
-  std::unique_ptr<PendingCall> PushAsync(
-      absl::Span<const float> grads, const std::vector<int64_t>& base_versions,
-      int64_t samples, std::vector<PushResponse>* results);
+  // A push computed from base_versions[s] on shard s, summarizing `samples`
+  // examples, handed over shard by shard (see ShardedPush). Payload bytes
+  // are borrowed through `lease` (not owned), whose owner waits for it
+  // before reusing them. results (if not null) gets each shard's answer.
+  // With `pull`, each shard then sends the weights of the version that
+  // includes the push into pull->params, in the same call.
+  std::unique_ptr<ShardedPush> StartPush(
+      const std::vector<int64_t>& base_versions, int64_t samples,
+      common::BufferLease* lease, std::vector<PushResponse>* results,
+      const PullTarget* pull = nullptr);
+
+  // Pushes float32 `grads` (all parameters) and waits: a convenience for
+  // tools and tests over StartPush. INVALID_ARGUMENT for a config that
+  // pushes another encoding.
   absl::Status Push(absl::Span<const float> grads,
                     const std::vector<int64_t>& base_versions, int64_t samples,
                     std::vector<PushResponse>* results = nullptr);
-
-  // The same push handed over shard by shard (see ShardedPush).
-  std::unique_ptr<ShardedPush> StartPush(
-      const std::vector<int64_t>& base_versions, int64_t samples,
-      std::vector<PushResponse>* results);
 
   absl::StatusOr<std::vector<StatsResponse>> Stats(absl::Duration timeout);
 
@@ -116,35 +131,24 @@ class PsClient {
   int64_t bytes_pushed() const { return bytes_pushed_.load(); }
   int64_t bytes_pulled() const { return bytes_pulled_.load(); }
 
+  // One shard's connection (for the calls in ps_client.cc).
+  struct Shard {
+    std::string address;
+    std::unique_ptr<ParameterService::Stub> stub;  // Register, Stats
+    std::unique_ptr<grpc::GenericStub> streams;    // Push, Pull, PushPull
+  };
+
  private:
-  PsClient() = default;
-  // Cuts (and, for 1-bit, quantizes) one shard's slice into chunks; the
-  // header goes into the first.
-  std::vector<PushChunk> EncodeShard(int shard, absl::Span<const float> values,
-                                     PushHeader header);
-  // Cuts an encoded slice of n values into chunks of whole buckets.
-  std::vector<PushChunk> ChunkOneBit(uint64_t n,
-                                     const common::OneBitEncoded& encoded,
-                                     PushHeader header);
-  // Puts the header into the first of `chunks` (never empty) and counts
-  // their bytes as pushed.
-  std::vector<PushChunk> Seal(std::vector<PushChunk> chunks, PushHeader header);
-  PushHeader Header(int shard, int64_t base_version, int64_t samples) const;
   friend class ShardedPushImpl;
+  PsClient() = default;
 
   // Constant after Connect.
   TrainingConfig config_;
   int worker_rank_ = 0;
-  size_t chunk_values_ = 0;
-  std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<ParameterService::Stub>> stubs_;
+  std::vector<Shard> shards_;
   std::vector<common::ShardRange> ranges_;
   std::vector<int64_t> initial_versions_;
   int64_t applied_samples_ = 0;
-
-  // 1-bit error feedback for pushes quantized here: what earlier pushes'
-  // quantization lost, all parameters (empty until the first).
-  std::vector<float> residual_;
 
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};

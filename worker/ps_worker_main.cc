@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/model_layout.h"
 #include "common/termination.h"
 #include "worker/backend_factory.h"
@@ -59,6 +60,7 @@ int Fail(int code, const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  monsoon::common::KeepFreedBuffers();
   absl::SetProgramUsageMessage(
       "Monsoon worker: trains the config's model on its slice of the data.\n\n"
       "  ps_worker --rank=0 --num_workers=2 "

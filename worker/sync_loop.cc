@@ -1,5 +1,7 @@
-// sync: pull the weights of version t (waiting at the barrier), compute a
-// gradient, push it as step t, and wait for version t+1.
+// sync: compute a gradient on the weights of version t, push it as step t
+// and receive, in the same call, the weights of version t+1 once every
+// worker's step-t gradient has arrived (the barrier): one round trip per
+// step.
 
 #include <algorithm>
 #include <vector>
@@ -16,8 +18,7 @@ class SyncLoop : public TrainingLoop {
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
-    const size_t p = c.mlp->layout().num_params();
-    std::vector<float> params(p);
+    PulledParams params(c.mlp);
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
         GradientPusher::Create(c.mlp->backend(), c.client, c.config);
     if (!pusher.ok()) return pusher.status();
@@ -29,30 +30,32 @@ class SyncLoop : public TrainingLoop {
     // below), on weights pulled from the shards as they are.
     int64_t version = *std::min_element(initial.begin(), initial.end());
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
+    auto barrier_error = [&](const absl::Status& status) {
+      if (status.code() != absl::StatusCode::kDeadlineExceeded) return status;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited more than ", c.config.sync_timeout_s(),
+          " s for the barrier of step ", version,
+          ": has another worker stopped? (", status.message(), ")"));
+    };
+    absl::Status status =
+        c.client->Pull(version, timeout, params.span(), &versions);
+    if (!status.ok()) return barrier_error(status);
+    const PullTarget next{params.span(), &versions, timeout};
     ProgressLog progress(c, *batches);
     while (batches->Next()) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
-      absl::Status status =
-          c.client->Pull(version, timeout, absl::MakeSpan(params), &versions);
-      if (status.code() == absl::StatusCode::kDeadlineExceeded) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "waited more than ", c.config.sync_timeout_s(),
-            " s for the barrier of step ", version,
-            ": has another worker stopped? (", status.message(), ")"));
-      }
-      if (!status.ok()) return status;
-      if (auto s = c.mlp->SetParams(params); !s.ok()) return s;
+      if (auto s = params.Commit(); !s.ok()) return s;
       absl::StatusOr<BatchResult> step = c.mlp->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!step.ok()) return step.status();
       // Every shard gets the gradient as step `version`, whatever version
-      // it reported (see above).
+      // it reported (see above), and answers with step version+1's weights.
       absl::StatusOr<std::unique_ptr<PendingCall>> push =
           (*pusher)->Push(c.mlp->device_gradients(),
                           std::vector<int64_t>(versions.size(), version),
-                          batches->batch_size());
+                          batches->batch_size(), &next);
       if (!push.ok()) return push.status();
       status = (*push)->Wait();
       // A worker restarted in the middle of a push finds the shards it
@@ -60,12 +63,13 @@ class SyncLoop : public TrainingLoop {
       // on the same weights, so theirs stands): ALREADY_EXISTS, or ABORTED
       // where the other workers' pushes have closed the step since. A step
       // cannot close without this worker's gradient, so neither code can
-      // mean it was lost.
-      if (!status.ok() && status.code() != absl::StatusCode::kAlreadyExists &&
-          status.code() != absl::StatusCode::kAborted) {
-        return status;
+      // mean it was lost. Those shards sent no weights: pull them all.
+      if (status.code() == absl::StatusCode::kAlreadyExists ||
+          status.code() == absl::StatusCode::kAborted) {
+        status = c.client->Pull(version + 1, timeout, params.span(), &versions);
       }
       ++version;
+      if (!status.ok()) return barrier_error(status);
       progress.Step(step->loss, batches->batch_size());
     }
     return progress.Finish();

@@ -93,6 +93,25 @@ bool BatchStream::Next() {
   return true;
 }
 
+PulledParams::PulledParams(Mlp* mlp) : mlp_(mlp) {
+  const size_t n = mlp->layout().num_params();
+  if (mlp->backend()->HostMemory()) {
+    span_ = absl::MakeSpan(mlp->device_params(), n);
+  } else {
+    host_.resize(n);
+    span_ = absl::MakeSpan(host_);
+  }
+}
+
+absl::Status PulledParams::Commit() {
+  if (host_.empty()) {
+    // Work queued on the parameters must not overlap the pull's writes; on
+    // a host backend it has finished (loops pull between steps).
+    return absl::OkStatus();
+  }
+  return mlp_->SetParams(host_);
+}
+
 ProgressLog::ProgressLog(const WorkerContext& context,
                          const BatchStream& batches)
     : context_(context),

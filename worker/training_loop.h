@@ -114,6 +114,23 @@ class BatchStream {
   std::vector<int32_t> labels_;
 };
 
+// Where a loop's pulls put the weights: straight into the model's own
+// parameters where the backend keeps them in host memory (no copy), else
+// into a host buffer that Commit() uploads. Not thread-safe.
+class PulledParams {
+ public:
+  explicit PulledParams(Mlp* mlp);
+  // All parameters; pull into this.
+  absl::Span<float> span() { return span_; }
+  // Makes the model train on what was pulled last.
+  absl::Status Commit();
+
+ private:
+  Mlp* const mlp_;
+  std::vector<float> host_;  // empty when pulls land in the model
+  absl::Span<float> span_;
+};
+
 // Logs "worker R: epoch e/E step s/S loss ... samples/s ..." at most once per
 // interval, and a summary at the end.
 class ProgressLog {

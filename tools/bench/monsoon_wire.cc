@@ -3,6 +3,7 @@
 #include "common/config.h"
 #include "common/model_layout.h"
 #include "common/onebit.h"
+#include "worker/cpu_backend.h"
 
 namespace monsoon::tools {
 
@@ -44,35 +45,57 @@ absl::StatusOr<std::unique_ptr<MonsoonWire>> MonsoonWire::Start(
       worker::PsClient::Connect(client_options);
   if (!client.ok()) return client.status();
   wire->client_ = *std::move(client);
+  wire->backend_ = worker::MakeCpuBackend(1);
+  absl::StatusOr<std::unique_ptr<worker::GradientPusher>> pusher =
+      worker::GradientPusher::Create(wire->backend_.get(), wire->client_.get(),
+                                     wire->config_);
+  if (!pusher.ok()) return pusher.status();
+  wire->pusher_ = *std::move(pusher);
+  absl::StatusOr<float*> grads = wire->backend_->AllocateFloats(values);
+  if (!grads.ok()) return grads.status();
+  wire->grads_ = *grads;
+  wire->values_ = values;
   // Small gradients: thousands of SGD steps with momentum stay finite.
-  wire->grads_ = common::UniformValues(values, /*seed=*/7, 1e-4f);
+  const std::vector<float> host = common::UniformValues(values, 7, 1e-4f);
+  absl::Status copied = wire->backend_->CopyToDevice(host.data(), wire->grads_,
+                                                     values * sizeof(float));
+  if (!copied.ok()) return copied;
   wire->params_.resize(values);
   return wire;
 }
 
 uint64_t MonsoonWire::push_wire_bytes() const {
-  const uint64_t n = grads_.size();
+  const uint64_t n = values_;
   if (config_.compression() != COMPRESSION_ONEBIT) return n * sizeof(float);
   const int bucket = config_.onebit_bucket_size();
   return common::OneBitBitsBytes(n, bucket) +
          common::OneBitBuckets(n, bucket) * 2 * sizeof(float);
 }
 
-absl::Status MonsoonWire::Push() {
-  absl::Status status = client_->Push(grads_, versions_, /*samples=*/1);
-  ++versions_[0];
+MonsoonWire::~MonsoonWire() {
+  pusher_.reset();
+  if (grads_ != nullptr) backend_->Free(grads_);
+}
+
+absl::Status MonsoonWire::Push(const worker::PullTarget* pull) {
+  absl::StatusOr<std::unique_ptr<worker::PendingCall>> push =
+      pusher_->Push(grads_, versions_, /*samples=*/1, pull);
+  absl::Status status = push.ok() ? (*push)->Wait() : push.status();
+  if (pull == nullptr) ++versions_[0];  // a push-pull sets them
   return status;
 }
 
+absl::Status MonsoonWire::Push() { return Push(nullptr); }
+
 absl::Status MonsoonWire::Pull() {
-  return client_->Pull(versions_[0], absl::Seconds(30),
-                       absl::MakeSpan(params_), &versions_);
+  return client_->Pull(versions_[0], absl::Seconds(30), absl::MakeSpan(params_),
+                       &versions_);
 }
 
 absl::Status MonsoonWire::PushPull() {
-  absl::Status status = Push();
-  if (!status.ok()) return status;
-  return Pull();
+  const worker::PullTarget pull{absl::MakeSpan(params_), &versions_,
+                                absl::Seconds(30)};
+  return Push(&pull);
 }
 
 }  // namespace monsoon::tools

@@ -1,6 +1,7 @@
 // wire_bench's Monsoon side: one shard served in this process and one
 // client of it, both on loopback, through the same code as ps_server and
-// ps_worker. Each call is one repetition of a case.
+// ps_worker: pushes leave through a GradientPusher over the CPU backend, as
+// a CPU worker's do. Each call is one repetition of a case.
 #ifndef MONSOON_TOOLS_BENCH_MONSOON_WIRE_H_
 #define MONSOON_TOOLS_BENCH_MONSOON_WIRE_H_
 
@@ -11,12 +12,15 @@
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
 #include "server/shard_server.h"
+#include "worker/compute_backend.h"
+#include "worker/gradient_pusher.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::tools {
 
 class MonsoonWire {
  public:
+  ~MonsoonWire();
   // A shard of `values` parameters (one worker) and its client; 1-bit
   // quantized pushes when `onebit`.
   static absl::StatusOr<std::unique_ptr<MonsoonWire>> Start(
@@ -24,18 +28,22 @@ class MonsoonWire {
 
   absl::Status Push();
   absl::Status Pull();
-  // A push, then the weights of the version it made.
+  // A push and the weights of the version it made, in one round trip.
   absl::Status PushPull();
   // Bytes of one push's payload on the wire (bits and scales under 1-bit).
   uint64_t push_wire_bytes() const;
 
  private:
   MonsoonWire() = default;
+  absl::Status Push(const worker::PullTarget* pull);
 
   TrainingConfig config_;
   std::unique_ptr<server::ShardServer> server_;
   std::unique_ptr<worker::PsClient> client_;
-  std::vector<float> grads_;
+  std::unique_ptr<worker::ComputeBackend> backend_;
+  std::unique_ptr<worker::GradientPusher> pusher_;
+  float* grads_ = nullptr;  // in the backend's memory
+  uint64_t values_ = 0;
   std::vector<float> params_;
   std::vector<int64_t> versions_{0};
 };

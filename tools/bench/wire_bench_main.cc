@@ -26,12 +26,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/malloc_tuning.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/monsoon_wire.h"
 #include "tools/bench/raw_grpc.h"
@@ -45,6 +47,9 @@ ABSL_FLAG(std::string, mode, "sync",
           "at once with SGD and momentum).");
 ABSL_FLAG(int, chunk_kib, 1024,
           "Message size of both streams, in KiB (the config's chunk_bytes).");
+ABSL_FLAG(std::string, cases, "",
+          "Run only the cases whose names start with one of these "
+          "comma-separated prefixes (e.g. push_float32,pull); empty: all.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per case.");
 
 namespace monsoon::tools {
@@ -60,6 +65,16 @@ struct Case {
   std::function<absl::Status()> monsoon;
   std::function<absl::Status()> raw;
 };
+
+// Whether --cases selects the case.
+bool Selected(const std::string& name) {
+  const std::string cases = absl::GetFlag(FLAGS_cases);
+  if (cases.empty()) return true;
+  for (absl::string_view prefix : absl::StrSplit(cases, ',')) {
+    if (absl::StartsWith(name, prefix)) return true;
+  }
+  return false;
+}
 
 // Times `run` once, in microseconds.
 absl::StatusOr<double> Time(const std::function<absl::Status()>& run) {
@@ -84,8 +99,8 @@ absl::Status RunCase(const Case& c, int warmup, int repeats, bool json) {
   const Summary s = Summarize(ours);
   const Summary r = Summarize(raw);
   // Gbit/s of the tensor's float32 bytes: what a push or pull delivers.
-  const double moved = c.name.rfind("pushpull", 0) == 0 ? 2.0 * c.bytes
-                                                        : 1.0 * c.bytes;
+  const double moved =
+      c.name.rfind("pushpull", 0) == 0 ? 2.0 * c.bytes : 1.0 * c.bytes;
   const double gbps = moved * 8 / (s.p50 * 1e3);
   const double raw_gbps = moved * 8 / (r.p50 * 1e3);
   if (json) {
@@ -103,9 +118,8 @@ absl::Status RunCase(const Case& c, int warmup, int repeats, bool json) {
         .Add("ratio", r.p50 / s.p50);
     std::printf("%s\n", line.str().c_str());
   } else {
-    std::printf("%-26s %9.0f %9.0f %8.2f %9.0f %8.2f %6.2f\n",
-                c.name.c_str(), s.p50, s.p90, gbps, r.p50, raw_gbps,
-                r.p50 / s.p50);
+    std::printf("%-26s %9.0f %9.0f %8.2f %9.0f %8.2f %6.2f\n", c.name.c_str(),
+                s.p50, s.p90, gbps, r.p50, raw_gbps, r.p50 / s.p50);
   }
   std::fflush(stdout);
   return absl::OkStatus();
@@ -170,22 +184,23 @@ int Main() {
       const std::string suffix = absl::StrCat(mib, "MiB");
       if (onebit) {
         const uint64_t wire = m->push_wire_bytes();
-        cases.push_back({"push_onebit_" + suffix, bytes, wire,
-                         [m] { return m->Push(); },
-                         [&raw, wire, chunk] { return raw.Push(wire, chunk); }});
+        cases.push_back(
+            {"push_onebit_" + suffix, bytes, wire, [m] { return m->Push(); },
+             [&raw, wire, chunk] { return raw.Push(wire, chunk); }});
       } else {
-        cases.push_back({"push_float32_" + suffix, bytes, bytes,
-                         [m] { return m->Push(); },
-                         [&raw, bytes, chunk] { return raw.Push(bytes, chunk); }});
-        cases.push_back({"pull_float32_" + suffix, bytes, bytes,
-                         [m] { return m->Pull(); },
-                         [&raw, bytes, chunk] { return raw.Pull(bytes, chunk); }});
+        cases.push_back(
+            {"push_float32_" + suffix, bytes, bytes, [m] { return m->Push(); },
+             [&raw, bytes, chunk] { return raw.Push(bytes, chunk); }});
+        cases.push_back(
+            {"pull_float32_" + suffix, bytes, bytes, [m] { return m->Pull(); },
+             [&raw, bytes, chunk] { return raw.Pull(bytes, chunk); }});
         cases.push_back(
             {"pushpull_float32_" + suffix, bytes, bytes,
              [m] { return m->PushPull(); },
              [&raw, bytes, chunk] { return raw.PushPull(bytes, chunk); }});
       }
       for (const Case& c : cases) {
+        if (!Selected(c.name)) continue;
         absl::Status status = RunCase(c, warmup, repeats, json);
         if (!status.ok()) {
           std::fprintf(stderr, "wire_bench: %s: %s\n", c.name.c_str(),
@@ -202,6 +217,7 @@ int Main() {
 }  // namespace monsoon::tools
 
 int main(int argc, char** argv) {
+  monsoon::common::KeepFreedBuffers();
   absl::SetProgramUsageMessage(
       "Times Monsoon's push and pull between one client and one shard on "
       "loopback against a raw gRPC stream of the same bytes, measured in "

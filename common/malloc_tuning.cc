@@ -1,0 +1,23 @@
+#include "common/malloc_tuning.h"
+
+#include <malloc.h>
+
+#include <cstdlib>
+
+namespace monsoon::common {
+
+void KeepFreedBuffers() {
+  // Blocks below this come from the heap, not from mmap (32 MiB is glibc's
+  // largest dynamic threshold; setting it also stops glibc moving it).
+  constexpr int kMmapThreshold = 32 << 20;
+  // Free memory at a heap's top stays mapped up to this much.
+  constexpr int kTrimThreshold = 256 << 20;
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) {
+    mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
+  }
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) {
+    mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
+  }
+}
+
+}  // namespace monsoon::common
