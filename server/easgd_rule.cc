@@ -17,11 +17,9 @@ class EasgdRule : public SerialRule {
  protected:
   void Update(absl::Span<const float> elastic, const float* in,
               float* out) override {
-    const size_t n = elastic.size();
-    const float* __restrict d = elastic.data();
-    const float* __restrict center = in;
-    float* __restrict next = out;
-    for (size_t i = 0; i < n; ++i) next[i] = center[i] + d[i];
+    const float* d = elastic.data();
+    ForEachWeight(elastic.size(), in, out,
+                  [=](size_t i, float center) { return center + d[i]; });
   }
 };
 

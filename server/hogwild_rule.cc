@@ -95,7 +95,7 @@ class HogwildRule : public UpdateRule {
 
   // Before serving only (see update_rule.h): nothing else runs.
   absl::Status RestoreState(const RuleState& saved) override {
-    absl::StatusOr<WeightsPtr> restored =
+    absl::StatusOr<std::shared_ptr<Weights>> restored =
         RestoreWeightsAndOptimizer(saved, state_, nullptr);
     if (!restored.ok()) return restored.status();
     live_ = *std::move(restored);
@@ -121,7 +121,7 @@ class HogwildRule : public UpdateRule {
   ShardState* const state_;
   // Written in place by every push (relaxed atomics); replaced only by
   // RestoreState, before serving.
-  WeightsPtr live_;
+  std::shared_ptr<Weights> live_;
 
   std::atomic<int64_t> version_{0};
   absl::Mutex snapshot_mu_;

@@ -15,20 +15,19 @@ SgdOptimizer::SgdOptimizer(size_t size, float learning_rate, float momentum)
 
 void SgdOptimizer::Apply(absl::Span<const float> grad, float grad_scale,
                          const float* in, float* out) {
-  const size_t n = grad.size();
-  const float* __restrict g = grad.data();
-  const float* __restrict w = in;
-  float* __restrict next = out;
+  const float* g = grad.data();
   const float lr = learning_rate_;
   if (momentum_ > 0) {
-    float* __restrict v = velocity_.data();
+    float* v = velocity_.data();
     const float m = momentum_;
-    for (size_t i = 0; i < n; ++i) {
+    ForEachWeight(grad.size(), in, out, [=](size_t i, float w) {
       v[i] = m * v[i] + g[i] * grad_scale;
-      next[i] = w[i] - lr * v[i];
-    }
+      return w - lr * v[i];
+    });
   } else {
-    for (size_t i = 0; i < n; ++i) next[i] = w[i] - lr * (g[i] * grad_scale);
+    ForEachWeight(grad.size(), in, out, [=](size_t i, float w) {
+      return w - lr * (g[i] * grad_scale);
+    });
   }
 }
 
@@ -38,18 +37,15 @@ AdagradOptimizer::AdagradOptimizer(size_t size, float learning_rate,
 
 void AdagradOptimizer::Apply(absl::Span<const float> grad, float grad_scale,
                              const float* in, float* out) {
-  const size_t n = grad.size();
-  const float* __restrict g = grad.data();
-  const float* __restrict w = in;
-  float* __restrict next = out;
-  float* __restrict h = accumulator_.data();
+  const float* g = grad.data();
+  float* h = accumulator_.data();
   const float lr = learning_rate_;
-  for (size_t i = 0; i < n; ++i) {
+  ForEachWeight(grad.size(), in, out, [=](size_t i, float w) {
     const float gi = g[i] * grad_scale;
     h[i] += gi * gi;
     // -fno-math-errno (BUILD) lets this vectorize; sqrt is exact either way.
-    next[i] = w[i] - lr * gi / std::sqrt(h[i]);
-  }
+    return w - lr * gi / std::sqrt(h[i]);
+  });
 }
 
 namespace {

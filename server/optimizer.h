@@ -17,13 +17,29 @@
 
 namespace monsoon::server {
 
+// out[i] = step(i, in[i]) for i < n, where out may be in itself (an update
+// in place) or an array that does not overlap it. Either way the loop
+// vectorizes (-O3): the compiler checks at run time that the arrays `step`
+// reads and writes do not overlap `out`.
+template <typename Step>
+void ForEachWeight(size_t n, const float* in, float* out, Step step) {
+  if (in == out) {
+    float* w = out;
+    for (size_t i = 0; i < n; ++i) w[i] = step(i, w[i]);
+  } else {
+    const float* __restrict w = in;
+    float* __restrict next = out;
+    for (size_t i = 0; i < n; ++i) next[i] = step(i, w[i]);
+  }
+}
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // out = in - update(g), element by element, where g[i] = grad[i] *
   // grad_scale (sync's average: the scale is applied here rather than in a
-  // pass of its own) and in and out hold grad.size() values and do not
-  // overlap. Loops vectorize.
+  // pass of its own) and in and out hold grad.size() values: the same
+  // array (in place) or two that do not overlap. Loops vectorize.
   virtual void Apply(absl::Span<const float> grad, float grad_scale,
                      const float* in, float* out) = 0;
 

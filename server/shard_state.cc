@@ -15,18 +15,27 @@ ShardState::ShardState(const common::ModelLayout& layout, uint64_t seed,
       buffers_(range_.size()),
       staleness_counts_(kStalenessBuckets, 0) {}
 
-WeightsPtr ShardState::InitialWeights() {
+WeightsPtr Weights::Share(const std::shared_ptr<Weights>& weights) {
+  // Counted under the owner's lock, so an owner that sees no readers sees
+  // every hold taken before; released from any thread.
+  weights->readers_.fetch_add(1, std::memory_order_relaxed);
+  return WeightsPtr(weights.get(), [held = weights](const Weights* w) {
+    w->readers_.fetch_sub(1, std::memory_order_release);
+  });
+}
+
+std::shared_ptr<Weights> ShardState::InitialWeights() {
   FloatBufferPool::Buffer values = buffers_.Take();
   common::InitialValues(layout_, seed_, range_.begin,
                         absl::MakeSpan(values.get(), size()));
-  return std::make_shared<const Weights>(0, std::move(values), size());
+  return std::make_shared<Weights>(0, std::move(values), size());
 }
 
-WeightsPtr ShardState::MakeWeights(int64_t version,
-                                   absl::Span<const float> values) {
+std::shared_ptr<Weights> ShardState::MakeWeights(
+    int64_t version, absl::Span<const float> values) {
   FloatBufferPool::Buffer buffer = buffers_.Take();
   std::copy(values.begin(), values.end(), buffer.get());
-  return std::make_shared<const Weights>(version, std::move(buffer), size());
+  return std::make_shared<Weights>(version, std::move(buffer), size());
 }
 
 int64_t ShardState::version() const {

@@ -23,8 +23,14 @@
 
 namespace monsoon::server {
 
-// One version of a shard's weights. Immutable once made, except under
-// hogwild, whose live weights are one such buffer written in place.
+class Weights;
+// A reader's hold on one version of the weights (see Weights::Share).
+using WeightsPtr = std::shared_ptr<const Weights>;
+
+// One version of a shard's weights, owned by its update rule. Readers
+// (pulls sending it, checkpoints) hold it through Share and see it
+// unchanged; the rule writes it in place only while no reader holds it
+// (unread()), else it writes the next version into a new buffer.
 class Weights {
  public:
   Weights(int64_t version, FloatBufferPool::Buffer values, size_t size)
@@ -33,16 +39,24 @@ class Weights {
   absl::Span<const float> values() const {
     return absl::MakeConstSpan(values_.get(), size_);
   }
-  // For the rule that made it, before it is shared (and hogwild's live
-  // weights).
+
+  // For the owning rule: the values to write, when unread() (and hogwild's
+  // live weights, which it writes with relaxed atomics).
   float* mutable_data() const { return values_.get(); }
+  void set_version(int64_t version) { version_ = version; }
+  // No reader holds these weights: what readers did with them happened
+  // before this returns true.
+  bool unread() const { return readers_.load(std::memory_order_acquire) == 0; }
+
+  // A reader's hold on `weights`: counted in unread() until released.
+  static WeightsPtr Share(const std::shared_ptr<Weights>& weights);
 
  private:
-  const int64_t version_;
+  int64_t version_;
   const FloatBufferPool::Buffer values_;
   const size_t size_;
+  mutable std::atomic<int64_t> readers_{0};
 };
-using WeightsPtr = std::shared_ptr<const Weights>;
 
 class ShardState {
  public:
@@ -60,11 +74,12 @@ class ShardState {
   size_t size() const { return range_.size(); }
 
   // Version 0: value i is InitialValue(layout, seed, range().begin + i).
-  WeightsPtr InitialWeights();
+  std::shared_ptr<Weights> InitialWeights();
   // Buffers of size() floats (pushes, new versions, snapshots).
   FloatBufferPool& buffers() { return buffers_; }
   // Weights of `version` in a pool buffer holding a copy of `values`.
-  WeightsPtr MakeWeights(int64_t version, absl::Span<const float> values);
+  std::shared_ptr<Weights> MakeWeights(int64_t version,
+                                       absl::Span<const float> values);
 
   int64_t version() const;
 

@@ -79,7 +79,7 @@ class SyncRule : public UpdateRule {
 
   WeightsPtr Snapshot() override {
     absl::MutexLock lock(&mu_);
-    return weights_;
+    return Weights::Share(weights_);
   }
 
   // The last completed step; the partial sum of the step in progress is not
@@ -94,7 +94,7 @@ class SyncRule : public UpdateRule {
     std::vector<ShardState::Waiter> ready;
     {
       absl::MutexLock lock(&mu_);
-      absl::StatusOr<WeightsPtr> restored =
+      absl::StatusOr<std::shared_ptr<Weights>> restored =
           RestoreWeightsAndOptimizer(saved, state_, optimizer_.get());
       if (!restored.ok()) return restored.status();
       weights_ = *std::move(restored);
@@ -111,12 +111,12 @@ class SyncRule : public UpdateRule {
   // Averages the step's gradients and publishes the next version.
   void CloseStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const float scale = 1.0f / static_cast<float>(num_workers_);
-    FloatBufferPool::Buffer next = state_->buffers().Take();
     state_->BeginApply();
-    optimizer_->Apply(sum_, scale, weights_->values().data(), next.get());
+    WriteNextVersion(state_, &weights_, weights_->version() + 1,
+                     [&](const float* in, float* out) {
+                       optimizer_->Apply(sum_, scale, in, out);
+                     });
     state_->EndApply();
-    weights_ = std::make_shared<const Weights>(weights_->version() + 1,
-                                               std::move(next), state_->size());
     std::fill(arrived_.begin(), arrived_.end(), false);
     // Only now are the step's examples in the weights.
     for (int rank = 0; rank < num_workers_; ++rank) {
@@ -131,7 +131,7 @@ class SyncRule : public UpdateRule {
 
   absl::Mutex mu_;
   const std::unique_ptr<Optimizer> optimizer_ ABSL_PT_GUARDED_BY(mu_);
-  WeightsPtr weights_ ABSL_GUARDED_BY(mu_);  // the last closed step's
+  std::shared_ptr<Weights> weights_ ABSL_GUARDED_BY(mu_);  // last closed step
   // The step's gradients summed; its first push overwrites it.
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);

@@ -20,13 +20,12 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
           state_->shard(), " is only at version ", version));
     }
     result.staleness = version - push.base_version;
-    FloatBufferPool::Buffer next = state_->buffers().Take();
-    state_->BeginApply();
-    Update(push.values, weights_->values().data(), next.get());
-    state_->EndApply();
     result.version = version + 1;
-    weights_ = std::make_shared<const Weights>(result.version, std::move(next),
-                                               state_->size());
+    state_->BeginApply();
+    WriteNextVersion(
+        state_, &weights_, result.version,
+        [&](const float* in, float* out) { Update(push.values, in, out); });
+    state_->EndApply();
     state_->RecordPush(result.staleness, push.samples, push.wire_bytes);
     state_->RecordAppliedSamples(push.worker_rank, push.samples);
     ready = state_->AdvanceVersion(result.version);
@@ -39,7 +38,7 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
 
 WeightsPtr SerialRule::Snapshot() {
   absl::MutexLock lock(&mu_);
-  return weights_;
+  return Weights::Share(weights_);
 }
 
 RuleState SerialRule::SaveState() {
@@ -52,7 +51,7 @@ absl::Status SerialRule::RestoreState(const RuleState& saved) {
   std::vector<ShardState::Waiter> ready;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<WeightsPtr> restored =
+    absl::StatusOr<std::shared_ptr<Weights>> restored =
         RestoreWeightsAndOptimizer(saved, state_, optimizer());
     if (!restored.ok()) return restored.status();
     weights_ = *std::move(restored);
@@ -76,9 +75,8 @@ RuleState SaveRuleState(const ShardState& state, int64_t version,
   return saved;
 }
 
-absl::StatusOr<WeightsPtr> RestoreWeightsAndOptimizer(const RuleState& saved,
-                                                      ShardState* state,
-                                                      Optimizer* optimizer) {
+absl::StatusOr<std::shared_ptr<Weights>> RestoreWeightsAndOptimizer(
+    const RuleState& saved, ShardState* state, Optimizer* optimizer) {
   if (saved.weights.size() != state->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "saved state holds ", saved.weights.size(), " weights, shard ",

@@ -8,11 +8,12 @@
 // error and changes nothing. Implementations are thread-safe: gRPC calls
 // Apply and Snapshot from many threads at once.
 //
-// The weights belong to the rule. Every rule but hogwild publishes each
-// version as a new immutable Weights, written out of place from the last
-// one into a pooled buffer; Snapshot shares it, so that all pulls of a
-// version send the same buffer and none copies it. Hogwild writes one buffer
-// in place, and its Snapshot copies it (once per version).
+// The weights belong to the rule. Every rule but hogwild shares the current
+// version's Weights with the pulls that send it (Snapshot), so that all
+// pulls of a version send the same buffer and none copies it; an update
+// writes the weights in place when no pull holds them any more, else it
+// writes the next version into another pooled buffer. Hogwild writes one
+// buffer in place, and its Snapshot copies it (once per version).
 //
 // SaveState and RestoreState export and import what a checkpoint keeps:
 // the weights, the version and the optimizer's state. SaveState is
@@ -98,9 +99,25 @@ RuleState SaveRuleState(const ShardState& state, int64_t version,
 // Checks that `saved` fits, then restores the optimizer state and returns
 // the saved weights as version saved.version; the caller makes them its
 // current weights and advances the shard's version.
-absl::StatusOr<WeightsPtr> RestoreWeightsAndOptimizer(const RuleState& saved,
-                                                      ShardState* state,
-                                                      Optimizer* optimizer);
+absl::StatusOr<std::shared_ptr<Weights>> RestoreWeightsAndOptimizer(
+    const RuleState& saved, ShardState* state, Optimizer* optimizer);
+
+// Applies `update(in, out)` to `weights` as the next version: in place when
+// no reader holds them (in == out), else into a new pooled buffer that
+// replaces them. Sets the version to `version`.
+template <typename Update>
+void WriteNextVersion(ShardState* state, std::shared_ptr<Weights>* weights,
+                      int64_t version, Update update) {
+  if ((*weights)->unread()) {
+    float* data = (*weights)->mutable_data();
+    update(data, data);
+    (*weights)->set_version(version);
+    return;
+  }
+  FloatBufferPool::Buffer next = state->buffers().Take();
+  update((*weights)->values().data(), next.get());
+  *weights = std::make_shared<Weights>(version, std::move(next), state->size());
+}
 
 // A rule that applies pushes one at a time, at once, whatever their
 // staleness (recorded, not refused): downpour and easgd. Subclasses say only
@@ -120,9 +137,9 @@ class SerialRule : public UpdateRule {
   // rule's lock.
   virtual Optimizer* optimizer() { return nullptr; }
 
-  // out = the weights `in` after the push's `values`, out of place (in and
-  // out do not overlap; both have values.size() floats). Called with the
-  // rule's lock held, one push at a time.
+  // out = the weights `in` after the push's `values`: in place (in == out)
+  // or into another array that does not overlap; both have values.size()
+  // floats. Called with the rule's lock held, one push at a time.
   virtual void Update(absl::Span<const float> values, const float* in,
                       float* out) = 0;
 
@@ -130,7 +147,7 @@ class SerialRule : public UpdateRule {
   ShardState* const state_;  // constant after construction
 
   absl::Mutex mu_;
-  WeightsPtr weights_ ABSL_GUARDED_BY(mu_);  // the current version
+  std::shared_ptr<Weights> weights_ ABSL_GUARDED_BY(mu_);  // the current one
 };
 
 // The rule for resolved.mode(), over `state` (not owned; must outlive it).

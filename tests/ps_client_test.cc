@@ -392,6 +392,36 @@ TEST_F(TwoShardsTest, PushPullAnswersWithTheWeightsThatIncludeThePush) {
   EXPECT_GT(client->bytes_pulled(), static_cast<int64_t>(53 * sizeof(float)));
 }
 
+TEST_F(TwoShardsTest, ShardsTakeNoNewBuffersOncePushesAndPullsAreWarm) {
+  const std::vector<float> grads = Ramp53();
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  auto step = [&](int64_t version, bool push_pull) {
+    if (!push_pull) {
+      ASSERT_OK(client->Push(grads, {version, version}, 16));
+      ASSERT_OK(client->Pull(version + 1, absl::Seconds(30),
+                             absl::MakeSpan(params), &versions));
+      return;
+    }
+    const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
+    common::BufferLease lease;
+    std::unique_ptr<ShardedPush> push =
+        client->StartPush({version, version}, 16, &lease, nullptr, &pull);
+    push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
+    push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));
+    ASSERT_OK(push->Wait());
+  };
+  // A buffer per push and one per version would be 80 after 40 steps. The
+  // pool holds what is in use at once: the push being decoded, the current
+  // version, and at times the last one while gRPC still holds a pull's
+  // slices of it.
+  for (int64_t v = 0; v < 40; ++v) step(v, v % 2 == 0);
+  for (size_t s = 0; s < cluster.servers.size(); ++s) {
+    EXPECT_LE(cluster.servers[s]->state()->buffers().allocations(), 4)
+        << "shard " << s;
+  }
+}
+
 TEST(PsClientTest, SyncPushPullWaitsForTheBarrier) {
   const TrainingConfig config = ResolvedConfig(kSmallConfig);
   std::vector<std::unique_ptr<server::ShardServer>> servers =

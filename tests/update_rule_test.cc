@@ -316,6 +316,44 @@ TEST_F(DownpourRuleTest,
   EXPECT_EQ(state_.Stats().pushes(), 1);
 }
 
+TEST_F(DownpourRuleTest, WeightsAPullHoldsStayAsTheyWere) {
+  // A pull sending version 0 still holds it when a push arrives: the push
+  // writes version 1 beside it, and version 0 is unchanged.
+  const WeightsPtr held = rule_->Snapshot();
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  EXPECT_EQ(held->version(), 0);
+  EXPECT_EQ(Values(held), initial_);
+  const WeightsPtr after = rule_->Snapshot();
+  EXPECT_EQ(after->version(), 1);
+  EXPECT_NE(after->values().data(), held->values().data());
+  EXPECT_NE(Values(after), initial_);
+}
+
+TEST_F(DownpourRuleTest, WeightsNoPullHoldsAreUpdatedInPlace) {
+  const float* before = rule_->Snapshot()->values().data();  // released
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  const WeightsPtr after = rule_->Snapshot();
+  EXPECT_EQ(after->values().data(), before);
+  EXPECT_EQ(after->version(), 1);
+}
+
+TEST_F(DownpourRuleTest, SteadyStateTakesNoNewBuffers) {
+  // Pushes with a pull holding each version, as in a run: the pool grows
+  // to the versions held at once, then reuses them.
+  WeightsPtr held = rule_->Snapshot();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(rule_->Apply(MakePush(0, i, Filled(0.5f))).status());
+    held = rule_->Snapshot();
+  }
+  const int64_t warm = state_.buffers().allocations();
+  for (int i = 3; i < 50; ++i) {
+    ASSERT_OK(rule_->Apply(MakePush(0, i, Filled(0.5f))).status());
+    held = rule_->Snapshot();
+  }
+  EXPECT_EQ(state_.buffers().allocations(), warm);
+  EXPECT_LE(warm, 3);
+}
+
 TEST_F(DownpourRuleTest, WakesPullWaitersAfterEachPush) {
   int woken_at = -1;
   state_.WhenVersionAtLeast(
