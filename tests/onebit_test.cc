@@ -144,6 +144,49 @@ TEST(OneBitTest, EncoderMatchesThePlainDefinitionBitForBit) {
   }
 }
 
+TEST(OneBitTest, EncoderMatchesThePlainDefinitionOnAnyMagnitudes) {
+  // Buckets whose values span many orders of magnitude (where the sides'
+  // double sums round, so only their order of summation defines them),
+  // denormals, huge values, and buckets of one magnitude (sums exact).
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-149, 127);
+  for (int bucket : {7, 8, 64, 512}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SCOPED_TRACE(testing::Message()
+                   << "bucket " << bucket << " kind " << kind);
+      const int n = 3 * bucket + 5;
+      std::vector<float> gradient(n), residual(n, 0.0f);
+      for (int i = 0; i < n; ++i) {
+        const float u = unit(rng);
+        switch (kind) {
+          case 0:  // every magnitude a float has
+            gradient[i] = std::ldexp(u, exponent(rng));
+            break;
+          case 1:  // denormals and zeros
+            gradient[i] = i % 5 == 0 ? 0.0f : u * 1e-40f;
+            break;
+          case 2:  // 1e30 with 1s: sums that round in double
+            gradient[i] = i % 3 == 0 ? 1e30f * u : u;
+            break;
+          default:  // one magnitude
+            gradient[i] = 0.001f * u;
+        }
+      }
+      std::vector<float> expected_residual = residual;
+      for (int step = 0; step < 2; ++step) {
+        OneBitEncoded encoded, expected;
+        OneBitEncode(gradient, absl::MakeSpan(residual), bucket, &encoded);
+        ReferenceEncode(gradient, &expected_residual, bucket, &expected);
+        ASSERT_EQ(encoded.bits, expected.bits);
+        ASSERT_EQ(encoded.scales, expected.scales);
+        ASSERT_EQ(0, std::memcmp(residual.data(), expected_residual.data(),
+                                 n * sizeof(float)));
+      }
+    }
+  }
+}
+
 TEST(OneBitTest, WireSizeIsOneBitPerValuePlusTwoFloatsPerBucket) {
   EXPECT_EQ(OneBitBitsBytes(1024, 512), 128u);
   EXPECT_EQ(OneBitBuckets(1024, 512), 2u);

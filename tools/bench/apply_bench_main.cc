@@ -7,7 +7,8 @@
 // a push (read it, read the weights, write new weights). Plain SGD does
 // exactly that; momentum and Adagrad also read and write their state; sync
 // also sums the push into the step's gradient; hogwild writes in place with
-// relaxed atomics, one value at a time.
+// relaxed atomics, one value at a time. A last row times the worker's 1-bit
+// encoder (quantization with error feedback) on a push of the same size.
 //
 //   bazel build //tools/bench:apply_bench
 //   bazel-bin/tools/bench/apply_bench            # table
@@ -29,6 +30,7 @@
 #include "common/config.h"
 #include "common/malloc_tuning.h"
 #include "common/model_layout.h"
+#include "common/onebit.h"
 #include "server/shard_state.h"
 #include "server/update_rule.h"
 #include "tools/bench/bench_util.h"
@@ -47,6 +49,29 @@ struct RuleCase {
   std::string name;
   std::string config;  // text-format TrainingConfig, layer sizes added
 };
+
+// One row: `name`'s median against the same run's SAXPY.
+void Print(const std::string& name, int values, int repeats, const Summary& r,
+           const Summary& s, bool json) {
+  const double rate = values / (r.p50 * 1e-6);
+  const double saxpy_rate = values / (s.p50 * 1e-6);
+  if (json) {
+    JsonLine line;
+    line.Add("rule", name)
+        .Add("values", values)
+        .Add("repeats", repeats)
+        .Add("p50_us", r.p50)
+        .Add("values_per_s", rate)
+        .Add("saxpy_p50_us", s.p50)
+        .Add("saxpy_values_per_s", saxpy_rate)
+        .Add("ratio", rate / saxpy_rate);
+    std::printf("%s\n", line.str().c_str());
+  } else {
+    std::printf("%-18s %10.0f %12.3g %10.0f %12.3g %6.2f\n", name.c_str(),
+                r.p50, rate, s.p50, saxpy_rate, rate / saxpy_rate);
+  }
+  std::fflush(stdout);
+}
 
 // Microseconds that `run` takes, once.
 template <typename F>
@@ -125,26 +150,30 @@ int Main() {
         saxpy_us.push_back(b);
       }
     }
-    const Summary r = Summarize(rule_us);
-    const Summary s = Summarize(saxpy_us);
-    const double rate = values / (r.p50 * 1e-6);
-    const double saxpy_rate = values / (s.p50 * 1e-6);
-    if (json) {
-      JsonLine line;
-      line.Add("rule", c.name)
-          .Add("values", values)
-          .Add("repeats", repeats)
-          .Add("p50_us", r.p50)
-          .Add("values_per_s", rate)
-          .Add("saxpy_p50_us", s.p50)
-          .Add("saxpy_values_per_s", saxpy_rate)
-          .Add("ratio", rate / saxpy_rate);
-      std::printf("%s\n", line.str().c_str());
-    } else {
-      std::printf("%-18s %10.0f %12.3g %10.0f %12.3g %6.2f\n", c.name.c_str(),
-                  r.p50, rate, s.p50, saxpy_rate, rate / saxpy_rate);
+    Print(c.name, values, repeats, Summarize(rule_us), Summarize(saxpy_us),
+          json);
+  }
+  // The worker's side of a 1-bit push: quantizing the gradient with error
+  // feedback (common/onebit.h, buckets of 512), against the same SAXPY.
+  {
+    std::vector<float> residual(values, 0.0f);
+    std::vector<uint8_t> bits(common::OneBitBitsBytes(values, 512));
+    std::vector<float> scales(2 * common::OneBitBuckets(values, 512));
+    std::vector<double> encode_us, saxpy_us;
+    for (int i = 0; i < warmup + repeats; ++i) {
+      const double a = TimeUs([&] {
+        common::OneBitEncode(push_values.data(), residual.data(), values, 512,
+                             bits.data(), scales.data());
+      });
+      const double b =
+          TimeUs([&] { cblas_saxpy(values, 1e-3f, x.data(), 1, y.data(), 1); });
+      if (i >= warmup) {
+        encode_us.push_back(a);
+        saxpy_us.push_back(b);
+      }
     }
-    std::fflush(stdout);
+    Print("onebit_encode", values, repeats, Summarize(encode_us),
+          Summarize(saxpy_us), json);
   }
   return 0;
 }
