@@ -44,6 +44,8 @@ TEST(MetricsTest, JsonHoldsTheDesignFieldsFromStatsAndCurve) {
   run.servers = 2;
   run.workers = 3;
   run.wall_time_s = 10;
+  run.train_time_s = 8;
+  run.trained_samples = 512;
   StatsResponse a = Shard({2, 2}, 1);
   a.set_samples(640);
   a.set_pushes(4);
@@ -70,7 +72,11 @@ TEST(MetricsTest, JsonHoldsTheDesignFieldsFromStatsAndCurve) {
   EXPECT_THAT(json, HasSubstr("\"mode\": \"downpour\""));
   EXPECT_THAT(json, HasSubstr("\"servers\": 2,"));
   EXPECT_THAT(json, HasSubstr("\"workers\": 3,"));
-  EXPECT_THAT(json, HasSubstr("\"samples\": 640,"));  // shard 0 counts once
+  // The workers' own count over their training time, not the shards'
+  // (640, which would count examples applied before a restart too).
+  EXPECT_THAT(json, HasSubstr("\"wall_time_s\": 10,"));
+  EXPECT_THAT(json, HasSubstr("\"train_time_s\": 8,"));
+  EXPECT_THAT(json, HasSubstr("\"samples\": 512,"));
   EXPECT_THAT(json, HasSubstr("\"samples_per_s\": 64,"));
   EXPECT_THAT(json, HasSubstr("\"final_test_accuracy\": 0.875,"));
   EXPECT_THAT(json, HasSubstr("\"final_test_loss\": 0.25,"));

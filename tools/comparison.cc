@@ -20,13 +20,14 @@ namespace monsoon::tools {
 namespace {
 
 // Follows a run's log lines and shows one status line for it: rewritten in
-// place on a terminal, a plain line every 10 s otherwise.
+// place on a terminal, a plain line every 10 s otherwise. The rate is the
+// examples the shards applied between the evaluator's last two points
+// (every --eval_interval_s), so that it moves from the first seconds on.
 class RunProgress {
  public:
-  RunProgress(std::string name, int workers, int epochs, std::FILE* log)
+  RunProgress(std::string name, int epochs, std::FILE* log)
       : name_(std::move(name)),
         epochs_(epochs),
-        rates_(workers, 0.0),
         log_(log),
         terminal_(isatty(STDOUT_FILENO) != 0),
         start_(absl::Now()),
@@ -34,16 +35,21 @@ class RunProgress {
 
   void Line(const std::string& role, const std::string& line) {
     std::fprintf(log_, "[%s] %s\n", role.c_str(), line.c_str());
-    static const std::regex kWorker(
-        R"(worker (\d+): epoch (\d+)/\d+ .* samples/s (\d+))");
-    static const std::regex kEval(R"(eval: .* test accuracy ([0-9.]+))");
+    static const std::regex kWorker(R"(worker \d+: epoch (\d+)/\d+ )");
+    static const std::regex kEval(
+        R"(eval: ([0-9.]+) s +samples (\d+) .* test accuracy ([0-9.]+))");
     std::smatch m;
     if (std::regex_search(line, m, kWorker)) {
-      const size_t rank = std::stoul(m[1]);
-      if (rank < rates_.size()) rates_[rank] = std::stod(m[3]);
-      epoch_ = std::max(epoch_, std::stoi(m[2]));
+      epoch_ = std::max(epoch_, std::stoi(m[1]));
     } else if (std::regex_search(line, m, kEval)) {
-      accuracy_ = m[1];
+      const double time_s = std::stod(m[1]);
+      const double samples = std::stod(m[2]);
+      if (time_s > last_eval_s_ && last_eval_s_ >= 0) {
+        rate_ = (samples - last_eval_samples_) / (time_s - last_eval_s_);
+      }
+      last_eval_s_ = time_s;
+      last_eval_samples_ = samples;
+      accuracy_ = m[3];
     }
     Show(false);
   }
@@ -55,11 +61,9 @@ class RunProgress {
       if (!terminal_ && now - last_print_ < absl::Seconds(10)) return;
     }
     last_print_ = now;
-    double rate = 0;
-    for (double r : rates_) rate += r;
     const std::string text = absl::StrFormat(
         "%-22s epoch %d/%d  %6.0f samples/s  test accuracy %-6s  %5.1f s",
-        name_, std::max(epoch_, 1), epochs_, rate, accuracy_,
+        name_, std::max(epoch_, 1), epochs_, rate_, accuracy_,
         absl::ToDoubleSeconds(now - start_));
     if (terminal_) {
       std::printf("\r\033[K%s%s", text.c_str(), final_line ? "\n" : "");
@@ -69,8 +73,10 @@ class RunProgress {
     std::fflush(stdout);
   }
 
-  void Done(double accuracy) {
+  // The final line: the run's own samples/s (RunMetrics).
+  void Done(double accuracy, double samples_per_s) {
     accuracy_ = absl::StrFormat("%.4f", accuracy);
+    rate_ = samples_per_s;
     epoch_ = epochs_;
     Show(true);
   }
@@ -78,13 +84,15 @@ class RunProgress {
  private:
   const std::string name_;
   const int epochs_;
-  std::vector<double> rates_;
   std::FILE* const log_;
   const bool terminal_;
   const absl::Time start_;
   absl::Time last_print_;
   int epoch_ = 0;
   std::string accuracy_ = "-";
+  double rate_ = 0;
+  double last_eval_s_ = 0;  // the evaluator's time 0 has 0 samples
+  double last_eval_samples_ = 0;
 };
 
 }  // namespace
@@ -119,7 +127,7 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
         if (log == nullptr) {
           return absl::InternalError("cannot write " + log_path);
         }
-        RunProgress progress(name, workers, config->epochs(), log);
+        RunProgress progress(name, config->epochs(), log);
         supervisor->set_line_sink([&](int id, const std::string& line) {
           progress.Line(supervisor->role(id), line);
         });
@@ -144,7 +152,10 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
                            " (log: ", log_path, ")"));
         }
         const auto& curve = metrics->curve;
-        progress.Done(curve.points(curve.points_size() - 1).test_accuracy());
+        progress.Done(curve.points(curve.points_size() - 1).test_accuracy(),
+                      metrics->train_time_s > 0
+                          ? metrics->trained_samples / metrics->train_time_s
+                          : 0.0);
         std::ofstream(work_dir + "/metrics.json") << MetricsJson(*metrics);
         result.runs.push_back({name, *std::move(metrics)});
       }

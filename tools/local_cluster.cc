@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -53,6 +55,30 @@ absl::Status ChildFailed(const ProcessSupervisor& s, int id) {
   return absl::InternalError(absl::StrCat(
       s.role(id), " exited with code ", s.exit_code(id),
       " (its log lines above say why); command: ", s.command_line(id)));
+}
+
+// The examples the workers trained and the time from the first step to the
+// last, from the report each wrote as it stopped.
+absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
+                               RunMetrics* metrics) {
+  double first = 0, last = 0;
+  for (size_t r = 0; r < paths.size(); ++r) {
+    std::string text;
+    WorkerReport report;
+    if (!ReadFile(paths[r], &text) ||
+        !google::protobuf::TextFormat::ParseFromString(text, &report)) {
+      return absl::InternalError(
+          absl::StrCat("worker ", r, " left no readable report in ", paths[r]));
+    }
+    metrics->trained_samples += report.samples();
+    if (report.steps() == 0) continue;
+    if (first == 0 || report.first_step_unix_s() < first) {
+      first = report.first_step_unix_s();
+    }
+    last = std::max(last, report.last_step_unix_s());
+  }
+  metrics->train_time_s = std::max(0.0, last - first);
+  return absl::OkStatus();
 }
 
 // `argv` run through `prefix` (e.g. ip netns exec HOST).
@@ -147,13 +173,18 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                          "--curve_out=" + curve_path});
   if (!evaluator.ok()) return evaluator.status();
   std::vector<int> workers;
+  std::vector<std::string> report_paths;
   for (int r = 0; r < options.workers; ++r) {
+    report_paths.push_back(
+        absl::StrCat(options.work_dir, "/worker-", r, ".report"));
+    std::remove(report_paths.back().c_str());
     std::vector<std::string> argv = {options.bin_dir + "/worker/ps_worker",
                                      absl::StrCat("--rank=", r),
                                      "--num_workers=" + W,
                                      "--servers=" + worker_server_list,
                                      "--config=" + config_path,
-                                     "--device=" + options.device};
+                                     "--device=" + options.device,
+                                     "--report_out=" + report_paths.back()};
     if (placed) argv = Placed(options.placement->worker_prefix[r], argv);
     absl::StatusOr<int> id =
         sup.Start(absl::StrCat("worker ", r), argv, {"OPENBLAS_NUM_THREADS=1"});
@@ -199,8 +230,14 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   metrics.workers = options.workers;
   metrics.wall_time_s = absl::ToDoubleSeconds(absl::Now() - start);
   metrics.stopped_by_time_limit = limit_reached;
-  common::Log("launch: training done in %.1f s; final evaluation",
-              metrics.wall_time_s);
+  absl::Status reported = ReadWorkerReports(report_paths, &metrics);
+  if (!reported.ok()) return reported;
+  common::Log(
+      "launch: training done in %.1f s (%.1f s of steps, %.0f samples/s); "
+      "final evaluation",
+      metrics.wall_time_s, metrics.train_time_s,
+      metrics.train_time_s > 0 ? metrics.trained_samples / metrics.train_time_s
+                               : 0.0);
 
   // 4. The shards' counters, while they still run.
   {

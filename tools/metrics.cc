@@ -52,8 +52,7 @@ StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
 }
 
 std::string MetricsJson(const RunMetrics& run) {
-  int64_t samples = 0, bytes_pushed = 0, bytes_pulled = 0, pushes = 0,
-          rejected = 0;
+  int64_t bytes_pushed = 0, bytes_pulled = 0, pushes = 0, rejected = 0;
   for (const StatsResponse& shard : run.shard_stats) {
     bytes_pushed += shard.bytes_pushed();
     bytes_pulled += shard.bytes_pulled();
@@ -61,7 +60,6 @@ std::string MetricsJson(const RunMetrics& run) {
   }
   if (!run.shard_stats.empty()) {
     // Every push reaches every shard: shard 0 counts each once.
-    samples = run.shard_stats[0].samples();
     pushes = run.shard_stats[0].pushes();
   }
   const StalenessSummary staleness = SummarizeStaleness(run.shard_stats);
@@ -77,10 +75,13 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"servers\": ", run.servers, ",\n");
   absl::StrAppend(&json, "  \"workers\": ", run.workers, ",\n");
   absl::StrAppend(&json, "  \"wall_time_s\": ", Number(run.wall_time_s), ",\n");
-  absl::StrAppend(&json, "  \"samples\": ", samples, ",\n");
-  absl::StrAppend(&json, "  \"samples_per_s\": ",
-                  Number(run.wall_time_s > 0 ? samples / run.wall_time_s : 0),
+  absl::StrAppend(&json, "  \"train_time_s\": ", Number(run.train_time_s),
                   ",\n");
+  absl::StrAppend(&json, "  \"samples\": ", run.trained_samples, ",\n");
+  absl::StrAppend(
+      &json, "  \"samples_per_s\": ",
+      Number(run.train_time_s > 0 ? run.trained_samples / run.train_time_s : 0),
+      ",\n");
   absl::StrAppend(&json, "  \"final_test_accuracy\": ", Number(final_accuracy),
                   ",\n");
   absl::StrAppend(&json, "  \"final_test_loss\": ", Number(final_loss), ",\n");

@@ -31,13 +31,19 @@ struct RunMetrics {
   int servers = 0;
   int workers = 0;
   double wall_time_s = 0;  // first worker start to last worker exit
+  // From the workers' reports: the examples trained in this run (not those
+  // a restarted worker found already applied), and the time from the first
+  // worker's first step to the last worker's last.
+  int64_t trained_samples = 0;
+  double train_time_s = 0;
   bool stopped_by_time_limit = false;
   std::vector<StatsResponse> shard_stats;
   EvalCurve curve;
 };
 
-// The JSON object: mode, servers, workers, wall_time_s, samples,
-// samples_per_s, final_test_accuracy, final_test_loss, bytes_pushed,
+// The JSON object: mode, servers, workers, wall_time_s, train_time_s,
+// samples (trained in this run), samples_per_s (samples / train_time_s),
+// final_test_accuracy, final_test_loss, bytes_pushed,
 // bytes_pulled, pushes, rejected_pushes, stopped_by_time_limit,
 // staleness {mean, p50, p99, max},
 // config {...}, curve [{time_s, samples, test_accuracy, test_loss,

@@ -1,12 +1,16 @@
 // ps_worker: one training replica. Flags (or MONSOON_* environment
 // variables) name its rank, the worker count, the shards' addresses in shard
 // order, the config, the device and the data.
+#include <google/protobuf/text_format.h>
+
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/flag_env.h"
@@ -14,6 +18,7 @@
 #include "common/malloc_tuning.h"
 #include "common/model_layout.h"
 #include "common/termination.h"
+#include "proto/metrics.pb.h"
 #include "worker/backend_factory.h"
 #include "worker/dataset.h"
 #include "worker/mlp.h"
@@ -43,6 +48,11 @@ ABSL_FLAG(double, connect_timeout_s, 60,
           "How long to keep trying to reach "
           "the servers at start-up.");
 ABSL_FLAG(double, log_every_s, 5, "Seconds between progress lines (0: none).");
+ABSL_FLAG(std::string, report_out, "",
+          "If set, write what this run trained here when the worker stops "
+          "(text-format monsoon.WorkerReport: steps, examples, the times of "
+          "the first and last step, how it ended), also after an error or a "
+          "signal (env MONSOON_REPORT_OUT).");
 ABSL_FLAG(bool, resume, true,
           "Start this rank's data after the examples the servers have "
           "already applied from it, so that a restarted worker continues "
@@ -55,6 +65,33 @@ constexpr int kConfigError = 2;
 int Fail(int code, const absl::Status& status) {
   monsoon::common::Log("ps_worker: error: %s", status.ToString());
   return code;
+}
+
+double UnixSeconds(absl::Time t) {
+  return t == absl::InfinitePast() ? 0 : absl::ToUnixMicros(t) * 1e-6;
+}
+
+// Writes --report_out, if set; a failure to write is logged, not fatal.
+void WriteReport(int rank, int64_t resumed_steps,
+                 const monsoon::worker::WorkerResult& progress,
+                 const std::string& outcome) {
+  const std::string path = absl::GetFlag(FLAGS_report_out);
+  if (path.empty()) return;
+  monsoon::WorkerReport report;
+  report.set_rank(rank);
+  report.set_steps(progress.steps);
+  report.set_samples(progress.samples);
+  report.set_resumed_steps(resumed_steps);
+  report.set_first_step_unix_s(UnixSeconds(progress.first_step));
+  report.set_last_step_unix_s(UnixSeconds(progress.last_step));
+  report.set_outcome(outcome);
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(report, &text);
+  std::ofstream out(path);
+  out << text;
+  if (!out) {
+    monsoon::common::Log("ps_worker: cannot write --report_out=%s", path);
+  }
 }
 
 }  // namespace
@@ -155,13 +192,19 @@ int main(int argc, char** argv) {
         "rank; resuming after its first %d batches (--noresume starts over)",
         rank, (*client)->applied_samples(), context.resume_steps);
   }
+  monsoon::worker::WorkerResult progress;
+  context.progress = &progress;
   auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
   if (!result.ok() && termination.terminated().HasBeenNotified()) {
     // Errors after a signal are the shutdown's echo (servers going away).
     monsoon::common::Log("ps_worker: rank %d stopped by signal %d", rank,
                          termination.signal());
+    WriteReport(rank, context.resume_steps, progress,
+                absl::StrCat("stopped by signal ", termination.signal()));
     return 128 + termination.signal();
   }
+  WriteReport(rank, context.resume_steps, progress,
+              result.ok() ? "done" : result.status().ToString());
   if (result.status().code() == absl::StatusCode::kUnavailable) {
     // A shard went away mid-run (restarted, rescheduled). Retrying here
     // could not restore this worker's place in a sync step, so it exits and

@@ -120,12 +120,15 @@ ProgressLog::ProgressLog(const WorkerContext& context,
       last_log_(start_) {}
 
 void ProgressLog::Step(double loss, int64_t samples) {
+  const absl::Time now = absl::Now();
+  if (result_.steps == 0) result_.first_step = start_;
+  result_.last_step = now;
   ++result_.steps;
   result_.samples += samples;
   result_.last_loss = loss;
   loss_sum_ += loss;
   ++loss_count_;
-  const absl::Time now = absl::Now();
+  if (context_.progress != nullptr) *context_.progress = result_;
   if (context_.log_interval <= absl::ZeroDuration() ||
       now - last_log_ < context_.log_interval) {
     return;
@@ -147,6 +150,7 @@ void ProgressLog::Step(double loss, int64_t samples) {
 
 WorkerResult ProgressLog::Finish() {
   result_.elapsed = absl::Now() - start_;
+  if (context_.progress != nullptr) *context_.progress = result_;
   const double seconds = absl::ToDoubleSeconds(result_.elapsed);
   common::Log(
       "worker %d: done: %d steps, %d samples in %.1f s (%.0f samples/s), "

@@ -21,6 +21,17 @@
 
 namespace monsoon::worker {
 
+struct WorkerResult {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double last_loss = 0;
+  absl::Duration elapsed;
+  // When the loop's first step began and its last step ended (InfinitePast
+  // until a step has run).
+  absl::Time first_step = absl::InfinitePast();
+  absl::Time last_step = absl::InfinitePast();
+};
+
 // What a loop needs; nothing here is owned by the loop.
 struct WorkerContext {
   TrainingConfig config;  // resolved
@@ -38,19 +49,15 @@ struct WorkerContext {
   // servers (a restarted worker; see ResumeSteps): the loop starts after
   // them.
   int64_t resume_steps = 0;
+  // If not null, kept up to date after every step, so that what was done
+  // is known also when the loop ends with an error or a stop.
+  WorkerResult* progress = nullptr;
 };
 
 // The steps a worker of this rank has already had applied, from what the
 // servers reported at registration (PsClient::applied_samples). 0 for a
 // fresh run.
 int64_t ResumeSteps(const PsClient& client, const TrainingConfig& config);
-
-struct WorkerResult {
-  int64_t steps = 0;
-  int64_t samples = 0;
-  double last_loss = 0;
-  absl::Duration elapsed;
-};
 
 class TrainingLoop {
  public:
@@ -132,7 +139,8 @@ class PulledParams {
 };
 
 // Logs "worker R: epoch e/E step s/S loss ... samples/s ..." at most once per
-// interval, and a summary at the end.
+// interval, and a summary at the end; keeps the context's `progress`.
+// Construct it just before the first step: the training time starts there.
 class ProgressLog {
  public:
   ProgressLog(const WorkerContext& context, const BatchStream& batches);
