@@ -1,0 +1,329 @@
+// train_bench: end-to-end training throughput of Monsoon's modes against
+// PyTorch on the same model, data, batch, epochs and cores, measured in the
+// same sitting, run after run in turn.
+//
+// Each Monsoon run is a local cluster (the launcher's code: S shards, W
+// workers, the evaluator idle until the end); its samples/s counts the
+// examples trained from the first step to the last. Each reference is
+// tools/bench/torch_reference.py with Debian's python3-torch, one thread
+// per process:
+//   sync with 1 worker   PyTorch in one process (the same single core);
+//   sync with W workers  DistributedDataParallel (gloo), W processes;
+//   the other modes      a torch.distributed.rpc parameter server with W
+//                        trainers, one push-and-pull RPC per step.
+// Where torch is missing, the references are skipped, and the table says so.
+//
+//   bazel build //tools/bench:train_bench
+//   bazel-bin/tools/bench/train_bench                     # the table
+//   bazel-bin/tools/bench/train_bench --modes=sync --workers=1,2 --json
+//
+// Exit codes: 0 after a report, 2 for a bad flag, 1 for any other failure,
+// 130 on Ctrl-C.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "tools/bench/bench_util.h"
+#include "tools/local_cluster.h"
+#include "tools/process_supervisor.h"
+
+ABSL_FLAG(std::string, modes, "sync,downpour,hogwild",
+          "Monsoon modes to run, comma-separated.");
+ABSL_FLAG(std::string, workers, "2",
+          "Worker counts, comma-separated; each mode runs with each (sync "
+          "with 1 worker compares with PyTorch in one process).");
+ABSL_FLAG(int, servers, 1, "Parameter-server shards.");
+ABSL_FLAG(int, epochs, 3, "Passes over each worker's partition.");
+ABSL_FLAG(int, batch_size, 64, "Examples per worker step.");
+ABSL_FLAG(int, repeats, 3, "Runs of each case and of each reference.");
+ABSL_FLAG(std::string, python, "/usr/bin/python3",
+          "Python with PyTorch, for the reference.");
+ABSL_FLAG(std::string, torch_script, "",
+          "tools/bench/torch_reference.py (default: found beside this "
+          "binary, or under the current folder).");
+ABSL_FLAG(bool, reference, true,
+          "Run the PyTorch references (--noreference: Monsoon only).");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Folder holding server/ps_server and worker/ps_{worker,evaluator} "
+          "(default: found beside this binary).");
+ABSL_FLAG(bool, json, false, "Print one JSON object per case.");
+
+namespace monsoon::tools {
+namespace {
+
+constexpr int kUsageError = 2;
+
+// The PyTorch run that a Monsoon case is held against.
+struct Reference {
+  std::string mode;  // torch_reference.py --mode
+  int workers = 1;
+  std::string name() const { return absl::StrCat(mode, "-w", workers); }
+};
+
+Reference ReferenceFor(Mode mode, int workers) {
+  if (mode == SYNC) return {workers == 1 ? "single" : "ddp", workers};
+  return {"rpc_ps", workers};
+}
+
+// bazel-bin/tools/bench/train_bench -> bazel-bin.
+std::string BinDirBesideThis() {
+  const std::string exe = ExecutablePath();
+  const std::string suffix = "/tools/bench/train_bench";
+  if (exe.size() > suffix.size() &&
+      exe.compare(exe.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    return exe.substr(0, exe.size() - suffix.size());
+  }
+  return ".";
+}
+
+std::string FindTorchScript() {
+  const std::string flag = absl::GetFlag(FLAGS_torch_script);
+  if (!flag.empty()) return flag;
+  for (const std::string& path :
+       {ExecutablePath() + ".runfiles/monsoon/tools/bench/torch_reference.py",
+        std::string("tools/bench/torch_reference.py")}) {
+    if (access(path.c_str(), R_OK) == 0) return path;
+  }
+  return "";
+}
+
+// The number after "key": in a one-line JSON object.
+absl::StatusOr<double> JsonNumber(const std::string& json,
+                                  const std::string& key) {
+  const std::string needle = absl::StrCat("\"", key, "\":");
+  const size_t at = json.find(needle);
+  double value = 0;
+  if (at == std::string::npos) {
+    return absl::NotFoundError(absl::StrCat("no ", key));
+  }
+  size_t end = json.find_first_of(",}", at);
+  std::string text = json.substr(at + needle.size(), end - at - needle.size());
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(text), &value)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad ", key));
+  }
+  return value;
+}
+
+// One reference run's samples/s; UNAVAILABLE when torch is not installed.
+absl::StatusOr<double> RunReference(const std::string& script,
+                                    const Reference& reference) {
+  const std::vector<std::string> argv = {
+      absl::GetFlag(FLAGS_python),
+      script,
+      "--mode=" + reference.mode,
+      absl::StrCat("--workers=", reference.workers),
+      absl::StrCat("--epochs=", absl::GetFlag(FLAGS_epochs)),
+      absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
+      "--threads=1",
+      "--json"};
+  std::string output;
+  absl::StatusOr<int> code = RunCommand(argv, &output);
+  if (!code.ok()) return code.status();
+  if (*code == 3) {
+    return absl::UnavailableError(
+        "PyTorch is not installed (Debian: apt-get install python3-torch)");
+  }
+  if (*code != 0) {
+    return absl::InternalError(absl::StrCat("the PyTorch reference ",
+                                            reference.name(), " exited with ",
+                                            *code, ": ", output));
+  }
+  // The JSON object is the last line.
+  const size_t line = output.rfind('{');
+  if (line == std::string::npos) {
+    return absl::InternalError("the PyTorch reference printed no JSON");
+  }
+  return JsonNumber(output.substr(line), "samples_per_s");
+}
+
+// One Monsoon run's samples/s.
+absl::StatusOr<double> RunMonsoon(Mode mode, int workers,
+                                  ProcessSupervisor* supervisor) {
+  TrainingConfig config;
+  config.set_mode(mode);
+  config.set_epochs(absl::GetFlag(FLAGS_epochs));
+  config.set_batch_size(absl::GetFlag(FLAGS_batch_size));
+  absl::StatusOr<TrainingConfig> resolved = common::ResolveConfig(config);
+  if (!resolved.ok()) return resolved.status();
+  char dir[] = "/tmp/monsoon-bench-XXXXXX";
+  if (mkdtemp(dir) == nullptr) {
+    return absl::InternalError("cannot make a work folder in /tmp");
+  }
+  LocalClusterOptions options;
+  options.config = *resolved;
+  options.servers = absl::GetFlag(FLAGS_servers);
+  options.workers = workers;
+  options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
+                        ? BinDirBesideThis()
+                        : absl::GetFlag(FLAGS_bin_dir);
+  options.work_dir = dir;
+  // Idle until training ends, then one evaluation.
+  options.eval_interval_s = 1e6;
+  // The daemons' lines go nowhere; failures come back as errors naming
+  // the process.
+  supervisor->set_line_sink([](int, const std::string&) {});
+  absl::StatusOr<RunMetrics> metrics = RunLocalCluster(options, supervisor);
+  supervisor->StopAll(absl::Seconds(5));
+  supervisor->set_line_sink(nullptr);
+  if (!metrics.ok()) return metrics.status();
+  if (metrics->train_time_s <= 0) {
+    return absl::InternalError("the run trained no steps");
+  }
+  return metrics->trained_samples / metrics->train_time_s;
+}
+
+int Fail(int code, const absl::Status& status) {
+  std::fprintf(stderr, "train_bench: %s\n", status.ToString().c_str());
+  return code;
+}
+
+int Main(ProcessSupervisor* supervisor) {
+  std::vector<Mode> modes;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+    absl::StatusOr<Mode> mode = common::ParseMode(name);
+    if (!mode.ok()) return Fail(kUsageError, mode.status());
+    modes.push_back(*mode);
+  }
+  std::vector<int> worker_counts;
+  for (absl::string_view text :
+       absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty())) {
+    int workers = 0;
+    if (!absl::SimpleAtoi(text, &workers) || workers < 1 || workers > 64) {
+      return Fail(kUsageError, absl::InvalidArgumentError(
+                                   "--workers takes counts from 1 to 64"));
+    }
+    worker_counts.push_back(workers);
+  }
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  if (modes.empty() || worker_counts.empty() || repeats < 1 ||
+      absl::GetFlag(FLAGS_servers) < 1 || absl::GetFlag(FLAGS_epochs) < 1) {
+    return Fail(kUsageError,
+                absl::InvalidArgumentError(
+                    "give at least one mode and worker count, and positive "
+                    "--repeats, --servers and --epochs"));
+  }
+  std::string script;
+  std::string no_reference;
+  if (absl::GetFlag(FLAGS_reference)) {
+    script = FindTorchScript();
+    if (script.empty()) {
+      no_reference =
+          "tools/bench/torch_reference.py not found (--torch_script=PATH)";
+    }
+  } else {
+    no_reference = "--noreference";
+  }
+
+  // Runs in turn, repetition by repetition, so that drift hits every case.
+  std::map<std::string, std::vector<double>> monsoon, torch;
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (int workers : worker_counts) {
+      std::map<std::string, bool> references_done;
+      for (Mode mode : modes) {
+        const std::string name =
+            absl::StrCat(common::ModeName(mode), "-s",
+                         absl::GetFlag(FLAGS_servers), "-w", workers);
+        common::Log("train_bench: run %d/%d: %s", rep + 1, repeats, name);
+        absl::StatusOr<double> rate = RunMonsoon(mode, workers, supervisor);
+        if (!rate.ok()) {
+          return Fail(
+              rate.status().code() == absl::StatusCode::kCancelled ? 130 : 1,
+              absl::Status(rate.status().code(),
+                           absl::StrCat(name, ": ", rate.status().message())));
+        }
+        monsoon[name].push_back(*rate);
+        const Reference reference = ReferenceFor(mode, workers);
+        if (!no_reference.empty() || references_done[reference.name()]) {
+          continue;
+        }
+        references_done[reference.name()] = true;
+        common::Log("train_bench: run %d/%d: torch %s", rep + 1, repeats,
+                    reference.name());
+        absl::StatusOr<double> ref = RunReference(script, reference);
+        if (ref.status().code() == absl::StatusCode::kUnavailable) {
+          no_reference = std::string(ref.status().message());
+          continue;
+        }
+        if (!ref.ok()) return Fail(1, ref.status());
+        torch[reference.name()].push_back(*ref);
+      }
+    }
+  }
+
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json) {
+    std::printf(
+        "\n%d epochs, batch %d per worker, %d shard(s); medians of %d\n",
+        absl::GetFlag(FLAGS_epochs), absl::GetFlag(FLAGS_batch_size),
+        absl::GetFlag(FLAGS_servers), repeats);
+    if (!no_reference.empty()) {
+      std::printf("no PyTorch reference: %s\n", no_reference.c_str());
+    }
+    std::printf("%-18s %12s  %-12s %12s %7s\n", "monsoon run", "samples/s",
+                "pytorch", "samples/s", "ratio");
+  }
+  for (int workers : worker_counts) {
+    for (Mode mode : modes) {
+      const std::string name =
+          absl::StrCat(common::ModeName(mode), "-s",
+                       absl::GetFlag(FLAGS_servers), "-w", workers);
+      const Reference reference = ReferenceFor(mode, workers);
+      const Summary ours = Summarize(monsoon[name]);
+      const Summary ref = Summarize(torch[reference.name()]);
+      const bool have_ref = ref.count > 0;
+      if (json) {
+        JsonLine line;
+        line.Add("case", name)
+            .Add("mode", common::ModeName(mode))
+            .Add("servers", absl::GetFlag(FLAGS_servers))
+            .Add("workers", workers)
+            .Add("repeats", repeats)
+            .Add("samples_per_s", ours.p50)
+            .Add("reference", reference.name())
+            .Add("reference_samples_per_s", have_ref ? ref.p50 : 0.0)
+            .Add("ratio", have_ref ? ours.p50 / ref.p50 : 0.0)
+            .Add("runs", absl::StrJoin(monsoon[name], " "))
+            .Add("reference_runs", absl::StrJoin(torch[reference.name()], " "));
+        std::printf("%s\n", line.str().c_str());
+      } else {
+        std::printf("%-18s %12.0f  %-12s %12s %7s\n", name.c_str(), ours.p50,
+                    reference.name().c_str(),
+                    have_ref ? absl::StrFormat("%.0f", ref.p50).c_str() : "-",
+                    have_ref
+                        ? absl::StrFormat("%.2fx", ours.p50 / ref.p50).c_str()
+                        : "-");
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace monsoon::tools
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Times Monsoon's modes end to end against PyTorch on the same model, "
+      "data, batch, epochs and cores (medians of runs in turn).\n\n"
+      "  train_bench\n  train_bench --modes=sync --workers=1,2 --repeats=5");
+  // Before any thread: the supervisor takes over SIGINT, SIGTERM, SIGCHLD.
+  monsoon::tools::ProcessSupervisor supervisor;
+  absl::ParseCommandLine(argc, argv);
+  return monsoon::tools::Main(&supervisor);
+}
