@@ -58,28 +58,33 @@ class CpuBackend : public ComputeBackend {
                 trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
   }
 
+  // The element-wise loops below are written to vectorize (-O3, BUILD):
+  // selects rather than branches, arrays that do not overlap.
   void AddBias(int rows, int cols, const float* bias, float* y) override {
+    const float* __restrict b = bias;
     for (int r = 0; r < rows; ++r) {
-      float* row = y + static_cast<size_t>(r) * cols;
-      for (int c = 0; c < cols; ++c) row[c] += bias[c];
+      float* __restrict row = y + static_cast<size_t>(r) * cols;
+      for (int c = 0; c < cols; ++c) row[c] += b[c];
     }
   }
 
   void Relu(size_t n, float* y) override {
-    for (size_t i = 0; i < n; ++i) y[i] = std::max(y[i], 0.0f);
+    // std::max(y, 0): y unless y < 0 (so NaN and -0 stay as they are).
+    for (size_t i = 0; i < n; ++i) y[i] = y[i] < 0.0f ? 0.0f : y[i];
   }
 
   void ReluBackward(size_t n, const float* y, float* dy) override {
-    for (size_t i = 0; i < n; ++i) {
-      if (y[i] <= 0) dy[i] = 0;
-    }
+    const float* __restrict out = y;
+    float* __restrict grad = dy;
+    for (size_t i = 0; i < n; ++i) grad[i] = out[i] <= 0 ? 0.0f : grad[i];
   }
 
   void ColumnSums(int rows, int cols, const float* x, float* sums) override {
-    std::fill(sums, sums + cols, 0.0f);
+    float* __restrict s = sums;
+    std::fill(s, s + cols, 0.0f);
     for (int r = 0; r < rows; ++r) {
-      const float* row = x + static_cast<size_t>(r) * cols;
-      for (int c = 0; c < cols; ++c) sums[c] += row[c];
+      const float* __restrict row = x + static_cast<size_t>(r) * cols;
+      for (int c = 0; c < cols; ++c) s[c] += row[c];
     }
   }
 
