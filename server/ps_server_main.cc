@@ -14,7 +14,7 @@
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "common/termination.h"
 #include "server/shard_server.h"
 
@@ -60,7 +60,7 @@ int Fail(int code, const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  monsoon::common::KeepFreedBuffers();
+  monsoon::common::TuneProcess();
   absl::SetProgramUsageMessage(
       "Monsoon parameter-server shard.\n\n"
       "  ps_server --shard=0 --num_shards=2 --num_workers=4 "

@@ -16,7 +16,7 @@
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "common/model_layout.h"
 #include "common/termination.h"
 #include "proto/metrics.pb.h"
@@ -73,7 +73,7 @@ absl::Status WriteCurve(const std::string& path,
 }  // namespace
 
 int main(int argc, char** argv) {
-  monsoon::common::KeepFreedBuffers();
+  monsoon::common::TuneProcess();
   absl::SetProgramUsageMessage(
       "Monsoon evaluator: test loss and accuracy of the servers' weights "
       "over time.\n\n  ps_evaluator --servers=ps-0:5000,ps-1:5000 "

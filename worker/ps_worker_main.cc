@@ -15,7 +15,7 @@
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "common/model_layout.h"
 #include "common/termination.h"
 #include "proto/metrics.pb.h"
@@ -97,7 +97,7 @@ void WriteReport(int rank, int64_t resumed_steps,
 }  // namespace
 
 int main(int argc, char** argv) {
-  monsoon::common::KeepFreedBuffers();
+  monsoon::common::TuneProcess();
   absl::SetProgramUsageMessage(
       "Monsoon worker: trains the config's model on its slice of the data.\n\n"
       "  ps_worker --rank=0 --num_workers=2 "

@@ -28,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "common/model_layout.h"
 #include "common/onebit.h"
 #include "server/shard_state.h"
@@ -182,7 +182,7 @@ int Main() {
 }  // namespace monsoon::tools
 
 int main(int argc, char** argv) {
-  monsoon::common::KeepFreedBuffers();
+  monsoon::common::TuneProcess();
   absl::SetProgramUsageMessage(
       "Times each update rule's apply of one push on the shard against a "
       "SAXPY over the same memory, measured in the same run (medians).\n\n"

@@ -33,7 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/monsoon_wire.h"
 #include "tools/bench/raw_grpc.h"
@@ -217,7 +217,7 @@ int Main() {
 }  // namespace monsoon::tools
 
 int main(int argc, char** argv) {
-  monsoon::common::KeepFreedBuffers();
+  monsoon::common::TuneProcess();
   absl::SetProgramUsageMessage(
       "Times Monsoon's push and pull between one client and one shard on "
       "loopback against a raw gRPC stream of the same bytes, measured in "

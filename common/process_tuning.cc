@@ -1,12 +1,15 @@
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 
 #include <malloc.h>
 
 #include <cstdlib>
 
+#include "absl/synchronization/mutex.h"
+
 namespace monsoon::common {
 
-void KeepFreedBuffers() {
+void TuneProcess() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Blocks below this come from the heap, not from mmap (32 MiB is glibc's
   // largest dynamic threshold; setting it also stops glibc moving it).
   constexpr int kMmapThreshold = 32 << 20;
