@@ -20,7 +20,7 @@ class DownpourRule : public SerialRule {
 
   void Update(absl::Span<const float> gradient, const float* in,
               float* out) override {
-    optimizer_->Apply(gradient, 1.0f, in, out);
+    optimizer_->Apply({gradient}, in, out);
   }
 
  private:

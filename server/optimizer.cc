@@ -13,21 +13,19 @@ SgdOptimizer::SgdOptimizer(size_t size, float learning_rate, float momentum)
       momentum_(momentum),
       velocity_(momentum > 0 ? size : 0, 0.0f) {}
 
-void SgdOptimizer::Apply(absl::Span<const float> grad, float grad_scale,
-                         const float* in, float* out) {
-  const float* g = grad.data();
+void SgdOptimizer::Apply(const Gradient& gradient, const float* in,
+                         float* out) {
   const float lr = learning_rate_;
   if (momentum_ > 0) {
     float* v = velocity_.data();
     const float m = momentum_;
-    ForEachWeight(grad.size(), in, out, [=](size_t i, float w) {
-      v[i] = m * v[i] + g[i] * grad_scale;
+    ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
+      v[i] = m * v[i] + g;
       return w - lr * v[i];
     });
   } else {
-    ForEachWeight(grad.size(), in, out, [=](size_t i, float w) {
-      return w - lr * (g[i] * grad_scale);
-    });
+    ForEachGradient(gradient, in, out,
+                    [=](size_t, float g, float w) { return w - lr * g; });
   }
 }
 
@@ -35,16 +33,14 @@ AdagradOptimizer::AdagradOptimizer(size_t size, float learning_rate,
                                    float initial_accumulator)
     : learning_rate_(learning_rate), accumulator_(size, initial_accumulator) {}
 
-void AdagradOptimizer::Apply(absl::Span<const float> grad, float grad_scale,
-                             const float* in, float* out) {
-  const float* g = grad.data();
+void AdagradOptimizer::Apply(const Gradient& gradient, const float* in,
+                             float* out) {
   float* h = accumulator_.data();
   const float lr = learning_rate_;
-  ForEachWeight(grad.size(), in, out, [=](size_t i, float w) {
-    const float gi = g[i] * grad_scale;
-    h[i] += gi * gi;
+  ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
+    h[i] += g * g;
     // -fno-math-errno (BUILD) lets this vectorize; sqrt is exact either way.
-    return w - lr * gi / std::sqrt(h[i]);
+    return w - lr * g / std::sqrt(h[i]);
   });
 }
 

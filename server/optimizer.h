@@ -33,15 +33,41 @@ void ForEachWeight(size_t n, const float* in, float* out, Step step) {
   }
 }
 
+// The gradient an optimizer applies: g[i] = (values[i] + addend[i]) * scale,
+// the addend optional (sync applies the step's sum so far plus its last
+// push, averaged, without storing the sum first).
+struct Gradient {
+  absl::Span<const float> values;
+  const float* addend = nullptr;  // values.size() floats, or none
+  float scale = 1.0f;
+};
+
+// out[i] = step(i, g[i], in[i]) for the gradient g, in place or not (see
+// ForEachWeight).
+template <typename Step>
+void ForEachGradient(const Gradient& gradient, const float* in, float* out,
+                     Step step) {
+  const float* g = gradient.values.data();
+  const float scale = gradient.scale;
+  const size_t n = gradient.values.size();
+  if (gradient.addend == nullptr) {
+    ForEachWeight(n, in, out,
+                  [=](size_t i, float w) { return step(i, g[i] * scale, w); });
+  } else {
+    const float* a = gradient.addend;
+    ForEachWeight(n, in, out, [=](size_t i, float w) {
+      return step(i, (g[i] + a[i]) * scale, w);
+    });
+  }
+}
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // out = in - update(g), element by element, where g[i] = grad[i] *
-  // grad_scale (sync's average: the scale is applied here rather than in a
-  // pass of its own) and in and out hold grad.size() values: the same
-  // array (in place) or two that do not overlap. Loops vectorize.
-  virtual void Apply(absl::Span<const float> grad, float grad_scale,
-                     const float* in, float* out) = 0;
+  // out = in - update(g), element by element, for the gradient g (see
+  // Gradient), where in and out hold as many values: the same array (in
+  // place) or two that do not overlap. Loops vectorize.
+  virtual void Apply(const Gradient& gradient, const float* in, float* out) = 0;
 
   // "sgd" or "adagrad": names the format of SaveState's bytes.
   virtual std::string Name() const = 0;
@@ -58,8 +84,7 @@ class Optimizer {
 class SgdOptimizer : public Optimizer {
  public:
   SgdOptimizer(size_t size, float learning_rate, float momentum);
-  void Apply(absl::Span<const float> grad, float grad_scale, const float* in,
-             float* out) override;
+  void Apply(const Gradient& gradient, const float* in, float* out) override;
   std::string Name() const override;
   std::string SaveState() const override;
   absl::Status RestoreState(absl::string_view state) override;
@@ -74,8 +99,7 @@ class SgdOptimizer : public Optimizer {
 class AdagradOptimizer : public Optimizer {
  public:
   AdagradOptimizer(size_t size, float learning_rate, float initial_accumulator);
-  void Apply(absl::Span<const float> grad, float grad_scale, const float* in,
-             float* out) override;
+  void Apply(const Gradient& gradient, const float* in, float* out) override;
   std::string Name() const override;
   std::string SaveState() const override;
   absl::Status RestoreState(absl::string_view state) override;

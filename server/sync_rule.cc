@@ -53,22 +53,23 @@ class SyncRule : public UpdateRule {
       arrived_[push.worker_rank] = true;
       step_samples_[push.worker_rank] = push.samples;
       ++count_;
-      {
-        // The step's first gradient starts the sum: 0 + g, as adding to a
-        // zeroed sum would (it turns -0 into +0), without the zeroing pass.
-        const size_t n = sum_.size();
-        float* __restrict sum = sum_.data();
-        const float* __restrict g = push.values.data();
-        if (count_ == 1) {
-          for (size_t i = 0; i < n; ++i) sum[i] = 0.0f + g[i];
-        } else {
-          for (size_t i = 0; i < n; ++i) sum[i] += g[i];
-        }
+      // The step's first gradient starts the sum: 0 + g, as adding to a
+      // zeroed sum would (it turns -0 into +0), without the zeroing pass.
+      // The last one of several is added as the optimizer applies the sum
+      // (CloseStep), without a pass of its own.
+      const bool closes = count_ == num_workers_;
+      const size_t n = sum_.size();
+      float* __restrict sum = sum_.data();
+      const float* __restrict g = push.values.data();
+      if (count_ == 1) {
+        for (size_t i = 0; i < n; ++i) sum[i] = 0.0f + g[i];
+      } else if (!closes) {
+        for (size_t i = 0; i < n; ++i) sum[i] += g[i];
       }
       state_->RecordPush(/*staleness=*/0, push.samples, push.wire_bytes);
       result.version = version;
-      if (count_ == num_workers_) {
-        CloseStep();
+      if (closes) {
+        CloseStep(count_ == 1 ? nullptr : g);
         result.version = weights_->version();
         ready = state_->AdvanceVersion(result.version);
       }
@@ -108,14 +109,14 @@ class SyncRule : public UpdateRule {
   }
 
  private:
-  // Averages the step's gradients and publishes the next version.
-  void CloseStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const float scale = 1.0f / static_cast<float>(num_workers_);
+  // Averages the step's gradients (the sum, plus `last` where the last push
+  // is not in it yet) and publishes the next version.
+  void CloseStep(const float* last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Gradient mean{sum_, last, 1.0f / static_cast<float>(num_workers_)};
     state_->BeginApply();
-    WriteNextVersion(state_, &weights_, weights_->version() + 1,
-                     [&](const float* in, float* out) {
-                       optimizer_->Apply(sum_, scale, in, out);
-                     });
+    WriteNextVersion(
+        state_, &weights_, weights_->version() + 1,
+        [&](const float* in, float* out) { optimizer_->Apply(mean, in, out); });
     state_->EndApply();
     std::fill(arrived_.begin(), arrived_.end(), false);
     // Only now are the step's examples in the weights.

@@ -20,7 +20,7 @@ class OptimizerTest : public testing::Test {
   void Step(Optimizer& optimizer, const std::vector<float>& grad,
             float scale = 1.0f) {
     std::vector<float> next(weights_.size(), -99.0f);
-    optimizer.Apply(grad, scale, weights_.data(), next.data());
+    optimizer.Apply({grad, nullptr, scale}, weights_.data(), next.data());
     weights_ = next;
   }
   float w(int i) const { return weights_[i]; }
@@ -95,6 +95,22 @@ TEST_F(OptimizerTest, GradientScaleMultipliesTheGradientFirst) {
   EXPECT_FLOAT_EQ(w(0), 0.95f);
 }
 
+TEST_F(OptimizerTest, AnAddendIsSummedBeforeTheScale) {
+  // (sum + last) * scale, as sync's sum of two pushes, averaged.
+  const std::vector<float> sum = {0.75f, -1.5f}, last = {0.25f, -0.5f};
+  SgdOptimizer with_addend(2, 0.1f, 0.9f);
+  std::vector<float> next(2);
+  with_addend.Apply({sum, last.data(), 0.5f}, weights_.data(), next.data());
+  SgdOptimizer summed(2, 0.1f, 0.9f);
+  Step(summed, {1.0f, -2.0f}, 0.5f);
+  EXPECT_EQ(next, weights_);
+  // In place gives the same.
+  std::vector<float> in_place = {1.0f, -2.0f};
+  SgdOptimizer again(2, 0.1f, 0.9f);
+  again.Apply({sum, last.data(), 0.5f}, in_place.data(), in_place.data());
+  EXPECT_EQ(in_place, weights_);
+}
+
 TEST_F(OptimizerTest, LongSlicesMatchTheScalarDefinitionBitForBit) {
   // The vectorized loops against the plain formulas, on enough values to
   // cover whole vectors and a remainder.
@@ -108,8 +124,8 @@ TEST_F(OptimizerTest, LongSlicesMatchTheScalarDefinitionBitForBit) {
   AdagradOptimizer adagrad(n, 0.05f, 0.1f);
   std::vector<float> sgd_out(n), adagrad_out(n);
   for (int step = 0; step < 3; ++step) {
-    sgd.Apply(g, 0.5f, w.data(), sgd_out.data());
-    adagrad.Apply(g, 0.5f, w.data(), adagrad_out.data());
+    sgd.Apply({g, nullptr, 0.5f}, w.data(), sgd_out.data());
+    adagrad.Apply({g, nullptr, 0.5f}, w.data(), adagrad_out.data());
   }
   std::vector<float> v(n, 0.0f), h(n, 0.1f);
   for (int step = 0; step < 3; ++step) {

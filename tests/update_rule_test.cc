@@ -395,7 +395,8 @@ TEST_F(DownpourRuleTest, ConcurrentPushesAreEachAppliedOnce) {
   std::vector<float> next(kSize);
   AdagradOptimizer adagrad(kSize, 0.1f, 0.1f);
   for (int i = 0; i < kThreads * kPushes; ++i) {
-    adagrad.Apply(Filled(0.5f), 1.0f, reference.data(), next.data());
+    const std::vector<float> g = Filled(0.5f);
+    adagrad.Apply({g}, reference.data(), next.data());
     reference.swap(next);
   }
   EXPECT_EQ(Weights(*rule_), reference);
