@@ -62,7 +62,7 @@ class HogwildRule : public UpdateRule {
     result.staleness = before - push.base_version;
     state_->RecordPush(result.staleness, push.samples, push.wire_bytes);
     state_->RecordAppliedSamples(push.worker_rank, push.samples);
-    for (auto& waiter : state_->AdvanceVersion(result.version)) waiter();
+    state_->RunWaiters(state_->AdvanceVersion(result.version));
     return result;
   }
 
@@ -104,7 +104,7 @@ class HogwildRule : public UpdateRule {
       absl::MutexLock lock(&snapshot_mu_);
       snapshot_ = nullptr;
     }
-    for (auto& waiter : state_->AdvanceVersion(saved.version)) waiter();
+    state_->RunWaiters(state_->AdvanceVersion(saved.version));
     return absl::OkStatus();
   }
 

@@ -1,7 +1,13 @@
 #include "server/shard_state.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <utility>
+
+#include "absl/synchronization/blocking_counter.h"
 
 namespace monsoon::server {
 
@@ -14,6 +20,87 @@ ShardState::ShardState(const common::ModelLayout& layout, uint64_t seed,
       seed_(seed),
       buffers_(range_.size()),
       staleness_counts_(kStalenessBuckets, 0) {}
+
+// A fixed set of threads that run waiters handed to them, in order. (A
+// std::mutex and condition variable rather than absl::Mutex::Await, whose
+// conditions ThreadSanitizer cannot follow.)
+class ShardState::Helpers {
+ public:
+  explicit Helpers(int threads) {
+    for (int i = 0; i < threads; ++i) {
+      threads_.emplace_back([this] { Serve(); });
+    }
+  }
+  ~Helpers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& thread : threads_) thread.join();
+  }
+  int size() const { return static_cast<int>(threads_.size()); }
+  void Run(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  void Serve() {
+    while (true) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;  // stopping
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+ShardState::~ShardState() {
+  absl::MutexLock lock(&helpers_mu_);
+  helpers_.reset();
+}
+
+void ShardState::RunWaiters(std::vector<Waiter> ready) {
+  if (ready.size() > 1) {
+    Helpers* helpers = nullptr;
+    {
+      absl::MutexLock lock(&helpers_mu_);
+      if (helpers_ == nullptr) {
+        const int cores = static_cast<int>(std::thread::hardware_concurrency());
+        helpers_ = std::make_unique<Helpers>(std::max(cores - 1, 0));
+      }
+      helpers = helpers_.get();
+    }
+    if (helpers->size() > 0) {
+      absl::BlockingCounter done(static_cast<int>(ready.size()) - 1);
+      for (size_t i = 1; i < ready.size(); ++i) {
+        helpers->Run([&done, waiter = std::move(ready[i])] {
+          waiter();
+          done.DecrementCount();
+        });
+      }
+      ready[0]();
+      done.Wait();
+      return;
+    }
+  }
+  for (auto& waiter : ready) waiter();
+}
 
 WeightsPtr Weights::Share(const std::shared_ptr<Weights>& weights) {
   // Counted under the owner's lock, so an owner that sees no readers sees

@@ -67,6 +67,7 @@ class ShardState {
              int num_shards);
   ShardState(const ShardState&) = delete;
   ShardState& operator=(const ShardState&) = delete;
+  ~ShardState();
 
   int shard() const { return shard_; }
   int num_shards() const { return num_shards_; }
@@ -96,8 +97,15 @@ class ShardState {
   bool CancelWaiter(uint64_t id);
 
   // Sets the version (rules call it as they apply updates) and returns the
-  // waiters it made ready; the caller runs them after releasing its own locks.
+  // waiters it made ready; the caller runs them (RunWaiters) after releasing
+  // its own locks.
   std::vector<Waiter> AdvanceVersion(int64_t version);
+
+  // Runs `ready`: the first on this thread, the others on the shard's
+  // helper threads (one fewer than the cores), so that the pulls a version
+  // releases (every sync worker's at once) start sending in parallel.
+  // Returns once all have run.
+  void RunWaiters(std::vector<Waiter> ready);
 
   // Rules bracket their writes to the weights with these, so that Stats can
   // report how many pushes wrote at the same moment.
@@ -141,6 +149,11 @@ class ShardState {
     Waiter ready;
   };
   std::map<uint64_t, Pending> waiters_ ABSL_GUARDED_BY(waiters_mu_);
+
+  // Helper threads for RunWaiters, started on first use.
+  class Helpers;
+  absl::Mutex helpers_mu_;
+  std::unique_ptr<Helpers> helpers_ ABSL_GUARDED_BY(helpers_mu_);
 
   std::function<void()> apply_hook_;
   std::atomic<int> applying_{0};

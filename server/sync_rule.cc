@@ -74,7 +74,7 @@ class SyncRule : public UpdateRule {
         ready = state_->AdvanceVersion(result.version);
       }
     }
-    for (auto& waiter : ready) waiter();
+    state_->RunWaiters(std::move(ready));
     return result;
   }
 
@@ -104,7 +104,7 @@ class SyncRule : public UpdateRule {
       count_ = 0;
       ready = state_->AdvanceVersion(weights_->version());
     }
-    for (auto& waiter : ready) waiter();
+    state_->RunWaiters(std::move(ready));
     return absl::OkStatus();
   }
 

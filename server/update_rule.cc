@@ -32,7 +32,7 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
   }
   // Pulls waiting for this version run outside the lock: they take it again
   // through Snapshot.
-  for (auto& waiter : ready) waiter();
+  state_->RunWaiters(std::move(ready));
   return result;
 }
 
@@ -57,7 +57,7 @@ absl::Status SerialRule::RestoreState(const RuleState& saved) {
     weights_ = *std::move(restored);
     ready = state_->AdvanceVersion(weights_->version());
   }
-  for (auto& waiter : ready) waiter();
+  state_->RunWaiters(std::move(ready));
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 #include "server/shard_state.h"
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -155,6 +156,18 @@ TEST(ShardStateTest, NoPushesMeansNoStalenessBuckets) {
   const StatsResponse stats = state.Stats();
   EXPECT_THAT(stats.staleness_counts(), IsEmpty());
   EXPECT_EQ(stats.pushes(), 0);
+}
+
+TEST(ShardStateTest, RunWaitersRunsEveryWaiterBeforeReturning) {
+  ShardState state(Layout(), 1, 0, 1);
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> ran{0};
+    std::vector<ShardState::Waiter> ready;
+    for (int i = 0; i < 5; ++i) ready.push_back([&ran] { ran.fetch_add(1); });
+    state.RunWaiters(std::move(ready));
+    EXPECT_EQ(ran.load(), 5);
+  }
+  state.RunWaiters({});  // nothing to run
 }
 
 }  // namespace
