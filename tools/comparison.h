@@ -28,7 +28,7 @@ struct ComparisonOptions {
   std::string out_dir;  // must exist
   std::string bin_dir;
   double time_limit_s = 0;  // per run; 0: the config's epochs
-  double eval_interval_s = 2;
+  double eval_interval_s = 0.5;
   double target_accuracy = 0.85;
   std::optional<LinkSpec> link;
 };
