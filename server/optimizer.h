@@ -33,13 +33,16 @@ void ForEachWeight(size_t n, const float* in, float* out, Step step) {
   }
 }
 
-// The gradient an optimizer applies: g[i] = (values[i] + addend[i]) * scale,
+// The gradient an optimizer applies: g[i] = (v[i] + addend[i]) * scale,
 // the addend optional (sync applies the step's sum so far plus its last
-// push, averaged, without storing the sum first).
+// push, averaged, without storing the sum first), where v[i] is values[i],
+// or 0 + values[i] with plus_zero (which turns -0 into +0, as adding to a
+// zeroed sum would: sync's sum of one push).
 struct Gradient {
   absl::Span<const float> values;
   const float* addend = nullptr;  // values.size() floats, or none
   float scale = 1.0f;
+  bool plus_zero = false;
 };
 
 // out[i] = step(i, g[i], in[i]) for the gradient g, in place or not (see
@@ -50,11 +53,21 @@ void ForEachGradient(const Gradient& gradient, const float* in, float* out,
   const float* g = gradient.values.data();
   const float scale = gradient.scale;
   const size_t n = gradient.values.size();
-  if (gradient.addend == nullptr) {
+  const float* a = gradient.addend;
+  if (gradient.plus_zero) {
+    if (a == nullptr) {
+      ForEachWeight(n, in, out, [=](size_t i, float w) {
+        return step(i, (0.0f + g[i]) * scale, w);
+      });
+    } else {
+      ForEachWeight(n, in, out, [=](size_t i, float w) {
+        return step(i, ((0.0f + g[i]) + a[i]) * scale, w);
+      });
+    }
+  } else if (a == nullptr) {
     ForEachWeight(n, in, out,
                   [=](size_t i, float w) { return step(i, g[i] * scale, w); });
   } else {
-    const float* a = gradient.addend;
     ForEachWeight(n, in, out, [=](size_t i, float w) {
       return step(i, (g[i] + a[i]) * scale, w);
     });

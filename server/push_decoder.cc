@@ -151,6 +151,7 @@ absl::StatusOr<PushData> PushDecoder::Finish() {
   }
   PushData push = data_;
   push.values = absl::MakeConstSpan(values_.get(), shard_size_);
+  push.buffer = &values_;
   return push;
 }
 

@@ -36,7 +36,8 @@ class PushDecoder {
   absl::Status Add(const grpc::ByteBuffer& message);
 
   // The complete push, once the stream has ended; its values stay valid as
-  // long as the decoder. INVALID_ARGUMENT if it is empty or short.
+  // long as the decoder, or the rule that takes over their buffer
+  // (PushData::buffer). INVALID_ARGUMENT if it is empty or short.
   absl::StatusOr<PushData> Finish();
 
   // Serialized bytes received so far.

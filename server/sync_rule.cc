@@ -24,7 +24,6 @@ class SyncRule : public UpdateRule {
         state_(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
         weights_(state->InitialWeights()),
-        sum_(state->size()),
         arrived_(num_workers, false),
         step_samples_(num_workers, 0) {}
 
@@ -53,18 +52,30 @@ class SyncRule : public UpdateRule {
       arrived_[push.worker_rank] = true;
       step_samples_[push.worker_rank] = push.samples;
       ++count_;
-      // The step's first gradient starts the sum: 0 + g, as adding to a
-      // zeroed sum would (it turns -0 into +0), without the zeroing pass.
-      // The last one of several is added as the optimizer applies the sum
-      // (CloseStep), without a pass of its own.
+      // The sum is 0 + g1 + g2 + ..., as adding to a zeroed sum would (0 +
+      // turns -0 into +0), in fewer passes: the step's first push becomes
+      // the sum (its buffer taken over, not copied), the 0 + done by the
+      // next pass over it; the last push of several is added as the
+      // optimizer applies the sum (CloseStep).
       const bool closes = count_ == num_workers_;
-      const size_t n = sum_.size();
-      float* __restrict sum = sum_.data();
+      const size_t n = state_->size();
       const float* __restrict g = push.values.data();
       if (count_ == 1) {
-        for (size_t i = 0; i < n; ++i) sum[i] = 0.0f + g[i];
+        if (push.buffer != nullptr && *push.buffer != nullptr) {
+          sum_ = std::move(*push.buffer);
+        } else {
+          sum_ = state_->buffers().Take();
+          std::copy(g, g + n, sum_.get());
+        }
+        sum_plus_zero_ = true;
       } else if (!closes) {
-        for (size_t i = 0; i < n; ++i) sum[i] += g[i];
+        float* __restrict sum = sum_.get();
+        if (sum_plus_zero_) {
+          for (size_t i = 0; i < n; ++i) sum[i] = (0.0f + sum[i]) + g[i];
+        } else {
+          for (size_t i = 0; i < n; ++i) sum[i] += g[i];
+        }
+        sum_plus_zero_ = false;
       }
       state_->RecordPush(/*staleness=*/0, push.samples, push.wire_bytes);
       result.version = version;
@@ -99,6 +110,7 @@ class SyncRule : public UpdateRule {
           RestoreWeightsAndOptimizer(saved, state_, optimizer_.get());
       if (!restored.ok()) return restored.status();
       weights_ = *std::move(restored);
+      sum_.reset();
       std::fill(arrived_.begin(), arrived_.end(), false);
       std::fill(step_samples_.begin(), step_samples_.end(), 0);
       count_ = 0;
@@ -112,12 +124,15 @@ class SyncRule : public UpdateRule {
   // Averages the step's gradients (the sum, plus `last` where the last push
   // is not in it yet) and publishes the next version.
   void CloseStep(const float* last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const Gradient mean{sum_, last, 1.0f / static_cast<float>(num_workers_)};
+    const Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
+                        1.0f / static_cast<float>(num_workers_),
+                        sum_plus_zero_};
     state_->BeginApply();
     WriteNextVersion(
         state_, &weights_, weights_->version() + 1,
         [&](const float* in, float* out) { optimizer_->Apply(mean, in, out); });
     state_->EndApply();
+    sum_.reset();  // back to the pool
     std::fill(arrived_.begin(), arrived_.end(), false);
     // Only now are the step's examples in the weights.
     for (int rank = 0; rank < num_workers_; ++rank) {
@@ -133,8 +148,11 @@ class SyncRule : public UpdateRule {
   absl::Mutex mu_;
   const std::unique_ptr<Optimizer> optimizer_ ABSL_PT_GUARDED_BY(mu_);
   std::shared_ptr<Weights> weights_ ABSL_GUARDED_BY(mu_);  // last closed step
-  // The step's gradients summed; its first push overwrites it.
-  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
+  // The step's gradients summed (see Apply): the first push's buffer, null
+  // between steps; and whether its values still need 0 + (that is, hold
+  // the first push alone).
+  FloatBufferPool::Buffer sum_ ABSL_GUARDED_BY(mu_);
+  bool sum_plus_zero_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
   // Examples behind each worker's gradient for the step in progress.
   std::vector<int64_t> step_samples_ ABSL_GUARDED_BY(mu_);

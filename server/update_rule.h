@@ -47,6 +47,10 @@ struct PushData {
   // size() == the shard's size; all finite. Owned by whoever made the push
   // (PushDecoder), valid during Apply.
   absl::Span<const float> values;
+  // The pooled buffer that holds `values`, if they are in one: a rule may
+  // take it over instead of copying them (sync keeps a step's first push as
+  // the step's sum). Null when the caller owns the values otherwise.
+  FloatBufferPool::Buffer* buffer = nullptr;
 };
 
 struct PushResult {

@@ -111,6 +111,18 @@ TEST_F(OptimizerTest, AnAddendIsSummedBeforeTheScale) {
   EXPECT_EQ(in_place, weights_);
 }
 
+TEST_F(OptimizerTest, PlusZeroTurnsANegativeZeroGradientPositive) {
+  // w = -0 and g = -0: -0 - 0.1 * (+0) = -0, but -0 - 0.1 * (-0) = +0.
+  SgdOptimizer sgd(1, 0.1f, 0.0f);
+  const std::vector<float> g = {-0.0f};
+  const std::vector<float> w = {-0.0f};
+  float with = 1, without = 1;
+  sgd.Apply({g, nullptr, 1.0f, /*plus_zero=*/true}, w.data(), &with);
+  sgd.Apply({g, nullptr, 1.0f, /*plus_zero=*/false}, w.data(), &without);
+  EXPECT_TRUE(std::signbit(with));
+  EXPECT_FALSE(std::signbit(without));
+}
+
 TEST_F(OptimizerTest, LongSlicesMatchTheScalarDefinitionBitForBit) {
   // The vectorized loops against the plain formulas, on enough values to
   // cover whole vectors and a remainder.
