@@ -42,6 +42,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "If set, an existing directory: "
           "the shard resumes from DIR/shard-<i>-of-<S>.ckpt when it exists "
           "and writes it on SIGTERM (env MONSOON_CHECKPOINT_DIR).");
+ABSL_FLAG(double, peer_timeout_s, 30,
+          "Seconds a client may stay silent before its connection is "
+          "dropped and its calls cancelled: pinged after half, dropped after "
+          "the rest (env MONSOON_PEER_TIMEOUT_S).");
 ABSL_FLAG(double, checkpoint_interval_s, 60,
           "With --checkpoint_dir, also write the checkpoint every this many "
           "seconds while serving, so that a crash loses at most that much "
@@ -92,9 +96,11 @@ int main(int argc, char** argv) {
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   const double interval_s = absl::GetFlag(FLAGS_checkpoint_interval_s);
   const double grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
+  const double peer_s = absl::GetFlag(FLAGS_peer_timeout_s);
   for (const auto& [name, seconds] :
        {std::pair<const char*, double>{"checkpoint_interval_s", interval_s},
-        {"shutdown_grace_s", grace_s}}) {
+        {"shutdown_grace_s", grace_s},
+        {"peer_timeout_s", peer_s}}) {
     if (!(seconds >= 0 && seconds <= 1e6)) {  // NaN too
       return Fail(kConfigError, absl::StrCat("--", name,
                                              " must be from 0 to 1e6 seconds, "
@@ -102,7 +108,13 @@ int main(int argc, char** argv) {
                                              seconds));
     }
   }
+  if (peer_s < 2) {
+    return Fail(kConfigError, absl::StrCat("--peer_timeout_s must be at least "
+                                           "2 seconds, got ",
+                                           peer_s));
+  }
   options.checkpoint_interval = absl::Seconds(interval_s);
+  options.peer_timeout = absl::Seconds(peer_s);
   const int shard = options.shard;
   options.on_periodic_checkpoint = [shard](const absl::Status& status,
                                            int64_t version) {

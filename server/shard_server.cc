@@ -5,6 +5,7 @@
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -73,6 +74,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   // gRPC sets SO_REUSEPORT by default, which would let a second shard bind
   // a port already in use and silently share its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Keepalive both ways (see ShardServerOptions::peer_timeout and
+  // worker/ps_client.h): the shard pings silent clients, and accepts the
+  // clients' pings however idle the connection.
+  const int half_ms = static_cast<int>(std::max<int64_t>(
+      1000, absl::ToInt64Milliseconds(options.peer_timeout) / 2));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(

@@ -47,6 +47,10 @@ struct ShardServerOptions {
   // write leaves the shard serving and the previous checkpoint intact.
   std::function<void(const absl::Status&, int64_t version)>
       on_periodic_checkpoint;
+  // How long a client may stay silent before its connection is dropped
+  // (pings after half of it, drop after the other half), which cancels its
+  // calls. Clients may ping as often as once a second.
+  absl::Duration peer_timeout = absl::Seconds(30);
 };
 
 class ShardServer {

@@ -6,11 +6,13 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
 
@@ -19,20 +21,43 @@ namespace {
 
 using Bidi = grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-// Collects one status per shard and wakes Wait() when all are in.
+// Collects one status per shard and wakes Wait() when all are in. With a
+// stop notification, Wait() cancels the shards' calls once it is notified.
+// (A std::mutex and condition variable: ThreadSanitizer follows them.)
 class ShardCalls : public PendingCall {
  public:
-  explicit ShardCalls(int shards) : statuses_(shards), pending_(shards) {}
+  ShardCalls(int shards, const absl::Notification* stop)
+      : statuses_(shards), pending_(shards), stop_(stop) {}
 
   // Called once per shard, from any thread.
   void Done(int shard, absl::Status status) {
     statuses_[shard] = std::move(status);
-    pending_.DecrementCount();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --pending_;
+    }
+    done_.notify_all();
+  }
+
+  // A shard's call to cancel if the stop notification comes.
+  void Cancellable(grpc::ClientContext* context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    contexts_.push_back(context);
   }
 
   absl::Status Wait() override {
     if (!waited_) {
-      pending_.Wait();
+      std::unique_lock<std::mutex> lock(mu_);
+      bool cancelled = false;
+      while (pending_ > 0) {
+        // Checks the stop notification every 100 ms while calls run.
+        done_.wait_for(lock, std::chrono::milliseconds(100));
+        if (!cancelled && stop_ != nullptr && stop_->HasBeenNotified()) {
+          cancelled = true;
+          for (grpc::ClientContext* context : contexts_) context->TryCancel();
+        }
+      }
+      lock.unlock();
       waited_ = true;
       calls_.clear();  // every reactor has reached OnDone
     }
@@ -54,7 +79,11 @@ class ShardCalls : public PendingCall {
 
  private:
   std::vector<absl::Status> statuses_;  // slot s written by shard s's call
-  absl::BlockingCounter pending_;
+  std::mutex mu_;
+  std::condition_variable done_;
+  int pending_;                                 // guarded by mu_
+  std::vector<grpc::ClientContext*> contexts_;  // guarded by mu_
+  const absl::Notification* const stop_;
   bool waited_ = false;
   std::vector<std::shared_ptr<void>> calls_;
 };
@@ -128,10 +157,10 @@ class PushCall : public Bidi {
  public:
   PushCall(const PsClient::Shard& shard, ShardCalls* calls, int index,
            PushHeader header, grpc::Slice data, grpc::Slice scales,
-           const common::ChunkPlan& plan, PushResponse* response,
-           std::atomic<int64_t>* bytes_pushed, const PullTarget* pull,
-           absl::Span<float> pull_out, int64_t* pull_version,
-           std::atomic<int64_t>* bytes_pulled)
+           const common::ChunkPlan& plan, absl::Duration timeout,
+           PushResponse* response, std::atomic<int64_t>* bytes_pushed,
+           const PullTarget* pull, absl::Span<float> pull_out,
+           int64_t* pull_version, std::atomic<int64_t>* bytes_pulled)
       : calls_(calls),
         index_(index),
         address_(shard.address),
@@ -143,8 +172,9 @@ class PushCall : public Bidi {
         bytes_pushed_(bytes_pushed) {
     if (pull != nullptr) {
       receiver_.emplace(pull_out, pull_version, bytes_pulled);
-      context_.set_deadline(absl::ToChronoTime(absl::Now() + pull->timeout));
     }
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    calls->Cancellable(&context_);
     shard.streams->PrepareBidiStreamingCall(
         &context_,
         pull != nullptr ? common::kPushPullMethod : common::kPushMethod,
@@ -229,6 +259,7 @@ class PullCall : public Bidi {
         address_(shard.address),
         receiver_(out, version, bytes) {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    calls->Cancellable(&context_);
     shard.streams->PrepareBidiStreamingCall(&context_, common::kPullMethod,
                                             grpc::StubOptions(), this);
     out_ = common::SmallMessage(request);
@@ -267,10 +298,19 @@ class PullCall : public Bidi {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           absl::Duration peer_timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
   args.SetMaxSendMessageSize(common::kMaxMessageBytes);
+  // A silent shard is pinged after half of peer_timeout and dropped when the
+  // other half passes without an answer, also between calls.
+  const int half_ms = static_cast<int>(
+      std::max<int64_t>(1000, absl::ToInt64Milliseconds(peer_timeout) / 2));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Reconnect quickly while the servers start.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -287,6 +327,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   std::unique_ptr<PsClient> client(new PsClient());
   client->config_ = options.config;
   client->worker_rank_ = options.worker_rank;
+  client->stop_ = options.stop;
   const int shards = static_cast<int>(options.server_addresses.size());
   const uint64_t params =
       common::ModelLayout::FromConfig(options.config).num_params();
@@ -294,7 +335,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   for (int s = 0; s < shards; ++s) {
     const std::string& address = options.server_addresses[s];
-    std::shared_ptr<grpc::Channel> channel = MakeChannel(address);
+    std::shared_ptr<grpc::Channel> channel =
+        MakeChannel(address, options.peer_timeout);
     Shard& shard = client->shards_.emplace_back();
     shard.address = address;
     shard.stub = ParameterService::NewStub(channel);
@@ -351,7 +393,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
 std::unique_ptr<PendingCall> PsClient::PullAsync(
     int64_t min_version, absl::Duration timeout, absl::Span<float> params,
     std::vector<int64_t>* versions) {
-  auto calls = std::make_unique<ShardCalls>(num_shards());
+  auto calls = std::make_unique<ShardCalls>(num_shards(), stop_);
   versions->assign(num_shards(), 0);
   for (int s = 0; s < num_shards(); ++s) {
     PullRequest request;
@@ -382,7 +424,7 @@ class ShardedPushImpl : public ShardedPush {
         samples_(samples),
         lease_(lease),
         results_(results),
-        calls_(client->num_shards()),
+        calls_(client->num_shards(), client->stop_),
         sent_(client->num_shards(), false) {
     if (results_ != nullptr) {
       results_->assign(client->num_shards(), PushResponse());
@@ -449,6 +491,8 @@ class ShardedPushImpl : public ShardedPush {
         Borrow(payload.data), Borrow(payload.scales),
         common::ChunkPlan(encoding, n, bucket,
                           static_cast<uint64_t>(config.chunk_bytes())),
+        pull_.has_value() ? pull_->timeout
+                          : absl::Seconds(config.sync_timeout_s()),
         response, &client_->bytes_pushed_,
         pull_.has_value() ? &*pull_ : nullptr,
         pull_.has_value() ? pull_->params.subspan(range.begin, range.size())

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/model_layout.h"
@@ -36,6 +37,14 @@ struct PsClientOptions {
   int worker_rank = 0;                        // -1 for an evaluator
   // How long Connect keeps trying to reach a shard that is not up yet.
   absl::Duration connect_timeout = absl::Seconds(60);
+  // How long a shard may stay silent before its connection counts as lost
+  // (a frozen or partitioned host): the channel pings it after half of
+  // this without traffic and gives up when the other half passes without an
+  // answer; the calls on it then fail with UNAVAILABLE.
+  absl::Duration peer_timeout = absl::Seconds(30);
+  // If set, notifying it ends every call at once with CANCELLED (a daemon's
+  // SIGTERM).
+  const absl::Notification* stop = nullptr;
 };
 
 // One request to every shard; Wait() returns the first error, naming the
@@ -112,7 +121,9 @@ class PsClient {
   // are borrowed through `lease` (not owned), whose owner waits for it
   // before reusing them. results (if not null) gets each shard's answer.
   // With `pull`, each shard then sends the weights of the version that
-  // includes the push into pull->params, in the same call.
+  // includes the push into pull->params, in the same call. Every push has
+  // a deadline: pull->timeout with a pull, else the config's
+  // sync_timeout_s.
   std::unique_ptr<ShardedPush> StartPush(
       const std::vector<int64_t>& base_versions, int64_t samples,
       common::BufferLease* lease, std::vector<PushResponse>* results,
@@ -145,6 +156,7 @@ class PsClient {
   // Constant after Connect.
   TrainingConfig config_;
   int worker_rank_ = 0;
+  const absl::Notification* stop_ = nullptr;
   std::vector<Shard> shards_;
   std::vector<common::ShardRange> ranges_;
   std::vector<int64_t> initial_versions_;
@@ -154,8 +166,11 @@ class PsClient {
   std::atomic<int64_t> bytes_pulled_{0};
 };
 
-// A channel with Monsoon's message-size limits.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// A channel with Monsoon's message-size limits and keepalive pings (see
+// PsClientOptions::peer_timeout).
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    absl::Duration peer_timeout = absl::Seconds(30));
 
 }  // namespace monsoon::worker
 

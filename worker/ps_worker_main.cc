@@ -15,8 +15,8 @@
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
-#include "common/process_tuning.h"
 #include "common/model_layout.h"
+#include "common/process_tuning.h"
 #include "common/termination.h"
 #include "proto/metrics.pb.h"
 #include "worker/backend_factory.h"
@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, device, "auto",
           "auto, cpu or cuda (env "
           "MONSOON_DEVICE).");
 ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads for the CPU backend.");
+ABSL_FLAG(double, peer_timeout_s, 30,
+          "Seconds a shard may stay silent before its connection counts as "
+          "lost (a frozen or partitioned host): pinged after half, dropped "
+          "after the rest (env MONSOON_PEER_TIMEOUT_S).");
 ABSL_FLAG(double, connect_timeout_s, 60,
           "How long to keep trying to reach "
           "the servers at start-up.");
@@ -160,6 +164,15 @@ int main(int argc, char** argv) {
   options.worker_rank = rank;
   options.connect_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  if (!(absl::GetFlag(FLAGS_peer_timeout_s) >= 2 &&
+        absl::GetFlag(FLAGS_peer_timeout_s) <= 1e6)) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--peer_timeout_s must be from 2 to 1e6 seconds, got ",
+                    absl::GetFlag(FLAGS_peer_timeout_s))));
+  }
+  options.peer_timeout = absl::Seconds(absl::GetFlag(FLAGS_peer_timeout_s));
+  options.stop = &termination.terminated();
   auto client = monsoon::worker::PsClient::Connect(options);
   if (!client.ok()) {
     return Fail(client.status().code() == absl::StatusCode::kFailedPrecondition
