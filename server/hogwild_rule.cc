@@ -45,6 +45,13 @@ class HogwildRule : public UpdateRule {
           "push computed from version ", push.base_version, " but shard ",
           state_->shard(), " is only at version ", now));
     }
+    if (!state_->ClaimSamples(push.worker_rank, push.sample_offset,
+                              push.samples)) {
+      PushResult repeat;
+      repeat.version = now;
+      repeat.duplicate = true;
+      return repeat;
+    }
     float* weights = live_->mutable_data();
     const float* grad = push.values.data();
     const size_t n = push.values.size();

@@ -120,35 +120,54 @@ class PushReader {
     return status;
   }
 
-  // Applies the whole push, once the stream has ended.
-  absl::StatusOr<PushResult> Apply() {
+  // Applies the whole push, once the stream has ended. With
+  // `answer_repeats`, a push that is in the shard already (ALREADY_EXISTS:
+  // its sync step is still collecting) or too stale to apply (ABORTED: its
+  // step has closed) is answered rather than refused: the first as a
+  // duplicate, the second as stale, so that a push-pull still gets weights.
+  absl::StatusOr<PushResult> Apply(bool answer_repeats) {
     absl::StatusOr<PushData> push = decoder_.Finish();
-    absl::StatusOr<PushResult> result =
-        push.ok() ? shared_.rule->Apply(*push)
-                  : absl::StatusOr<PushResult>(push.status());
-    if (!result.ok()) {
-      shared_.state->RecordRejectedPush();
-    } else {
+    if (push.ok()) {
       base_version_ = push->base_version;
       worker_rank_ = push->worker_rank;
     }
+    absl::StatusOr<PushResult> result =
+        push.ok() ? shared_.rule->Apply(*push)
+                  : absl::StatusOr<PushResult>(push.status());
+    if (answer_repeats && !result.ok() &&
+        (result.status().code() == absl::StatusCode::kAlreadyExists ||
+         result.status().code() == absl::StatusCode::kAborted)) {
+      PushResult answer;
+      answer.version = base_version_;
+      answer.duplicate =
+          result.status().code() == absl::StatusCode::kAlreadyExists;
+      answer.stale = !answer.duplicate;
+      repeat_in_step_ = answer.duplicate;
+      return answer;
+    }
+    if (!result.ok()) shared_.state->RecordRejectedPush();
     return result;
   }
 
   int64_t base_version() const { return base_version_; }
   int worker_rank() const { return worker_rank_; }
+  // Apply answered a sync push that the step in progress already holds.
+  bool repeat_in_step() const { return repeat_in_step_; }
 
  private:
   const Shared& shared_;
   PushDecoder decoder_;
   int64_t base_version_ = 0;
   int worker_rank_ = 0;
+  bool repeat_in_step_ = false;
 };
 
 PushResponse ResponseFor(const PushResult& result) {
   PushResponse response;
   response.set_version(result.version);
   response.set_staleness(result.staleness);
+  response.set_duplicate(result.duplicate);
+  response.set_stale(result.stale);
   return response;
 }
 
@@ -170,7 +189,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     // The stream ended, or the call was cancelled: apply only a whole push.
     if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
-    absl::StatusOr<PushResult> result = reader_.Apply();
+    absl::StatusOr<PushResult> result = reader_.Apply(false);
     if (!result.ok()) return Finish(ToGrpcStatus(result.status()));
     *response_ = common::SmallMessage(ResponseFor(*result));
     Finish(grpc::Status::OK);
@@ -253,14 +272,18 @@ class PushPullReactor
       return;
     }
     if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
-    absl::StatusOr<PushResult> result = reader_.Apply();
+    absl::StatusOr<PushResult> result = reader_.Apply(true);
     if (!result.ok()) return Finish(ToGrpcStatus(result.status()));
     response_ = ResponseFor(*result);
     // The version that includes the push: in sync the step's close (the
     // rule answers with the version still collecting until then), in the
-    // other modes the version the push made.
-    const int64_t min_version =
-        std::max(result->version, reader_.base_version() + 1);
+    // other modes the version the push made. A repeat of examples already
+    // applied, or a stale push, gets the weights as they are; a repeat of a
+    // sync push still being collected, the weights once its step closes.
+    int64_t min_version = std::max(result->version, reader_.base_version() + 1);
+    if (result->stale || (result->duplicate && !reader_.repeat_in_step())) {
+      min_version = 0;
+    }
     if (!wait_.Start(min_version, [this] { Ready(); })) {
       Finish(Cancelled("push-pull cancelled"));
     }
@@ -347,6 +370,29 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
                      request->shard(), ": list --servers in shard order")));
     return reactor;
   }
+  // The counts are not in the config (nor its fingerprint): a worker told
+  // another worker count would train on the wrong part of the data.
+  if (request->num_workers() != 0 &&
+      request->num_workers() != shared_.num_workers) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("this worker was started with --num_workers=",
+                     request->num_workers(), " but shard ", state->shard(),
+                     " with --num_workers=", shared_.num_workers,
+                     ": every daemon of a run must be given the same worker "
+                     "count")));
+    return reactor;
+  }
+  if (request->num_shards() != 0 &&
+      request->num_shards() != state->num_shards()) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("this client lists ", request->num_shards(),
+                     " shards in --servers but shard ", state->shard(),
+                     " was started with --num_shards=", state->num_shards(),
+                     ": list every shard, in shard order")));
+    return reactor;
+  }
   if (request->worker_rank() < -1 ||
       request->worker_rank() >= shared_.num_workers) {
     reactor->Finish(InvalidArgument(absl::StrCat(
@@ -361,7 +407,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
   response->set_version(state->version());
   if (request->worker_rank() >= 0) {
     response->set_samples_applied(
-        state->AppliedSamples(request->worker_rank()));
+        state->SamplePosition(request->worker_rank()));
   }
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -57,14 +57,16 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
                        "onebit_bucket_size is ",
                        bucket_size_));
     }
-    if (h.base_version() < 0 || h.samples() < 0) {
+    if (h.base_version() < 0 || h.samples() < 0 || h.sample_offset() < 0) {
       return absl::InvalidArgumentError(
-          "push header has a negative base_version or samples");
+          "push header has a negative base_version, samples or "
+          "sample_offset");
     }
     have_header_ = true;
     data_.worker_rank = h.worker_rank();
     data_.base_version = h.base_version();
     data_.samples = h.samples();
+    data_.sample_offset = h.sample_offset();
     values_ = buffers_->Take();
   } else if (chunk_.has_header) {
     return absl::InvalidArgumentError(

@@ -194,6 +194,40 @@ int64_t ShardState::AppliedSamples(int worker_rank) const {
   return it == applied_samples_.end() ? 0 : it->second;
 }
 
+int64_t ShardState::SamplePosition(int worker_rank) const {
+  absl::MutexLock lock(&stats_mu_);
+  auto it = positions_.find(worker_rank);
+  return it == positions_.end() ? 0 : it->second;
+}
+
+bool ShardState::IsRepeat(int worker_rank, int64_t offset, int64_t samples) {
+  absl::MutexLock lock(&stats_mu_);
+  auto it = positions_.find(worker_rank);
+  const int64_t position = it == positions_.end() ? 0 : it->second;
+  if (samples <= 0 || offset + samples > position) return false;
+  ++duplicate_pushes_;
+  return true;
+}
+
+void ShardState::AdvancePosition(int worker_rank, int64_t offset,
+                                 int64_t samples) {
+  absl::MutexLock lock(&stats_mu_);
+  int64_t& position = positions_[worker_rank];
+  position = std::max(position, offset + samples);
+}
+
+bool ShardState::ClaimSamples(int worker_rank, int64_t offset,
+                              int64_t samples) {
+  absl::MutexLock lock(&stats_mu_);
+  int64_t& position = positions_[worker_rank];
+  if (samples > 0 && offset + samples <= position) {
+    ++duplicate_pushes_;
+    return false;
+  }
+  position = std::max(position, offset + samples);
+  return true;
+}
+
 void ShardState::RecordRejectedPush() {
   absl::MutexLock lock(&stats_mu_);
   ++rejected_pushes_;
@@ -219,6 +253,10 @@ StatsResponse ShardState::Stats() const {
   for (const auto& [rank, samples] : applied_samples_) {
     (*stats.mutable_samples_applied_by_worker())[rank] = samples;
   }
+  for (const auto& [rank, position] : positions_) {
+    (*stats.mutable_sample_position_by_worker())[rank] = position;
+  }
+  stats.set_duplicate_pushes(duplicate_pushes_);
   // Trim trailing zero buckets to keep the message small.
   size_t used = staleness_counts_.size();
   while (used > 0 && staleness_counts_[used - 1] == 0) --used;
@@ -240,6 +278,14 @@ void ShardState::RestoreStats(const StatsResponse& stats) {
   for (const auto& [rank, samples] : stats.samples_applied_by_worker()) {
     applied_samples_[rank] = samples;
   }
+  positions_.clear();
+  for (const auto& [rank, position] : stats.sample_position_by_worker()) {
+    positions_[rank] = position;
+  }
+  // A checkpoint from before positions were kept: each rank's data was
+  // applied in order from its start, so its position is its count.
+  if (stats.sample_position_by_worker().empty()) positions_ = applied_samples_;
+  duplicate_pushes_ = stats.duplicate_pushes();
   std::fill(staleness_counts_.begin(), staleness_counts_.end(), 0);
   const int n = std::min<int>(stats.staleness_counts_size(),
                               static_cast<int>(staleness_counts_.size()));

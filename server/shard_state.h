@@ -124,6 +124,18 @@ class ShardState {
   // Examples from `worker_rank` whose update is now in the weights.
   void RecordAppliedSamples(int worker_rank, int64_t samples);
   int64_t AppliedSamples(int worker_rank) const;
+
+  // Where `worker_rank`'s applied data ends (PushHeader.sample_offset).
+  int64_t SamplePosition(int worker_rank) const;
+  // Whether examples [offset, offset + samples) of the rank are all behind
+  // its position: a repeat, counted as a duplicate push.
+  bool IsRepeat(int worker_rank, int64_t offset, int64_t samples);
+  // Moves the rank's position to offset + samples if that is further.
+  void AdvancePosition(int worker_rank, int64_t offset, int64_t samples);
+  // IsRepeat, and if not, AdvancePosition, at once: false for a repeat
+  // (which the caller acknowledges without applying), true when the caller
+  // is to apply the examples.
+  bool ClaimSamples(int worker_rank, int64_t offset, int64_t samples);
   void RecordRejectedPush();
   void RecordPulledBytes(int64_t bytes);
   StatsResponse Stats() const;
@@ -168,6 +180,8 @@ class ShardState {
   int64_t staleness_max_ ABSL_GUARDED_BY(stats_mu_) = 0;
   std::vector<int64_t> staleness_counts_ ABSL_GUARDED_BY(stats_mu_);
   std::map<int, int64_t> applied_samples_ ABSL_GUARDED_BY(stats_mu_);
+  std::map<int, int64_t> positions_ ABSL_GUARDED_BY(stats_mu_);
+  int64_t duplicate_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
 };
 
 }  // namespace monsoon::server

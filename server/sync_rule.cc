@@ -25,7 +25,8 @@ class SyncRule : public UpdateRule {
         optimizer_(MakeOptimizer(resolved, state->size())),
         weights_(state->InitialWeights()),
         arrived_(num_workers, false),
-        step_samples_(num_workers, 0) {}
+        step_samples_(num_workers, 0),
+        step_offsets_(num_workers, 0) {}
 
   absl::StatusOr<PushResult> Apply(const PushData& push) override {
     std::vector<ShardState::Waiter> ready;
@@ -33,6 +34,13 @@ class SyncRule : public UpdateRule {
     {
       absl::MutexLock lock(&mu_);
       const int64_t version = weights_->version();
+      if (state_->IsRepeat(push.worker_rank, push.sample_offset,
+                           push.samples)) {
+        // A step already closed with these examples in it.
+        result.version = version;
+        result.duplicate = true;
+        return result;
+      }
       if (push.base_version < version) {
         return absl::AbortedError(
             absl::StrCat("sync push for step ", push.base_version,
@@ -51,6 +59,7 @@ class SyncRule : public UpdateRule {
       }
       arrived_[push.worker_rank] = true;
       step_samples_[push.worker_rank] = push.samples;
+      step_offsets_[push.worker_rank] = push.sample_offset;
       ++count_;
       // The sum is 0 + g1 + g2 + ..., as adding to a zeroed sum would (0 +
       // turns -0 into +0), in fewer passes: the step's first push becomes
@@ -137,6 +146,7 @@ class SyncRule : public UpdateRule {
     // Only now are the step's examples in the weights.
     for (int rank = 0; rank < num_workers_; ++rank) {
       state_->RecordAppliedSamples(rank, step_samples_[rank]);
+      state_->AdvancePosition(rank, step_offsets_[rank], step_samples_[rank]);
     }
     count_ = 0;
   }
@@ -156,6 +166,7 @@ class SyncRule : public UpdateRule {
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
   // Examples behind each worker's gradient for the step in progress.
   std::vector<int64_t> step_samples_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> step_offsets_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

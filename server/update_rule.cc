@@ -19,6 +19,12 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
           "push computed from version ", push.base_version, " but shard ",
           state_->shard(), " is only at version ", version));
     }
+    if (!state_->ClaimSamples(push.worker_rank, push.sample_offset,
+                              push.samples)) {
+      result.version = version;
+      result.duplicate = true;
+      return result;
+    }
     result.staleness = version - push.base_version;
     result.version = version + 1;
     state_->BeginApply();

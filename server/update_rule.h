@@ -43,7 +43,8 @@ struct PushData {
   int worker_rank = 0;
   int64_t base_version = 0;
   int64_t samples = 0;
-  int64_t wire_bytes = 0;  // serialized size, for statistics
+  int64_t sample_offset = 0;  // see PushHeader.sample_offset
+  int64_t wire_bytes = 0;     // serialized size, for statistics
   // size() == the shard's size; all finite. Owned by whoever made the push
   // (PushDecoder), valid during Apply.
   absl::Span<const float> values;
@@ -56,6 +57,8 @@ struct PushData {
 struct PushResult {
   int64_t version = 0;
   int64_t staleness = 0;
+  bool duplicate = false;  // a repeat, acknowledged and not applied
+  bool stale = false;      // PushPull only: too stale to apply, dropped
 };
 
 // What a checkpoint keeps of a rule.
@@ -73,10 +76,12 @@ class UpdateRule {
  public:
   virtual ~UpdateRule() = default;
 
-  // Applies (or, in sync, collects) one push. Status codes: ABORTED when the
-  // push is too stale to apply (pull, then retry), ALREADY_EXISTS for a
-  // second push of the same step, INVALID_ARGUMENT for a version the shard
-  // never had. On error the shard is unchanged.
+  // Applies (or, in sync, collects) one push. A push whose examples the
+  // shard has already applied (ShardState::IsRepeat) changes nothing and is
+  // answered as a duplicate. Status codes: ABORTED when the push is too
+  // stale to apply (pull, then retry), ALREADY_EXISTS for a second push of
+  // the same step, INVALID_ARGUMENT for a version the shard never had. On
+  // error the shard is unchanged.
   virtual absl::StatusOr<PushResult> Apply(const PushData& push) = 0;
 
   // The current weights and their version, shared (not copied): valid as

@@ -88,7 +88,7 @@ absl::Status PushAsWorker(worker::PsClient* client,
       cpu->CopyToDevice(grads.data(), *device, grads.size() * sizeof(float));
   if (status.ok()) {
     absl::StatusOr<std::unique_ptr<worker::PendingCall>> push =
-        (*pusher)->Push(*device, {0}, 1);
+        (*pusher)->Push(*device, {0}, 1, /*sample_offset=*/0);
     status = push.ok() ? (*push)->Wait() : push.status();
   }
   cpu->Free(*device);

@@ -4,6 +4,7 @@
 // each implemented mode.
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -120,10 +121,7 @@ class ClusterTest : public testing::Test {
       worker.context.mlp = worker.mlp.get();
       worker.context.client = worker.client.get();
       worker.context.log_interval = absl::ZeroDuration();
-      if (resume) {
-        worker.context.resume_steps =
-            worker::ResumeSteps(*worker.client, config);
-      }
+      worker::PlaceWorker(*worker.client, config, resume, &worker.context);
     }
     results_.assign(kWorkers, absl::StatusOr<worker::WorkerResult>(
                                   absl::UnknownError("not run")));
@@ -242,7 +240,7 @@ TEST_F(ClusterTest, SyncWorkersRestartedMidStepRejoinIt) {
         common::ModelLayout::FromConfig(config).num_params(), 0.0f);
     common::BufferLease lease;
     std::unique_ptr<worker::ShardedPush> push =
-        dying0->StartPush({0, 0}, 20, &lease, nullptr);
+        dying0->StartPush({0, 0}, 20, /*sample_offset=*/0, &lease, nullptr);
     worker::ShardPayload payload;
     payload.values = dying0->ranges()[0].size();
     payload.data =
@@ -312,6 +310,76 @@ TEST_F(ClusterTest, DownpourTrainingLowersTheTestLossWithoutABarrier) {
     EXPECT_EQ(counted, kWorkers * 20);
   }
 }
+
+// A shard dies mid-run (no checkpoint at exit, as under SIGKILL) and comes
+// back on its port from its last periodic checkpoint. The workers wait for
+// it and finish their run, and no shard applies any batch twice: the shard
+// that stayed up counts every example exactly once.
+class ShardRestartTest : public ClusterTest,
+                         public testing::WithParamInterface<const char*> {};
+
+TEST_P(ShardRestartTest, WorkersRideOutAShardRestartWithNoBatchAppliedTwice) {
+  const TrainingConfig config = ResolvedConfig(absl::StrCat(
+      "layer_sizes: [20, 16, 10] batch_size: 20 epochs: 40 seed: 3 "
+      "chunk_bytes: 262144 sync_timeout_s: 60 mode: ",
+      GetParam()));
+  const std::string dir =
+      testutil::TempPath(absl::StrCat("shard_restart_", GetParam()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto start = [&](int s, const std::string& listen)
+      -> absl::StatusOr<std::unique_ptr<server::ShardServer>> {
+    server::ShardServerOptions options;
+    options.config = config;
+    options.shard = s;
+    options.num_shards = kShards;
+    options.num_workers = kWorkers;
+    options.listen_address = listen;
+    options.checkpoint_dir = dir;
+    options.checkpoint_interval = absl::Milliseconds(20);
+    return server::ShardServer::Start(options);
+  };
+  for (int s = 0; s < kShards; ++s) {
+    ASSERT_OK_AND_ASSIGN(auto server, start(s, "127.0.0.1:0"));
+    addresses_.push_back(server->address());
+    servers_.push_back(std::move(server));
+  }
+  std::thread training([&] { Train(config); });
+  // Once shard 1 has taken a fair part of the run and checkpointed it, it
+  // dies.
+  while (servers_[1]->state()->version() < 150 ||
+         !std::filesystem::exists(servers_[1]->checkpoint_path())) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const std::string address = servers_[1]->address();
+  servers_[1].reset();
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::StatusOr<std::unique_ptr<server::ShardServer>> back = start(1, address);
+  ASSERT_OK(back.status());
+  EXPECT_GT((*back)->resumed_version(), 0);
+  servers_[1] = *std::move(back);
+  training.join();
+
+  // 400 examples, 2 workers: 200 each, 10 steps an epoch, 400 steps.
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 400) << "worker " << w;
+  }
+  const std::vector<StatsResponse> stats = ShardStats();
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(stats[0].samples_applied_by_worker().at(w), 8000) << w;
+    EXPECT_EQ(stats[0].sample_position_by_worker().at(w), 8000) << w;
+    // The restarted shard lost what came after its checkpoint, and has
+    // every example after its return: its count is the truth of its
+    // weights.
+    EXPECT_LE(stats[1].samples_applied_by_worker().at(w), 8000) << w;
+    EXPECT_EQ(stats[1].sample_position_by_worker().at(w), 8000) << w;
+  }
+  EXPECT_EQ(stats[0].rejected_pushes(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ShardRestartTest,
+                         testing::Values("DOWNPOUR", "SYNC", "ONEBIT"));
 
 // The three other modes, more briefly: each must train, and its shards'
 // versions must count what the mode says they count.

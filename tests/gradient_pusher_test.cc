@@ -83,7 +83,7 @@ TEST(GradientPusherTest, Float32PushMatchesThePlainPush) {
     ASSERT_OK(plain.client->Push(g, {step, step}, 8));
     ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> push,
-                         pusher->Push(device, {step, step}, 8));
+                         pusher->Push(device, {step, step}, 8, 8 * step));
     // The pusher copied the gradient: the device buffer may change now.
     cpu->Fill(53, 1e9f, device);
     ASSERT_OK(push->Wait());
@@ -113,7 +113,7 @@ TEST(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
     std::vector<common::OneBitEncoded> encoded(2);
     common::BufferLease lease;
     std::unique_ptr<ShardedPush> push =
-        by_hand.client->StartPush({step, step}, 8, &lease, nullptr);
+        by_hand.client->StartPush({step, step}, 8, 8 * step, &lease, nullptr);
     for (int s = 0; s < 2; ++s) {
       const common::ShardRange r = by_hand.client->ranges()[s];
       common::OneBitEncode(absl::MakeConstSpan(g).subspan(r.begin, r.size()),
@@ -126,7 +126,7 @@ TEST(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
     ASSERT_OK(push->Wait());
     ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> pushing,
-                         pusher->Push(device, {step, step}, 8));
+                         pusher->Push(device, {step, step}, 8, 8 * step));
     ASSERT_OK(pushing->Wait());
   }
   cpu->Free(device);
@@ -149,7 +149,7 @@ TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
     ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
   };
   // Nothing given and nothing accumulated.
-  EXPECT_THAT(pusher->Push(nullptr, {0, 0}, 8).status(),
+  EXPECT_THAT(pusher->Push(nullptr, {0, 0}, 8, /*sample_offset=*/0).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("none accumulated")));
   const std::vector<float> initial = cluster.Weights(0);
@@ -162,7 +162,7 @@ TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
   // The sum so far plus this step's gradient.
   upload(g2);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> push,
-                       pusher->Push(device, {0, 0}, 24));
+                       pusher->Push(device, {0, 0}, 24, /*sample_offset=*/0));
   ASSERT_OK(push->Wait());
   EXPECT_EQ(pusher->accumulated_steps(), 0);
   std::vector<float> expected = initial;
@@ -174,7 +174,7 @@ TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
   // The sum starts again from zero; null pushes just the sum.
   upload(g1);
   ASSERT_OK(pusher->Accumulate(device));
-  ASSERT_OK_AND_ASSIGN(push, pusher->Push(nullptr, {1, 1}, 8));
+  ASSERT_OK_AND_ASSIGN(push, pusher->Push(nullptr, {1, 1}, 8, 24));
   ASSERT_OK(push->Wait());
   for (size_t i = 0; i < expected.size(); ++i) expected[i] -= 0.0f + g1[i];
   EXPECT_EQ(cluster.Weights(2), expected);
@@ -198,8 +198,9 @@ TEST(GradientPusherTest, PushWithAPullTargetGetsTheWeightsThatIncludeIt) {
     std::vector<float> params(53, -7.0f);
     std::vector<int64_t> versions;
     const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> push,
-                         pusher->Push(device, {0, 0}, 8, &pull));
+    ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<PendingCall> push,
+        pusher->Push(device, {0, 0}, 8, /*sample_offset=*/0, &pull));
     ASSERT_OK(push->Wait());
     EXPECT_THAT(versions, testing::ElementsAre(1, 1));
     EXPECT_EQ(params, cluster.Weights(1));

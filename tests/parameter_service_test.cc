@@ -77,8 +77,11 @@ PushChunk Chunk(uint64_t offset, const std::vector<float>& values) {
 }
 
 // A whole push in one chunk.
+// A push as a worker's step `base_version` sends it: its examples are the
+// rank's batch of that step (offset base_version * samples) unless given.
 PushChunk OneChunkPush(int rank, int shard, int64_t base_version,
-                       const std::vector<float>& values, int64_t samples = 8) {
+                       const std::vector<float>& values, int64_t samples = 8,
+                       int64_t sample_offset = -1) {
   PushChunk chunk = Chunk(0, values);
   PushHeader* header = chunk.mutable_header();
   header->set_worker_rank(rank);
@@ -86,6 +89,8 @@ PushChunk OneChunkPush(int rank, int shard, int64_t base_version,
   header->set_base_version(base_version);
   header->set_length(values.size());
   header->set_samples(samples);
+  header->set_sample_offset(sample_offset >= 0 ? sample_offset
+                                               : base_version * samples);
   return chunk;
 }
 
@@ -436,7 +441,15 @@ TEST_F(ParameterServiceTest, SyncPushesOfAClosedOrRepeatedStepAreRefused) {
       RawPush(stub.get(), {OneChunkPush(1, 0, 0, Filled(26, 1.0f))}).ok());
   const Pulled before = RawPull(stub.get(), 0, 0, 1);
   ASSERT_TRUE(before.status.ok());
-  EXPECT_THAT(RawPush(stub.get(), {OneChunkPush(1, 0, 0, Filled(26, 1.0f))}),
+  // The same examples again, once the step has closed: a duplicate.
+  PushResponse repeat;
+  ASSERT_TRUE(
+      RawPush(stub.get(), {OneChunkPush(1, 0, 0, Filled(26, 1.0f))}, &repeat)
+          .ok());
+  EXPECT_TRUE(repeat.duplicate());
+  // Other examples for the closed step: too stale to apply.
+  EXPECT_THAT(RawPush(stub.get(), {OneChunkPush(1, 0, 0, Filled(26, 1.0f), 8,
+                                                /*sample_offset=*/800)}),
               HasCodeAndMessage(grpc::StatusCode::ABORTED,
                                 HasSubstr("pull and retry")));
   const Pulled after = RawPull(stub.get(), 0, 0, 0);
@@ -444,6 +457,7 @@ TEST_F(ParameterServiceTest, SyncPushesOfAClosedOrRepeatedStepAreRefused) {
   EXPECT_EQ(after.version, 1);
   EXPECT_EQ(after.values, before.values);
   EXPECT_EQ(RawStats(stub.get()).rejected_pushes(), 2);
+  EXPECT_EQ(RawStats(stub.get()).duplicate_pushes(), 1);
 }
 
 TEST_F(ParameterServiceTest, DownpourPushesRecordTheirStaleness) {

@@ -152,6 +152,21 @@ TEST(PsClientTest, ConnectWithServersOutOfOrderIsRefused) {
                        HasSubstr("this is shard 1, not shard 0")));
 }
 
+TEST(PsClientTest, ConnectWithAnotherWorkerCountIsFailedPrecondition) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 2);
+  ASSERT_EQ(servers.size(), 2u);
+  PsClientOptions options = OptionsFor(servers, config);
+  options.num_workers = 3;
+  EXPECT_THAT(PsClient::Connect(options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("started with --num_workers=3 but shard 0 "
+                                 "with --num_workers=2")));
+  options.num_workers = 2;
+  EXPECT_OK(PsClient::Connect(options).status());
+}
+
 TEST(PsClientTest, ConnectToFewerServersThanShardsIsFailedPrecondition) {
   const TrainingConfig config = ResolvedConfig(kSmallConfig);
   std::vector<std::unique_ptr<server::ShardServer>> servers =
@@ -161,7 +176,8 @@ TEST(PsClientTest, ConnectToFewerServersThanShardsIsFailedPrecondition) {
   options.server_addresses.pop_back();
   EXPECT_THAT(PsClient::Connect(options),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("of 2 shards")));
+                       HasSubstr("this client lists 1 shards in --servers but "
+                                 "shard 0 was started with --num_shards=2")));
 }
 
 TEST_F(TwoShardsTest, PushAndPullRoundTripAcrossTwoShards) {
@@ -349,7 +365,7 @@ TEST_F(TwoShardsTest, PushHandedOverShardByShardAppliesLikeOnePush) {
   std::vector<PushResponse> responses;
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({0, 0}, 16, &lease, &responses);
+      client->StartPush({0, 0}, 16, /*sample_offset=*/0, &lease, &responses);
   // In either order.
   push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
@@ -373,8 +389,8 @@ TEST_F(TwoShardsTest, PushPullAnswersWithTheWeightsThatIncludeThePush) {
   std::vector<int64_t> versions;
   const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
   common::BufferLease lease;
-  std::unique_ptr<ShardedPush> push =
-      client->StartPush({0, 0}, 16, &lease, &responses, &pull);
+  std::unique_ptr<ShardedPush> push = client->StartPush(
+      {0, 0}, 16, /*sample_offset=*/0, &lease, &responses, &pull);
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));
   ASSERT_OK(push->Wait());
@@ -397,20 +413,20 @@ TEST_F(TwoShardsTest, ShardsTakeNoNewBuffersOncePushesAndPullsAreWarm) {
   std::vector<float> params(53);
   std::vector<int64_t> versions;
   auto step = [&](int64_t version, bool push_pull) {
-    if (!push_pull) {
-      ASSERT_OK(client->Push(grads, {version, version}, 16));
-      ASSERT_OK(client->Pull(version + 1, absl::Seconds(30),
-                             absl::MakeSpan(params), &versions));
-      return;
-    }
     const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
     common::BufferLease lease;
-    std::unique_ptr<ShardedPush> push =
-        client->StartPush({version, version}, 16, &lease, nullptr, &pull);
+    std::unique_ptr<ShardedPush> push = client->StartPush(
+        {version, version}, 16, /*sample_offset=*/16 * version, &lease, nullptr,
+        push_pull ? &pull : nullptr);
     push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
     push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));
     ASSERT_OK(push->Wait());
+    if (!push_pull) {
+      ASSERT_OK(client->Pull(version + 1, absl::Seconds(30),
+                             absl::MakeSpan(params), &versions));
+    }
   };
+
   // A buffer per push and one per version would be 80 after 40 steps. The
   // pool holds what is in use at once: the push being decoded, the current
   // version, and the versions whose slices gRPC still holds after a pull
@@ -436,8 +452,8 @@ TEST(PsClientTest, SyncPushPullWaitsForTheBarrier) {
   std::vector<int64_t> versions;
   const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
   common::BufferLease lease;
-  std::unique_ptr<ShardedPush> push =
-      worker0->StartPush({0, 0}, 1, &lease, nullptr, &pull);
+  std::unique_ptr<ShardedPush> push = worker0->StartPush(
+      {0, 0}, 1, /*sample_offset=*/0, &lease, nullptr, &pull);
   push->Send(0, Float32(absl::MakeConstSpan(ones).subspan(0, 26)));
   push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
   // Worker 0's answer waits for step 0 to close, which needs worker 1.
@@ -467,8 +483,8 @@ TEST(PsClientTest, SyncPushPullPastTheTimeoutIsDeadlineExceeded) {
   const PullTarget pull{absl::MakeSpan(params), &versions,
                         absl::Milliseconds(300)};
   common::BufferLease lease;
-  std::unique_ptr<ShardedPush> push =
-      worker0->StartPush({0, 0}, 1, &lease, nullptr, &pull);
+  std::unique_ptr<ShardedPush> push = worker0->StartPush(
+      {0, 0}, 1, /*sample_offset=*/0, &lease, nullptr, &pull);
   push->Send(0, Float32(absl::MakeConstSpan(ones).subspan(0, 26)));
   push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
   EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kDeadlineExceeded,
@@ -479,7 +495,7 @@ TEST_F(TwoShardsTest, PushWithAShardNeverSentIsFailedPreconditionNamingIt) {
   const std::vector<float> grads = Ramp53();
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({0, 0}, 16, &lease, nullptr);
+      client->StartPush({0, 0}, 16, /*sample_offset=*/0, &lease, nullptr);
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   EXPECT_THAT(push->Wait(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -500,7 +516,7 @@ TEST_F(TwoShardsTest, PushOfTheWrongLengthIsInvalidAndSendsNothing) {
                        HasSubstr("push of 52 values to a model of 53")));
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({0, 0}, 16, &lease, nullptr);
+      client->StartPush({0, 0}, 16, /*sample_offset=*/0, &lease, nullptr);
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));  // 26 of 27
   EXPECT_THAT(push->Wait(),
@@ -520,7 +536,7 @@ TEST_F(TwoShardsTest, ShardSentTwiceIsInvalid) {
   const std::vector<float> grads = Ramp53();
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({0, 0}, 16, &lease, nullptr);
+      client->StartPush({0, 0}, 16, /*sample_offset=*/0, &lease, nullptr);
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   push->Send(2, Float32(absl::MakeConstSpan(grads).subspan(26)));
@@ -547,7 +563,7 @@ TEST(PsClientTest, OneBitPayloadsAreAppliedAsTheValuesTheyDecodeTo) {
   std::vector<float> decoded(53);
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({0, 0}, 4, &lease, nullptr);
+      client->StartPush({0, 0}, 4, /*sample_offset=*/0, &lease, nullptr);
   for (int s = 0; s < 2; ++s) {
     const common::ShardRange r = client->ranges()[s];
     common::OneBitEncode(absl::MakeConstSpan(grads).subspan(r.begin, r.size()),
@@ -578,7 +594,7 @@ TEST(PsClientTest, OneBitSliceOfTheWrongSizeIsInvalidAndNeverSent) {
   encoded.scales.assign(32, '\0');
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({0, 0}, 4, &lease, nullptr);
+      client->StartPush({0, 0}, 4, /*sample_offset=*/0, &lease, nullptr);
   push->Send(0, OneBit(encoded, 26));
   EXPECT_THAT(push->Wait(),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -594,7 +610,7 @@ TEST_F(TwoShardsTest, OneBitSliceFromAFloat32ClientIsInvalid) {
   encoded.scales.assign(32, '\0');
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({0, 0}, 4, &lease, nullptr);
+      client->StartPush({0, 0}, 4, /*sample_offset=*/0, &lease, nullptr);
   push->Send(0, OneBit(encoded, 26));
   EXPECT_THAT(push->Wait(),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -620,7 +636,7 @@ TEST_F(TwoShardsTest, ARestartedClientLearnsTheExamplesEveryShardApplied) {
   // The next push reaches shard 0 only, as if the worker died mid-push.
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({1, 1}, 16, &lease, nullptr);
+      client->StartPush({1, 1}, 16, /*sample_offset=*/0, &lease, nullptr);
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
 

@@ -88,6 +88,7 @@ OwnedPush Gradient(size_t size, int64_t base_version, int worker, int step) {
   push.data.worker_rank = worker;
   push.data.base_version = base_version;
   push.data.samples = 8;
+  push.data.sample_offset = 8 * static_cast<int64_t>(step);
   push.data.wire_bytes = static_cast<int64_t>(4 * size);
   for (size_t i = 0; i < size; ++i) {
     push.values.push_back(

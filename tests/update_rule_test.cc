@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/model_layout.h"
 #include "gmock/gmock.h"
@@ -42,12 +44,24 @@ struct OwnedPush {
   }
 };
 
+// Each rank's pushes carry the next examples of its data, as a worker's do
+// (a repeat would be a duplicate; see RepeatedExamplesAreNotAppliedTwice).
+int64_t NextOffset(int rank, int64_t samples) {
+  static std::map<int, int64_t> next;
+  static absl::Mutex mu;
+  absl::MutexLock lock(&mu);
+  const int64_t offset = next[rank];
+  next[rank] += samples;
+  return offset;
+}
+
 OwnedPush MakePush(int rank, int64_t base_version, std::vector<float> values,
                    int64_t samples = 4) {
   OwnedPush push;
   push.data.worker_rank = rank;
   push.data.base_version = base_version;
   push.data.samples = samples;
+  push.data.sample_offset = NextOffset(rank, samples);
   push.data.wire_bytes = 100;
   push.values = std::move(values);
   return push;
@@ -130,6 +144,21 @@ TEST_F(SyncRuleTest, ExamplesCountAsAppliedOnlyOnceTheStepIsApplied) {
   ASSERT_OK(rule_->Apply(MakePush(1, 1, Filled(1.0f), 30)).status());
   EXPECT_THAT(state_.Stats().samples_applied_by_worker(),
               UnorderedElementsAre(Pair(0, 20), Pair(1, 30)));
+}
+
+TEST_F(SyncRuleTest, ARepeatOfAClosedStepIsADuplicate) {
+  OwnedPush a = MakePush(0, 0, Filled(2.0f), 8);
+  OwnedPush b = MakePush(1, 0, Filled(2.0f), 8);
+  ASSERT_OK(rule_->Apply(a).status());
+  ASSERT_OK(rule_->Apply(b).status());
+  const std::vector<float> after = Weights(*rule_);
+  // Worker 0, restarted, pushes its step-0 batch again.
+  ASSERT_OK_AND_ASSIGN(PushResult repeat, rule_->Apply(a));
+  EXPECT_TRUE(repeat.duplicate);
+  EXPECT_EQ(repeat.version, 1);
+  EXPECT_EQ(Weights(*rule_), after);
+  EXPECT_EQ(state_.Stats().duplicate_pushes(), 1);
+  EXPECT_EQ(state_.SamplePosition(0), a.data.sample_offset + 8);
 }
 
 TEST_F(SyncRuleTest, NextStepStartsFromAnEmptySum) {
@@ -352,6 +381,36 @@ TEST_F(DownpourRuleTest, SteadyStateTakesNoNewBuffers) {
   }
   EXPECT_EQ(state_.buffers().allocations(), warm);
   EXPECT_LE(warm, 3);
+}
+
+TEST_F(DownpourRuleTest, RepeatedExamplesAreNotAppliedTwice) {
+  OwnedPush push = MakePush(0, 0, Filled(1.0f), 10);
+  ASSERT_OK_AND_ASSIGN(PushResult first, rule_->Apply(push));
+  EXPECT_FALSE(first.duplicate);
+  const std::vector<float> once = Weights(*rule_);
+  // The same examples again (a worker repeating its step after a lost
+  // connection): acknowledged, not applied, counted as a duplicate.
+  ASSERT_OK_AND_ASSIGN(PushResult again, rule_->Apply(push));
+  EXPECT_TRUE(again.duplicate);
+  EXPECT_EQ(again.version, 1);
+  EXPECT_EQ(Weights(*rule_), once);
+  // Part of them: not applied either.
+  OwnedPush part = push;
+  part.data.sample_offset += 4;
+  part.data.samples = 6;
+  ASSERT_OK_AND_ASSIGN(PushResult inside, rule_->Apply(part));
+  EXPECT_TRUE(inside.duplicate);
+  const StatsResponse stats = state_.Stats();
+  EXPECT_EQ(stats.pushes(), 1);
+  EXPECT_EQ(stats.samples(), 10);
+  EXPECT_EQ(stats.duplicate_pushes(), 2);
+  EXPECT_EQ(stats.sample_position_by_worker().at(0),
+            push.data.sample_offset + 10);
+  // Examples past them are new.
+  OwnedPush next = MakePush(0, 1, Filled(1.0f), 10);
+  ASSERT_OK_AND_ASSIGN(PushResult later, rule_->Apply(next));
+  EXPECT_FALSE(later.duplicate);
+  EXPECT_EQ(later.version, 2);
 }
 
 TEST_F(DownpourRuleTest, WakesPullWaitersAfterEachPush) {

@@ -94,9 +94,8 @@ TEST(WireTest, PullChunkBytesAreProtobufsSerialization) {
   expected.set_offset(1u << 20);
   expected.set_data(data);
   *expected.mutable_push() = push;
-  EXPECT_EQ(Bytes(PullChunkMessage(12, 1u << 20,
-                                   grpc::Slice(data.data(), data.size()),
-                                   &push)),
+  EXPECT_EQ(Bytes(PullChunkMessage(
+                12, 1u << 20, grpc::Slice(data.data(), data.size()), &push)),
             expected.SerializeAsString());
   expected.clear_push();
   EXPECT_EQ(Bytes(PullChunkMessage(
@@ -134,8 +133,8 @@ TEST(WireTest, CopyToFillsTheDestinationAcrossManySlices) {
   const std::string bytes = chunk.SerializeAsString();
   MessageReader reader;
   MessageReader::PushChunkView view;
-  ASSERT_OK(reader.ParsePushChunk(Sliced(bytes, {3, 10, 11, 999, 2000}),
-                                  &view));
+  ASSERT_OK(
+      reader.ParsePushChunk(Sliced(bytes, {3, 10, 11, 999, 2000}), &view));
   std::vector<float> out(values.size());
   ASSERT_EQ(view.data.size(), out.size() * sizeof(float));
   view.data.CopyTo(out.data());
@@ -218,9 +217,9 @@ TEST(WireTest, MalformedMessagesAreInvalidArgument) {
   for (const auto& [bytes, message] : cases) {
     MessageReader reader;
     MessageReader::PushChunkView view;
-    EXPECT_THAT(reader.ParsePushChunk(Whole(bytes), &view),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr(message)))
+    EXPECT_THAT(
+        reader.ParsePushChunk(Whole(bytes), &view),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
         << "bytes of size " << bytes.size();
   }
 }
@@ -288,8 +287,8 @@ TEST(WireTest, LeaseCountsBorrowsUntilEverySliceIsGone) {
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(part.begin()), 3),
               "234");
     EXPECT_EQ(part.begin(), reinterpret_cast<const uint8_t*>(data.data()) + 2);
-    grpc::ByteBuffer message = PushChunkMessage(nullptr, 0, part,
-                                                grpc::Slice());
+    grpc::ByteBuffer message =
+        PushChunkMessage(nullptr, 0, part, grpc::Slice());
     slice = grpc::Slice();
     EXPECT_FALSE(lease.AwaitReleased(absl::Milliseconds(1)));
   }

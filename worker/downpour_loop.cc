@@ -6,7 +6,8 @@
 // n_push = 1, the default), each push's answer carries the weights that
 // include it: one round trip per step, and no local step (the fetched
 // weights would replace it at once). Also the onebit mode's loop: the
-// GradientPusher quantizes the pushes.
+// GradientPusher quantizes the pushes. A lost shard is waited for
+// (RidingOut); the step is then repeated on fresh weights.
 
 #include <memory>
 #include <vector>
@@ -38,24 +39,32 @@ class DownpourLoop : public TrainingLoop {
     PulledParams params(c.mlp);
     std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
-    absl::Status status = c.client->Pull(0, timeout, params.span(), &versions);
-    if (!status.ok()) return status;
+    auto pull = [&] {
+      return c.client->Pull(0, timeout, params.span(), &versions);
+    };
+    if (auto s = RidingOut(c, pull, pull); !s.ok()) return s;
     const PullTarget next{params.span(), &versions, timeout};
     ProgressLog progress(c, *batches);
     while (batches->Next()) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
-      if (auto s = params.Commit(); !s.ok()) return s;
-      absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
-          batches->images(), batches->labels(), batches->batch_size());
-      if (!result.ok()) return result.status();
-      // The push carries the versions its gradient was computed from; the
-      // answer replaces them (and the weights) with the shards' new ones.
-      absl::StatusOr<std::unique_ptr<PendingCall>> push = pusher.Push(
-          c.mlp->device_gradients(), versions, batches->batch_size(), &next);
-      if (!push.ok()) return push.status();
-      if (auto s = (*push)->Wait(); !s.ok()) return s;
+      absl::StatusOr<BatchResult> result;
+      auto step = [&]() -> absl::Status {
+        if (auto s = params.Commit(); !s.ok()) return s;
+        result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
+                                         batches->batch_size());
+        if (!result.ok()) return result.status();
+        // The push carries the versions its gradient was computed from;
+        // the answer replaces them (and the weights) with the shards' new
+        // ones.
+        absl::StatusOr<std::unique_ptr<PendingCall>> push =
+            pusher.Push(c.mlp->device_gradients(), versions,
+                        batches->batch_size(), batches->sample_offset(), &next);
+        if (!push.ok()) return push.status();
+        return (*push)->Wait();
+      };
+      if (auto s = RidingOut(c, step, pull); !s.ok()) return s;
       progress.Step(result->loss, batches->batch_size());
     }
     return progress.Finish();
@@ -70,56 +79,77 @@ class DownpourLoop : public TrainingLoop {
     ProgressLog progress(c, *batches);
 
     PushInFlight in_flight;
+    // Where the examples of the push being summed begin.
+    int64_t first_offset = 0;
     // Pushes `steps` steps' gradient: device_grads plus what the pusher has
-    // summed.
+    // summed. A push that failed on a lost shard is not sent again: that
+    // shard loses it, the others have it.
     auto push = [&](int steps, const float* device_grads) -> absl::Status {
       if (auto s = in_flight.Finish(); !s.ok()) return s;
       const int64_t samples =
           static_cast<int64_t>(steps) * batches->batch_size();
       absl::StatusOr<std::unique_ptr<PendingCall>> started =
-          pusher.Push(device_grads, versions, samples);
+          pusher.Push(device_grads, versions, samples, first_offset);
       if (!started.ok()) return started.status();
       in_flight.Hold(*std::move(started));
       return absl::OkStatus();
     };
+    auto pull = [&]() -> absl::Status {
+      if (auto s = c.client->Pull(0, timeout, params.span(), &versions);
+          !s.ok()) {
+        return s;
+      }
+      return params.Commit();
+    };
 
+    bool fetch = true;  // the first step, and after a lost shard
     for (int64_t step = 0; batches->Next(); ++step) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
-      if (step % c.config.n_fetch() == 0) {
-        absl::Status status =
-            c.client->Pull(0, timeout, params.span(), &versions);
-        if (!status.ok()) return status;
-        if (auto s = params.Commit(); !s.ok()) return s;
-      }
-      absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
-          batches->images(), batches->labels(), batches->batch_size());
-      if (!result.ok()) return result.status();
-      // The model's gradient buffer, which the local step below reads but
-      // does not change, goes straight to the pusher on a push step.
-      if (pusher.accumulated_steps() + 1 == c.config.n_push()) {
-        if (auto s = push(c.config.n_push(), c.mlp->device_gradients());
-            !s.ok()) {
+      absl::StatusOr<BatchResult> result;
+      auto one_step = [&]() -> absl::Status {
+        if (fetch || step % c.config.n_fetch() == 0) {
+          if (auto s = pull(); !s.ok()) return s;
+          fetch = false;
+        }
+        result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
+                                         batches->batch_size());
+        if (!result.ok()) return result.status();
+        if (pusher.accumulated_steps() == 0) {
+          first_offset = batches->sample_offset();
+        }
+        // The model's gradient buffer, which the local step below reads but
+        // does not change, goes straight to the pusher on a push step.
+        if (pusher.accumulated_steps() + 1 == c.config.n_push()) {
+          if (auto s = push(c.config.n_push(), c.mlp->device_gradients());
+              !s.ok()) {
+            return s;
+          }
+        } else if (auto s = pusher.Accumulate(c.mlp->device_gradients());
+                   !s.ok()) {
           return s;
         }
-      } else if (auto s = pusher.Accumulate(c.mlp->device_gradients());
-                 !s.ok()) {
-        return s;
-      }
-      if (auto s = c.mlp->ApplyGradients(c.config.local_learning_rate(),
-                                         c.config.local_momentum());
-          !s.ok()) {
-        return s;
-      }
+        return c.mlp->ApplyGradients(c.config.local_learning_rate(),
+                                     c.config.local_momentum());
+      };
+      auto resync = [&]() -> absl::Status {
+        fetch = true;
+        return absl::OkStatus();
+      };
+      if (auto s = RidingOut(c, one_step, resync); !s.ok()) return s;
       progress.Step(result->loss, batches->batch_size());
     }
-    if (pusher.accumulated_steps() > 0) {
-      if (auto s = push(pusher.accumulated_steps(), nullptr); !s.ok()) {
-        return s;
+    auto finish = [&]() -> absl::Status {
+      if (pusher.accumulated_steps() > 0) {
+        if (auto s = push(pusher.accumulated_steps(), nullptr); !s.ok()) {
+          return s;
+        }
       }
-    }
-    if (auto s = in_flight.Finish(); !s.ok()) return s;
+      return in_flight.Finish();
+    };
+    auto none = [] { return absl::OkStatus(); };
+    if (auto s = RidingOut(c, finish, none); !s.ok()) return s;
     return progress.Finish();
   }
 };

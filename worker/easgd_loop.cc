@@ -39,14 +39,24 @@ class EasgdLoop : public TrainingLoop {
     std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     // Start from the center.
-    absl::Status status =
-        c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
-    if (!status.ok()) return status;
+    auto first = [&] {
+      return c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
+    };
+    if (absl::Status status = RidingOut(c, first, first); !status.ok()) {
+      return status;
+    }
     if (auto s = c.mlp->SetParams(center); !s.ok()) return s;
 
     ProgressLog progress(c, *batches);
     int since_exchange = 0;
+    int64_t window_offset = 0;  // where the exchanged steps' examples begin
+    // One exchange. A shard lost while pulling the center: the exchange
+    // runs again once the shard is back (nothing has changed yet). Lost
+    // while pushing d: x has moved, so the exchange is not repeated; that
+    // shard's center misses this d.
+    bool pushing = false;
     auto exchange = [&]() -> absl::Status {
+      if (pushing) return absl::OkStatus();  // lost while pushing: done
       absl::Status pulled =
           c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
       if (!pulled.ok()) return pulled;
@@ -60,17 +70,26 @@ class EasgdLoop : public TrainingLoop {
       backend->Axpy(p, 1.0f, x, d);
       backend->Scale(p, alpha, d);
       backend->Axpy(p, -1.0f, d, x);
+      pushing = true;
       absl::StatusOr<std::unique_ptr<PendingCall>> push = (*pusher)->Push(
           d, versions,
-          static_cast<int64_t>(since_exchange) * batches->batch_size());
-      since_exchange = 0;
+          static_cast<int64_t>(since_exchange) * batches->batch_size(),
+          window_offset);
       if (!push.ok()) return push.status();
       return (*push)->Wait();
+    };
+    auto none = [] { return absl::OkStatus(); };
+    auto exchange_riding_out = [&]() -> absl::Status {
+      pushing = false;
+      absl::Status status = RidingOut(c, exchange, none);
+      since_exchange = 0;
+      return status;
     };
     while (batches->Next()) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
+      if (since_exchange == 0) window_offset = batches->sample_offset();
       absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!result.ok()) return result.status();
@@ -80,13 +99,13 @@ class EasgdLoop : public TrainingLoop {
         return s;
       }
       if (++since_exchange == c.config.tau()) {
-        if (auto s = exchange(); !s.ok()) return s;
+        if (auto s = exchange_riding_out(); !s.ok()) return s;
       }
       progress.Step(result->loss, batches->batch_size());
     }
     // The last local steps reach the center too.
     if (since_exchange > 0) {
-      if (auto s = exchange(); !s.ok()) return s;
+      if (auto s = exchange_riding_out(); !s.ok()) return s;
     }
     return progress.Finish();
   }

@@ -142,7 +142,7 @@ absl::StatusOr<ShardPayload> GradientPusher::Prepare(int shard,
 
 absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
     const float* device_grads, const std::vector<int64_t>& base_versions,
-    int64_t samples, const PullTarget* pull) {
+    int64_t samples, int64_t sample_offset, const PullTarget* pull) {
   const float* values = device_grads;
   if (accumulated_steps_ > 0) {
     if (device_grads != nullptr) {
@@ -164,8 +164,8 @@ absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
   // sent from where they are.
   const bool borrow = pull != nullptr && encoding_ == ENCODING_FLOAT32 &&
                       backend_->HostMemory();
-  std::unique_ptr<ShardedPush> push =
-      client_->StartPush(base_versions, samples, &lease_, nullptr, pull);
+  std::unique_ptr<ShardedPush> push = client_->StartPush(
+      base_versions, samples, sample_offset, &lease_, nullptr, pull);
   // Shard by shard: each Send starts that shard's RPC before the next
   // shard's payload is prepared.
   absl::Status failed;

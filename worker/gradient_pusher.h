@@ -51,9 +51,11 @@ class GradientPusher {
   // before it computes again does): a backend in host memory then sends
   // them without a copy. An error here means no more shards were sent;
   // those already sent are waited for first.
+  // `sample_offset` is where the pushed examples begin in the rank's data
+  // (PsClient::StartPush).
   absl::StatusOr<std::unique_ptr<PendingCall>> Push(
       const float* device_grads, const std::vector<int64_t>& base_versions,
-      int64_t samples, const PullTarget* pull = nullptr);
+      int64_t samples, int64_t sample_offset, const PullTarget* pull = nullptr);
 
   // sum += device_grads, on the device, for the next Push.
   absl::Status Accumulate(const float* device_grads);

@@ -25,25 +25,38 @@ class HogwildLoop : public TrainingLoop {
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     ProgressLog progress(c, *batches);
     PushInFlight in_flight;  // the previous step's push
+    auto none = [] { return absl::OkStatus(); };
     while (batches->Next()) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
-      absl::Status status =
-          c.client->Pull(0, timeout, params.span(), &versions);
-      if (!status.ok()) return status;
-      if (auto s = params.Commit(); !s.ok()) return s;
-      absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
-          batches->images(), batches->labels(), batches->batch_size());
-      if (!result.ok()) return result.status();
-      if (auto s = in_flight.Finish(); !s.ok()) return s;
-      absl::StatusOr<std::unique_ptr<PendingCall>> push = (*pusher)->Push(
-          c.mlp->device_gradients(), versions, batches->batch_size());
-      if (!push.ok()) return push.status();
-      in_flight.Hold(*std::move(push));
+      // After a lost shard the step runs again from its pull; the previous
+      // step's push, lost on that shard, is not sent again.
+      absl::StatusOr<BatchResult> result;
+      auto step = [&]() -> absl::Status {
+        absl::Status status =
+            c.client->Pull(0, timeout, params.span(), &versions);
+        if (!status.ok()) return status;
+        if (auto s = params.Commit(); !s.ok()) return s;
+        result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
+                                         batches->batch_size());
+        if (!result.ok()) return result.status();
+        if (auto s = in_flight.Finish(); !s.ok()) return s;
+        absl::StatusOr<std::unique_ptr<PendingCall>> push =
+            (*pusher)->Push(c.mlp->device_gradients(), versions,
+                            batches->batch_size(), batches->sample_offset());
+        if (!push.ok()) return push.status();
+        in_flight.Hold(*std::move(push));
+        return absl::OkStatus();
+      };
+      if (auto s = RidingOut(c, step, none); !s.ok()) return s;
       progress.Step(result->loss, batches->batch_size());
     }
-    if (auto s = in_flight.Finish(); !s.ok()) return s;
+    if (auto s = RidingOut(
+            c, [&] { return in_flight.Finish(); }, none);
+        !s.ok()) {
+      return s;
+    }
     return progress.Finish();
   }
 };

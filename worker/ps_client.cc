@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 
 namespace monsoon::worker {
 namespace {
@@ -318,6 +319,57 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                    args);
 }
 
+absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
+    int s, absl::Time deadline, absl::Duration log_every,
+    const std::string& why) {
+  const Shard& shard = shards_[s];
+  RegisterRequest request;
+  request.set_worker_rank(worker_rank_);
+  request.set_shard(s);
+  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_num_workers(num_workers_);
+  request.set_num_shards(num_shards());
+  RegisterResponse response;
+  const absl::Time start = absl::Now();
+  absl::Time last_log = start;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    if (stop_ != nullptr && stop_->HasBeenNotified()) {
+      return absl::CancelledError("stopped while waiting for a shard");
+    }
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    // Short attempts, so that a stop or a log line is never far off.
+    context.set_deadline(
+        absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
+    grpc::Status status = shard.stub->Register(&context, request, &response);
+    if (status.ok()) return response;
+    const bool transport =
+        status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!transport) {
+      return Annotate(common::ToAbslStatus(status), s, shard.address);
+    }
+    const absl::Time now = absl::Now();
+    if (now + backoff >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not reach parameter server shard ", s, " at ", shard.address,
+          " within ",
+          absl::FormatDuration(absl::Trunc(deadline - start, absl::Seconds(1))),
+          " (", status.error_message(), "): ", why));
+    }
+    if (log_every > absl::ZeroDuration() && now - last_log >= log_every) {
+      common::Log("%s %d: waiting for shard %d at %s for %.0f s (%s)",
+                  worker_rank_ >= 0 ? "worker" : "evaluator",
+                  std::max(worker_rank_, 0), s, shard.address,
+                  absl::ToDoubleSeconds(now - start), status.error_message());
+      last_log = now;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     const PsClientOptions& options) {
   if (options.server_addresses.empty()) {
@@ -327,79 +379,89 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   std::unique_ptr<PsClient> client(new PsClient());
   client->config_ = options.config;
   client->worker_rank_ = options.worker_rank;
+  client->num_workers_ = options.num_workers;
   client->stop_ = options.stop;
   const int shards = static_cast<int>(options.server_addresses.size());
-  const uint64_t params =
-      common::ModelLayout::FromConfig(options.config).num_params();
-  const uint64_t fingerprint = common::ConfigFingerprint(options.config);
-  const absl::Time deadline = absl::Now() + options.connect_timeout;
-  for (int s = 0; s < shards; ++s) {
-    const std::string& address = options.server_addresses[s];
+  for (const std::string& address : options.server_addresses) {
     std::shared_ptr<grpc::Channel> channel =
         MakeChannel(address, options.peer_timeout);
     Shard& shard = client->shards_.emplace_back();
     shard.address = address;
     shard.stub = ParameterService::NewStub(channel);
     shard.streams = std::make_unique<grpc::GenericStub>(channel);
-    RegisterRequest request;
-    request.set_worker_rank(options.worker_rank);
-    request.set_shard(s);
-    request.set_config_fingerprint(fingerprint);
-    RegisterResponse response;
-    absl::Duration backoff = absl::Milliseconds(100);
-    while (true) {
-      grpc::ClientContext context;
-      context.set_wait_for_ready(true);
-      context.set_deadline(absl::ToChronoTime(deadline));
-      grpc::Status status = shard.stub->Register(&context, request, &response);
-      if (status.ok()) break;
-      const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                         absl::Now() + backoff < deadline;
-      if (!retry) {
-        if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-            status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-          return absl::UnavailableError(absl::StrCat(
-              "could not reach parameter server shard ", s, " at ", address,
-              " within ", absl::FormatDuration(options.connect_timeout), " (",
-              status.error_message(),
-              "): is ps_server running there, and --servers in shard order?"));
-        }
-        return Annotate(common::ToAbslStatus(status), s, address);
-      }
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(2));
-    }
+  }
+  const uint64_t params =
+      common::ModelLayout::FromConfig(options.config).num_params();
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  for (int s = 0; s < shards; ++s) {
+    absl::StatusOr<RegisterResponse> response = client->RegisterWith(
+        s, deadline, absl::ZeroDuration(),
+        "is ps_server running there, and --servers in shard order?");
+    if (!response.ok()) return response.status();
+    const std::string& address = options.server_addresses[s];
     const common::ShardRange expected =
         common::ShardRangeFor(params, shards, s);
-    if (response.num_shards() != shards ||
-        response.offset() != expected.begin ||
-        response.length() != expected.size()) {
+    if (response->num_shards() != shards ||
+        response->offset() != expected.begin ||
+        response->length() != expected.size()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", s, " at ", address, " serves [", response.offset(), ", ",
-          response.offset() + response.length(), ") of ", response.num_shards(),
-          " shards, but this worker expects [", expected.begin, ", ",
-          expected.end, ") of ", shards,
+          "shard ", s, " at ", address, " serves [", response->offset(), ", ",
+          response->offset() + response->length(), ") of ",
+          response->num_shards(), " shards, but this worker expects [",
+          expected.begin, ", ", expected.end, ") of ", shards,
           ": check --servers and the servers' --num_shards"));
     }
     client->ranges_.push_back(expected);
-    client->initial_versions_.push_back(response.version());
-    client->applied_samples_ =
-        s == 0 ? response.samples_applied()
-               : std::min(client->applied_samples_, response.samples_applied());
+    client->initial_versions_.push_back(response->version());
+    client->applied_samples_ = s == 0 ? response->samples_applied()
+                                      : std::min(client->applied_samples_,
+                                                 response->samples_applied());
   }
+  client->next_sample_offset_ = client->applied_samples_;
   return client;
+}
+
+absl::Status PsClient::Reconnect(absl::Duration timeout,
+                                 absl::Duration log_every) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int s = 0; s < num_shards(); ++s) {
+    absl::StatusOr<RegisterResponse> response = RegisterWith(
+        s, deadline, log_every,
+        "the shard did not come back (raise --shard_lost_timeout_s to wait "
+        "longer)");
+    if (!response.ok()) return response.status();
+    if (response->num_shards() != num_shards() ||
+        response->offset() != ranges_[s].begin ||
+        response->length() != ranges_[s].size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", s, " at ", shards_[s].address,
+                       " came back serving another part of the model"));
+    }
+    initial_versions_[s] = response->version();
+    applied_samples_ =
+        s == 0 ? response->samples_applied()
+               : std::min(applied_samples_, response->samples_applied());
+  }
+  return absl::OkStatus();
 }
 
 std::unique_ptr<PendingCall> PsClient::PullAsync(
     int64_t min_version, absl::Duration timeout, absl::Span<float> params,
     std::vector<int64_t>* versions) {
+  return PullAsync(std::vector<int64_t>(num_shards(), min_version), timeout,
+                   params, versions);
+}
+
+std::unique_ptr<PendingCall> PsClient::PullAsync(
+    const std::vector<int64_t>& min_versions, absl::Duration timeout,
+    absl::Span<float> params, std::vector<int64_t>* versions) {
   auto calls = std::make_unique<ShardCalls>(num_shards(), stop_);
   versions->assign(num_shards(), 0);
   for (int s = 0; s < num_shards(); ++s) {
     PullRequest request;
     request.set_worker_rank(worker_rank_);
     request.set_shard(s);
-    request.set_min_version(min_version);
+    request.set_min_version(min_versions[s]);
     calls->Own(std::make_unique<PullCall>(
         shards_[s], calls.get(), s, request, timeout,
         params.subspan(ranges_[s].begin, ranges_[s].size()), &bytes_pulled_,
@@ -417,11 +479,13 @@ absl::Status PsClient::Pull(int64_t min_version, absl::Duration timeout,
 class ShardedPushImpl : public ShardedPush {
  public:
   ShardedPushImpl(PsClient* client, const std::vector<int64_t>& base_versions,
-                  int64_t samples, common::BufferLease* lease,
+                  int64_t samples, int64_t sample_offset,
+                  common::BufferLease* lease,
                   std::vector<PushResponse>* results, const PullTarget* pull)
       : client_(client),
         base_versions_(base_versions),
         samples_(samples),
+        sample_offset_(sample_offset),
         lease_(lease),
         results_(results),
         calls_(client->num_shards(), client->stop_),
@@ -479,6 +543,7 @@ class ShardedPushImpl : public ShardedPush {
     header.set_base_version(base_versions_[shard]);
     header.set_length(n);
     header.set_samples(samples_);
+    header.set_sample_offset(sample_offset_);
     header.set_encoding(encoding);
     if (encoding == ENCODING_ONEBIT) header.set_bucket_size(bucket);
     // A response slot per shard; a scratch one when the caller wants none.
@@ -543,6 +608,7 @@ class ShardedPushImpl : public ShardedPush {
   PsClient* const client_;
   const std::vector<int64_t> base_versions_;
   const int64_t samples_;
+  const int64_t sample_offset_;
   common::BufferLease* const lease_;
   std::vector<PushResponse>* const results_;
   std::optional<PullTarget> pull_;
@@ -553,10 +619,10 @@ class ShardedPushImpl : public ShardedPush {
 
 std::unique_ptr<ShardedPush> PsClient::StartPush(
     const std::vector<int64_t>& base_versions, int64_t samples,
-    common::BufferLease* lease, std::vector<PushResponse>* results,
-    const PullTarget* pull) {
-  return std::make_unique<ShardedPushImpl>(this, base_versions, samples, lease,
-                                           results, pull);
+    int64_t sample_offset, common::BufferLease* lease,
+    std::vector<PushResponse>* results, const PullTarget* pull) {
+  return std::make_unique<ShardedPushImpl>(this, base_versions, samples,
+                                           sample_offset, lease, results, pull);
 }
 
 absl::Status PsClient::Push(absl::Span<const float> grads,
@@ -577,7 +643,8 @@ absl::Status PsClient::Push(absl::Span<const float> grads,
   absl::Status status;
   {
     std::unique_ptr<ShardedPush> push =
-        StartPush(base_versions, samples, &lease, results);
+        StartPush(base_versions, samples, next_sample_offset_, &lease, results);
+    next_sample_offset_ += samples;
     for (int s = 0; s < num_shards(); ++s) {
       const absl::Span<const float> slice =
           grads.subspan(ranges_[s].begin, ranges_[s].size());

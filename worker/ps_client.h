@@ -35,6 +35,9 @@ struct PsClientOptions {
   std::vector<std::string> server_addresses;  // in shard order
   TrainingConfig config;                      // resolved
   int worker_rank = 0;                        // -1 for an evaluator
+  // The worker count this client was started with, which every shard checks
+  // against its own (0: not checked, an evaluator).
+  int num_workers = 0;
   // How long Connect keeps trying to reach a shard that is not up yet.
   absl::Duration connect_timeout = absl::Seconds(60);
   // How long a shard may stay silent before its connection counts as lost
@@ -94,6 +97,16 @@ class PsClient {
   static absl::StatusOr<std::unique_ptr<PsClient>> Connect(
       const PsClientOptions& options);
 
+  // After a call failed because a shard was lost (UNAVAILABLE: it stopped,
+  // restarted, or stayed silent past peer_timeout): registers with every
+  // shard again, each retried with backoff until `timeout` from now, and
+  // logs every `log_every` which shard it waits for and for how long. Then
+  // initial_versions() and applied_samples() are the shards' current ones
+  // (a shard restarted from a checkpoint may be behind). UNAVAILABLE naming
+  // the shard that did not come back in time; CANCELLED on stop; a shard
+  // that now refuses the client (another config) gets its error.
+  absl::Status Reconnect(absl::Duration timeout, absl::Duration log_every);
+
   int num_shards() const { return static_cast<int>(shards_.size()); }
   const std::vector<common::ShardRange>& ranges() const { return ranges_; }
   // Versions the shards reported at registration.
@@ -113,6 +126,10 @@ class PsClient {
                                          absl::Duration timeout,
                                          absl::Span<float> params,
                                          std::vector<int64_t>* versions);
+  // The same, with shard s's version at least min_versions[s].
+  std::unique_ptr<PendingCall> PullAsync(
+      const std::vector<int64_t>& min_versions, absl::Duration timeout,
+      absl::Span<float> params, std::vector<int64_t>* versions);
   absl::Status Pull(int64_t min_version, absl::Duration timeout,
                     absl::Span<float> params, std::vector<int64_t>* versions);
 
@@ -124,14 +141,18 @@ class PsClient {
   // includes the push into pull->params, in the same call. Every push has
   // a deadline: pull->timeout with a pull, else the config's
   // sync_timeout_s.
+  // `sample_offset` is where the push's examples begin in this rank's data
+  // (PushHeader.sample_offset): a shard that has applied them answers with
+  // duplicate set and applies nothing.
   std::unique_ptr<ShardedPush> StartPush(
       const std::vector<int64_t>& base_versions, int64_t samples,
-      common::BufferLease* lease, std::vector<PushResponse>* results,
-      const PullTarget* pull = nullptr);
+      int64_t sample_offset, common::BufferLease* lease,
+      std::vector<PushResponse>* results, const PullTarget* pull = nullptr);
 
   // Pushes float32 `grads` (all parameters) and waits: a convenience for
-  // tools and tests over StartPush. INVALID_ARGUMENT for a config that
-  // pushes another encoding.
+  // tools and tests over StartPush, whose sample offsets follow on from
+  // this client's last (from applied_samples() at Connect). INVALID_ARGUMENT
+  // for a config that pushes another encoding.
   absl::Status Push(absl::Span<const float> grads,
                     const std::vector<int64_t>& base_versions, int64_t samples,
                     std::vector<PushResponse>* results = nullptr);
@@ -152,16 +173,24 @@ class PsClient {
  private:
   friend class ShardedPushImpl;
   PsClient() = default;
+  // Registers with shard s, retrying with backoff while it is unreachable,
+  // until `deadline`; logs the wait every `log_every` (zero: never). `why`
+  // ends the message of the UNAVAILABLE it returns at the deadline.
+  absl::StatusOr<RegisterResponse> RegisterWith(int s, absl::Time deadline,
+                                                absl::Duration log_every,
+                                                const std::string& why);
 
   // Constant after Connect.
   TrainingConfig config_;
   int worker_rank_ = 0;
+  int num_workers_ = 0;
   const absl::Notification* stop_ = nullptr;
   std::vector<Shard> shards_;
   std::vector<common::ShardRange> ranges_;
   std::vector<int64_t> initial_versions_;
   int64_t applied_samples_ = 0;
 
+  int64_t next_sample_offset_ = 0;  // Push's
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};
 };

@@ -48,6 +48,11 @@ ABSL_FLAG(double, peer_timeout_s, 30,
           "Seconds a shard may stay silent before its connection counts as "
           "lost (a frozen or partitioned host): pinged after half, dropped "
           "after the rest (env MONSOON_PEER_TIMEOUT_S).");
+ABSL_FLAG(double, shard_lost_timeout_s, 300,
+          "How long to wait for a shard that was lost mid-run (restarted, "
+          "rescheduled, frozen) to come back before giving up; the worker "
+          "logs what it waits for every --log_every_s and carries on once "
+          "the shard answers (env MONSOON_SHARD_LOST_TIMEOUT_S).");
 ABSL_FLAG(double, connect_timeout_s, 60,
           "How long to keep trying to reach "
           "the servers at start-up.");
@@ -162,6 +167,7 @@ int main(int argc, char** argv) {
   options.server_addresses = servers;
   options.config = *config;
   options.worker_rank = rank;
+  options.num_workers = num_workers;
   options.connect_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   if (!(absl::GetFlag(FLAGS_peer_timeout_s) >= 2 &&
@@ -194,12 +200,35 @@ int main(int argc, char** argv) {
   context.mlp = mlp->get();
   context.client = client->get();
   context.log_interval = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
+  const double lost_s = absl::GetFlag(FLAGS_shard_lost_timeout_s);
+  if (!(lost_s >= 0 && lost_s <= 1e6)) {
+    return Fail(
+        kConfigError,
+        absl::InvalidArgumentError(absl::StrCat(
+            "--shard_lost_timeout_s must be from 0 to 1e6, got ", lost_s)));
+  }
+  context.shard_lost_timeout = absl::Seconds(lost_s);
   // SIGTERM or SIGINT stops training between steps.
   context.stop = &termination.terminated();
-  if (absl::GetFlag(FLAGS_resume)) {
-    context.resume_steps = monsoon::worker::ResumeSteps(**client, *config);
-  }
+  monsoon::worker::PlaceWorker(**client, *config, absl::GetFlag(FLAGS_resume),
+                               &context);
   if (context.resume_steps > 0) {
+    // The steps every worker of this run takes (the smallest partition's).
+    const int64_t total =
+        monsoon::worker::SmallestPartition(train->size, num_workers) /
+        config->batch_size() * config->epochs();
+    if (context.resume_steps >= total) {
+      return Fail(
+          kConfigError,
+          absl::FailedPreconditionError(absl::StrCat(
+              "rank ", rank,
+              " has nothing left to train: the servers have "
+              "applied all ",
+              total, " of its steps (", (*client)->applied_samples(),
+              " examples), as in a run that finished (a checkpoint directory "
+              "of an earlier run?). Pass --noresume to train the whole run "
+              "again, or start the servers without that checkpoint")));
+    }
     monsoon::common::Log(
         "ps_worker: rank %d: the servers have applied %d examples from this "
         "rank; resuming after its first %d batches (--noresume starts over)",
@@ -218,20 +247,6 @@ int main(int argc, char** argv) {
   }
   WriteReport(rank, context.resume_steps, progress,
               result.ok() ? "done" : result.status().ToString());
-  if (result.status().code() == absl::StatusCode::kUnavailable) {
-    // A shard went away mid-run (restarted, rescheduled). Retrying here
-    // could not restore this worker's place in a sync step, so it exits and
-    // its supervisor (a Kubernetes Job, launch_local) starts it again: the
-    // new process reconnects, waiting up to --connect_timeout_s, and trains
-    // from the servers' weights, which a shard with --checkpoint_dir has
-    // kept.
-    monsoon::common::Log(
-        "ps_worker: rank %d lost a parameter server: %s; exiting with code 1 "
-        "so that the worker is restarted and resumes from the servers' "
-        "weights",
-        rank, result.status().ToString());
-    return 1;
-  }
   if (!result.ok()) return Fail(1, result.status());
   return 0;
 }

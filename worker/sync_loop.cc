@@ -1,7 +1,8 @@
 // sync: compute a gradient on the weights of version t, push it as step t
 // and receive, in the same call, the weights of version t+1 once every
 // worker's step-t gradient has arrived (the barrier): one round trip per
-// step.
+// step. Each shard keeps its own step count: after a shard restarted from
+// an older checkpoint, its steps simply continue from there.
 
 #include <algorithm>
 #include <vector>
@@ -22,23 +23,29 @@ class SyncLoop : public TrainingLoop {
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
         GradientPusher::Create(c.mlp->backend(), c.client, c.config);
     if (!pusher.ok()) return pusher.status();
+    // versions[s]: the step shard s is collecting, which the weights in
+    // `params` belong to.
     std::vector<int64_t> versions;
-    const std::vector<int64_t>& initial = c.client->initial_versions();
-    // The step to push is the one every shard has yet to close. Shards
-    // differ only when this worker was restarted in the middle of a step
-    // that some shards have since closed; it pushes that step again (see
-    // below), on weights pulled from the shards as they are.
-    int64_t version = *std::min_element(initial.begin(), initial.end());
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     auto barrier_error = [&](const absl::Status& status) {
       if (status.code() != absl::StatusCode::kDeadlineExceeded) return status;
       return absl::DeadlineExceededError(absl::StrCat(
           "waited more than ", c.config.sync_timeout_s(),
-          " s for the barrier of step ", version,
+          " s for the barrier of step ",
+          versions.empty()
+              ? 0
+              : *std::min_element(versions.begin(), versions.end()),
           ": has another worker stopped? (", status.message(), ")"));
     };
-    absl::Status status =
-        c.client->Pull(version, timeout, params.span(), &versions);
+    // Every shard's current weights, without waiting. A worker restarted in
+    // the middle of a step finds the shards as they are: those that closed
+    // it since give the next step's weights, and its push to them comes
+    // back as a duplicate (its examples are in); those still collecting it
+    // give that step's.
+    auto pull = [&] {
+      return c.client->Pull(0, timeout, params.span(), &versions);
+    };
+    absl::Status status = RidingOut(c, pull, pull);  // a lost shard waited for
     if (!status.ok()) return barrier_error(status);
     const PullTarget next{params.span(), &versions, timeout};
     ProgressLog progress(c, *batches);
@@ -46,33 +53,44 @@ class SyncLoop : public TrainingLoop {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
-      if (auto s = params.Commit(); !s.ok()) return s;
-      absl::StatusOr<BatchResult> step = c.mlp->ComputeGradients(
-          batches->images(), batches->labels(), batches->batch_size());
-      if (!step.ok()) return step.status();
-      // Every shard gets the gradient as step `version`, whatever version
-      // it reported (see above), and answers with step version+1's weights.
-      absl::StatusOr<std::unique_ptr<PendingCall>> push =
-          (*pusher)->Push(c.mlp->device_gradients(),
-                          std::vector<int64_t>(versions.size(), version),
-                          batches->batch_size(), &next);
-      if (!push.ok()) return push.status();
-      status = (*push)->Wait();
-      // A worker restarted in the middle of a push finds the shards it
-      // reached holding its gradient for this step already (the same batch
-      // on the same weights, so theirs stands): ALREADY_EXISTS, or ABORTED
-      // where the other workers' pushes have closed the step since. A step
-      // cannot close without this worker's gradient, so neither code can
-      // mean it was lost. Those shards sent no weights: pull them all.
-      if (status.code() == absl::StatusCode::kAlreadyExists ||
-          status.code() == absl::StatusCode::kAborted) {
-        status = c.client->Pull(version + 1, timeout, params.span(), &versions);
-      }
-      ++version;
+      // After a lost shard, the step again on every shard's current
+      // weights: shards that had applied it answer the repeat as a
+      // duplicate.
+      absl::StatusOr<BatchResult> step;
+      status = RidingOut(
+          c,
+          [&] {
+            step = Step(c, *pusher->get(), &params, &versions, next, *batches);
+            return step.status();
+          },
+          pull);
       if (!status.ok()) return barrier_error(status);
       progress.Step(step->loss, batches->batch_size());
     }
     return progress.Finish();
+  }
+
+ private:
+  // One step: the gradient on `params`, pushed to shard s as step
+  // versions[s]; `params` and `versions` get the next step's.
+  absl::StatusOr<BatchResult> Step(const WorkerContext& c,
+                                   GradientPusher& pusher, PulledParams* params,
+                                   std::vector<int64_t>* versions,
+                                   const PullTarget& next,
+                                   const BatchStream& batches) {
+    if (auto s = params->Commit(); !s.ok()) return s;
+    absl::StatusOr<BatchResult> step = c.mlp->ComputeGradients(
+        batches.images(), batches.labels(), batches.batch_size());
+    if (!step.ok()) return step.status();
+    // A shard that already holds this push (a worker restarted, or
+    // repeating its step after a lost connection) answers it as a
+    // duplicate, with the next step's weights all the same (PushPull).
+    absl::StatusOr<std::unique_ptr<PendingCall>> push =
+        pusher.Push(c.mlp->device_gradients(), *versions, batches.batch_size(),
+                    batches.sample_offset(), &next);
+    if (!push.ok()) return push.status();
+    if (absl::Status status = (*push)->Wait(); !status.ok()) return status;
+    return step;
   }
 };
 

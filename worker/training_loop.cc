@@ -52,13 +52,63 @@ absl::StatusOr<BatchStream> BatchStream::ForWorker(const WorkerContext& c) {
   absl::StatusOr<BatchStream> stream =
       Create(c.train, c.config, c.rank, c.num_workers);
   if (!stream.ok()) return stream;
+  stream->origin_ = c.sample_origin;
   stream->Skip(c.resume_steps);
   return stream;
 }
 
-int64_t ResumeSteps(const PsClient& client, const TrainingConfig& config) {
-  const int64_t steps = client.applied_samples() / config.batch_size();
-  return std::max<int64_t>(steps, 0);
+bool ShardLost(const WorkerContext& c, const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kUnavailable) return true;
+  return status.code() == absl::StatusCode::kCancelled &&
+         !(c.stop != nullptr && c.stop->HasBeenNotified());
+}
+
+absl::Status RideOut(const WorkerContext& c, const absl::Status& lost) {
+  common::Log(
+      "worker %d: lost a parameter server (%s); waiting up to %.0f s for it "
+      "to come back",
+      c.rank, lost.ToString(), absl::ToDoubleSeconds(c.shard_lost_timeout));
+  const absl::Time start = absl::Now();
+  absl::Status back = c.client->Reconnect(c.shard_lost_timeout,
+                                          c.log_interval > absl::ZeroDuration()
+                                              ? c.log_interval
+                                              : absl::Seconds(5));
+  if (!back.ok()) {
+    if (back.code() == absl::StatusCode::kCancelled) return back;
+    return absl::Status(
+        back.code(),
+        absl::StrCat("gave up after ",
+                     absl::FormatDuration(
+                         absl::Trunc(absl::Now() - start, absl::Seconds(1))),
+                     " (--shard_lost_timeout_s): ", back.message()));
+  }
+  common::Log("worker %d: every shard answers again after %.1f s; carrying on",
+              c.rank, absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status RidingOut(const WorkerContext& c,
+                       const std::function<absl::Status()>& step,
+                       const std::function<absl::Status()>& resync) {
+  absl::Status status = step();
+  while (ShardLost(c, status)) {
+    if (absl::Status back = RideOut(c, status); !back.ok()) return back;
+    status = resync();
+    if (status.ok()) status = step();
+  }
+  return status;
+}
+
+void PlaceWorker(const PsClient& client, const TrainingConfig& config,
+                 bool resume, WorkerContext* context) {
+  if (resume) {
+    context->resume_steps =
+        std::max<int64_t>(client.applied_samples() / config.batch_size(), 0);
+    context->sample_origin = 0;
+  } else {
+    context->resume_steps = 0;
+    context->sample_origin = client.applied_samples();
+  }
 }
 
 bool BatchStream::Skip(int64_t steps) {

@@ -7,6 +7,7 @@
 #define MONSOON_WORKER_TRAINING_LOOP_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,18 +47,48 @@ struct WorkerContext {
   // CANCELLED between steps).
   const absl::Notification* stop = nullptr;
   // Steps of this worker's batches already trained and applied by the
-  // servers (a restarted worker; see ResumeSteps): the loop starts after
+  // servers (a restarted worker; see PlaceWorker): the loop starts after
   // them.
   int64_t resume_steps = 0;
+  // Added to the offsets of the examples this worker pushes
+  // (PushHeader.sample_offset; see PlaceWorker).
+  int64_t sample_origin = 0;
   // If not null, kept up to date after every step, so that what was done
   // is known also when the loop ends with an error or a stop.
   WorkerResult* progress = nullptr;
+  // How long a loop waits for a lost shard to come back (RideOut) before
+  // it gives up.
+  absl::Duration shard_lost_timeout = absl::Minutes(5);
 };
 
-// The steps a worker of this rank has already had applied, from what the
-// servers reported at registration (PsClient::applied_samples). 0 for a
-// fresh run.
-int64_t ResumeSteps(const PsClient& client, const TrainingConfig& config);
+// Whether a failed call lost a shard that may come back: UNAVAILABLE (it
+// died, restarted, or stayed silent past the peer timeout), or CANCELLED
+// by the shard as it shut down (not by this worker's own stop).
+bool ShardLost(const WorkerContext& context, const absl::Status& status);
+
+// Waits for a lost shard: logs it, then reconnects to every shard
+// (PsClient::Reconnect) for up to the context's shard_lost_timeout, logging
+// while it waits. OK once every shard answers again: the loop then pulls
+// afresh and repeats its step (a push the shards already applied is
+// answered as a duplicate). Otherwise the error, saying which shard was
+// lost and for how long.
+absl::Status RideOut(const WorkerContext& context, const absl::Status& lost);
+
+// Runs `step` until it is done: when it loses a shard, waits for the shard
+// (RideOut), runs `resync` (a fresh pull) and runs the step again. Any
+// other error ends it.
+absl::Status RidingOut(const WorkerContext& context,
+                       const std::function<absl::Status()>& step,
+                       const std::function<absl::Status()>& resync);
+
+// Where a worker's data starts, from what the servers reported at
+// registration (PsClient::applied_samples): with `resume`, after the steps
+// of this rank that every shard has applied (none in a fresh run), its
+// example offsets continuing from there; without, the whole run again, its
+// examples numbered after those applied so that the shards take them as
+// new. Sets the context's resume_steps and sample_origin.
+void PlaceWorker(const PsClient& client, const TrainingConfig& config,
+                 bool resume, WorkerContext* context);
 
 class TrainingLoop {
  public:
@@ -100,6 +131,11 @@ class BatchStream {
   int64_t step_in_epoch() const { return step_; }  // 1-based, of the last batch
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return steps_per_epoch_ * epochs_; }
+  // Where the last batch begins in this rank's data over the whole run, in
+  // examples (PushHeader.sample_offset).
+  int64_t sample_offset() const {
+    return origin_ + (epoch_ * steps_per_epoch_ + step_ - 1) * batch_size_;
+  }
 
  private:
   BatchStream() = default;
@@ -114,6 +150,7 @@ class BatchStream {
   int batch_size_ = 0;
   int epochs_ = 0;
   int64_t steps_per_epoch_ = 0;
+  int64_t origin_ = 0;  // the context's sample_origin
   int epoch_ = -1;
   int64_t step_ = 0;
   std::vector<int64_t> order_;

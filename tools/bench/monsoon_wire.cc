@@ -79,7 +79,7 @@ MonsoonWire::~MonsoonWire() {
 
 absl::Status MonsoonWire::Push(const worker::PullTarget* pull) {
   absl::StatusOr<std::unique_ptr<worker::PendingCall>> push =
-      pusher_->Push(grads_, versions_, /*samples=*/1, pull);
+      pusher_->Push(grads_, versions_, /*samples=*/1, next_offset_++, pull);
   absl::Status status = push.ok() ? (*push)->Wait() : push.status();
   if (pull == nullptr) ++versions_[0];  // a push-pull sets them
   return status;

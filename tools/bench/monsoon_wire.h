@@ -46,6 +46,7 @@ class MonsoonWire {
   uint64_t values_ = 0;
   std::vector<float> params_;
   std::vector<int64_t> versions_{0};
+  int64_t next_offset_ = 0;  // the pushes' sample offsets
 };
 
 }  // namespace monsoon::tools

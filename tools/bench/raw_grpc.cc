@@ -108,8 +108,8 @@ class RawReactor : public grpc::ServerGenericBidiReactor {
 
 // One client call: a request, then `push_bytes` in chunks, then reads until
 // the server finishes.
-class RawCall : public grpc::ClientBidiReactor<grpc::ByteBuffer,
-                                                grpc::ByteBuffer> {
+class RawCall
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   RawCall(grpc::GenericStub* stub, const std::string& method,
           const std::vector<char>& payload, uint64_t push_bytes,
@@ -221,9 +221,8 @@ std::shared_ptr<grpc::Channel> RawChannel(const std::string& address) {
 RawGrpcClient::RawGrpcClient(const std::string& address, uint64_t max_bytes)
     : payload_(max_bytes, 2), stub_(RawChannel(address)) {}
 
-absl::Status RawGrpcClient::Call(const std::string& method,
-                                 uint64_t push_bytes, uint64_t pull_bytes,
-                                 uint64_t chunk_bytes) {
+absl::Status RawGrpcClient::Call(const std::string& method, uint64_t push_bytes,
+                                 uint64_t pull_bytes, uint64_t chunk_bytes) {
   if (push_bytes > payload_.size()) {
     return absl::InvalidArgumentError("push larger than the client's buffer");
   }
@@ -233,8 +232,8 @@ absl::Status RawGrpcClient::Call(const std::string& method,
   if (!status.ok()) return status;
   const uint64_t expected = pull_bytes == 0 ? 8 : pull_bytes;
   if (received != expected) {
-    return absl::DataLossError(absl::StrCat("received ", received,
-                                            " bytes, expected ", expected));
+    return absl::DataLossError(
+        absl::StrCat("received ", received, " bytes, expected ", expected));
   }
   return absl::OkStatus();
 }
