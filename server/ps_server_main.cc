@@ -130,12 +130,13 @@ int main(int argc, char** argv) {
   };
   auto server = monsoon::server::ShardServer::Start(options);
   if (!server.ok()) {
-    // A bad flag, or a checkpoint that is not this shard's or unreadable:
-    // restarting will not help.
+    // A bad flag, a model too large for the machine, or a checkpoint that
+    // is not this shard's or unreadable: restarting will not help.
     const absl::StatusCode code = server.status().code();
     const bool config_error = code == absl::StatusCode::kInvalidArgument ||
                               code == absl::StatusCode::kFailedPrecondition ||
-                              code == absl::StatusCode::kDataLoss;
+                              code == absl::StatusCode::kDataLoss ||
+                              code == absl::StatusCode::kResourceExhausted;
     return Fail(config_error ? kConfigError : 1, server.status().ToString());
   }
   if ((*server)->resumed_version() >= 0) {

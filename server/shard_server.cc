@@ -4,11 +4,13 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/config.h"
@@ -18,6 +20,27 @@
 #include "server/checkpoint.h"
 
 namespace monsoon::server {
+
+absl::Status CheckListenAddress(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen='", address,
+        "' is not host:port with a port from 0 to 65535 (0 picks a free "
+        "one), e.g. 0.0.0.0:5000"));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+}
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const ShardServerOptions& options) {
@@ -37,6 +60,23 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (options.num_workers < 1 || options.num_workers > 100000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--num_workers must be from 1 to 100000, got ", options.num_workers));
+  }
+  if (absl::Status listen = CheckListenAddress(options.listen_address);
+      !listen.ok()) {
+    return listen;
+  }
+  // The shard's weights, its optimizer state, a push being decoded and a
+  // version being sent, at least: refused before any of it is allocated.
+  const common::ShardRange range = common::ShardRangeFor(
+      layout.num_params(), options.num_shards, options.shard);
+  const uint64_t needed = range.size() * sizeof(float) * 4;
+  const uint64_t memory = PhysicalMemoryBytes();
+  if (memory > 0 && needed > memory) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shard ", options.shard, " of ", options.num_shards,
+                     " holds ", range.size(), " parameters and needs at least ",
+                     needed >> 20, " MiB, more than this machine's ",
+                     memory >> 20, " MiB: use more shards or a smaller model"));
   }
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->state_ = std::make_unique<ShardState>(

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -53,13 +54,24 @@ struct ShardServerOptions {
   absl::Duration peer_timeout = absl::Seconds(30);
 };
 
+// OK for host:port with a port from 0 to 65535; INVALID_ARGUMENT, with an
+// example, for anything else (gRPC would otherwise pick a random port for
+// an out-of-range one).
+absl::Status CheckListenAddress(absl::string_view address);
+
+// The machine's physical memory, or 0 if unknown.
+uint64_t PhysicalMemoryBytes();
+
 class ShardServer {
  public:
   // Validates the options (INVALID_ARGUMENT, also for a checkpoint_dir that
-  // is not a directory), builds the shard, resumes it from its checkpoint if
-  // there is one, and starts serving (UNAVAILABLE when the address cannot be
-  // bound). A checkpoint of another config, shard or shard count gets
-  // FAILED_PRECONDITION; an unreadable one DATA_LOSS. Nothing is served then.
+  // is not a directory or a listen address that is not host:port with a
+  // valid port; RESOURCE_EXHAUSTED for a shard larger than the machine's
+  // memory, before allocating it), builds the shard, resumes it from its
+  // checkpoint if there is one, and starts serving (UNAVAILABLE when the
+  // address cannot be bound). A checkpoint of another config, shard or shard
+  // count gets FAILED_PRECONDITION; an unreadable one DATA_LOSS. Nothing is
+  // served then.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const ShardServerOptions& options);
   ~ShardServer();

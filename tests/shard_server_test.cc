@@ -247,6 +247,29 @@ TEST(ShardServerCheckpointTest, MissingCheckpointDirIsInvalidArgument) {
                        HasSubstr("is not an existing directory")));
 }
 
+TEST(ShardServerOptionsTest, ListenPortOutOfRangeIsRefused) {
+  for (const char* listen : {"127.0.0.1:99999", "127.0.0.1:-1", "127.0.0.1",
+                             ":5000", "127.0.0.1:abc"}) {
+    ShardServerOptions options = Options(kSyncConfig, 0, 1, 1, "");
+    options.listen_address = listen;
+    EXPECT_THAT(ShardServer::Start(options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("port from 0 to 65535")))
+        << listen;
+  }
+  EXPECT_OK(CheckListenAddress("0.0.0.0:65535"));
+  EXPECT_OK(CheckListenAddress("[::1]:0"));
+}
+
+TEST(ShardServerOptionsTest, AShardLargerThanTheMachineIsRefusedFirst) {
+  // 10^12 parameters: 4 TB of weights alone.
+  ShardServerOptions options =
+      Options("layer_sizes: [1000000, 1000000, 10] mode: SYNC", 0, 1, 1, "");
+  EXPECT_THAT(ShardServer::Start(options),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("use more shards or a smaller model")));
+}
+
 TEST(ShardServerCheckpointTest, SaveWithoutCheckpointDirIsFailedPrecondition) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
                        ShardServer::Start(Options(kSyncConfig, 0, 1, 1, "")));

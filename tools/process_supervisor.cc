@@ -68,7 +68,12 @@ absl::StatusOr<int> ProcessSupervisor::Start(
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  // Not this process's own MONSOON_* settings: every daemon setting goes
+  // in as a flag or through `env`, so that a launcher's environment cannot
+  // change a run behind its back.
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "MONSOON_", 8) != 0) env_strings.push_back(*e);
+  }
   env_strings.insert(env_strings.end(), env.begin(), env.end());
   std::vector<char*> envp;
   for (const std::string& e : env_strings) {

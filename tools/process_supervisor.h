@@ -32,8 +32,9 @@ class ProcessSupervisor {
   ProcessSupervisor(const ProcessSupervisor&) = delete;
   ProcessSupervisor& operator=(const ProcessSupervisor&) = delete;
 
-  // Starts argv[0] (a path) with the current environment plus `env`
-  // ("NAME=value" entries). Returns the child's id for the calls below.
+  // Starts argv[0] (a path) with the current environment, less its
+  // MONSOON_* variables, plus `env` ("NAME=value" entries). Returns the
+  // child's id for the calls below.
   absl::StatusOr<int> Start(const std::string& role,
                             const std::vector<std::string>& argv,
                             const std::vector<std::string>& env = {});
