@@ -3,14 +3,33 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/wire.h"
 
 namespace monsoon::server {
 namespace {
+
+// The crc32 field's tag: field 10, wire type 5 (fixed32).
+constexpr uint8_t kCrcTag = (10 << 3) | 5;
+
+uint32_t Crc32(const char* data, size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
 
 absl::Status SystemError(absl::string_view what, const std::string& path) {
   return absl::InternalError(
@@ -47,10 +66,17 @@ std::string CheckpointPath(const std::string& dir, int shard, int num_shards) {
 
 absl::Status WriteCheckpoint(const std::string& path,
                              const ShardCheckpoint& checkpoint) {
+  ShardCheckpoint without_crc = checkpoint;
+  without_crc.clear_crc32();
   std::string bytes;
-  if (!checkpoint.SerializeToString(&bytes)) {
+  if (!without_crc.SerializeToString(&bytes)) {
     return absl::InternalError("cannot serialize the checkpoint");
   }
+  // The crc32 field last, over every byte before it.
+  const uint32_t crc = Crc32(bytes.data(), bytes.size());
+  bytes.push_back(static_cast<char>(kCrcTag));
+  for (int i = 0; i < 4; ++i)
+    bytes.push_back(static_cast<char>(crc >> (8 * i)));
   const std::string tmp = path + ".tmp";
   const int fd =
       ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -98,17 +124,49 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
     bytes.append(buffer, static_cast<size_t>(n));
   }
   ::close(fd);
+  const std::string damaged = absl::StrCat("checkpoint ", path, " is damaged (",
+                                           bytes.size(), " bytes): ");
+  const std::string what_to_do =
+      "; the file is left as it is: move it away to start this shard "
+      "afresh, or restore a good copy";
   ShardCheckpoint checkpoint;
   if (!checkpoint.ParseFromString(bytes)) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint ", path, " (", bytes.size(),
-                     " bytes) does not parse as monsoon.ShardCheckpoint"));
+    return absl::DataLossError(absl::StrCat(
+        damaged, "it does not parse as monsoon.ShardCheckpoint", what_to_do));
   }
-  if (checkpoint.format_version() != kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", path, " has format version ",
-                     checkpoint.format_version(), "; this build reads version ",
-                     kCheckpointFormatVersion));
+  if (checkpoint.format_version() != 1 &&
+      checkpoint.format_version() != kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", path, " has format version ",
+        checkpoint.format_version(), "; this build reads versions ", "1 and ",
+        kCheckpointFormatVersion));
+  }
+  if (checkpoint.format_version() >= 2) {
+    // The file must end with the crc32 field, over every byte before it.
+    const size_t body = bytes.size() - std::min<size_t>(bytes.size(), 5);
+    uint32_t stored = 0;
+    for (int i = 0; i < 4 && body + 1 + i < bytes.size(); ++i) {
+      stored |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[body + 1 + i]))
+                << (8 * i);
+    }
+    if (bytes.size() < 5 || static_cast<uint8_t>(bytes[body]) != kCrcTag ||
+        stored != Crc32(bytes.data(), body)) {
+      return absl::DataLossError(
+          absl::StrCat(damaged, "its CRC-32 does not match", what_to_do));
+    }
+  }
+  for (const auto& [name, values] :
+       {std::pair<const char*, const std::string*>{"weight",
+                                                   &checkpoint.weights()},
+        {"optimizer value", &checkpoint.optimizer_state()}}) {
+    const uint64_t n = values->size() / sizeof(float);
+    std::vector<float> floats(n);
+    std::memcpy(floats.data(), values->data(), n * sizeof(float));
+    const uint64_t bad = common::FirstNonFinite(floats.data(), n);
+    if (bad < n) {
+      return absl::DataLossError(absl::StrCat(damaged, name, " ", bad, " is ",
+                                              floats[bad], what_to_do));
+    }
   }
   return std::optional<ShardCheckpoint>(std::move(checkpoint));
 }

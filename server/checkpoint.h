@@ -16,7 +16,8 @@
 
 namespace monsoon::server {
 
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// 2: a CRC-32 ends the file. Version 1 files (no CRC) are still read.
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
 
 // DIR/shard-<shard>-of-<num_shards>.ckpt
 std::string CheckpointPath(const std::string& dir, int shard, int num_shards);
@@ -26,8 +27,11 @@ std::string CheckpointPath(const std::string& dir, int shard, int num_shards);
 absl::Status WriteCheckpoint(const std::string& path,
                              const ShardCheckpoint& checkpoint);
 
-// Reads `path`: nullopt when there is no such file; DATA_LOSS when it cannot
-// be read or parsed; FAILED_PRECONDITION for an unknown format_version.
+// Reads `path`: nullopt when there is no such file; DATA_LOSS (naming the
+// file, which is left where it is for inspection) when it cannot be read or
+// parsed, its CRC-32 does not match its bytes, or a weight or optimizer
+// value is NaN or infinite; FAILED_PRECONDITION for an unknown
+// format_version.
 absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
     const std::string& path);
 

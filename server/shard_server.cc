@@ -201,6 +201,7 @@ absl::Status ShardServer::SaveCheckpoint(int64_t* version) {
   checkpoint.set_shard(state_->shard());
   checkpoint.set_num_shards(state_->num_shards());
   checkpoint.set_version(saved.version);
+  checkpoint.set_offset(state_->range().begin);
   common::AppendFloatBytes(saved.weights, checkpoint.mutable_weights());
   checkpoint.set_optimizer(saved.optimizer);
   checkpoint.set_optimizer_state(saved.optimizer_state);

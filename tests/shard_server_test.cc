@@ -7,8 +7,10 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -238,6 +240,55 @@ TEST(ShardServerCheckpointTest, CorruptCheckpointIsDataLoss) {
   EXPECT_THAT(
       ShardServer::Start(Options(kSyncConfig, 0, 1, 1, dir)),
       StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
+}
+
+// A shard's checkpoint written by a server that trained a step, as bytes.
+std::string GoodCheckpoint(const std::string& dir) {
+  const ShardServerOptions options = Options(kSyncConfig, 0, 1, 1, dir);
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Start(options);
+  EXPECT_OK(server.status());
+  if (!server.ok()) return "";
+  const size_t size = (*server)->state()->size();
+  EXPECT_OK((*server)->rule()->Apply(Gradient(size, 0, 0, 0)).status());
+  EXPECT_OK((*server)->SaveCheckpoint());
+  server->reset();
+  std::string bytes;
+  EXPECT_TRUE(testutil::ReadFile(CheckpointPath(dir, 0, 1), &bytes));
+  return bytes;
+}
+
+TEST(ShardServerCheckpointTest, ACheckpointWithOneBitFlippedIsDataLoss) {
+  const std::string dir = NewDir("bit_flip");
+  std::string bytes = GoodCheckpoint(dir);
+  ASSERT_GT(bytes.size(), 100u);
+  // A bit in the middle of the weights: still a valid proto, wrong bytes.
+  bytes[bytes.size() / 2] ^= 0x10;
+  testutil::WriteFile(CheckpointPath(dir, 0, 1), bytes);
+  EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 0, 1, 1, dir)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("its CRC-32 does not match; the file is "
+                                 "left as it is")));
+  // Left for inspection.
+  std::string after;
+  ASSERT_TRUE(testutil::ReadFile(CheckpointPath(dir, 0, 1), &after));
+  EXPECT_EQ(after, bytes);
+}
+
+TEST(ShardServerCheckpointTest, ACheckpointHoldingNaNWeightsIsDataLoss) {
+  const std::string dir = NewDir("nan_weights");
+  const std::string good = GoodCheckpoint(dir);
+  ShardCheckpoint checkpoint;
+  ASSERT_TRUE(checkpoint.ParseFromString(good));
+  std::string weights = checkpoint.weights();
+  const float nan = std::nanf("");
+  std::memcpy(weights.data() + 3 * sizeof(float), &nan, sizeof(nan));
+  checkpoint.set_weights(weights);
+  // Written with a good CRC-32: the values themselves are refused.
+  ASSERT_OK(WriteCheckpoint(CheckpointPath(dir, 0, 1), checkpoint));
+  EXPECT_THAT(
+      ShardServer::Start(Options(kSyncConfig, 0, 1, 1, dir)),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("weight 3 is nan")));
 }
 
 TEST(ShardServerCheckpointTest, MissingCheckpointDirIsInvalidArgument) {

@@ -26,6 +26,8 @@ std::string TempPath(absl::string_view name);
 // Writes `bytes` to `path`, plain or gzip-compressed (zlib's gzwrite).
 // Failures are reported as test failures.
 void WriteFile(const std::string& path, absl::string_view bytes);
+// The whole file at `path` into *bytes; false if it cannot be read.
+bool ReadFile(const std::string& path, std::string* bytes);
 void WriteGzipFile(const std::string& path, absl::string_view bytes);
 
 // The bytes of an IDX file of unsigned bytes (type 0x08) with these
