@@ -6,12 +6,17 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model_layout.h"
 #include "common/wire.h"
 
 namespace monsoon::server {
@@ -198,6 +203,116 @@ absl::Status CheckCheckpointMatches(const ShardCheckpoint& checkpoint,
         absl::StrCat("checkpoint has negative version ", checkpoint.version()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
+    const std::string& dir, uint64_t num_params, int shard, int num_shards,
+    uint64_t config_fingerprint) {
+  // Complete sets of another shard count, by count, with their newest
+  // file's time.
+  std::map<int, std::set<int>> sets;
+  std::map<int, std::filesystem::file_time_type> newest;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    int index = 0, total = 0;
+    char tail = 0;
+    const std::string name = entry.path().filename().string();
+    if (std::sscanf(name.c_str(), "shard-%d-of-%d.ckp%c", &index, &total,
+                    &tail) != 3 ||
+        tail != 't' || name != CheckpointPath("", index, total).substr(1) ||
+        total < 1 || index < 0 || index >= total || total == num_shards) {
+      continue;
+    }
+    sets[total].insert(index);
+    const auto time = entry.last_write_time(error);
+    if (!newest.count(total) || time > newest[total]) newest[total] = time;
+  }
+  int chosen = 0;
+  for (const auto& [total, indexes] : sets) {
+    if (static_cast<int>(indexes.size()) != total) continue;  // incomplete
+    if (chosen == 0 || newest[total] > newest[chosen]) chosen = total;
+  }
+  if (chosen == 0) return std::optional<ShardCheckpoint>();
+
+  const common::ShardRange range =
+      common::ShardRangeFor(num_params, num_shards, shard);
+  ShardCheckpoint out;
+  out.set_format_version(kCheckpointFormatVersion);
+  out.set_config_fingerprint(config_fingerprint);
+  out.set_shard(shard);
+  out.set_num_shards(num_shards);
+  out.set_offset(range.begin);
+  std::string weights(range.size() * sizeof(float), '\0');
+  std::string state;
+  bool first = true;
+  for (int s = 0; s < chosen; ++s) {
+    const common::ShardRange from =
+        common::ShardRangeFor(num_params, chosen, s);
+    const uint64_t begin = std::max(from.begin, range.begin);
+    const uint64_t end = std::min(from.end, range.end);
+    if (begin >= end) continue;
+    const std::string path = CheckpointPath(dir, s, chosen);
+    absl::StatusOr<std::optional<ShardCheckpoint>> read = ReadCheckpoint(path);
+    if (!read.ok()) return read.status();
+    if (!read->has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " went away while it was read"));
+    }
+    const ShardCheckpoint& part = **read;
+    absl::Status matches = CheckCheckpointMatches(part, config_fingerprint, s,
+                                                  chosen, from.size());
+    if (!matches.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": ", matches.message()));
+    }
+    const bool elementwise =
+        part.optimizer_state().size() == from.size() * sizeof(float);
+    if (!part.optimizer_state().empty() && !elementwise) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path,
+          ": its optimizer state is not one value per parameter, so it "
+          "cannot be cut for another shard count"));
+    }
+    const size_t at = (begin - range.begin) * sizeof(float);
+    const size_t from_at = (begin - from.begin) * sizeof(float);
+    const size_t bytes = (end - begin) * sizeof(float);
+    weights.replace(at, bytes, part.weights(), from_at, bytes);
+    if (first) {
+      out.set_optimizer(part.optimizer());
+      if (elementwise) state.assign(range.size() * sizeof(float), '\0');
+      out.set_version(part.version());
+      *out.mutable_stats()->mutable_samples_applied_by_worker() =
+          part.stats().samples_applied_by_worker();
+      *out.mutable_stats()->mutable_sample_position_by_worker() =
+          part.stats().sample_position_by_worker();
+      first = false;
+    } else {
+      if (part.optimizer() != out.optimizer() ||
+          elementwise != !state.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(path, ": its optimizer differs from its set's"));
+      }
+      out.set_version(std::max(out.version(), part.version()));
+      // What every part of the range holds: the smallest.
+      for (auto* map :
+           {out.mutable_stats()->mutable_samples_applied_by_worker(),
+            out.mutable_stats()->mutable_sample_position_by_worker()}) {
+        const auto& other =
+            map == out.mutable_stats()->mutable_samples_applied_by_worker()
+                ? part.stats().samples_applied_by_worker()
+                : part.stats().sample_position_by_worker();
+        for (auto& [rank, value] : *map) {
+          auto it = other.find(rank);
+          value = it == other.end() ? 0 : std::min(value, it->second);
+        }
+      }
+    }
+    if (elementwise)
+      state.replace(at, bytes, part.optimizer_state(), from_at, bytes);
+  }
+  out.set_weights(std::move(weights));
+  out.set_optimizer_state(std::move(state));
+  return std::optional<ShardCheckpoint>(std::move(out));
 }
 
 }  // namespace monsoon::server

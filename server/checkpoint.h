@@ -35,6 +35,21 @@ absl::Status WriteCheckpoint(const std::string& path,
 absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
     const std::string& path);
 
+// Shard `shard` of `num_shards` of a model of `num_params` parameters,
+// taken from the checkpoints another shard count left in `dir` (a cluster
+// restarted with more or fewer shards): the files of the most recently
+// written complete set (shard-0..T-1-of-T, T != num_shards) are read, and
+// the shard's range of weights and element-wise optimizer state is copied
+// from the files whose ranges overlap it. Its version is the largest of
+// theirs; the per-rank positions and example counts are the smallest (what
+// every part of the range holds); the other counters start at zero. nullopt
+// when `dir` holds no complete set of another shard count; the errors of
+// ReadCheckpoint, and FAILED_PRECONDITION for a set of another config or
+// whose files disagree.
+absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
+    const std::string& dir, uint64_t num_params, int shard, int num_shards,
+    uint64_t config_fingerprint);
+
 // FAILED_PRECONDITION, with both values in the message, when `checkpoint`
 // belongs to another config, shard or shard count, or its weights are not
 // `num_weights` float32 values.

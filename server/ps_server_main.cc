@@ -140,9 +140,17 @@ int main(int argc, char** argv) {
     return Fail(config_error ? kConfigError : 1, server.status().ToString());
   }
   if ((*server)->resumed_version() >= 0) {
-    monsoon::common::Log("ps_server: shard %d resumed from %s at version %d",
-                         options.shard, (*server)->checkpoint_path(),
-                         (*server)->resumed_version());
+    if ((*server)->resharded()) {
+      monsoon::common::Log(
+          "ps_server: shard %d of %d resumed at version %d from the "
+          "checkpoints another shard count left in %s",
+          options.shard, options.num_shards, (*server)->resumed_version(),
+          options.checkpoint_dir);
+    } else {
+      monsoon::common::Log("ps_server: shard %d resumed from %s at version %d",
+                           options.shard, (*server)->checkpoint_path(),
+                           (*server)->resumed_version());
+    }
   }
   const auto range = (*server)->state()->range();
   monsoon::common::Log(

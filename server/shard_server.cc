@@ -97,6 +97,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     }
     server->checkpoint_path_ = CheckpointPath(
         options.checkpoint_dir, options.shard, options.num_shards);
+    server->checkpoint_dir_ = options.checkpoint_dir;
+    server->layout_params_ = layout.num_params();
     absl::Status resumed = server->Resume();
     if (!resumed.ok()) return resumed;
   }
@@ -152,7 +154,14 @@ absl::Status ShardServer::Resume() {
   absl::StatusOr<std::optional<ShardCheckpoint>> read =
       ReadCheckpoint(checkpoint_path_);
   if (!read.ok()) return read.status();
-  if (!read->has_value()) return absl::OkStatus();
+  if (!read->has_value()) {
+    // No file of this shard count: perhaps a set of another.
+    read = ReshardedCheckpoint(checkpoint_dir_, layout_params_, state_->shard(),
+                               state_->num_shards(), config_fingerprint_);
+    if (!read.ok()) return read.status();
+    if (!read->has_value()) return absl::OkStatus();
+    resharded_ = true;
+  }
   const ShardCheckpoint& checkpoint = **read;
   absl::Status matches =
       CheckCheckpointMatches(checkpoint, config_fingerprint_, state_->shard(),

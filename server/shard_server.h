@@ -82,6 +82,8 @@ class ShardServer {
   UpdateRule* rule() { return rule_.get(); }
   // The version the shard resumed from, or -1 when it started afresh.
   int64_t resumed_version() const { return resumed_version_; }
+  // Whether it resumed from the checkpoints of another shard count.
+  bool resharded() const { return resharded_; }
   // Where SaveCheckpoint writes; empty without a checkpoint_dir.
   const std::string& checkpoint_path() const { return checkpoint_path_; }
 
@@ -115,7 +117,10 @@ class ShardServer {
   int port_ = 0;
   uint64_t config_fingerprint_ = 0;
   std::string checkpoint_path_;
+  std::string checkpoint_dir_;
+  uint64_t layout_params_ = 0;
   int64_t resumed_version_ = -1;
+  bool resharded_ = false;
   std::unique_ptr<ShardState> state_;
   std::unique_ptr<UpdateRule> rule_;
   std::unique_ptr<ParameterServiceImpl> service_;

@@ -291,6 +291,61 @@ TEST(ShardServerCheckpointTest, ACheckpointHoldingNaNWeightsIsDataLoss) {
       StatusIs(absl::StatusCode::kDataLoss, HasSubstr("weight 3 is nan")));
 }
 
+// Trains `from` shards of kDownpourConfig (Adagrad: per-parameter state)
+// for a few pushes, checkpoints them, then starts `to` shards on the same
+// directory: together they hold the same weights and optimizer state.
+void ExpectReshards(int from, int to) {
+  const std::string dir = NewDir(absl::StrCat("reshard_", from, "_to_", to));
+  std::vector<float> weights, state;
+  int64_t version = 0;
+  {
+    std::vector<std::unique_ptr<ShardServer>> old;
+    for (int s = 0; s < from; ++s) {
+      ASSERT_OK_AND_ASSIGN(auto server, ShardServer::Start(Options(
+                                            kDownpourConfig, s, from, 2, dir)));
+      const size_t size = server->state()->size();
+      for (int step = 0; step < 3 + s; ++step) {
+        ASSERT_OK(
+            server->rule()->Apply(Gradient(size, 0, step % 2, step)).status());
+      }
+      ASSERT_OK(server->SaveCheckpoint());
+      const RuleState saved = server->rule()->SaveState();
+      weights.insert(weights.end(), saved.weights.begin(), saved.weights.end());
+      std::vector<float> part(saved.optimizer_state.size() / sizeof(float));
+      std::memcpy(part.data(), saved.optimizer_state.data(),
+                  saved.optimizer_state.size());
+      state.insert(state.end(), part.begin(), part.end());
+      version = std::max(version, saved.version);
+      old.push_back(std::move(server));
+    }
+  }
+  std::vector<float> joined_weights, joined_state;
+  for (int s = 0; s < to; ++s) {
+    ASSERT_OK_AND_ASSIGN(auto server, ShardServer::Start(Options(
+                                          kDownpourConfig, s, to, 2, dir)));
+    EXPECT_TRUE(server->resharded());
+    EXPECT_GE(server->resumed_version(), 3);
+    EXPECT_LE(server->resumed_version(), version);
+    const RuleState saved = server->rule()->SaveState();
+    joined_weights.insert(joined_weights.end(), saved.weights.begin(),
+                          saved.weights.end());
+    std::vector<float> part(saved.optimizer_state.size() / sizeof(float));
+    std::memcpy(part.data(), saved.optimizer_state.data(),
+                saved.optimizer_state.size());
+    joined_state.insert(joined_state.end(), part.begin(), part.end());
+  }
+  EXPECT_THAT(joined_weights, ElementsAreArray(weights));  // bit for bit
+  EXPECT_THAT(joined_state, ElementsAreArray(state));
+}
+
+TEST(ShardServerCheckpointTest, TwoShardsCheckpointsRestoreIntoThree) {
+  ExpectReshards(2, 3);
+}
+
+TEST(ShardServerCheckpointTest, ThreeShardsCheckpointsRestoreIntoOne) {
+  ExpectReshards(3, 1);
+}
+
 TEST(ShardServerCheckpointTest, MissingCheckpointDirIsInvalidArgument) {
   EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 0, 1, 1,
                                          testutil::TempPath("no/such/dir"))),
