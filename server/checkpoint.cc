@@ -285,6 +285,8 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
           part.stats().samples_applied_by_worker();
       *out.mutable_stats()->mutable_sample_position_by_worker() =
           part.stats().sample_position_by_worker();
+      *out.mutable_stats()->mutable_samples_skipped_by_worker() =
+          part.stats().samples_skipped_by_worker();
       first = false;
     } else {
       if (part.optimizer() != out.optimizer() ||
@@ -294,16 +296,19 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
       }
       out.set_version(std::max(out.version(), part.version()));
       // What every part of the range holds: the smallest.
-      for (auto* map :
-           {out.mutable_stats()->mutable_samples_applied_by_worker(),
-            out.mutable_stats()->mutable_sample_position_by_worker()}) {
-        const auto& other =
-            map == out.mutable_stats()->mutable_samples_applied_by_worker()
-                ? part.stats().samples_applied_by_worker()
-                : part.stats().sample_position_by_worker();
+      using RankMap = google::protobuf::Map<int32_t, int64_t>;
+      const std::pair<RankMap*, const RankMap*> maps[] = {
+          {out.mutable_stats()->mutable_samples_applied_by_worker(),
+           &part.stats().samples_applied_by_worker()},
+          {out.mutable_stats()->mutable_sample_position_by_worker(),
+           &part.stats().sample_position_by_worker()},
+          {out.mutable_stats()->mutable_samples_skipped_by_worker(),
+           &part.stats().samples_skipped_by_worker()},
+      };
+      for (const auto& [map, other] : maps) {
         for (auto& [rank, value] : *map) {
-          auto it = other.find(rank);
-          value = it == other.end() ? 0 : std::min(value, it->second);
+          auto it = other->find(rank);
+          value = it == other->end() ? 0 : std::min(value, it->second);
         }
       }
     }

@@ -130,6 +130,7 @@ class PushReader {
     if (push.ok()) {
       base_version_ = push->base_version;
       worker_rank_ = push->worker_rank;
+      shared_.state->Touch(push->worker_rank);  // renews the rank's lease
     }
     absl::StatusOr<PushResult> result =
         push.ok() ? shared_.rule->Apply(*push)
@@ -400,6 +401,14 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
         shared_.num_workers, ") (-1 for an evaluator): check --num_workers")));
     return reactor;
   }
+  if (request->worker_rank() >= 0) {
+    absl::Status session =
+        state->OpenSession(request->worker_rank(), request->session());
+    if (!session.ok()) {
+      reactor->Finish(ToGrpcStatus(session));
+      return reactor;
+    }
+  }
   response->set_shard(state->shard());
   response->set_num_shards(state->num_shards());
   response->set_offset(state->range().begin);
@@ -439,6 +448,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
   if (request.min_version() < 0) {
     return new FailedPull(InvalidArgument("min_version must not be negative"));
   }
+  if (request.worker_rank() >= 0) state->Touch(request.worker_rank());
   return new PullReactor(shared_, request.min_version(),
                          request.worker_rank() >= 0);
 }

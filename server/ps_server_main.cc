@@ -46,6 +46,14 @@ ABSL_FLAG(double, peer_timeout_s, 30,
           "Seconds a client may stay silent before its connection is "
           "dropped and its calls cancelled: pinged after half, dropped after "
           "the rest (env MONSOON_PEER_TIMEOUT_S).");
+ABSL_FLAG(double, lease_s, 10,
+          "Seconds a worker counts as alive after its last call: sync closes "
+          "a step without a worker whose lease ran out (and logs it), and a "
+          "second worker may take a rank only once the first's has run out "
+          "(env MONSOON_LEASE_S).");
+ABSL_FLAG(double, log_every_s, 5,
+          "Seconds between the lines a waiting sync step logs about the "
+          "workers it waits for (0: none) (env MONSOON_LOG_EVERY_S).");
 ABSL_FLAG(double, checkpoint_interval_s, 60,
           "With --checkpoint_dir, also write the checkpoint every this many "
           "seconds while serving, so that a crash loses at most that much "
@@ -97,10 +105,14 @@ int main(int argc, char** argv) {
   const double interval_s = absl::GetFlag(FLAGS_checkpoint_interval_s);
   const double grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   const double peer_s = absl::GetFlag(FLAGS_peer_timeout_s);
+  const double lease_s = absl::GetFlag(FLAGS_lease_s);
+  const double log_every_s = absl::GetFlag(FLAGS_log_every_s);
   for (const auto& [name, seconds] :
        {std::pair<const char*, double>{"checkpoint_interval_s", interval_s},
         {"shutdown_grace_s", grace_s},
-        {"peer_timeout_s", peer_s}}) {
+        {"peer_timeout_s", peer_s},
+        {"lease_s", lease_s},
+        {"log_every_s", log_every_s}}) {
     if (!(seconds >= 0 && seconds <= 1e6)) {  // NaN too
       return Fail(kConfigError, absl::StrCat("--", name,
                                              " must be from 0 to 1e6 seconds, "
@@ -115,6 +127,13 @@ int main(int argc, char** argv) {
   }
   options.checkpoint_interval = absl::Seconds(interval_s);
   options.peer_timeout = absl::Seconds(peer_s);
+  if (lease_s < 1) {
+    return Fail(
+        kConfigError,
+        absl::StrCat("--lease_s must be at least 1 second, got ", lease_s));
+  }
+  options.lease = absl::Seconds(lease_s);
+  options.log_every = absl::Seconds(log_every_s);
   const int shard = options.shard;
   options.on_periodic_checkpoint = [shard](const absl::Status& status,
                                            int64_t version) {

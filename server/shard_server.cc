@@ -78,9 +78,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      needed >> 20, " MiB, more than this machine's ",
                      memory >> 20, " MiB: use more shards or a smaller model"));
   }
+  if (options.lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--lease_s must be positive");
+  }
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->state_ = std::make_unique<ShardState>(
       layout, options.config.seed(), options.shard, options.num_shards);
+  server->state_->set_lease(options.lease);
   server->rule_ =
       MakeUpdateRule(options.config, options.num_workers, server->state_.get());
   if (server->rule_ == nullptr) {
@@ -138,6 +142,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   server->host_ = std::string(address.substr(0, address.rfind(':')));
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
+  {
+    ShardServer* raw = server.get();
+    server->ticker_ = std::thread([raw, log_every = options.log_every] {
+      while (!raw->stop_ticks_.WaitForNotificationWithTimeout(
+          absl::Milliseconds(200))) {
+        raw->rule_->Tick(absl::Now(), log_every);
+      }
+    });
+  }
   if (!server->checkpoint_path_.empty() &&
       options.checkpoint_interval > absl::ZeroDuration()) {
     ShardServer* raw = server.get();
@@ -229,6 +242,10 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (checkpointer_.joinable()) {
     stop_checkpoints_.Notify();
     checkpointer_.join();
+  }
+  if (ticker_.joinable()) {
+    stop_ticks_.Notify();
+    ticker_.join();
   }
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);

@@ -48,6 +48,12 @@ struct ShardServerOptions {
   // write leaves the shard serving and the previous checkpoint intact.
   std::function<void(const absl::Status&, int64_t version)>
       on_periodic_checkpoint;
+  // How long a worker rank counts as alive after its last call (sync closes
+  // a step without a worker whose lease ran out; a second worker may take
+  // a rank only once the first's lease has run out).
+  absl::Duration lease = absl::Seconds(10);
+  // How often a waiting sync step logs whom it waits for (zero: never).
+  absl::Duration log_every = absl::Seconds(5);
   // How long a client may stay silent before its connection is dropped
   // (pings after half of it, drop after the other half), which cancels its
   // calls. Clients may ping as often as once a second.
@@ -130,6 +136,10 @@ class ShardServer {
   // notified, and is joined in Shutdown before the server stops.
   absl::Notification stop_checkpoints_;
   std::thread checkpointer_;
+  // Calls rule_->Tick five times a second (leases, waiting logs) until
+  // stop_ticks_ is notified; joined in Shutdown.
+  absl::Notification stop_ticks_;
+  std::thread ticker_;
 
   absl::Mutex save_mu_;      // one checkpoint write at a time
   absl::Mutex shutdown_mu_;  // one Shutdown at a time

@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 
 namespace monsoon::server {
@@ -173,6 +174,54 @@ void ShardState::BeginApply() {
 
 void ShardState::EndApply() { applying_.fetch_sub(1); }
 
+void ShardState::set_lease(absl::Duration lease) {
+  absl::MutexLock lock(&sessions_mu_);
+  lease_ = lease;
+}
+
+absl::Duration ShardState::lease() const {
+  absl::MutexLock lock(&sessions_mu_);
+  return lease_;
+}
+
+absl::Status ShardState::OpenSession(int rank, uint64_t session) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&sessions_mu_);
+  Session& held = sessions_[rank];
+  if (held.id != 0 && held.id != session && session != 0 &&
+      now - held.last_contact < lease_) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "rank ", rank, " is held by another worker that called ",
+        absl::FormatDuration(
+            absl::Trunc(now - held.last_contact, absl::Milliseconds(100))),
+        " ago: two workers started with --rank=", rank,
+        "? (a restarted worker is let in once the other's lease of ",
+        absl::FormatDuration(lease_), " has run out)"));
+  }
+  held.id = session;
+  held.last_contact = now;
+  return absl::OkStatus();
+}
+
+void ShardState::Touch(int rank) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&sessions_mu_);
+  sessions_[rank].last_contact = now;
+}
+
+bool ShardState::Alive(int rank, absl::Time now) const {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(rank);
+  return it == sessions_.end() || now - it->second.last_contact < lease_;
+}
+
+absl::Duration ShardState::SinceContact(int rank, absl::Time now) const {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(rank);
+  if (it == sessions_.end()) return absl::InfiniteDuration();
+  return now - it->second.last_contact;
+}
+
 void ShardState::RecordPush(int64_t staleness, int64_t samples, int64_t bytes) {
   absl::MutexLock lock(&stats_mu_);
   ++pushes_;
@@ -228,6 +277,12 @@ bool ShardState::ClaimSamples(int worker_rank, int64_t offset,
   return true;
 }
 
+void ShardState::SkipSamples(int worker_rank, int64_t samples) {
+  absl::MutexLock lock(&stats_mu_);
+  positions_[worker_rank] += samples;
+  skipped_samples_[worker_rank] += samples;
+}
+
 void ShardState::RecordRejectedPush() {
   absl::MutexLock lock(&stats_mu_);
   ++rejected_pushes_;
@@ -255,6 +310,9 @@ StatsResponse ShardState::Stats() const {
   }
   for (const auto& [rank, position] : positions_) {
     (*stats.mutable_sample_position_by_worker())[rank] = position;
+  }
+  for (const auto& [rank, samples] : skipped_samples_) {
+    (*stats.mutable_samples_skipped_by_worker())[rank] = samples;
   }
   stats.set_duplicate_pushes(duplicate_pushes_);
   // Trim trailing zero buckets to keep the message small.
@@ -285,6 +343,10 @@ void ShardState::RestoreStats(const StatsResponse& stats) {
   // A checkpoint from before positions were kept: each rank's data was
   // applied in order from its start, so its position is its count.
   if (stats.sample_position_by_worker().empty()) positions_ = applied_samples_;
+  skipped_samples_.clear();
+  for (const auto& [rank, samples] : stats.samples_skipped_by_worker()) {
+    skipped_samples_[rank] = samples;
+  }
   duplicate_pushes_ = stats.duplicate_pushes();
   std::fill(staleness_counts_.begin(), staleness_counts_.end(), 0);
   const int n = std::min<int>(stats.staleness_counts_size(),

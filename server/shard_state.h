@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/model_layout.h"
 #include "proto/service.pb.h"
@@ -119,6 +121,21 @@ class ShardState {
     apply_hook_ = std::move(hook);
   }
 
+  // Workers' sessions and leases. A rank is alive while it called within
+  // the lease (every call renews it), or if it has never called (a worker
+  // still starting).
+  void set_lease(absl::Duration lease);
+  absl::Duration lease() const;
+  // Registration of `rank` by the process that drew `session`: OK (and the
+  // lease renewed), or ALREADY_EXISTS when another session holds the rank
+  // and called within the lease.
+  absl::Status OpenSession(int rank, uint64_t session);
+  // A call from `rank`: renews its lease.
+  void Touch(int rank);
+  bool Alive(int rank, absl::Time now) const;
+  // Time since the rank's last call (InfiniteDuration if it never called).
+  absl::Duration SinceContact(int rank, absl::Time now) const;
+
   // Statistics.
   void RecordPush(int64_t staleness, int64_t samples, int64_t bytes);
   // Examples from `worker_rank` whose update is now in the weights.
@@ -136,6 +153,10 @@ class ShardState {
   // (which the caller acknowledges without applying), true when the caller
   // is to apply the examples.
   bool ClaimSamples(int worker_rank, int64_t offset, int64_t samples);
+  // Moves the rank's position past its next `samples` examples without
+  // applying them (a sync step closed without the rank), counted as
+  // skipped.
+  void SkipSamples(int worker_rank, int64_t samples);
   void RecordRejectedPush();
   void RecordPulledBytes(int64_t bytes);
   StatsResponse Stats() const;
@@ -171,6 +192,14 @@ class ShardState {
   std::atomic<int> applying_{0};
   std::atomic<int> max_applying_{0};
 
+  struct Session {
+    uint64_t id = 0;
+    absl::Time last_contact = absl::InfinitePast();
+  };
+  mutable absl::Mutex sessions_mu_;
+  absl::Duration lease_ ABSL_GUARDED_BY(sessions_mu_) = absl::Seconds(10);
+  std::map<int, Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+
   mutable absl::Mutex stats_mu_;
   int64_t pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t rejected_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
@@ -181,6 +210,7 @@ class ShardState {
   std::vector<int64_t> staleness_counts_ ABSL_GUARDED_BY(stats_mu_);
   std::map<int, int64_t> applied_samples_ ABSL_GUARDED_BY(stats_mu_);
   std::map<int, int64_t> positions_ ABSL_GUARDED_BY(stats_mu_);
+  std::map<int, int64_t> skipped_samples_ ABSL_GUARDED_BY(stats_mu_);
   int64_t duplicate_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
 };
 

@@ -1,6 +1,12 @@
 // sync: a barrier per step. Every worker pushes its step-t gradient (computed
 // from version t); when all have arrived the shard averages them, applies the
 // optimizer once and becomes version t+1, which wakes the pulls waiting for it.
+// A worker that has stopped calling for the length of its lease no longer
+// holds the barrier: the step closes with the gradients that arrived
+// (averaged over them), its batch for the step is skipped (its position
+// moves past it, StatsResponse.samples_skipped_by_worker), and the barrier is
+// the live workers' until it calls again; it then rejoins at the current
+// step.
 
 #include <algorithm>
 #include <memory>
@@ -10,7 +16,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
 #include "server/optimizer.h"
 #include "server/update_rule.h"
 
@@ -66,25 +75,20 @@ class SyncRule : public UpdateRule {
       // the sum (its buffer taken over, not copied), the 0 + done by the
       // next pass over it; the last push of several is added as the
       // optimizer applies the sum (CloseStep).
-      const bool closes = count_ == num_workers_;
-      const size_t n = state_->size();
-      const float* __restrict g = push.values.data();
+      // The step closes when every worker has pushed it, or every one still
+      // alive has (the others' leases ran out).
+      const bool closes = count_ == num_workers_ || AllLiveArrived(absl::Now());
+      const float* g = push.values.data();
       if (count_ == 1) {
         if (push.buffer != nullptr && *push.buffer != nullptr) {
           sum_ = std::move(*push.buffer);
         } else {
           sum_ = state_->buffers().Take();
-          std::copy(g, g + n, sum_.get());
+          std::copy(g, g + state_->size(), sum_.get());
         }
         sum_plus_zero_ = true;
       } else if (!closes) {
-        float* __restrict sum = sum_.get();
-        if (sum_plus_zero_) {
-          for (size_t i = 0; i < n; ++i) sum[i] = (0.0f + sum[i]) + g[i];
-        } else {
-          for (size_t i = 0; i < n; ++i) sum[i] += g[i];
-        }
-        sum_plus_zero_ = false;
+        AddToSum(g);
       }
       state_->RecordPush(/*staleness=*/0, push.samples, push.wire_bytes);
       result.version = version;
@@ -130,24 +134,112 @@ class SyncRule : public UpdateRule {
   }
 
  private:
+  // sum += g (the step's second push on, not its first or last).
+  void AddToSum(const float* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t n = state_->size();
+    float* __restrict sum = sum_.get();
+    const float* __restrict values = g;
+    if (sum_plus_zero_) {
+      for (size_t i = 0; i < n; ++i) sum[i] = (0.0f + sum[i]) + values[i];
+    } else {
+      for (size_t i = 0; i < n; ++i) sum[i] += values[i];
+    }
+    sum_plus_zero_ = false;
+  }
+
+  // Whether every rank that is still alive has pushed this step (and at
+  // least one has).
+  bool AllLiveArrived(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (count_ == 0) return false;
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (!arrived_[rank] && state_->Alive(rank, now)) return false;
+    }
+    return true;
+  }
+
+ public:
+  void Tick(absl::Time now, absl::Duration log_every) override {
+    std::vector<ShardState::Waiter> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      if (count_ == 0) {
+        waiting_since_ = absl::InfiniteFuture();
+        return;
+      }
+      if (waiting_since_ == absl::InfiniteFuture()) {
+        waiting_since_ = now;
+        last_log_ = now;
+      }
+      if (AllLiveArrived(now)) {
+        std::vector<int> gone;
+        for (int rank = 0; rank < num_workers_; ++rank) {
+          if (!arrived_[rank]) gone.push_back(rank);
+        }
+        common::Log(
+            "shard %d: step %d closes with %d of %d workers' gradients: "
+            "rank(s) %s made no call for the lease of %s, and their batch "
+            "for the step is skipped; the barrier is the live workers' until "
+            "they call again (a worker whose steps take longer than that "
+            "needs a larger --lease_s)",
+            state_->shard(), weights_->version(), count_, num_workers_,
+            absl::StrJoin(gone, ","), absl::FormatDuration(state_->lease()));
+        CloseStep(nullptr);
+        ready = state_->AdvanceVersion(weights_->version());
+        waiting_since_ = absl::InfiniteFuture();
+      } else if (log_every > absl::ZeroDuration() &&
+                 now - last_log_ >= log_every) {
+        std::vector<std::string> missing;
+        for (int rank = 0; rank < num_workers_; ++rank) {
+          if (arrived_[rank]) continue;
+          const absl::Duration since = state_->SinceContact(rank, now);
+          missing.push_back(
+              since == absl::InfiniteDuration()
+                  ? absl::StrCat(rank, " (never called)")
+                  : absl::StrCat(rank, " (last call ",
+                                 absl::FormatDuration(absl::Trunc(
+                                     since, absl::Milliseconds(100))),
+                                 " ago)"));
+        }
+        common::Log("shard %d: step %d has waited %s for rank(s) %s",
+                    state_->shard(), weights_->version(),
+                    absl::FormatDuration(
+                        absl::Trunc(now - waiting_since_, absl::Seconds(1))),
+                    absl::StrJoin(missing, ", "));
+        last_log_ = now;
+      }
+    }
+    state_->RunWaiters(std::move(ready));
+  }
+
+ private:
   // Averages the step's gradients (the sum, plus `last` where the last push
   // is not in it yet) and publishes the next version.
   void CloseStep(const float* last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
-                        1.0f / static_cast<float>(num_workers_),
-                        sum_plus_zero_};
+                        1.0f / static_cast<float>(count_), sum_plus_zero_};
     state_->BeginApply();
     WriteNextVersion(
         state_, &weights_, weights_->version() + 1,
         [&](const float* in, float* out) { optimizer_->Apply(mean, in, out); });
     state_->EndApply();
     sum_.reset();  // back to the pool
-    std::fill(arrived_.begin(), arrived_.end(), false);
-    // Only now are the step's examples in the weights.
+    // Only now are the step's examples in the weights. A rank missing from
+    // the step (its lease ran out) passes over its batch for it, as large as
+    // the others': when it returns it takes up the step the others are at.
+    int64_t batch = 0;
     for (int rank = 0; rank < num_workers_; ++rank) {
-      state_->RecordAppliedSamples(rank, step_samples_[rank]);
-      state_->AdvancePosition(rank, step_offsets_[rank], step_samples_[rank]);
+      if (arrived_[rank]) batch = std::max(batch, step_samples_[rank]);
     }
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (arrived_[rank]) {
+        state_->RecordAppliedSamples(rank, step_samples_[rank]);
+        state_->AdvancePosition(rank, step_offsets_[rank], step_samples_[rank]);
+      } else {
+        state_->SkipSamples(rank, batch);
+      }
+      step_samples_[rank] = 0;
+    }
+    std::fill(arrived_.begin(), arrived_.end(), false);
     count_ = 0;
   }
 
@@ -168,6 +260,9 @@ class SyncRule : public UpdateRule {
   std::vector<int64_t> step_samples_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> step_offsets_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Since when the step in progress has had a push and waited (logging).
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time last_log_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

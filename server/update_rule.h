@@ -91,6 +91,12 @@ class UpdateRule {
   // The weights, version and optimizer state (see the file comment).
   virtual RuleState SaveState() = 0;
 
+  // Called every fraction of a second by the shard's server. A rule that
+  // waits for workers (sync's barrier) closes a step whose missing workers'
+  // leases have run out (ShardState::Alive), and logs every `log_every`
+  // whom it waits for.
+  virtual void Tick(absl::Time now, absl::Duration log_every) {}
+
   // Replaces the weights, version and optimizer state with `saved`, and
   // wakes pulls waiting for versions up to it. Call before serving.
   // INVALID_ARGUMENT (nothing changed) when `saved` does not fit this rule:

@@ -93,8 +93,13 @@ class ClusterTest : public testing::Test {
     return worker::PsClient::Connect(options);
   }
 
-  // Trains with kWorkers worker threads; results_[w] gets each one's result.
-  void Train(const TrainingConfig& config, bool resume = false) {
+  // Trains with a worker thread for each of `ranks` (all kWorkers if
+  // empty); results_[rank] gets each one's result.
+  void Train(const TrainingConfig& config, bool resume = false,
+             std::vector<int> ranks = {}) {
+    if (ranks.empty()) {
+      for (int w = 0; w < kWorkers; ++w) ranks.push_back(w);
+    }
     const common::ModelLayout layout = common::ModelLayout::FromConfig(config);
     struct Worker {
       std::unique_ptr<worker::ComputeBackend> backend;
@@ -104,7 +109,7 @@ class ClusterTest : public testing::Test {
       worker::WorkerContext context;
     };
     std::vector<Worker> workers(kWorkers);
-    for (int w = 0; w < kWorkers; ++w) {
+    for (int w : ranks) {
       Worker& worker = workers[w];
       // One OpenBLAS thread; set here, before any worker thread runs.
       worker.backend = worker::MakeCpuBackend(1);
@@ -126,7 +131,7 @@ class ClusterTest : public testing::Test {
     results_.assign(kWorkers, absl::StatusOr<worker::WorkerResult>(
                                   absl::UnknownError("not run")));
     std::vector<std::thread> threads;
-    for (int w = 0; w < kWorkers; ++w) {
+    for (int w : ranks) {
       threads.emplace_back([this, &workers, w] {
         results_[w] = workers[w].loop->Run(workers[w].context);
       });
@@ -253,19 +258,61 @@ TEST_F(ClusterTest, SyncWorkersRestartedMidStepRejoinIt) {
     ASSERT_EQ(stats[0].version(), 1);
     ASSERT_EQ(stats[1].version(), 0);
   }
-  // Their replacements start at step 0 (no step is complete on every
-  // shard) and pull without waiting for version 1, which shard 1 cannot
-  // reach without worker 0. Where a shard already holds their step-0
-  // gradient they are answered ALREADY_EXISTS, or ABORTED where the step has
-  // closed since; both count as done. Then they train in lockstep to the
-  // end.
+  // Worker 0 makes no call for the lease (kTestLease): shard 1 closes step 0
+  // with worker 1's gradient alone and skips worker 0's batch for it.
+  const absl::Time deadline = absl::Now() + 20 * testutil::kTestLease;
+  while (ShardStats()[1].version() == 0) {
+    ASSERT_LT(absl::Now(), deadline) << "shard 1 never closed step 0";
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  {
+    const StatsResponse stats = ShardStats()[1];
+    EXPECT_EQ(stats.version(), 1);
+    EXPECT_EQ(stats.samples_applied_by_worker().at(1), 20);
+    EXPECT_EQ(stats.samples_skipped_by_worker().at(0), 20);
+    EXPECT_EQ(stats.sample_position_by_worker().at(0), 20);
+  }
+  // Their replacements find step 0 behind both on every shard and train
+  // steps 1 to 39 in lockstep.
   ASSERT_NO_FATAL_FAILURE(Train(config, /*resume=*/true));
   for (int w = 0; w < kWorkers; ++w) {
     ASSERT_OK(results_[w].status()) << "worker " << w;
-    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 39) << "worker " << w;
   }
+  const std::vector<StatsResponse> stats = ShardStats();
+  for (const StatsResponse& shard : stats) {
+    EXPECT_EQ(shard.version(), 40);
+    EXPECT_EQ(shard.samples_applied_by_worker().at(1), 800);
+  }
+  EXPECT_EQ(stats[0].samples_applied_by_worker().at(0), 800);
+  EXPECT_EQ(stats[1].samples_applied_by_worker().at(0), 780);
+  EXPECT_EQ(stats[1].samples_skipped_by_worker().at(0), 20);
+}
+
+TEST_F(ClusterTest, SyncStepsGoOnWithoutAWorkerWhoseLeaseRanOut) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
+      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  {
+    // Worker 0 pushes step 0 to both shards and dies.
+    ASSERT_OK_AND_ASSIGN(auto dying, Connect(config, 0));
+    const std::vector<float> zeros(
+        common::ModelLayout::FromConfig(config).num_params(), 0.0f);
+    ASSERT_OK(dying->Push(zeros, {0, 0}, 20));
+  }
+  // Worker 1 alone: step 0 closes with both gradients, step 1 once worker
+  // 0's lease has run out, and the rest as soon as worker 1 pushes them.
+  ASSERT_NO_FATAL_FAILURE(Train(config, /*resume=*/false, {1}));
+  ASSERT_OK(results_[1].status());
+  EXPECT_EQ(results_[1]->steps, 40);
   for (const StatsResponse& stats : ShardStats()) {
     EXPECT_EQ(stats.version(), 40);
+    EXPECT_EQ(stats.samples_applied_by_worker().at(0), 20);
+    EXPECT_EQ(stats.samples_skipped_by_worker().at(0), 780);
+    EXPECT_EQ(stats.sample_position_by_worker().at(0), 800);
+    EXPECT_EQ(stats.samples_applied_by_worker().at(1), 800);
+    EXPECT_EQ(stats.samples_skipped_by_worker().count(1), 0);
   }
 }
 

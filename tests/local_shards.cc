@@ -17,6 +17,7 @@ std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
     options.num_shards = num_shards;
     options.num_workers = num_workers;
     options.listen_address = "127.0.0.1:0";
+    options.lease = kTestLease;
     absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
         server::ShardServer::Start(options);
     EXPECT_TRUE(server.ok()) << server.status();

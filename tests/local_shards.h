@@ -7,14 +7,20 @@
 #include <memory>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "proto/config.pb.h"
 #include "server/shard_server.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::testutil {
 
-// Starts shards 0 .. num_shards-1 of `config` on port 0 of 127.0.0.1. A
-// shard that does not start is a test failure and is left out.
+// The shards' worker lease in tests: short, so that a test that restarts a
+// worker (or loses one) waits little for its predecessor's to run out.
+inline constexpr absl::Duration kTestLease = absl::Milliseconds(500);
+
+// Starts shards 0 .. num_shards-1 of `config` on port 0 of 127.0.0.1, with
+// the lease kTestLease. A shard that does not start is a test failure and
+// is left out.
 std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
     const TrainingConfig& config, int num_shards, int num_workers);
 

@@ -636,10 +636,12 @@ TEST_F(TwoShardsTest, ARestartedClientLearnsTheExamplesEveryShardApplied) {
   // The next push reaches shard 0 only, as if the worker died mid-push.
   common::BufferLease lease;
   std::unique_ptr<ShardedPush> push =
-      client->StartPush({1, 1}, 16, /*sample_offset=*/0, &lease, nullptr);
+      client->StartPush({1, 1}, 16, /*sample_offset=*/16, &lease, nullptr);
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
 
+  // Its replacement is let in once the dead worker's lease has run out
+  // (Connect retries until then).
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> restarted,
                        PsClient::Connect(testutil::ClientOptions(
                            cluster.servers, config, /*rank=*/0)));
@@ -649,6 +651,23 @@ TEST_F(TwoShardsTest, ARestartedClientLearnsTheExamplesEveryShardApplied) {
                        PsClient::Connect(testutil::ClientOptions(
                            cluster.servers, config, /*rank=*/-1)));
   EXPECT_EQ(evaluator->applied_samples(), 0);
+}
+
+TEST_F(TwoShardsTest, ASecondClientForALiveRankIsAlreadyExists) {
+  // The first client has just called (its lease is renewed); a second
+  // process started with the same rank is refused while that lease runs.
+  std::vector<float> weights(client->ranges().back().end);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights), &versions));
+  PsClientOptions options = OptionsFor(cluster.servers, config, /*rank=*/0);
+  options.connect_timeout = absl::Milliseconds(50);
+  EXPECT_THAT(PsClient::Connect(options),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("two workers started with --rank=0")));
+  // Once the first stops calling for the lease, a restart takes the rank.
+  options.connect_timeout = 20 * testutil::kTestLease;
+  ASSERT_OK(PsClient::Connect(options).status());
 }
 
 }  // namespace

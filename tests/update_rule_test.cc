@@ -161,6 +161,48 @@ TEST_F(SyncRuleTest, ARepeatOfAClosedStepIsADuplicate) {
   EXPECT_EQ(state_.SamplePosition(0), a.data.sample_offset + 8);
 }
 
+TEST_F(SyncRuleTest, AStepClosesWithoutAWorkerWhoseLeaseRanOut) {
+  state_.set_lease(absl::Seconds(10));
+  state_.Touch(0);
+  state_.Touch(1);
+  // Each worker's first batch: examples [0, 8) of its data.
+  OwnedPush push0 = MakePush(0, 0, Filled(3.0f), 8);
+  push0.data.sample_offset = 0;
+  OwnedPush late1 = MakePush(1, 0, Filled(5.0f), 8);
+  late1.data.sample_offset = 0;
+  ASSERT_OK(rule_->Apply(push0).status());
+  // Worker 1 called 5 s ago: still alive, the step waits for it.
+  rule_->Tick(absl::Now() + absl::Seconds(5), absl::ZeroDuration());
+  EXPECT_EQ(state_.version(), 0);
+  EXPECT_EQ(Weights(*rule_), initial_);
+  // 11 s: its lease has run out; the step closes with worker 0's gradient
+  // alone (the mean of one) and skips worker 1's batch.
+  rule_->Tick(absl::Now() + absl::Seconds(11), absl::ZeroDuration());
+  EXPECT_EQ(state_.version(), 1);
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(3.0f)));
+  const StatsResponse stats = state_.Stats();
+  EXPECT_THAT(stats.samples_applied_by_worker(),
+              UnorderedElementsAre(Pair(0, 8)));
+  EXPECT_THAT(stats.samples_skipped_by_worker(),
+              UnorderedElementsAre(Pair(1, 8)));
+  EXPECT_THAT(stats.sample_position_by_worker(),
+              UnorderedElementsAre(Pair(0, 8), Pair(1, 8)));
+  // Worker 1, back, pushes the batch the step skipped: acknowledged as a
+  // repeat, nothing applied.
+  ASSERT_OK_AND_ASSIGN(PushResult late, rule_->Apply(late1));
+  EXPECT_TRUE(late.duplicate);
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(3.0f)));
+}
+
+TEST_F(SyncRuleTest, AWorkerThatNeverCalledHoldsTheStep) {
+  state_.set_lease(absl::Seconds(10));
+  state_.Touch(0);
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(3.0f), 8)).status());
+  // Worker 1 is still starting: no lease has run out.
+  rule_->Tick(absl::Now() + absl::Hours(1), absl::ZeroDuration());
+  EXPECT_EQ(state_.version(), 0);
+}
+
 TEST_F(SyncRuleTest, NextStepStartsFromAnEmptySum) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(2.0f))).status());

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -329,6 +330,7 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
   request.set_config_fingerprint(common::ConfigFingerprint(config_));
   request.set_num_workers(num_workers_);
   request.set_num_shards(num_shards());
+  request.set_session(session_);
   RegisterResponse response;
   const absl::Time start = absl::Now();
   absl::Time last_log = start;
@@ -344,13 +346,20 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
         absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
     grpc::Status status = shard.stub->Register(&context, request, &response);
     if (status.ok()) return response;
+    // ALREADY_EXISTS: another worker holds this rank; if it has died (this
+    // is its restart), its lease runs out soon.
     const bool transport =
         status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        status.error_code() == grpc::StatusCode::ALREADY_EXISTS;
     if (!transport) {
       return Annotate(common::ToAbslStatus(status), s, shard.address);
     }
     const absl::Time now = absl::Now();
+    if (now + backoff >= deadline &&
+        status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      return Annotate(common::ToAbslStatus(status), s, shard.address);
+    }
     if (now + backoff >= deadline) {
       return absl::UnavailableError(absl::StrCat(
           "could not reach parameter server shard ", s, " at ", shard.address,
@@ -381,6 +390,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   client->worker_rank_ = options.worker_rank;
   client->num_workers_ = options.num_workers;
   client->stop_ = options.stop;
+  std::random_device random;
+  client->session_ = (static_cast<uint64_t>(random()) << 32 | random()) | 1;
   const int shards = static_cast<int>(options.server_addresses.size());
   for (const std::string& address : options.server_addresses) {
     std::shared_ptr<grpc::Channel> channel =
@@ -395,7 +406,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   for (int s = 0; s < shards; ++s) {
     absl::StatusOr<RegisterResponse> response = client->RegisterWith(
-        s, deadline, absl::ZeroDuration(),
+        s, deadline, options.log_every,
         "is ps_server running there, and --servers in shard order?");
     if (!response.ok()) return response.status();
     const std::string& address = options.server_addresses[s];

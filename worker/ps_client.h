@@ -40,6 +40,9 @@ struct PsClientOptions {
   int num_workers = 0;
   // How long Connect keeps trying to reach a shard that is not up yet.
   absl::Duration connect_timeout = absl::Seconds(60);
+  // How often Connect logs which shard it still waits for, and why (zero:
+  // never).
+  absl::Duration log_every = absl::ZeroDuration();
   // How long a shard may stay silent before its connection counts as lost
   // (a frozen or partitioned host): the channel pings it after half of
   // this without traffic and gives up when the other half passes without an
@@ -184,6 +187,7 @@ class PsClient {
   TrainingConfig config_;
   int worker_rank_ = 0;
   int num_workers_ = 0;
+  uint64_t session_ = 0;  // drawn at Connect (RegisterRequest.session)
   const absl::Notification* stop_ = nullptr;
   std::vector<Shard> shards_;
   std::vector<common::ShardRange> ranges_;

@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
   }
   options.peer_timeout = absl::Seconds(absl::GetFlag(FLAGS_peer_timeout_s));
   options.stop = &termination.terminated();
+  options.log_every = absl::Seconds(10);
   auto client = monsoon::worker::PsClient::Connect(options);
   if (!client.ok()) {
     return Fail(client.status().code() == absl::StatusCode::kFailedPrecondition

@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
   }
   options.peer_timeout = absl::Seconds(absl::GetFlag(FLAGS_peer_timeout_s));
   options.stop = &termination.terminated();
+  options.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   auto client = monsoon::worker::PsClient::Connect(options);
   if (!client.ok()) {
     return Fail(client.status().code() == absl::StatusCode::kFailedPrecondition
@@ -230,8 +231,9 @@ int main(int argc, char** argv) {
               "again, or start the servers without that checkpoint")));
     }
     monsoon::common::Log(
-        "ps_worker: rank %d: the servers have applied %d examples from this "
-        "rank; resuming after its first %d batches (--noresume starts over)",
+        "ps_worker: rank %d: the servers are past the first %d examples of "
+        "this rank (applied, or skipped by sync steps that closed without "
+        "it); resuming after its first %d batches (--noresume starts over)",
         rank, (*client)->applied_samples(), context.resume_steps);
   }
   monsoon::worker::WorkerResult progress;
