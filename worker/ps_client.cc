@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -23,19 +24,39 @@ namespace {
 
 using Bidi = grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
+// What a wait that goes on is logged as: every `every` (zero: never),
+// "<who>: waiting <time> for shard(s) <pending> to answer <what>".
+struct WaitNote {
+  absl::Duration every;
+  std::string who;
+  std::string what;
+};
+
+WaitNote NoteFor(absl::Duration every, int rank, std::string what) {
+  return WaitNote{
+      every,
+      rank >= 0 ? absl::StrCat("worker ", rank) : std::string("evaluator"),
+      std::move(what)};
+}
+
 // Collects one status per shard and wakes Wait() when all are in. With a
 // stop notification, Wait() cancels the shards' calls once it is notified.
 // (A std::mutex and condition variable: ThreadSanitizer follows them.)
 class ShardCalls : public PendingCall {
  public:
-  ShardCalls(int shards, const absl::Notification* stop)
-      : statuses_(shards), pending_(shards), stop_(stop) {}
+  ShardCalls(int shards, const absl::Notification* stop, WaitNote note = {})
+      : statuses_(shards),
+        answered_(shards, false),
+        pending_(shards),
+        stop_(stop),
+        note_(std::move(note)) {}
 
   // Called once per shard, from any thread.
   void Done(int shard, absl::Status status) {
     statuses_[shard] = std::move(status);
     {
       std::lock_guard<std::mutex> lock(mu_);
+      answered_[shard] = true;
       --pending_;
     }
     done_.notify_all();
@@ -51,12 +72,26 @@ class ShardCalls : public PendingCall {
     if (!waited_) {
       std::unique_lock<std::mutex> lock(mu_);
       bool cancelled = false;
+      const absl::Time start = absl::Now();
+      absl::Time last_log = start;
       while (pending_ > 0) {
         // Checks the stop notification every 100 ms while calls run.
         done_.wait_for(lock, std::chrono::milliseconds(100));
         if (!cancelled && stop_ != nullptr && stop_->HasBeenNotified()) {
           cancelled = true;
           for (grpc::ClientContext* context : contexts_) context->TryCancel();
+        }
+        const absl::Time now = absl::Now();
+        if (pending_ > 0 && note_.every > absl::ZeroDuration() &&
+            now - last_log >= note_.every) {
+          std::vector<int> pending;
+          for (size_t s = 0; s < answered_.size(); ++s) {
+            if (!answered_[s]) pending.push_back(static_cast<int>(s));
+          }
+          common::Log("%s: waiting %.0f s for shard(s) %s to answer %s",
+                      note_.who, absl::ToDoubleSeconds(now - start),
+                      absl::StrJoin(pending, ","), note_.what);
+          last_log = now;
         }
       }
       lock.unlock();
@@ -81,11 +116,13 @@ class ShardCalls : public PendingCall {
 
  private:
   std::vector<absl::Status> statuses_;  // slot s written by shard s's call
+  std::vector<bool> answered_;          // guarded by mu_
   std::mutex mu_;
   std::condition_variable done_;
   int pending_;                                 // guarded by mu_
   std::vector<grpc::ClientContext*> contexts_;  // guarded by mu_
   const absl::Notification* const stop_;
+  const WaitNote note_;
   bool waited_ = false;
   std::vector<std::shared_ptr<void>> calls_;
 };
@@ -390,6 +427,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   client->worker_rank_ = options.worker_rank;
   client->num_workers_ = options.num_workers;
   client->stop_ = options.stop;
+  client->log_every_ = options.log_every;
   std::random_device random;
   client->session_ = (static_cast<uint64_t>(random()) << 32 | random()) | 1;
   const int shards = static_cast<int>(options.server_addresses.size());
@@ -466,7 +504,17 @@ std::unique_ptr<PendingCall> PsClient::PullAsync(
 std::unique_ptr<PendingCall> PsClient::PullAsync(
     const std::vector<int64_t>& min_versions, absl::Duration timeout,
     absl::Span<float> params, std::vector<int64_t>* versions) {
-  auto calls = std::make_unique<ShardCalls>(num_shards(), stop_);
+  auto calls = std::make_unique<ShardCalls>(
+      num_shards(), stop_,
+      NoteFor(
+          log_every_, worker_rank_,
+          absl::StrCat(
+              "a pull of version ",
+              *std::max_element(min_versions.begin(), min_versions.end()),
+              config_.mode() == SYNC
+                  ? " (the barrier of that step: the shards log the ranks it "
+                    "waits for)"
+                  : "")));
   versions->assign(num_shards(), 0);
   for (int s = 0; s < num_shards(); ++s) {
     PullRequest request;
@@ -499,7 +547,19 @@ class ShardedPushImpl : public ShardedPush {
         sample_offset_(sample_offset),
         lease_(lease),
         results_(results),
-        calls_(client->num_shards(), client->stop_),
+        calls_(client->num_shards(), client->stop_,
+               NoteFor(
+                   client->log_every_, client->worker_rank_,
+                   absl::StrCat(
+                       "the push of step ",
+                       base_versions.empty()
+                           ? 0
+                           : *std::min_element(base_versions.begin(),
+                                               base_versions.end()),
+                       client->config_.mode() == SYNC
+                           ? " (a sync step closes once every live worker has "
+                             "pushed it: the shards log the ranks it waits for)"
+                           : ""))),
         sent_(client->num_shards(), false) {
     if (results_ != nullptr) {
       results_->assign(client->num_shards(), PushResponse());

@@ -188,6 +188,7 @@ class PsClient {
   int worker_rank_ = 0;
   int num_workers_ = 0;
   uint64_t session_ = 0;  // drawn at Connect (RegisterRequest.session)
+  absl::Duration log_every_;  // PsClientOptions.log_every
   const absl::Notification* stop_ = nullptr;
   std::vector<Shard> shards_;
   std::vector<common::ShardRange> ranges_;
