@@ -120,6 +120,9 @@ class PsClient {
   // at registration (the least over the shards): where a restarted worker
   // resumes its data.
   int64_t applied_samples() const { return applied_samples_; }
+  // Replaces PsClientOptions.stop for the calls started from now on (null:
+  // none is cancelled; each still has its deadline).
+  void set_stop(const absl::Notification* stop) { stop_ = stop; }
   const TrainingConfig& config() const { return config_; }
 
   // Fills `params` (all parameters) once every shard's version is at least
@@ -187,7 +190,7 @@ class PsClient {
   TrainingConfig config_;
   int worker_rank_ = 0;
   int num_workers_ = 0;
-  uint64_t session_ = 0;  // drawn at Connect (RegisterRequest.session)
+  uint64_t session_ = 0;      // drawn at Connect (RegisterRequest.session)
   absl::Duration log_every_;  // PsClientOptions.log_every
   const absl::Notification* stop_ = nullptr;
   std::vector<Shard> shards_;

@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
                     : 1,
                 client.status());
   }
+  // SIGTERM asks for one last evaluation: its calls must not be cancelled by
+  // it (each has a deadline).
+  (*client)->set_stop(nullptr);
   monsoon::worker::Evaluator evaluator(client->get(), mlp->get(), &*test,
                                        start);
   monsoon::EvalCurve curve;
@@ -143,6 +146,18 @@ int main(int argc, char** argv) {
   while (!last) {
     last = termination.terminated().WaitForNotificationWithTimeout(interval);
     absl::StatusOr<monsoon::EvalPoint> point = evaluator.EvaluateNow();
+    if (!point.ok() && last &&
+        point.status().code() == absl::StatusCode::kUnavailable) {
+      // The last evaluation is the run's result: a shard that was just
+      // restarted gets time to answer.
+      monsoon::common::Log(
+          "ps_evaluator: final evaluation: %s; waiting up to 30 s for every "
+          "shard",
+          point.status().ToString());
+      if ((*client)->Reconnect(absl::Seconds(30), absl::Seconds(10)).ok()) {
+        point = evaluator.EvaluateNow();
+      }
+    }
     if (!point.ok()) {
       monsoon::common::Log("ps_evaluator: cannot evaluate now: %s",
                            point.status().ToString());
