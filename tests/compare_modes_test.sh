@@ -28,3 +28,27 @@ for png in ["accuracy_vs_time.png", "accuracy_vs_bytes_pushed.png",
 print("compare_modes_test: results.json, summary.md and 3 plots OK")
 PY
 grep -q "sync-s1-w2" "$out.log"  # the table was printed
+
+# With faults: server 1 and worker 0 killed (SIGKILL) as training starts. The
+# launcher restarts both; the run completes and the table counts them.
+chaos="${out}-chaos"
+"$compare" --modes=downpour --servers=2 --workers=2 --epochs=1 --hidden=32 \
+  --eval_interval_s=1 --report_script="$report" --out_dir="$chaos" \
+  --chaos=kill:server1@0.3s,kill:worker0@0.3s \
+  > "$chaos.log" 2>&1 || { cat "$chaos.log"; exit 1; }
+/usr/bin/python3 - "$chaos" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+results = json.load(open(os.path.join(out, "results.json")))
+assert results["chaos"] == "kill:server1@0.3s,kill:worker0@0.3s", results
+[run] = results["runs"]
+whats = [e["what"] for e in run["events"]]
+for expected in ["kill server 1 (SIGKILL)", "kill worker 0 (SIGKILL)",
+                 "restarted server 1", "restarted worker 0"]:
+    assert expected in whats, (expected, whats)
+assert run["restarts"] == 2, run["restarts"]
+assert 0.5 < run["final_test_accuracy"] <= 1, run["final_test_accuracy"]
+summary = open(os.path.join(out, "summary.md")).read()
+assert "| 2 kills, 2 restarts |" in summary, summary
+print("compare_modes_test: a run with two processes killed completed OK")
+PY

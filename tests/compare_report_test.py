@@ -84,6 +84,33 @@ class CompareReportTest(unittest.TestCase):
         self.assertIn("100mbit,2ms (rate shaped; this kernel has no netem",
                       compare_report.format_summary(results))
 
+    def test_faults_get_a_column_counting_each_runs_kills_stops_restarts(self):
+        events = [
+            {"time_s": 1.5, "what": "kill server 1 (SIGKILL)"},
+            {"time_s": 1.5, "what": "server 1 exited with code 137; "
+                                    "restarting it in 1s (restart 1 of at "
+                                    "most 3)"},
+            {"time_s": 2.5, "what": "restarted server 1"},
+            {"time_s": 3.0, "what": "stop server 0 (SIGSTOP) for 2 s"},
+            {"time_s": 5.0, "what": "continue server 0 (SIGCONT)"},
+            {"time_s": 6.0, "what": "kill worker 0 (SIGKILL)"},
+        ]
+        results = dict(RESULTS, chaos="kill:server1@1.5s", runs=[
+            run("downpour-s2-w2", "downpour", 2, [point(9.0, 0.87)],
+                events=events, restarts=2),
+            RESULTS["runs"][1],
+        ])
+        rows = compare_report.summary_rows(results)
+        self.assertEqual(rows[0]["faults"], "2 kills, 1 stop, 2 restarts")
+        self.assertEqual(rows[1]["faults"], "")
+        lines = compare_report.format_table(rows, 0.85).splitlines()
+        self.assertTrue(lines[0].endswith("| staleness p99 | faults |"))
+        self.assertEqual(lines[1], "|" + "---|" * 9)
+        self.assertTrue(lines[2].endswith("| 3 | 2 kills, 1 stop, 2 restarts |"))
+        self.assertTrue(lines[3].endswith("| 3 | none |"))
+        self.assertIn("Faults injected into every run: kill:server1@1.5s.",
+                      compare_report.format_summary(results))
+
     def test_main_writes_summary_md(self):
         with tempfile.TemporaryDirectory() as out:
             path = os.path.join(out, "results.json")

@@ -90,6 +90,32 @@ TEST(MetricsTest, JsonHoldsTheDesignFieldsFromStatsAndCurve) {
                               "\"test_accuracy\": 0.875, \"test_loss\": 0.25, "
                               "\"bytes_pushed\": 0, \"bytes_pulled\": 0}"));
   EXPECT_THAT(json, HasSubstr("\"stopped_by_time_limit\": false,"));
+  EXPECT_THAT(json, HasSubstr("\"restarts\": 0,"));
+  EXPECT_THAT(json, HasSubstr("\"events\": [],"));
+}
+
+TEST(MetricsTest, JsonCountsRepeatsSkipsAndTheRunsEvents) {
+  RunMetrics run;
+  run.config.set_mode(SYNC);
+  StatsResponse a = Shard({4}, 0);
+  a.set_duplicate_pushes(3);
+  (*a.mutable_samples_skipped_by_worker())[1] = 128;
+  StatsResponse b = Shard({4}, 0);
+  b.set_duplicate_pushes(2);
+  (*b.mutable_samples_skipped_by_worker())[1] = 128;
+  run.shard_stats = {a, b};
+  run.restarts = 1;
+  run.events = {{1.5, "kill worker 1 (SIGKILL)"}, {2.25, "say \"hi\"\\\n"}};
+  const std::string json = MetricsJson(run);
+  // Repeats are counted on every shard; a skipped batch once (shard 0).
+  EXPECT_THAT(json, HasSubstr("\"duplicate_pushes\": 5,"));
+  EXPECT_THAT(json, HasSubstr("\"samples_skipped\": 128,"));
+  EXPECT_THAT(json, HasSubstr("\"restarts\": 1,"));
+  EXPECT_THAT(
+      json,
+      HasSubstr("\"events\": [{\"time_s\": 1.5, \"what\": \"kill worker 1 "
+                "(SIGKILL)\"}, {\"time_s\": 2.25, \"what\": "
+                "\"say \\\"hi\\\"\\\\\\u000a\"}],"));
 }
 
 }  // namespace

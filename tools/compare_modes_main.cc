@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "tools/chaos.h"
 #include "tools/comparison.h"
 #include "tools/config_flags.h"
 #include "tools/emulated_network.h"
@@ -47,6 +48,20 @@ ABSL_FLAG(std::string, link, "",
 ABSL_FLAG(double, eval_interval_s, 0.5,
           "Seconds between evaluations: the resolution of time to target "
           "(a 3-epoch run of the default model takes a few seconds here).");
+ABSL_FLAG(bool, restart_failed, true,
+          "Start a server or worker that dies during a run again (after 1 s, "
+          "doubling per restart); the servers then checkpoint every 2 s. "
+          "--norestart_failed: the first death ends the comparison.");
+ABSL_FLAG(int, max_restarts, 3,
+          "With --restart_failed, how often each process of a run may be "
+          "restarted before the run fails.");
+ABSL_FLAG(std::string, chaos, "",
+          "Faults injected into every run, from the start of its training: "
+          "comma-separated kill:TARGET@TIME (SIGKILL) or "
+          "stop:TARGET@TIME+DURATION (SIGSTOP, then SIGCONT), TARGET serverN "
+          "or workerN, e.g. kill:server1@3s,stop:server0@1s+2s. The table "
+          "then counts the faults and restarts of each run, and the "
+          "accuracy plot marks them.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: beside this binary).");
@@ -142,6 +157,20 @@ int main(int argc, char** argv) {
       return Fail(kConfigError, s);
     }
     options.link = *link;
+  }
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts < 0 || max_restarts > 100) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--max_restarts must be in [0, 100], got ", max_restarts)));
+  }
+  options.max_restarts = absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
+  options.chaos = absl::GetFlag(FLAGS_chaos);
+  for (int s : options.servers) {
+    for (int w : options.workers) {
+      auto faults = monsoon::tools::ParseChaos(options.chaos, s, w);
+      if (!faults.ok()) return Fail(kConfigError, faults.status());
+    }
   }
   options.time_limit_s = absl::GetFlag(FLAGS_time_limit_s);
   options.target_accuracy = absl::GetFlag(FLAGS_target);

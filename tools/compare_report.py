@@ -23,6 +23,22 @@ def time_to_target(curve, target):
     return None
 
 
+def fault_summary(run):
+    """What happened to a run's processes: "2 kills, 1 stop, 2 restarts",
+    or "" when nothing did."""
+    counts = {}
+    for event in run.get("events", []):
+        what = event["what"]
+        for kind in ("kill", "stop"):
+            if what.startswith(kind + " "):
+                counts[kind] = counts.get(kind, 0) + 1
+    restarts = run.get("restarts", 0)
+    if restarts:
+        counts["restart"] = restarts
+    return ", ".join("%d %s%s" % (n, kind, "" if n == 1 else "s")
+                     for kind, n in counts.items())
+
+
 def summary_rows(results, target=None):
     """One row per run: the table's values, unformatted."""
     if target is None:
@@ -41,6 +57,7 @@ def summary_rows(results, target=None):
             "bytes_pulled": run["bytes_pulled"],
             "staleness_mean": run["staleness"]["mean"],
             "staleness_p99": run["staleness"]["p99"],
+            "faults": fault_summary(run),
         })
     return rows
 
@@ -50,18 +67,24 @@ def _mb(value):
 
 
 def format_table(rows, target):
-    """The rows as a Markdown table."""
+    """The rows as a Markdown table; a faults column when any run had one."""
+    faults = any(r["faults"] for r in rows)
     header = ("| run | final test accuracy | time to %.2f | samples/s | "
               "pushed MB | pulled MB | staleness mean | staleness p99 |" %
               target)
-    lines = [header, "|" + "---|" * 8]
+    if faults:
+        header += " faults |"
+    lines = [header, "|" + "---|" * (9 if faults else 8)]
     for r in rows:
         reached = r["time_to_target_s"]
-        lines.append("| %s | %.4f | %s | %.0f | %s | %s | %.2f | %d |" % (
+        line = "| %s | %.4f | %s | %.0f | %s | %s | %.2f | %d |" % (
             r["run"], r["final_test_accuracy"],
             "%.1f s" % reached if reached is not None else "not reached",
             r["samples_per_s"], _mb(r["bytes_pushed"]), _mb(r["bytes_pulled"]),
-            r["staleness_mean"], r["staleness_p99"]))
+            r["staleness_mean"], r["staleness_p99"])
+        if faults:
+            line += " %s |" % (r["faults"] or "none")
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -71,9 +94,13 @@ def format_summary(results, target=None):
     link = results["link"]
     if link != "loopback" and not results.get("delay_emulated", True):
         link += " (rate shaped; this kernel has no netem, so no delay)"
+    chaos = ""
+    if results.get("chaos"):
+        chaos = " Faults injected into every run: %s." % results["chaos"]
     return ("# Monsoon mode comparison\n\nNetwork: %s. Time to target: first "
-            "evaluation at or above %.2f test accuracy.\n\n%s" %
-            (link, target, format_table(summary_rows(results, target), target)))
+            "evaluation at or above %.2f test accuracy.%s\n\n%s" %
+            (link, target, chaos,
+             format_table(summary_rows(results, target), target)))
 
 
 def _label(run, many_sizes):
@@ -102,12 +129,35 @@ def write_plots(results, out_dir):
             title_suffix += " (rate only, no delay)"
     paths = []
 
-    def line_plot(name, x_of, y_key, xlabel, ylabel, title):
+    def line_plot(name, x_of, y_key, xlabel, ylabel, title, events=False):
         fig, ax = plt.subplots(figsize=(8, 5))
         for run in runs:
             xs = [x_of(p) for p in run["curve"]]
             ys = [p[y_key] for p in run["curve"]]
-            ax.plot(xs, ys, marker=".", label=_label(run, many_sizes))
+            line, = ax.plot(xs, ys, marker=".", label=_label(run, many_sizes))
+            if not events:
+                continue
+            # The run's faults and restarts, in its colour: a dashed line
+            # for a fault, a dotted one for a restart; events within 0.1 s
+            # share a line and a label.
+            marks = {}
+            for event in run.get("events", []):
+                what = event["what"]
+                if what.startswith(("kill ", "stop ")):
+                    style = "--"
+                elif what.startswith("restarted "):
+                    style = ":"
+                else:
+                    continue
+                key = (style, round(event["time_s"], 1))
+                marks.setdefault(key, []).append(what.split(" (")[0])
+            for (style, time_s), labels in marks.items():
+                ax.axvline(time_s, color=line.get_color(), linestyle=style,
+                           alpha=0.6)
+                ax.annotate(", ".join(labels), (time_s, 0),
+                            xycoords=("data", "axes fraction"), rotation=90,
+                            fontsize=7, color=line.get_color(),
+                            xytext=(2, 4), textcoords="offset points")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title + title_suffix)
@@ -120,7 +170,8 @@ def write_plots(results, out_dir):
         paths.append(path)
 
     line_plot("accuracy_vs_time.png", lambda p: p["time_s"], "test_accuracy",
-              "wall time (s)", "test accuracy", "Test accuracy against time")
+              "wall time (s)", "test accuracy", "Test accuracy against time",
+              events=True)
     line_plot("accuracy_vs_bytes_pushed.png", lambda p: p["bytes_pushed"] / 1e6,
               "test_accuracy", "bytes pushed by the workers (MB)",
               "test accuracy", "Test accuracy against bytes pushed")

@@ -140,6 +140,11 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
         run.eval_interval_s = options.eval_interval_s;
         run.time_limit_s = options.time_limit_s;
         run.placement = network != nullptr ? &network->placement() : nullptr;
+        run.max_restarts = options.max_restarts;
+        absl::StatusOr<std::vector<Fault>> faults =
+            ParseChaos(options.chaos, servers, workers);
+        if (!faults.ok()) return faults.status();
+        run.faults = *std::move(faults);
         absl::StatusOr<RunMetrics> metrics = RunLocalCluster(run, supervisor);
         supervisor->StopAll(absl::Seconds(5));
         supervisor->set_line_sink(nullptr);
@@ -172,9 +177,10 @@ std::string ResultsJson(const ComparisonOptions& options,
                         const ComparisonResult& result) {
   std::string json = absl::StrFormat(
       "{\n\"target_accuracy\": %g,\n\"link\": \"%s\",\n"
-      "\"delay_emulated\": %s,\n\"runs\": [\n",
+      "\"chaos\": \"%s\",\n\"delay_emulated\": %s,\n\"runs\": [\n",
       options.target_accuracy,
       options.link.has_value() ? options.link->text : "loopback",
+      absl::StrReplaceAll(options.chaos, {{"\\", ""}, {"\"", ""}}),
       result.delay_emulated ? "true" : "false");
   for (size_t i = 0; i < result.runs.size(); ++i) {
     std::string run = MetricsJson(result.runs[i].metrics);

@@ -31,6 +31,10 @@ struct ComparisonOptions {
   double eval_interval_s = 0.5;
   double target_accuracy = 0.85;
   std::optional<LinkSpec> link;
+  // LocalClusterOptions.max_restarts for every run.
+  int max_restarts = 3;
+  // --chaos, injected into every run (ParseChaos against its counts).
+  std::string chaos;
 };
 
 struct ComparedRun {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "tools/chaos.h"
 #include "tools/config_flags.h"
 #include "tools/local_cluster.h"
 #include "tools/metrics.h"
@@ -34,6 +35,19 @@ ABSL_FLAG(double, eval_interval_s, 2, "Seconds between evaluations.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: found beside this binary).");
+ABSL_FLAG(bool, restart_failed, true,
+          "Start a server or worker that dies during training again (after "
+          "1 s, doubling per restart), as Kubernetes would; the servers then "
+          "checkpoint into WORK_DIR/checkpoints every 2 s. --norestart_failed: "
+          "the first death ends the run.");
+ABSL_FLAG(int, max_restarts, 3,
+          "With --restart_failed, how often each process may be restarted "
+          "before the run fails.");
+ABSL_FLAG(std::string, chaos, "",
+          "Faults to inject, from the start of training: comma-separated "
+          "kill:TARGET@TIME (SIGKILL) or stop:TARGET@TIME+DURATION (SIGSTOP, "
+          "then SIGCONT), TARGET serverN or workerN, e.g. "
+          "kill:server1@10s,stop:server0@5s+10s.");
 ABSL_FLAG(std::string, work_dir, "",
           "Folder for the run's config and curve "
           "(default: a new /tmp/monsoon-run-XXXXXX).");
@@ -54,8 +68,9 @@ int main(int argc, char** argv) {
       "Runs a Monsoon cluster on this machine and reports its metrics.\n\n"
       "  launch_local --mode=downpour --servers=2 --workers=2 --epochs=3 "
       "--metrics_out=/tmp/downpour.json\n\n"
-      "Each process's log lines are prefixed with its role. Ctrl-C stops "
-      "everything. Exit codes: 0 done, 2 bad flags or config, 130 "
+      "Each process's log lines are prefixed with its role. A process that "
+      "dies is restarted (--restart_failed); --chaos injects faults. Ctrl-C "
+      "stops everything. Exit codes: 0 done, 2 bad flags or config, 130 "
       "interrupted, 1 a process failed.");
   // Before any thread: the supervisor takes over SIGINT, SIGTERM, SIGCHLD.
   monsoon::tools::ProcessSupervisor supervisor;
@@ -81,7 +96,18 @@ int main(int argc, char** argv) {
       !s.ok()) {
     return Fail(kConfigError, s);
   }
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts < 0 || max_restarts > 100) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--max_restarts must be in [0, 100], got ", max_restarts)));
+  }
+  auto faults =
+      monsoon::tools::ParseChaos(absl::GetFlag(FLAGS_chaos), servers, workers);
+  if (!faults.ok()) return Fail(kConfigError, faults.status());
   monsoon::tools::LocalClusterOptions options;
+  options.max_restarts = absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
+  options.faults = *std::move(faults);
   options.config = *config;
   options.servers = servers;
   options.workers = workers;

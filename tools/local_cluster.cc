@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -58,17 +59,18 @@ absl::Status ChildFailed(const ProcessSupervisor& s, int id) {
 }
 
 // The examples the workers trained and the time from the first step to the
-// last, from the report each wrote as it stopped.
+// last, from the report each process wrote as it stopped (a worker killed
+// by SIGKILL writes none: its steps are not counted).
 absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
                                RunMetrics* metrics) {
   double first = 0, last = 0;
-  for (size_t r = 0; r < paths.size(); ++r) {
+  for (const std::string& path : paths) {
     std::string text;
     WorkerReport report;
-    if (!ReadFile(paths[r], &text) ||
+    if (!ReadFile(path, &text) ||
         !google::protobuf::TextFormat::ParseFromString(text, &report)) {
       return absl::InternalError(
-          absl::StrCat("worker ", r, " left no readable report in ", paths[r]));
+          absl::StrCat("a worker left no readable report in ", path));
     }
     metrics->trained_samples += report.samples();
     if (report.steps() == 0) continue;
@@ -79,6 +81,33 @@ absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
   }
   metrics->train_time_s = std::max(0.0, last - first);
   return absl::OkStatus();
+}
+
+// One server or worker of the run, across its restarts.
+struct Daemon {
+  std::string role;               // "server 1"
+  std::vector<std::string> argv;  // of the next start
+  std::vector<std::string> env;
+  int id = -1;  // the supervisor's id of the current process
+  int restarts = 0;
+  bool restart_pending = false;
+  absl::Time restart_at;
+  bool finished = false;  // a worker that is done
+  bool stopped = false;   // SIGSTOPped by a fault
+  absl::Time continue_at;
+  std::string report;  // a worker's --report_out for the current process
+};
+
+// Replaces the argument that starts with `prefix` ("--listen=") by `arg`.
+void SetArg(std::vector<std::string>* argv, const std::string& prefix,
+            const std::string& arg) {
+  for (std::string& a : *argv) {
+    if (a.rfind(prefix, 0) == 0) {
+      a = arg;
+      return;
+    }
+  }
+  argv->push_back(arg);
 }
 
 // `argv` run through `prefix` (e.g. ip netns exec HOST).
@@ -102,9 +131,22 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   }
   const std::string S = absl::StrCat(options.servers);
   const std::string W = absl::StrCat(options.workers);
+  const bool restarts = options.max_restarts > 0;
+  const std::string checkpoint_dir = options.work_dir + "/checkpoints";
+  if (restarts) {
+    // A new run: no shard may resume from an earlier run's checkpoints.
+    std::error_code error;
+    std::filesystem::remove_all(checkpoint_dir, error);
+    std::filesystem::create_directories(checkpoint_dir, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot create ", checkpoint_dir,
+                                              ": ", error.message()));
+    }
+  }
 
   // 1. Servers on free ports; each writes its port once it listens.
   std::vector<int> servers;
+  std::vector<Daemon> server_daemons(options.servers);
   std::vector<std::string> port_files;
   for (int s = 0; s < options.servers; ++s) {
     port_files.push_back(
@@ -118,10 +160,20 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
         "--listen=" + (placed ? options.placement->server_listen[s]
                               : std::string("127.0.0.1:0")),
         "--port_file=" + port_files.back(),
-        "--config=" + config_path};
+        "--config=" + config_path,
+        absl::StrCat("--lease_s=", options.lease_s)};
+    if (restarts) {
+      argv.push_back("--checkpoint_dir=" + checkpoint_dir);
+      argv.push_back(absl::StrCat("--checkpoint_interval_s=",
+                                  options.checkpoint_interval_s));
+    }
     if (placed) argv = Placed(options.placement->server_prefix[s], argv);
-    absl::StatusOr<int> id = sup.Start(absl::StrCat("server ", s), argv);
+    Daemon& daemon = server_daemons[s];
+    daemon.role = absl::StrCat("server ", s);
+    daemon.argv = argv;
+    absl::StatusOr<int> id = sup.Start(daemon.role, argv);
     if (!id.ok()) return id.status();
+    daemon.id = *id;
     servers.push_back(*id);
   }
   std::vector<std::string> addresses(options.servers);
@@ -152,6 +204,12 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                      options.start_timeout_s, " s"));
   }
   if (!status.ok()) return status;
+  if (!placed) {
+    // A restarted server listens where its workers look for it.
+    for (int s = 0; s < options.servers; ++s) {
+      SetArg(&server_daemons[s].argv, "--listen=", "--listen=" + addresses[s]);
+    }
+  }
   if (placed) addresses = options.placement->control_addresses;
   const std::string server_list = absl::StrJoin(addresses, ",");
   const std::string worker_server_list =
@@ -172,59 +230,169 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                          absl::StrCat("--interval_s=", options.eval_interval_s),
                          "--curve_out=" + curve_path});
   if (!evaluator.ok()) return evaluator.status();
-  std::vector<int> workers;
-  std::vector<std::string> report_paths;
+  std::vector<Daemon> worker_daemons(options.workers);
+  std::vector<std::string> report_paths;  // of the workers that stopped
   for (int r = 0; r < options.workers; ++r) {
-    report_paths.push_back(
-        absl::StrCat(options.work_dir, "/worker-", r, ".report"));
-    std::remove(report_paths.back().c_str());
-    std::vector<std::string> argv = {options.bin_dir + "/worker/ps_worker",
-                                     absl::StrCat("--rank=", r),
-                                     "--num_workers=" + W,
-                                     "--servers=" + worker_server_list,
-                                     "--config=" + config_path,
-                                     "--device=" + options.device,
-                                     "--report_out=" + report_paths.back()};
-    if (placed) argv = Placed(options.placement->worker_prefix[r], argv);
-    absl::StatusOr<int> id =
-        sup.Start(absl::StrCat("worker ", r), argv, {"OPENBLAS_NUM_THREADS=1"});
+    Daemon& daemon = worker_daemons[r];
+    daemon.role = absl::StrCat("worker ", r);
+    daemon.report = absl::StrCat(options.work_dir, "/worker-", r, ".report");
+    std::remove(daemon.report.c_str());
+    daemon.argv = {options.bin_dir + "/worker/ps_worker",
+                   absl::StrCat("--rank=", r),
+                   "--num_workers=" + W,
+                   "--servers=" + worker_server_list,
+                   "--config=" + config_path,
+                   "--device=" + options.device,
+                   "--report_out=" + daemon.report};
+    if (placed) {
+      daemon.argv = Placed(options.placement->worker_prefix[r], daemon.argv);
+    }
+    daemon.env = {"OPENBLAS_NUM_THREADS=1"};
+    absl::StatusOr<int> id = sup.Start(daemon.role, daemon.argv, daemon.env);
     if (!id.ok()) return id.status();
-    workers.push_back(*id);
+    daemon.id = *id;
   }
 
-  // 3. Training: until every worker has exited; any failure ends the run.
+  // 3. Training: until every worker is done. A daemon that dies is started
+  // again after a pause (1 s, doubling per restart), up to max_restarts
+  // times; after that, or with restarts off, the run fails.
   bool limit_reached = false;
   const int kStoppedBySigterm = 128 + SIGTERM;
+  constexpr int kConfigError = 2;
+  RunMetrics metrics;
+  size_t next_fault = 0;
+  auto event = [&](const std::string& what) {
+    const double t = absl::ToDoubleSeconds(absl::Now() - start);
+    common::Log("launch: %.1f s: %s", t, what);
+    metrics.events.push_back({t, what});
+  };
+  auto daemon_of = [&](const Fault& fault) -> Daemon& {
+    return fault.server ? server_daemons[fault.index]
+                        : worker_daemons[fault.index];
+  };
+  // Whether `daemon`, no longer running, may go on: a worker that finished,
+  // or one to restart. Sets `failed` when the run cannot go on.
+  auto handle_exit = [&](Daemon& daemon, bool worker) {
+    const int code = sup.exit_code(daemon.id);
+    daemon.stopped = false;
+    if (worker) {
+      if (code == 0 || code == kStoppedBySigterm) {
+        report_paths.push_back(daemon.report);
+      }
+      if (code == 0 || limit_reached) {
+        daemon.finished = true;
+        return true;
+      }
+      if (code == kConfigError && daemon.restarts > 0) {
+        // The same flags as a start that ran: the shards hold every step
+        // of this rank (the others finished the run without it).
+        event(absl::StrCat(daemon.role, " (restarted) has nothing left"));
+        daemon.finished = true;
+        return true;
+      }
+    }
+    if (code == kConfigError || daemon.restarts >= options.max_restarts) {
+      failed = ChildFailed(sup, daemon.id);
+      if (daemon.restarts > 0) {
+        failed = absl::InternalError(absl::StrCat(
+            failed.message(), "; it was restarted ", daemon.restarts,
+            " times, the most --max_restarts allows"));
+      }
+      return false;
+    }
+    ++daemon.restarts;
+    ++metrics.restarts;
+    const absl::Duration pause =
+        std::min(absl::Seconds(1) * (1 << std::min(daemon.restarts - 1, 4)),
+                 absl::Seconds(10));
+    daemon.restart_pending = true;
+    daemon.restart_at = absl::Now() + pause;
+    event(absl::StrCat(daemon.role, " exited with code ", code,
+                       "; restarting it in ", absl::FormatDuration(pause),
+                       " (restart ", daemon.restarts, " of at most ",
+                       options.max_restarts, ")"));
+    return true;
+  };
+  auto restart = [&](Daemon& daemon, bool worker) {
+    daemon.restart_pending = false;
+    if (worker) {
+      daemon.report = absl::StrCat(options.work_dir, "/", "worker-",
+                                   &daemon - worker_daemons.data(), "-restart-",
+                                   daemon.restarts, ".report");
+      std::remove(daemon.report.c_str());
+      SetArg(&daemon.argv, "--report_out=", "--report_out=" + daemon.report);
+    }
+    absl::StatusOr<int> id = sup.Start(daemon.role, daemon.argv, daemon.env);
+    if (!id.ok()) {
+      failed = id.status();
+      return false;
+    }
+    daemon.id = *id;
+    if (!worker) servers[&daemon - server_daemons.data()] = *id;
+    event(absl::StrCat("restarted ", daemon.role));
+    return true;
+  };
   auto training_done = [&] {
+    const absl::Time now = absl::Now();
+    const double t = absl::ToDoubleSeconds(now - start);
     if (options.time_limit_s > 0 && !limit_reached &&
-        absl::Now() - start > absl::Seconds(options.time_limit_s)) {
+        t > options.time_limit_s) {
       limit_reached = true;
       common::Log("launch: time limit of %g s reached; stopping the workers",
                   options.time_limit_s);
-      for (int id : workers) sup.Signal(id, SIGTERM);
+      for (Daemon& daemon : worker_daemons) sup.Signal(daemon.id, SIGTERM);
     }
-    bool all = true;
-    for (int id : workers) {
-      if (sup.running(id)) {
-        all = false;
-      } else if (sup.exit_code(id) != 0 &&
-                 !(limit_reached && sup.exit_code(id) == kStoppedBySigterm)) {
-        failed = ChildFailed(sup, id);
-        return true;
+    for (; next_fault < options.faults.size() &&
+           options.faults[next_fault].at_s <= t;
+         ++next_fault) {
+      const Fault& fault = options.faults[next_fault];
+      Daemon& daemon = daemon_of(fault);
+      if (!sup.running(daemon.id)) {
+        event(absl::StrCat(fault.text, ": ", daemon.role,
+                           " is not running; nothing done"));
+      } else if (fault.kind == Fault::Kind::kKill) {
+        sup.Signal(daemon.id, SIGKILL);
+        event(absl::StrCat("kill ", daemon.role, " (SIGKILL)"));
+      } else {
+        sup.Signal(daemon.id, SIGSTOP);
+        daemon.stopped = true;
+        daemon.continue_at = now + absl::Seconds(fault.for_s);
+        event(absl::StrCat("stop ", daemon.role, " (SIGSTOP) for ", fault.for_s,
+                           " s"));
       }
     }
-    for (int id : servers) {
-      if (!sup.running(id)) {
-        failed = ChildFailed(sup, id);
-        return true;
+    bool all_done = true;
+    for (bool worker : {false, true}) {
+      for (Daemon& daemon : worker ? worker_daemons : server_daemons) {
+        if (daemon.stopped && now >= daemon.continue_at) {
+          sup.Signal(daemon.id, SIGCONT);
+          daemon.stopped = false;
+          event(absl::StrCat("continue ", daemon.role, " (SIGCONT)"));
+        }
+        if (daemon.restart_pending) {
+          if (now >= daemon.restart_at && !restart(daemon, worker)) {
+            return true;
+          }
+        } else if (!daemon.finished && !sup.running(daemon.id) &&
+                   !handle_exit(daemon, worker)) {
+          return true;
+        }
+        if (worker && !daemon.finished) all_done = false;
       }
     }
-    return all;
+    return all_done;
   };
   status = sup.Pump(training_done, absl::InfiniteDuration());
   if (status.ok()) status = failed;
   if (!status.ok()) return status;
-  RunMetrics metrics;
+  for (Daemon& daemon : server_daemons) {
+    if (daemon.stopped) {
+      sup.Signal(daemon.id, SIGCONT);  // stopping it needs it running
+      daemon.stopped = false;
+      event(
+          absl::StrCat("continue ", daemon.role, " (SIGCONT; training ended)"));
+    }
+  }
   metrics.config = options.config;
   metrics.servers = options.servers;
   metrics.workers = options.workers;

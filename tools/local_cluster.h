@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
+#include "tools/chaos.h"
 #include "tools/metrics.h"
 #include "tools/process_supervisor.h"
 
@@ -52,11 +53,27 @@ struct LocalClusterOptions {
   // Processes on emulated hosts; null: everything on loopback, each server
   // on a free port.
   const HostPlacement* placement = nullptr;
+  // How often a server or worker that dies during training is started
+  // again, as Kubernetes would (0: never; the run fails instead). The
+  // servers then write checkpoints into WORK_DIR/checkpoints every
+  // checkpoint_interval_s (cleared at the start), which a restarted one
+  // resumes from. A worker that exits 2 at its first start (bad flags or
+  // config) is not restarted.
+  int max_restarts = 3;
+  double checkpoint_interval_s = 2;
+  // The servers' --lease_s: how long a dead worker holds up a sync step,
+  // and a restarted one waits to take its rank back. Shorter than the
+  // daemons' default of 10 s: on one machine a live worker calls far more
+  // often.
+  double lease_s = 3;
+  // Faults to inject (ParseChaos), counted from the start of training.
+  std::vector<Fault> faults;
 };
 
 // Runs the cluster to the end. CANCELLED on Ctrl-C, after stopping every
-// process; INTERNAL naming the process when one fails. `supervisor` must be
-// the process's only one, constructed before any thread started.
+// process; INTERNAL naming the process when one fails for good (it exited
+// during training with no restart left). `supervisor` must be the
+// process's only one, constructed before any thread started.
 absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                                            ProcessSupervisor* supervisor);
 

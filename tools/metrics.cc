@@ -14,6 +14,23 @@ namespace {
 // what matters here.
 std::string Number(double value) { return absl::StrFormat("%.6g", value); }
 
+// A JSON string's contents: quotes, backslashes and control characters
+// escaped.
+std::string JsonEscaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
@@ -52,15 +69,21 @@ StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
 }
 
 std::string MetricsJson(const RunMetrics& run) {
-  int64_t bytes_pushed = 0, bytes_pulled = 0, pushes = 0, rejected = 0;
+  int64_t bytes_pushed = 0, bytes_pulled = 0, pushes = 0, rejected = 0,
+          duplicates = 0, skipped = 0;
   for (const StatsResponse& shard : run.shard_stats) {
     bytes_pushed += shard.bytes_pushed();
     bytes_pulled += shard.bytes_pulled();
     rejected += shard.rejected_pushes();
+    duplicates += shard.duplicate_pushes();
   }
   if (!run.shard_stats.empty()) {
     // Every push reaches every shard: shard 0 counts each once.
     pushes = run.shard_stats[0].pushes();
+    for (const auto& [rank, samples] :
+         run.shard_stats[0].samples_skipped_by_worker()) {
+      skipped += samples;
+    }
   }
   const StalenessSummary staleness = SummarizeStaleness(run.shard_stats);
   double final_accuracy = 0, final_loss = 0;
@@ -89,8 +112,18 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"bytes_pulled\": ", bytes_pulled, ",\n");
   absl::StrAppend(&json, "  \"pushes\": ", pushes, ",\n");
   absl::StrAppend(&json, "  \"rejected_pushes\": ", rejected, ",\n");
+  absl::StrAppend(&json, "  \"duplicate_pushes\": ", duplicates, ",\n");
+  absl::StrAppend(&json, "  \"samples_skipped\": ", skipped, ",\n");
   absl::StrAppend(&json, "  \"stopped_by_time_limit\": ",
                   run.stopped_by_time_limit ? "true" : "false", ",\n");
+  absl::StrAppend(&json, "  \"restarts\": ", run.restarts, ",\n");
+  json += "  \"events\": [";
+  for (size_t i = 0; i < run.events.size(); ++i) {
+    absl::StrAppend(&json, i == 0 ? "" : ", ",
+                    "{\"time_s\": ", Number(run.events[i].time_s),
+                    ", \"what\": \"", JsonEscaped(run.events[i].what), "\"}");
+  }
+  json += "],\n";
   absl::StrAppend(&json, "  \"staleness\": {\"mean\": ", Number(staleness.mean),
                   ", \"p50\": ", staleness.p50, ", \"p99\": ", staleness.p99,
                   ", \"max\": ", staleness.max, "},\n");

@@ -26,6 +26,13 @@ struct StalenessSummary {
 // smallest staleness s such that at least q of the pushes have staleness <= s.
 StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards);
 
+// Something that happened to a run's processes: a fault injected, a
+// process that died, one restarted.
+struct RunEvent {
+  double time_s = 0;  // from the start of training
+  std::string what;   // "kill server 1", "restart worker 0 (exit 137)"
+};
+
 struct RunMetrics {
   TrainingConfig config;  // resolved
   int servers = 0;
@@ -39,12 +46,17 @@ struct RunMetrics {
   bool stopped_by_time_limit = false;
   std::vector<StatsResponse> shard_stats;
   EvalCurve curve;
+  // Faults injected (--chaos) and the launcher's restarts, in time order.
+  std::vector<RunEvent> events;
+  int restarts = 0;
 };
 
 // The JSON object: mode, servers, workers, wall_time_s, train_time_s,
 // samples (trained in this run), samples_per_s (samples / train_time_s),
 // final_test_accuracy, final_test_loss, bytes_pushed,
-// bytes_pulled, pushes, rejected_pushes, stopped_by_time_limit,
+// bytes_pulled, pushes, rejected_pushes, duplicate_pushes,
+// samples_skipped (sync steps that closed without a worker),
+// stopped_by_time_limit, restarts, events [{time_s, what}, ...],
 // staleness {mean, p50, p99, max},
 // config {...}, curve [{time_s, samples, test_accuracy, test_loss,
 // bytes_pushed, bytes_pulled}, ...].

@@ -1,0 +1,42 @@
+// Fault injection for local clusters: the --chaos specification of
+// launch_local and compare_modes, parsed into the faults a run injects.
+//
+//   kill:server1@10s           SIGKILL server 1 ten seconds into training
+//   kill:worker0@20s           SIGKILL worker 0 at 20 s
+//   stop:server0@5s+10s        SIGSTOP server 0 at 5 s, SIGCONT at 15 s
+//
+// Times count from the start of training (the workers' start); a fault list
+// is comma-separated. Stateless functions; thread-safe.
+#ifndef MONSOON_TOOLS_CHAOS_H_
+#define MONSOON_TOOLS_CHAOS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace monsoon::tools {
+
+struct Fault {
+  enum class Kind { kKill, kStop };
+  Kind kind = Kind::kKill;
+  bool server = true;  // a server (shard), else a worker
+  int index = 0;       // the shard or the worker's rank
+  double at_s = 0;     // from the start of training
+  double for_s = 0;    // kStop: how long the process stays stopped
+  std::string text;    // as written, e.g. "stop:server0@5s+10s"
+
+  // "server 0", "worker 1".
+  std::string target() const;
+};
+
+// The faults of `spec` in time order. INVALID_ARGUMENT naming the part that
+// is wrong: an unknown action or target, a server or worker beyond the
+// run's counts, a negative or missing time, a stop without a duration.
+absl::StatusOr<std::vector<Fault>> ParseChaos(absl::string_view spec,
+                                              int servers, int workers);
+
+}  // namespace monsoon::tools
+
+#endif  // MONSOON_TOOLS_CHAOS_H_
