@@ -401,7 +401,9 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
         shared_.num_workers, ") (-1 for an evaluator): check --num_workers")));
     return reactor;
   }
-  if (request->worker_rank() >= 0) {
+  if (request->worker_rank() >= 0 && request->leaving()) {
+    state->EndSession(request->worker_rank(), request->session());
+  } else if (request->worker_rank() >= 0) {
     absl::Status session =
         state->OpenSession(request->worker_rank(), request->session());
     if (!session.ok()) {

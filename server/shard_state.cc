@@ -200,13 +200,30 @@ absl::Status ShardState::OpenSession(int rank, uint64_t session) {
   }
   held.id = session;
   held.last_contact = now;
+  held.left = false;
   return absl::OkStatus();
+}
+
+void ShardState::EndSession(int rank, uint64_t session) {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(rank);
+  if (it == sessions_.end() || it->second.id != session) return;
+  it->second.last_contact = absl::InfinitePast();
+  it->second.left = true;
+}
+
+bool ShardState::HasLeft(int rank) const {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(rank);
+  return it != sessions_.end() && it->second.left;
 }
 
 void ShardState::Touch(int rank) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&sessions_mu_);
-  sessions_[rank].last_contact = now;
+  Session& session = sessions_[rank];
+  // A call still under way from a process that left does not bring it back.
+  if (!session.left) session.last_contact = now;
 }
 
 bool ShardState::Alive(int rank, absl::Time now) const {

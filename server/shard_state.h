@@ -130,6 +130,12 @@ class ShardState {
   // lease renewed), or ALREADY_EXISTS when another session holds the rank
   // and called within the lease.
   absl::Status OpenSession(int rank, uint64_t session);
+  // `rank`'s process, if it holds the session `session`, is done: it
+  // counts as gone from now on (not Alive), and another session may take
+  // the rank at once.
+  void EndSession(int rank, uint64_t session);
+  // Whether the rank's last session ended with EndSession.
+  bool HasLeft(int rank) const;
   // A call from `rank`: renews its lease.
   void Touch(int rank);
   bool Alive(int rank, absl::Time now) const;
@@ -195,6 +201,7 @@ class ShardState {
   struct Session {
     uint64_t id = 0;
     absl::Time last_contact = absl::InfinitePast();
+    bool left = false;
   };
   mutable absl::Mutex sessions_mu_;
   absl::Duration lease_ ABSL_GUARDED_BY(sessions_mu_) = absl::Seconds(10);

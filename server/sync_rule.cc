@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -147,6 +148,45 @@ class SyncRule : public UpdateRule {
     sum_plus_zero_ = false;
   }
 
+  // Logs which ranks the step closing now is without, and why, when that
+  // set differs from the last step's (a worker that has gone is named once,
+  // not at every step).
+  void LogMissing() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<int> left, silent;
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (arrived_[rank]) continue;
+      (state_->HasLeft(rank) ? left : silent).push_back(rank);
+    }
+    std::vector<int> missing = left;
+    missing.insert(missing.end(), silent.begin(), silent.end());
+    std::sort(missing.begin(), missing.end());
+    if (missing == last_missing_) return;
+    last_missing_ = missing;
+    if (missing.empty()) {
+      common::Log("shard %d: step %d has every worker's gradient again",
+                  state_->shard(), weights_->version());
+      return;
+    }
+    std::string why;
+    if (!left.empty()) {
+      why = absl::StrCat("rank(s) ", absl::StrJoin(left, ","),
+                         " finished or stopped");
+    }
+    if (!silent.empty()) {
+      absl::StrAppend(&why, why.empty() ? "" : "; ", "rank(s) ",
+                      absl::StrJoin(silent, ","),
+                      " made no call for the lease of ",
+                      absl::FormatDuration(state_->lease()),
+                      " (a worker whose steps take longer than that needs a "
+                      "larger --lease_s)");
+    }
+    common::Log(
+        "shard %d: step %d closes with %d of %d workers' gradients: %s; their "
+        "batches are skipped, and the barrier is the live workers' until they "
+        "call again",
+        state_->shard(), weights_->version(), count_, num_workers_, why);
+  }
+
   // Whether every rank that is still alive has pushed this step (and at
   // least one has).
   bool AllLiveArrived(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -171,18 +211,6 @@ class SyncRule : public UpdateRule {
         last_log_ = now;
       }
       if (AllLiveArrived(now)) {
-        std::vector<int> gone;
-        for (int rank = 0; rank < num_workers_; ++rank) {
-          if (!arrived_[rank]) gone.push_back(rank);
-        }
-        common::Log(
-            "shard %d: step %d closes with %d of %d workers' gradients: "
-            "rank(s) %s made no call for the lease of %s, and their batch "
-            "for the step is skipped; the barrier is the live workers' until "
-            "they call again (a worker whose steps take longer than that "
-            "needs a larger --lease_s)",
-            state_->shard(), weights_->version(), count_, num_workers_,
-            absl::StrJoin(gone, ","), absl::FormatDuration(state_->lease()));
         CloseStep(nullptr);
         ready = state_->AdvanceVersion(weights_->version());
         waiting_since_ = absl::InfiniteFuture();
@@ -215,6 +243,7 @@ class SyncRule : public UpdateRule {
   // Averages the step's gradients (the sum, plus `last` where the last push
   // is not in it yet) and publishes the next version.
   void CloseStep(const float* last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    LogMissing();
     const Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
                         1.0f / static_cast<float>(count_), sum_plus_zero_};
     state_->BeginApply();
@@ -260,6 +289,8 @@ class SyncRule : public UpdateRule {
   std::vector<int64_t> step_samples_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> step_offsets_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;
+  // The ranks the last step closed without (LogMissing).
+  std::vector<int> last_missing_ ABSL_GUARDED_BY(mu_);
   // Since when the step in progress has had a push and waited (logging).
   absl::Time waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time last_log_ ABSL_GUARDED_BY(mu_);

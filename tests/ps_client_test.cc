@@ -629,28 +629,48 @@ TEST(PsClientTest, Float32ConvenienceRefusesAOneBitConfig) {
                        HasSubstr("GradientPusher")));
 }
 
-TEST_F(TwoShardsTest, ARestartedClientLearnsTheExamplesEveryShardApplied) {
-  EXPECT_EQ(client->applied_samples(), 0);
+// On two shards and one worker in `mode`: a push of 16 examples to both,
+// then one of the next 16 that reaches shard 0 only (the worker died
+// mid-push). Returns where a restarted client of the rank resumes.
+int64_t ResumePointAfterAPushHalfSent(absl::string_view mode) {
+  const TrainingConfig config = ResolvedConfig(
+      absl::StrCat("layer_sizes: [6, 5, 3] mode: ", mode,
+                   " optimizer: SGD learning_rate: 1 momentum: 0 "
+                   "chunk_bytes: 262144"));
+  testutil::LocalCluster cluster(config, 2, 1);
+  if (cluster.client == nullptr) return -1;
+  EXPECT_EQ(cluster.client->applied_samples(), 0);
   const std::vector<float> grads = Ramp53();
-  ASSERT_OK(client->Push(grads, {0, 0}, 16));
-  // The next push reaches shard 0 only, as if the worker died mid-push.
+  EXPECT_OK(cluster.client->Push(grads, {0, 0}, 16));
   common::BufferLease lease;
-  std::unique_ptr<ShardedPush> push =
-      client->StartPush({1, 1}, 16, /*sample_offset=*/16, &lease, nullptr);
+  std::unique_ptr<ShardedPush> push = cluster.client->StartPush(
+      {1, 1}, 16, /*sample_offset=*/16, &lease, nullptr);
   push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
   EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
 
-  // Its replacement is let in once the dead worker's lease has run out
+  // The replacement is let in once the dead worker's lease has run out
   // (Connect retries until then).
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> restarted,
-                       PsClient::Connect(testutil::ClientOptions(
-                           cluster.servers, config, /*rank=*/0)));
-  // Shard 0 has 32 examples from rank 0, shard 1 only 16.
-  EXPECT_EQ(restarted->applied_samples(), 16);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> evaluator,
-                       PsClient::Connect(testutil::ClientOptions(
-                           cluster.servers, config, /*rank=*/-1)));
-  EXPECT_EQ(evaluator->applied_samples(), 0);
+  absl::StatusOr<std::unique_ptr<PsClient>> restarted = PsClient::Connect(
+      testutil::ClientOptions(cluster.servers, config, /*rank=*/0));
+  EXPECT_OK(restarted.status());
+  absl::StatusOr<std::unique_ptr<PsClient>> evaluator = PsClient::Connect(
+      testutil::ClientOptions(cluster.servers, config, /*rank=*/-1));
+  EXPECT_OK(evaluator.status());
+  if (!restarted.ok() || !evaluator.ok()) return -1;
+  EXPECT_EQ((*evaluator)->applied_samples(), 0);
+  return (*restarted)->applied_samples();
+}
+
+TEST(PsClientTest, ARestartedAsyncClientResumesWhereEveryShardHasItsData) {
+  // Shard 0 has 32 examples from rank 0, shard 1 only 16: from 16, shard 0
+  // answers the repeat as a duplicate.
+  EXPECT_EQ(ResumePointAfterAPushHalfSent("DOWNPOUR"), 16);
+}
+
+TEST(PsClientTest, ARestartedSyncClientResumesAtTheFurthestShardsStep) {
+  // Sync: where the barrier is (shard 0 closed step 1 with the examples
+  // from 16 on); shard 1 takes the next batch into its step 1.
+  EXPECT_EQ(ResumePointAfterAPushHalfSent("SYNC"), 32);
 }
 
 TEST_F(TwoShardsTest, ASecondClientForALiveRankIsAlreadyExists) {
@@ -667,6 +687,18 @@ TEST_F(TwoShardsTest, ASecondClientForALiveRankIsAlreadyExists) {
                        HasSubstr("two workers started with --rank=0")));
   // Once the first stops calling for the lease, a restart takes the rank.
   options.connect_timeout = 20 * testutil::kTestLease;
+  ASSERT_OK(PsClient::Connect(options).status());
+}
+
+TEST_F(TwoShardsTest, AClientThatLeftFreesItsRankAtOnce) {
+  std::vector<float> weights(client->ranges().back().end);
+  std::vector<int64_t> versions;
+  ASSERT_OK(client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights),
+                         &versions));
+  ASSERT_OK(client->Leave(absl::Seconds(10)));
+  // Well inside the lease the rank is free.
+  PsClientOptions options = OptionsFor(cluster.servers, config, /*rank=*/0);
+  options.connect_timeout = absl::Milliseconds(50);
   ASSERT_OK(PsClient::Connect(options).status());
 }
 

@@ -194,6 +194,34 @@ TEST_F(SyncRuleTest, AStepClosesWithoutAWorkerWhoseLeaseRanOut) {
   EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(3.0f)));
 }
 
+TEST_F(SyncRuleTest, AWorkerThatLeftNoLongerHoldsTheStep) {
+  state_.set_lease(absl::Seconds(10));
+  ASSERT_OK(state_.OpenSession(0, /*session=*/7));
+  ASSERT_OK(state_.OpenSession(1, /*session=*/9));
+  // A wrong session's goodbye changes nothing.
+  state_.EndSession(1, /*session=*/8);
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(3.0f), 8)).status());
+  rule_->Tick(absl::Now(), absl::ZeroDuration());
+  EXPECT_EQ(state_.version(), 0);
+  // Worker 1 is done: the step closes at the next tick, well inside its
+  // lease, and the next step at worker 0's push.
+  state_.EndSession(1, /*session=*/9);
+  EXPECT_TRUE(state_.HasLeft(1));
+  rule_->Tick(absl::Now(), absl::ZeroDuration());
+  EXPECT_EQ(state_.version(), 1);
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(3.0f)));
+  ASSERT_OK_AND_ASSIGN(PushResult next,
+                       rule_->Apply(MakePush(0, 1, Filled(1.0f), 8)));
+  EXPECT_EQ(next.version, 2);
+  // A call still under way from the process that left does not bring it
+  // back; a new process of the rank does.
+  state_.Touch(1);
+  EXPECT_FALSE(state_.Alive(1, absl::Now()));
+  ASSERT_OK(state_.OpenSession(1, /*session=*/11));
+  EXPECT_TRUE(state_.Alive(1, absl::Now()));
+  EXPECT_FALSE(state_.HasLeft(1));
+}
+
 TEST_F(SyncRuleTest, AWorkerThatNeverCalledHoldsTheStep) {
   state_.set_lease(absl::Seconds(10));
   state_.Touch(0);

@@ -462,12 +462,47 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     }
     client->ranges_.push_back(expected);
     client->initial_versions_.push_back(response->version());
-    client->applied_samples_ = s == 0 ? response->samples_applied()
-                                      : std::min(client->applied_samples_,
-                                                 response->samples_applied());
+    client->applied_samples_ =
+        s == 0 ? response->samples_applied()
+               : client->ResumePoint(client->applied_samples_,
+                                     response->samples_applied());
   }
   client->next_sample_offset_ = client->applied_samples_;
   return client;
+}
+
+absl::Status PsClient::Leave(absl::Duration timeout) {
+  if (worker_rank_ < 0) return absl::OkStatus();
+  RegisterRequest request;
+  request.set_worker_rank(worker_rank_);
+  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_num_workers(num_workers_);
+  request.set_num_shards(num_shards());
+  request.set_session(session_);
+  request.set_leaving(true);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status first;
+  for (int s = 0; s < num_shards(); ++s) {
+    request.set_shard(s);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    RegisterResponse response;
+    grpc::Status status =
+        shards_[s].stub->Register(&context, request, &response);
+    if (!status.ok() && first.ok()) {
+      first = Annotate(common::ToAbslStatus(status), s, shards_[s].address);
+    }
+  }
+  return first;
+}
+
+int64_t PsClient::ResumePoint(int64_t a, int64_t b) const {
+  // Sync: where the barrier is, the furthest shard (a shard restarted from
+  // an older checkpoint lost its steps since; the workers that lived on are
+  // at the others' step, and a worker resuming behind them would hold every
+  // barrier up). The others: the nearest, so that no shard misses a batch
+  // (those that hold it answer its repeat as a duplicate).
+  return config_.mode() == SYNC ? std::max(a, b) : std::min(a, b);
 }
 
 absl::Status PsClient::Reconnect(absl::Duration timeout,
@@ -489,7 +524,7 @@ absl::Status PsClient::Reconnect(absl::Duration timeout,
     initial_versions_[s] = response->version();
     applied_samples_ =
         s == 0 ? response->samples_applied()
-               : std::min(applied_samples_, response->samples_applied());
+               : ResumePoint(applied_samples_, response->samples_applied());
   }
   return absl::OkStatus();
 }

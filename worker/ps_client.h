@@ -110,15 +110,22 @@ class PsClient {
   // that now refuses the client (another config) gets its error.
   absl::Status Reconnect(absl::Duration timeout, absl::Duration log_every);
 
+  // Tells every shard this worker is done (or stopping): its lease ends now,
+  // so that no sync step waits for it and its rank is free at once. One
+  // attempt per shard within `timeout`; the first error is returned (a
+  // shard that does not hear it lets the lease run out instead).
+  absl::Status Leave(absl::Duration timeout);
+
   int num_shards() const { return static_cast<int>(shards_.size()); }
   const std::vector<common::ShardRange>& ranges() const { return ranges_; }
   // Versions the shards reported at registration.
   const std::vector<int64_t>& initial_versions() const {
     return initial_versions_;
   }
-  // Training examples from this client's rank that every shard had applied
-  // at registration (the least over the shards): where a restarted worker
-  // resumes its data.
+  // Where a restarted worker of this client's rank resumes its data: the
+  // examples the shards had passed at registration (applied, or skipped by
+  // sync steps that closed without the rank). The least over the shards,
+  // except in sync mode, where it is the most: the step the barrier is at.
   int64_t applied_samples() const { return applied_samples_; }
   // Replaces PsClientOptions.stop for the calls started from now on (null:
   // none is cancelled; each still has its deadline).
@@ -178,6 +185,10 @@ class PsClient {
 
  private:
   friend class ShardedPushImpl;
+
+  // Of two shards' positions for this rank, the one to resume from
+  // (applied_samples()).
+  int64_t ResumePoint(int64_t a, int64_t b) const;
   PsClient() = default;
   // Registers with shard s, retrying with backoff while it is unreachable,
   // until `deadline`; logs the wait every `log_every` (zero: never). `why`

@@ -219,6 +219,7 @@ int main(int argc, char** argv) {
         monsoon::worker::SmallestPartition(train->size, num_workers) /
         config->batch_size() * config->epochs();
     if (context.resume_steps >= total) {
+      (*client)->Leave(absl::Seconds(2)).IgnoreError();
       return Fail(
           kConfigError,
           absl::FailedPreconditionError(absl::StrCat(
@@ -239,6 +240,14 @@ int main(int argc, char** argv) {
   monsoon::worker::WorkerResult progress;
   context.progress = &progress;
   auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
+  // Done or stopping: no sync step should wait for this rank's lease.
+  if (absl::Status left = (*client)->Leave(absl::Seconds(2));
+      !left.ok() && result.ok()) {
+    monsoon::common::Log(
+        "ps_worker: rank %d: could not tell every shard it is done (%s); a "
+        "sync step waits for its lease to run out",
+        rank, left.ToString());
+  }
   if (!result.ok() && termination.terminated().HasBeenNotified()) {
     // Errors after a signal are the shutdown's echo (servers going away).
     monsoon::common::Log("ps_worker: rank %d stopped by signal %d", rank,
