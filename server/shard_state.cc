@@ -190,11 +190,14 @@ absl::Status ShardState::OpenSession(int rank, uint64_t session) {
   Session& held = sessions_[rank];
   if (held.id != 0 && held.id != session && session != 0 &&
       now - held.last_contact < lease_) {
+    const absl::Duration since =
+        absl::Trunc(now - held.last_contact, absl::Milliseconds(100));
     return absl::AlreadyExistsError(absl::StrCat(
         "rank ", rank, " is held by another worker that called ",
-        absl::FormatDuration(
-            absl::Trunc(now - held.last_contact, absl::Milliseconds(100))),
-        " ago: two workers started with --rank=", rank,
+        since == absl::ZeroDuration()
+            ? std::string("just now")
+            : absl::StrCat(absl::FormatDuration(since), " ago"),
+        ": two workers started with --rank=", rank,
         "? (a restarted worker is let in once the other's lease of ",
         absl::FormatDuration(lease_), " has run out)"));
   }

@@ -221,7 +221,8 @@ class SyncRule : public UpdateRule {
           if (arrived_[rank]) continue;
           const absl::Duration since = state_->SinceContact(rank, now);
           missing.push_back(
-              since == absl::InfiniteDuration()
+              state_->HasLeft(rank) ? absl::StrCat(rank, " (finished)")
+              : since == absl::InfiniteDuration()
                   ? absl::StrCat(rank, " (never called)")
                   : absl::StrCat(rank, " (last call ",
                                  absl::FormatDuration(absl::Trunc(
