@@ -115,7 +115,7 @@ TEST(MetricsTest, JsonCountsRepeatsSkipsAndTheRunsEvents) {
       json,
       HasSubstr("\"events\": [{\"time_s\": 1.5, \"what\": \"kill worker 1 "
                 "(SIGKILL)\"}, {\"time_s\": 2.25, \"what\": "
-                "\"say \\\"hi\\\"\\\\\\u000a\"}],"));
+                "\"say \\\"hi\\\"\\\\\\n\"}],"));
 }
 
 }  // namespace

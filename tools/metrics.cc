@@ -1,5 +1,8 @@
 #include "tools/metrics.h"
 
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -14,24 +17,17 @@ namespace {
 // what matters here.
 std::string Number(double value) { return absl::StrFormat("%.6g", value); }
 
-// A JSON string's contents: quotes, backslashes and control characters
-// escaped.
-std::string JsonEscaped(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 }  // namespace
+
+std::string JsonQuoted(const std::string& text) {
+  google::protobuf::Value value;
+  value.set_string_value(text);
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(value, &json).ok()) {
+    return "\"\"";  // only for text that is not UTF-8
+  }
+  return json;
+}
 
 StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
   std::vector<int64_t> counts;
@@ -121,7 +117,7 @@ std::string MetricsJson(const RunMetrics& run) {
   for (size_t i = 0; i < run.events.size(); ++i) {
     absl::StrAppend(&json, i == 0 ? "" : ", ",
                     "{\"time_s\": ", Number(run.events[i].time_s),
-                    ", \"what\": \"", JsonEscaped(run.events[i].what), "\"}");
+                    ", \"what\": ", JsonQuoted(run.events[i].what), "}");
   }
   json += "],\n";
   absl::StrAppend(&json, "  \"staleness\": {\"mean\": ", Number(staleness.mean),

@@ -51,6 +51,10 @@ struct RunMetrics {
   int restarts = 0;
 };
 
+// `text` as a JSON string, quotes included (protobuf's JSON printer escapes
+// it).
+std::string JsonQuoted(const std::string& text);
+
 // The JSON object: mode, servers, workers, wall_time_s, train_time_s,
 // samples (trained in this run), samples_per_s (samples / train_time_s),
 // final_test_accuracy, final_test_loss, bytes_pushed,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "tools/metrics.h"
 
 namespace monsoon::tools {
 namespace {
@@ -15,21 +16,6 @@ double At(const std::vector<double>& sorted, double q) {
   size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(n)));
   rank = std::clamp<size_t>(rank, 1, n);
   return sorted[rank - 1];
-}
-
-std::string Quoted(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace
@@ -46,7 +32,7 @@ Summary Summarize(std::vector<double> samples) {
 }
 
 JsonLine& JsonLine::Add(const std::string& key, const std::string& value) {
-  fields_.emplace_back(key, Quoted(value));
+  fields_.emplace_back(key, JsonQuoted(value));
   return *this;
 }
 
@@ -69,7 +55,7 @@ std::string JsonLine::str() const {
   std::string out = "{";
   for (size_t i = 0; i < fields_.size(); ++i) {
     if (i > 0) out += ", ";
-    absl::StrAppend(&out, Quoted(fields_[i].first), ": ", fields_[i].second);
+    absl::StrAppend(&out, JsonQuoted(fields_[i].first), ": ", fields_[i].second);
   }
   return out + "}";
 }
