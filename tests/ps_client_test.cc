@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -23,6 +24,7 @@
 #include "server/shard_server.h"
 #include "tests/local_shards.h"
 #include "tests/status_matchers.h"
+#include "tests/tcp_proxy.h"
 #include "tests/test_util.h"
 
 namespace monsoon::worker {
@@ -690,11 +692,38 @@ TEST_F(TwoShardsTest, ASecondClientForALiveRankIsAlreadyExists) {
   ASSERT_OK(PsClient::Connect(options).status());
 }
 
+TEST(PsClientTest, AFrozenShardIsUnavailableWithinThePeerTimeout) {
+  // Downpour, whose pushes end at the push deadline (sync_timeout_s) at the
+  // latest: 600 s, far beyond this test's time limit, so that only the
+  // keepalive can end the push below.
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [6, 5, 3] mode: DOWNPOUR optimizer: SGD learning_rate: 1 "
+      "momentum: 0 chunk_bytes: 262144 sync_timeout_s: 600");
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 1, 1);
+  ASSERT_EQ(servers.size(), 1u);
+  const std::string& address = servers[0]->address();
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
+  testutil::TcpProxy proxy(port);
+  ASSERT_NE(proxy.port(), 0);
+  PsClientOptions options = OptionsFor(servers, config);
+  options.server_addresses = {proxy.address()};
+  options.peer_timeout = absl::Seconds(2);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(options));
+  ASSERT_OK(client->Push(Ramp53(), {0}, 4));
+  // The shard's host stops answering, its connection left open.
+  proxy.Freeze();
+  EXPECT_THAT(client->Push(Ramp53(), {1}, 4),
+              StatusIs(absl::StatusCode::kUnavailable));
+}
+
 TEST_F(TwoShardsTest, AClientThatLeftFreesItsRankAtOnce) {
   std::vector<float> weights(client->ranges().back().end);
   std::vector<int64_t> versions;
-  ASSERT_OK(client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights),
-                         &versions));
+  ASSERT_OK(
+      client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights), &versions));
   ASSERT_OK(client->Leave(absl::Seconds(10)));
   // Well inside the lease the rank is free.
   PsClientOptions options = OptionsFor(cluster.servers, config, /*rank=*/0);
