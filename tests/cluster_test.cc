@@ -423,6 +423,18 @@ TEST_P(ShardRestartTest, WorkersRideOutAShardRestartWithNoBatchAppliedTwice) {
     EXPECT_EQ(stats[1].sample_position_by_worker().at(w), 8000) << w;
   }
   EXPECT_EQ(stats[0].rejected_pushes(), 0);
+
+  // And the model trained as well as without the failure.
+  auto backend = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      auto mlp,
+      worker::Mlp::Create(backend.get(),
+                          common::ModelLayout::FromConfig(config), 200));
+  ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
+  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+                              absl::Now());
+  ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
+  EXPECT_GE(after.test_accuracy(), 0.85);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ShardRestartTest,
