@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/wire.h"
@@ -330,10 +331,23 @@ class PushPullReactor
   bool first_ = true;
 };
 
-// Answers a call that fails validation at once.
+// Answer a call that fails validation at once, reading nothing.
 class FailedPull : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit FailedPull(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+class FailedPush : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  explicit FailedPush(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+class FailedPushPull
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit FailedPushPull(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
@@ -341,20 +355,47 @@ class FailedPull : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state,
-                                           UpdateRule* rule)
+                                           UpdateRule* rule,
+                                           std::string auth_token)
     : fingerprint_(common::ConfigFingerprint(resolved)),
       shared_{num_workers,
               static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
               common::PushEncodingFor(resolved),
               resolved.onebit_bucket_size(),
               state,
-              rule} {}
+              rule},
+      auth_token_(std::move(auth_token)) {}
+
+grpc::Status ParameterServiceImpl::Authenticate(
+    const grpc::CallbackServerContext* context) const {
+  if (auth_token_.empty()) return grpc::Status::OK;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(common::kAuthMetadataKey);
+  if (it == metadata.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "this shard wants the run's auth token, and the call "
+                        "has none: give every daemon of the run the same "
+                        "--auth_token_file");
+  }
+  if (!common::BearerMatches(
+          absl::string_view(it->second.data(), it->second.size()),
+          auth_token_)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "wrong auth token: give every daemon of the run the "
+                        "same --auth_token_file");
+  }
+  return grpc::Status::OK;
+}
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
     grpc::CallbackServerContext* context, const RegisterRequest* request,
     RegisterResponse* response) {
   ShardState* const state = shared_.state;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
   if (request->config_fingerprint() != fingerprint_) {
     reactor->Finish(grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
@@ -426,11 +467,17 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::Push(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) {
+    return new FailedPush(auth);
+  }
   return new PushReactor(context, shared_, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
-    grpc::CallbackServerContext* /*context*/, const grpc::ByteBuffer* raw) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) {
+    return new FailedPull(auth);
+  }
   PullRequest request;
   if (absl::Status s = common::ParseSmallMessage(*raw, &request); !s.ok()) {
     return new FailedPull(ToGrpcStatus(s));
@@ -457,14 +504,21 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ParameterServiceImpl::PushPull(grpc::CallbackServerContext* context) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) {
+    return new FailedPushPull(auth);
+  }
   return new PushPullReactor(context, shared_);
 }
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::Stats(
     grpc::CallbackServerContext* context, const StatsRequest* /*request*/,
     StatsResponse* response) {
-  *response = shared_.state->Stats();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  *response = shared_.state->Stats();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

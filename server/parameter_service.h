@@ -10,6 +10,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
+#include <string>
 
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
@@ -28,9 +29,12 @@ using RawParameterService = ParameterService::WithCallbackMethod_Register<
 
 class ParameterServiceImpl final : public RawParameterService {
  public:
-  // `state` and `rule` are not owned and must outlive the service.
+  // `state` and `rule` are not owned and must outlive the service. With an
+  // `auth_token`, every call must carry it (common/auth.h) or is answered
+  // UNAUTHENTICATED before anything is read or changed.
   ParameterServiceImpl(const TrainingConfig& resolved, int num_workers,
-                       ShardState* state, UpdateRule* rule);
+                       ShardState* state, UpdateRule* rule,
+                       std::string auth_token = "");
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -58,9 +62,13 @@ class ParameterServiceImpl final : public RawParameterService {
   };
 
  private:
+  // OK, or UNAUTHENTICATED when the call lacks the run's token.
+  grpc::Status Authenticate(const grpc::CallbackServerContext* context) const;
+
   // Constant after construction.
   const uint64_t fingerprint_;
   const Shared shared_;
+  const std::string auth_token_;  // empty: no authentication
 };
 
 }  // namespace monsoon::server

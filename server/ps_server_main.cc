@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
@@ -25,9 +26,16 @@ ABSL_FLAG(int, num_shards, 1,
 ABSL_FLAG(int, num_workers, 1,
           "How many workers train (sync waits for all "
           "of them at every step) (env MONSOON_NUM_WORKERS).");
-ABSL_FLAG(std::string, listen, "0.0.0.0:5000",
-          "host:port to serve on; port 0 "
-          "picks a free one (env MONSOON_LISTEN).");
+ABSL_FLAG(std::string, listen, "127.0.0.1:5000",
+          "host:port to serve on; port 0 picks a free one. The default "
+          "serves this machine only: give 0.0.0.0:PORT (with "
+          "--auth_token_file, and TLS off a trusted network) to serve others "
+          "(env MONSOON_LISTEN).");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the run's secret token (at least 16 printable "
+          "characters, e.g. from openssl rand -hex 32): every call must carry "
+          "it or is refused UNAUTHENTICATED. Give every daemon of the run the "
+          "same file (env MONSOON_AUTH_TOKEN_FILE).");
 ABSL_FLAG(std::string, config, "",
           "Training config, text-format "
           "monsoon.TrainingConfig; empty means every default (env "
@@ -134,6 +142,12 @@ int main(int argc, char** argv) {
   }
   options.lease = absl::Seconds(lease_s);
   options.log_every = absl::Seconds(log_every_s);
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    absl::StatusOr<std::string> token =
+        monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
+    if (!token.ok()) return Fail(kConfigError, token.status().ToString());
+    options.auth_token = *std::move(token);
+  }
   const int shard = options.shard;
   options.on_periodic_checkpoint = [shard](const absl::Status& status,
                                            int64_t version) {

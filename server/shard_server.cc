@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   server->service_ = std::make_unique<ParameterServiceImpl>(
       options.config, options.num_workers, server->state_.get(),
-      server->rule_.get());
+      server->rule_.get(), options.auth_token);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -58,6 +58,9 @@ struct ShardServerOptions {
   // (pings after half of it, drop after the other half), which cancels its
   // calls. Clients may ping as often as once a second.
   absl::Duration peer_timeout = absl::Seconds(30);
+  // The run's secret (common/auth.h): every call must carry it, or it is
+  // answered UNAUTHENTICATED. Empty: no authentication.
+  std::string auth_token;
 };
 
 // OK for host:port with a port from 0 to 65535; INVALID_ARGUMENT, with an

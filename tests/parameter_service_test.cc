@@ -94,11 +94,20 @@ PushChunk OneChunkPush(int rank, int shard, int64_t base_version,
   return chunk;
 }
 
+// Calls carry `authorization` as their "authorization" metadata, if given.
+void Authorize(grpc::ClientContext* context, const std::string& authorization) {
+  if (!authorization.empty()) {
+    context->AddMetadata("authorization", authorization);
+  }
+}
+
 grpc::Status RawPush(ParameterService::Stub* stub,
                      const std::vector<PushChunk>& chunks,
-                     PushResponse* response = nullptr) {
+                     PushResponse* response = nullptr,
+                     const std::string& authorization = "") {
   PushResponse scratch;
   grpc::ClientContext context;
+  Authorize(&context, authorization);
   SetDeadline(&context, absl::Seconds(30));
   std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
       stub->Push(&context, response != nullptr ? response : &scratch);
@@ -117,13 +126,14 @@ struct Pulled {
 };
 
 Pulled RawPull(ParameterService::Stub* stub, int rank, int shard,
-               int64_t min_version,
-               absl::Duration timeout = absl::Seconds(30)) {
+               int64_t min_version, absl::Duration timeout = absl::Seconds(30),
+               const std::string& authorization = "") {
   PullRequest request;
   request.set_worker_rank(rank);
   request.set_shard(shard);
   request.set_min_version(min_version);
   grpc::ClientContext context;
+  Authorize(&context, authorization);
   SetDeadline(&context, timeout);
   std::unique_ptr<grpc::ClientReader<PullChunk>> reader =
       stub->Pull(&context, request);
@@ -589,6 +599,65 @@ TEST(ShardServerTest, AddressInUseIsUnavailable) {
   EXPECT_THAT(ShardServer::Start(options),
               testutil::StatusIs(absl::StatusCode::kUnavailable,
                                  HasSubstr(first->address())));
+}
+
+// A shard started with a token answers every call that lacks it, or carries
+// another, UNAUTHENTICATED, and reads and changes nothing.
+TEST(AuthTest, CallsWithoutTheRunsTokenAreUnauthenticatedAndChangeNothing) {
+  const std::string kToken = "0123456789abcdef0123456789abcdef";
+  const TrainingConfig config = ResolvedConfig(kSyncConfig);
+  ShardServerOptions options;
+  options.config = config;
+  options.shard = 0;
+  options.num_shards = 2;
+  options.num_workers = 1;
+  options.auth_token = kToken;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(options));
+  auto stub = StubFor(*server);
+  const std::vector<float> initial = InitialWeights(config, 0, 26);
+  const std::vector<std::string> wrong = {
+      "", "Bearer wrong-token-0123456789abcdef", "Bearer " + kToken + "0",
+      "bearer " + kToken, kToken};
+  for (const std::string& authorization : wrong) {
+    SCOPED_TRACE(authorization);
+    grpc::ClientContext register_context;
+    Authorize(&register_context, authorization);
+    RegisterRequest request;
+    request.set_worker_rank(0);
+    request.set_config_fingerprint(common::ConfigFingerprint(config));
+    RegisterResponse response;
+    EXPECT_THAT(stub->Register(&register_context, request, &response),
+                HasCode(grpc::StatusCode::UNAUTHENTICATED));
+    grpc::ClientContext stats_context;
+    Authorize(&stats_context, authorization);
+    StatsResponse stats;
+    EXPECT_THAT(stub->Stats(&stats_context, StatsRequest(), &stats),
+                HasCode(grpc::StatusCode::UNAUTHENTICATED));
+    EXPECT_THAT(RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 1.0f))},
+                        nullptr, authorization),
+                HasCode(grpc::StatusCode::UNAUTHENTICATED));
+    Pulled pulled =
+        RawPull(stub.get(), 0, 0, 0, absl::Seconds(30), authorization);
+    EXPECT_THAT(pulled.status, HasCode(grpc::StatusCode::UNAUTHENTICATED));
+    EXPECT_TRUE(pulled.values.empty());
+  }
+  // Nothing was applied or counted.
+  EXPECT_EQ(server->state()->version(), 0);
+  const StatsResponse stats = server->state()->Stats();
+  EXPECT_EQ(stats.pushes(), 0);
+  EXPECT_EQ(stats.rejected_pushes(), 0);
+  EXPECT_EQ(stats.bytes_pulled(), 0);
+  // With the token, the same calls go through.
+  const std::string bearer = "Bearer " + kToken;
+  ASSERT_THAT(RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 1.0f))},
+                      nullptr, bearer),
+              HasCode(grpc::StatusCode::OK));
+  Pulled pulled = RawPull(stub.get(), 0, 0, 1, absl::Seconds(30), bearer);
+  ASSERT_THAT(pulled.status, HasCode(grpc::StatusCode::OK));
+  EXPECT_EQ(pulled.version, 1);
+  ASSERT_EQ(pulled.values.size(), 26u);
+  EXPECT_EQ(pulled.values[0], initial[0] - 0.5f);
 }
 
 }  // namespace

@@ -719,6 +719,37 @@ TEST(PsClientTest, AFrozenShardIsUnavailableWithinThePeerTimeout) {
               StatusIs(absl::StatusCode::kUnavailable));
 }
 
+TEST(PsClientTest, AClientWithoutTheRunsTokenIsUnauthenticated) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  server::ShardServerOptions server_options;
+  server_options.config = config;
+  server_options.auth_token = "0123456789abcdef0123456789abcdef";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<server::ShardServer> server,
+                       server::ShardServer::Start(server_options));
+  PsClientOptions options;
+  options.server_addresses = {server->address()};
+  options.config = config;
+  options.connect_timeout = absl::Seconds(30);
+  // Refused at once, not retried until the timeout.
+  EXPECT_THAT(PsClient::Connect(options),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("--auth_token_file")));
+  options.auth_token = "0123456789abcdef0123456789abcdeX";
+  EXPECT_THAT(PsClient::Connect(options),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("wrong auth token")));
+  options.auth_token = server_options.auth_token;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(options));
+  ASSERT_OK(client->Push(Ramp53(), {0}, 4));
+  std::vector<float> weights(53);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      client->Pull(1, absl::Seconds(10), absl::MakeSpan(weights), &versions));
+  EXPECT_THAT(versions, ElementsAre(1));
+  ASSERT_OK(client->Stats(absl::Seconds(10)).status());
+}
+
 TEST_F(TwoShardsTest, AClientThatLeftFreesItsRankAtOnce) {
   std::vector<float> weights(client->ranges().back().end);
   std::vector<int64_t> versions;

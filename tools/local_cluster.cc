@@ -1,5 +1,6 @@
 #include "tools/local_cluster.h"
 
+#include <fcntl.h>
 #include <google/protobuf/text_format.h>
 #include <signal.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "worker/ps_client.h"
@@ -129,6 +131,22 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
       !s.ok()) {
     return s;
   }
+  // A fresh secret per run: a process of another run, or anyone else on
+  // the machine, cannot join or read this one.
+  absl::StatusOr<std::string> token = common::NewToken();
+  if (!token.ok()) return token.status();
+  const std::string token_path = options.work_dir + "/auth_token";
+  {
+    std::remove(token_path.c_str());
+    const int fd = open(token_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || write(fd, token->data(), token->size()) !=
+                      static_cast<ssize_t>(token->size())) {
+      if (fd >= 0) close(fd);
+      return absl::InternalError(absl::StrCat("cannot write ", token_path));
+    }
+    close(fd);
+  }
+  const std::string token_flag = "--auth_token_file=" + token_path;
   const std::string S = absl::StrCat(options.servers);
   const std::string W = absl::StrCat(options.workers);
   const bool restarts = options.max_restarts > 0;
@@ -161,7 +179,8 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                               : std::string("127.0.0.1:0")),
         "--port_file=" + port_files.back(),
         "--config=" + config_path,
-        absl::StrCat("--lease_s=", options.lease_s)};
+        absl::StrCat("--lease_s=", options.lease_s),
+        token_flag};
     if (restarts) {
       argv.push_back("--checkpoint_dir=" + checkpoint_dir);
       argv.push_back(absl::StrCat("--checkpoint_interval_s=",
@@ -228,7 +247,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                          "--servers=" + server_list, "--config=" + config_path,
                          "--device=" + options.device,
                          absl::StrCat("--interval_s=", options.eval_interval_s),
-                         "--curve_out=" + curve_path});
+                         "--curve_out=" + curve_path, token_flag});
   if (!evaluator.ok()) return evaluator.status();
   std::vector<Daemon> worker_daemons(options.workers);
   std::vector<std::string> report_paths;  // of the workers that stopped
@@ -243,7 +262,8 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                    "--servers=" + worker_server_list,
                    "--config=" + config_path,
                    "--device=" + options.device,
-                   "--report_out=" + daemon.report};
+                   "--report_out=" + daemon.report,
+                   token_flag};
     if (placed) {
       daemon.argv = Placed(options.placement->worker_prefix[r], daemon.argv);
     }
@@ -414,6 +434,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     client_options.config = options.config;
     client_options.worker_rank = -1;
     client_options.connect_timeout = absl::Seconds(10);
+    client_options.auth_token = *token;
     absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
         worker::PsClient::Connect(client_options);
     if (!client.ok()) return client.status();

@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev
   libopenblas-dev
   zlib1g-dev
+  libssl-dev             # constant-time token comparison (libcrypto)
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
   python3 python3-matplotlib  # compare_modes' report and plots
   python3-yaml           # tests/k8s_manifests_test.py reads the rendered manifests

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -212,6 +213,7 @@ class PushCall : public Bidi {
     if (pull != nullptr) {
       receiver_.emplace(pull_out, pull_version, bytes_pulled);
     }
+    shard.Prepare(&context_);
     context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     calls->Cancellable(&context_);
     shard.streams->PrepareBidiStreamingCall(
@@ -297,6 +299,7 @@ class PullCall : public Bidi {
         index_(index),
         address_(shard.address),
         receiver_(out, version, bytes) {
+    shard.Prepare(&context_);
     context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     calls->Cancellable(&context_);
     shard.streams->PrepareBidiStreamingCall(&context_, common::kPullMethod,
@@ -336,6 +339,12 @@ class PullCall : public Bidi {
 };
 
 }  // namespace
+
+void PsClient::Shard::Prepare(grpc::ClientContext* context) const {
+  if (!authorization.empty()) {
+    context->AddMetadata(common::kAuthMetadataKey, authorization);
+  }
+}
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            absl::Duration peer_timeout) {
@@ -377,6 +386,7 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
       return absl::CancelledError("stopped while waiting for a shard");
     }
     grpc::ClientContext context;
+    shard.Prepare(&context);
     context.set_wait_for_ready(true);
     // Short attempts, so that a stop or a log line is never far off.
     context.set_deadline(
@@ -435,6 +445,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     std::shared_ptr<grpc::Channel> channel =
         MakeChannel(address, options.peer_timeout);
     Shard& shard = client->shards_.emplace_back();
+    if (!options.auth_token.empty()) {
+      shard.authorization = common::BearerValue(options.auth_token);
+    }
     shard.address = address;
     shard.stub = ParameterService::NewStub(channel);
     shard.streams = std::make_unique<grpc::GenericStub>(channel);
@@ -485,6 +498,7 @@ absl::Status PsClient::Leave(absl::Duration timeout) {
   for (int s = 0; s < num_shards(); ++s) {
     request.set_shard(s);
     grpc::ClientContext context;
+    shards_[s].Prepare(&context);
     context.set_deadline(absl::ToChronoTime(deadline));
     RegisterResponse response;
     grpc::Status status =
@@ -776,6 +790,7 @@ absl::StatusOr<std::vector<StatsResponse>> PsClient::Stats(
   std::vector<StatsResponse> stats(num_shards());
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
+    shards_[s].Prepare(&context);
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     grpc::Status status =
         shards_[s].stub->Stats(&context, StatsRequest(), &stats[s]);

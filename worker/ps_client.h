@@ -51,6 +51,8 @@ struct PsClientOptions {
   // If set, notifying it ends every call at once with CANCELLED (a daemon's
   // SIGTERM).
   const absl::Notification* stop = nullptr;
+  // The run's secret (common/auth.h), sent with every call; empty: none.
+  std::string auth_token;
 };
 
 // One request to every shard; Wait() returns the first error, naming the
@@ -179,6 +181,9 @@ class PsClient {
   // One shard's connection (for the calls in ps_client.cc).
   struct Shard {
     std::string address;
+    // Sets the metadata every call to this shard carries (the run's token).
+    void Prepare(grpc::ClientContext* context) const;
+    std::string authorization;                     // "Bearer <token>", or empty
     std::unique_ptr<ParameterService::Stub> stub;  // Register, Stats
     std::unique_ptr<grpc::GenericStub> streams;    // Push, Pull, PushPull
   };

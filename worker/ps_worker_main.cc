@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
@@ -44,6 +45,9 @@ ABSL_FLAG(std::string, device, "auto",
           "auto, cpu or cuda (env "
           "MONSOON_DEVICE).");
 ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads for the CPU backend.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the run's secret token, the same as the servers' "
+          "(env MONSOON_AUTH_TOKEN_FILE).");
 ABSL_FLAG(double, peer_timeout_s, 30,
           "Seconds a shard may stay silent before its connection counts as "
           "lost (a frozen or partitioned host): pinged after half, dropped "
@@ -178,16 +182,24 @@ int main(int argc, char** argv) {
                     absl::GetFlag(FLAGS_peer_timeout_s))));
   }
   options.peer_timeout = absl::Seconds(absl::GetFlag(FLAGS_peer_timeout_s));
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    absl::StatusOr<std::string> token =
+        monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
+    if (!token.ok()) return Fail(kConfigError, token.status());
+    options.auth_token = *std::move(token);
+  }
   options.stop = &termination.terminated();
   options.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   auto client = monsoon::worker::PsClient::Connect(options);
   if (!client.ok()) {
     // Refused for how it was started (counts, config, a rank another live
-    // worker holds): a configuration error, not to be retried as is.
+    // worker holds, the token): a configuration error, not to be retried as
+    // is.
     const absl::StatusCode code = client.status().code();
     return Fail(code == absl::StatusCode::kFailedPrecondition ||
                         code == absl::StatusCode::kAlreadyExists ||
-                        code == absl::StatusCode::kInvalidArgument
+                        code == absl::StatusCode::kInvalidArgument ||
+                        code == absl::StatusCode::kUnauthenticated
                     ? kConfigError
                     : 1,
                 client.status());
