@@ -129,6 +129,13 @@ class PushReader {
   absl::StatusOr<PushResult> Apply(bool answer_repeats) {
     absl::StatusOr<PushData> push = decoder_.Finish();
     if (push.ok()) {
+      // Only the process that holds the rank may push for it.
+      if (absl::Status held =
+              shared_.state->CheckSession(push->worker_rank, push->session);
+          !held.ok()) {
+        shared_.state->RecordRejectedPush();
+        return held;
+      }
       base_version_ = push->base_version;
       worker_rank_ = push->worker_rank;
       shared_.state->Touch(push->worker_rank);  // renews the rank's lease
@@ -497,7 +504,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
   if (request.min_version() < 0) {
     return new FailedPull(InvalidArgument("min_version must not be negative"));
   }
-  if (request.worker_rank() >= 0) state->Touch(request.worker_rank());
+  if (request.worker_rank() >= 0) {
+    if (absl::Status held =
+            state->CheckSession(request.worker_rank(), request.session());
+        !held.ok()) {
+      return new FailedPull(ToGrpcStatus(held));
+    }
+    state->Touch(request.worker_rank());
+  }
   return new PullReactor(shared_, request.min_version(),
                          request.worker_rank() >= 0);
 }

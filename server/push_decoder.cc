@@ -67,6 +67,7 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
     data_.base_version = h.base_version();
     data_.samples = h.samples();
     data_.sample_offset = h.sample_offset();
+    data_.session = h.session();
     values_ = buffers_->Take();
   } else if (chunk_.has_header) {
     return absl::InvalidArgumentError(

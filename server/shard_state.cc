@@ -207,6 +207,19 @@ absl::Status ShardState::OpenSession(int rank, uint64_t session) {
   return absl::OkStatus();
 }
 
+absl::Status ShardState::CheckSession(int rank, uint64_t session) const {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(rank);
+  if (it == sessions_.end() || it->second.id == 0 || it->second.id == session) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "a call for rank ", rank,
+      " from a process that does not hold the rank (another registered it "
+      "since): two workers started with --rank=",
+      rank, "?"));
+}
+
 void ShardState::EndSession(int rank, uint64_t session) {
   absl::MutexLock lock(&sessions_mu_);
   auto it = sessions_.find(rank);

@@ -136,6 +136,11 @@ class ShardState {
   void EndSession(int rank, uint64_t session);
   // Whether the rank's last session ended with EndSession.
   bool HasLeft(int rank) const;
+  // OK when a call for `rank` carrying `session` may act for the rank: the
+  // session holds it, or no process has registered the rank (a shard
+  // restarted since, or a client that does not register). Otherwise
+  // PERMISSION_DENIED naming the mistake.
+  absl::Status CheckSession(int rank, uint64_t session) const;
   // A call from `rank`: renews its lease.
   void Touch(int rank);
   bool Alive(int rank, absl::Time now) const;

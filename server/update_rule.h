@@ -44,6 +44,7 @@ struct PushData {
   int64_t base_version = 0;
   int64_t samples = 0;
   int64_t sample_offset = 0;  // see PushHeader.sample_offset
+  uint64_t session = 0;       // see PushHeader.session
   int64_t wire_bytes = 0;     // serialized size, for statistics
   // size() == the shard's size; all finite. Owned by whoever made the push
   // (PushDecoder), valid during Apply.

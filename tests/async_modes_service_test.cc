@@ -242,7 +242,9 @@ class OneBitMalformedTest : public ::testing::Test {
     config_ = ResolvedConfig(std::string(kLayers) + kOneBit);
     server_ = StartShard(config_, 1);
     ASSERT_NE(server_, nullptr);
-    client_ = Connect(config_, *server_, 0);
+    // An evaluator's client (rank -1), to read the weights: the raw pushes
+    // act for rank 0, which no process holds.
+    client_ = Connect(config_, *server_, -1);
     size_ = server_->state()->size();
     before_ = Weights(client_.get(), size_);
     stub_ = ParameterService::NewStub(grpc::CreateChannel(

@@ -660,5 +660,45 @@ TEST(AuthTest, CallsWithoutTheRunsTokenAreUnauthenticatedAndChangeNothing) {
   EXPECT_EQ(pulled.values[0], initial[0] - 0.5f);
 }
 
+// Once a process has registered a rank, pushes and pulls for that rank are
+// taken only with its session: another client cannot slip its gradient into
+// the rank's sync step.
+TEST(RankBindingTest, CallsForARegisteredRankNeedItsSession) {
+  const TrainingConfig config = ResolvedConfig(kSyncConfig);
+  std::unique_ptr<ShardServer> server = StartShard(config, 0, 1);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  grpc::ClientContext context;
+  RegisterRequest request;
+  request.set_worker_rank(0);
+  request.set_config_fingerprint(common::ConfigFingerprint(config));
+  request.set_session(7);
+  RegisterResponse response;
+  ASSERT_THAT(stub->Register(&context, request, &response),
+              HasCode(grpc::StatusCode::OK));
+
+  for (uint64_t session : {uint64_t{0}, uint64_t{8}}) {
+    PushChunk push = OneChunkPush(0, 0, 0, Filled(26, 1.0f));
+    push.mutable_header()->set_session(session);
+    EXPECT_THAT(RawPush(stub.get(), {push}),
+                HasCodeAndMessage(grpc::StatusCode::PERMISSION_DENIED,
+                                  HasSubstr("does not hold the rank")));
+  }
+  EXPECT_EQ(server->state()->version(), 0);
+  EXPECT_EQ(server->state()->Stats().pushes(), 0);
+  EXPECT_EQ(server->state()->Stats().rejected_pushes(), 2);
+
+  PushChunk push = OneChunkPush(0, 0, 0, Filled(26, 1.0f));
+  push.mutable_header()->set_session(7);
+  EXPECT_THAT(RawPush(stub.get(), {push}), HasCode(grpc::StatusCode::OK));
+  EXPECT_EQ(server->state()->version(), 1);
+  // A pull for the rank without its session is refused too; an evaluator's
+  // (rank -1) needs none.
+  EXPECT_THAT(RawPull(stub.get(), 0, 0, 0).status,
+              HasCode(grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_THAT(RawPull(stub.get(), -1, 0, 0).status,
+              HasCode(grpc::StatusCode::OK));
+}
+
 }  // namespace
 }  // namespace monsoon::server

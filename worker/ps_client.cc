@@ -570,6 +570,7 @@ std::unique_ptr<PendingCall> PsClient::PullAsync(
     request.set_worker_rank(worker_rank_);
     request.set_shard(s);
     request.set_min_version(min_versions[s]);
+    if (worker_rank_ >= 0) request.set_session(session_);
     calls->Own(std::make_unique<PullCall>(
         shards_[s], calls.get(), s, request, timeout,
         params.subspan(ranges_[s].begin, ranges_[s].size()), &bytes_pulled_,
@@ -664,6 +665,7 @@ class ShardedPushImpl : public ShardedPush {
     header.set_length(n);
     header.set_samples(samples_);
     header.set_sample_offset(sample_offset_);
+    header.set_session(client_->session_);
     header.set_encoding(encoding);
     if (encoding == ENCODING_ONEBIT) header.set_bucket_size(bucket);
     // A response slot per shard; a scratch one when the caller wants none.
