@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -64,13 +65,12 @@ void ReleaseShared(void* owner) {
 }
 
 absl::Status Malformed(absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("malformed message: ", what));
+  return absl::InvalidArgumentError(absl::StrCat("malformed message: ", what));
 }
 
 absl::Status WrongType(absl::string_view message, uint32_t field) {
-  return Malformed(absl::StrCat(message, " field ", field,
-                                " has the wrong wire type"));
+  return Malformed(
+      absl::StrCat(message, " field ", field, " has the wrong wire type"));
 }
 
 }  // namespace
@@ -332,8 +332,8 @@ absl::StatusOr<bool> MessageReader::Next(Field* field) {
       return true;
     }
     default:
-      return Malformed(absl::StrCat("unsupported wire type ",
-                                    field->wire_type));
+      return Malformed(
+          absl::StrCat("unsupported wire type ", field->wire_type));
   }
 }
 
@@ -429,8 +429,17 @@ absl::Status ParseSmallMessage(const grpc::ByteBuffer& message,
 }
 
 uint64_t FirstNonFinite(const float* data, uint64_t n) {
-  // A float is NaN or infinite when its exponent bits are all set. Checked
-  // in blocks without branches (so that it vectorizes), then located.
+  return FirstOutside(data, n, std::numeric_limits<float>::max());
+}
+
+uint64_t FirstOutside(const float* data, uint64_t n, float bound) {
+  // For a finite bound >= 0, |v| <= bound exactly when v's bits without the
+  // sign are at most the bound's (IEEE floats of one sign order as their
+  // bits); NaN and infinities are above any finite bound's. Checked in
+  // blocks without branches (so that it vectorizes), then located.
+  uint32_t limit;
+  std::memcpy(&limit, &bound, sizeof(limit));
+  limit &= 0x7fffffffu;
   constexpr uint64_t kBlock = 1024;
   for (uint64_t begin = 0; begin < n; begin += kBlock) {
     const uint64_t end = std::min(n, begin + kBlock);
@@ -438,13 +447,13 @@ uint64_t FirstNonFinite(const float* data, uint64_t n) {
     for (uint64_t i = begin; i < end; ++i) {
       uint32_t bits;
       std::memcpy(&bits, data + i, sizeof(bits));
-      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+      bad |= static_cast<uint32_t>((bits & 0x7fffffffu) > limit);
     }
     if (bad != 0) {
       for (uint64_t i = begin; i < end; ++i) {
         uint32_t bits;
         std::memcpy(&bits, data + i, sizeof(bits));
-        if ((bits & 0x7f800000u) == 0x7f800000u) return i;
+        if ((bits & 0x7fffffffu) > limit) return i;
       }
     }
   }

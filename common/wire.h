@@ -154,8 +154,8 @@ class ByteRange {
  private:
   friend class MessageReader;
   const std::vector<grpc::Slice>* slices_ = nullptr;
-  size_t slice_ = 0;     // where the range begins
-  size_t offset_ = 0;    // within that slice
+  size_t slice_ = 0;   // where the range begins
+  size_t offset_ = 0;  // within that slice
   uint64_t size_ = 0;
 };
 
@@ -218,6 +218,10 @@ absl::Status ParseSmallMessage(const grpc::ByteBuffer& message,
 // The index of the first value of data[0, n) that is NaN or infinite, or n
 // when all are finite. Vectorizes.
 uint64_t FirstNonFinite(const float* data, uint64_t n);
+
+// The index of the first value of data[0, n) that is NaN or whose magnitude
+// exceeds `bound` (finite, >= 0), or n when there is none. Vectorizes.
+uint64_t FirstOutside(const float* data, uint64_t n, float bound);
 
 }  // namespace monsoon::common
 

@@ -111,7 +111,7 @@ class PushReader {
       : shared_(shared),
         decoder_(shared.state->shard(), shared.state->size(),
                  shared.num_workers, shared.encoding, shared.bucket_size,
-                 &shared.state->buffers()) {}
+                 &shared.state->buffers(), shared.limits) {}
 
   // Takes the message just read.
   absl::Status Add(grpc::ByteBuffer* message) {
@@ -360,17 +360,37 @@ class FailedPushPull
 
 }  // namespace
 
+namespace {
+
+// The most worker steps one push of `resolved`'s mode summarizes.
+int StepsPerPush(const TrainingConfig& resolved) {
+  switch (resolved.mode()) {
+    case DOWNPOUR:
+    case ONEBIT:
+      return std::max(1, resolved.n_push());
+    case EASGD:
+      return std::max(1, resolved.tau());
+    default:
+      return 1;
+  }
+}
+
+}  // namespace
+
 ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state,
                                            UpdateRule* rule,
-                                           std::string auth_token)
+                                           std::string auth_token,
+                                           float max_abs_gradient)
     : fingerprint_(common::ConfigFingerprint(resolved)),
       shared_{num_workers,
               static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
               common::PushEncodingFor(resolved),
               resolved.onebit_bucket_size(),
               state,
-              rule},
+              rule,
+              PushLimits{max_abs_gradient, int64_t{resolved.batch_size()} *
+                                               StepsPerPush(resolved)}},
       auth_token_(std::move(auth_token)) {}
 
 grpc::Status ParameterServiceImpl::Authenticate(

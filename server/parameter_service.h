@@ -14,6 +14,7 @@
 
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
+#include "server/push_decoder.h"
 #include "server/shard_state.h"
 #include "server/update_rule.h"
 
@@ -32,9 +33,11 @@ class ParameterServiceImpl final : public RawParameterService {
   // `state` and `rule` are not owned and must outlive the service. With an
   // `auth_token`, every call must carry it (common/auth.h) or is answered
   // UNAUTHENTICATED before anything is read or changed.
+  // A push with a value beyond `max_abs_gradient` in magnitude is refused.
   ParameterServiceImpl(const TrainingConfig& resolved, int num_workers,
                        ShardState* state, UpdateRule* rule,
-                       std::string auth_token = "");
+                       std::string auth_token = "",
+                       float max_abs_gradient = 1e9f);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -59,6 +62,7 @@ class ParameterServiceImpl final : public RawParameterService {
     int bucket_size = 0;
     ShardState* state = nullptr;
     UpdateRule* rule = nullptr;
+    PushLimits limits;
   };
 
  private:

@@ -31,6 +31,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:5000",
           "serves this machine only: give 0.0.0.0:PORT (with "
           "--auth_token_file, and TLS off a trusted network) to serve others "
           "(env MONSOON_LISTEN).");
+ABSL_FLAG(double, max_abs_gradient, 1e9,
+          "Pushes with a value beyond this magnitude are refused "
+          "INVALID_ARGUMENT: finite values that large would poison the "
+          "weights or the optimizer's state (env MONSOON_MAX_ABS_GRADIENT).");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the run's secret token (at least 16 printable "
           "characters, e.g. from openssl rand -hex 32): every call must carry "
@@ -142,6 +146,8 @@ int main(int argc, char** argv) {
   }
   options.lease = absl::Seconds(lease_s);
   options.log_every = absl::Seconds(log_every_s);
+  options.max_abs_gradient =
+      static_cast<float>(absl::GetFlag(FLAGS_max_abs_gradient));
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     absl::StatusOr<std::string> token =
         monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));

@@ -11,8 +11,9 @@ namespace monsoon::server {
 
 PushDecoder::PushDecoder(int shard, uint64_t shard_size, int num_workers,
                          PushEncoding encoding, int bucket_size,
-                         FloatBufferPool* buffers)
-    : shard_(shard),
+                         FloatBufferPool* buffers, PushLimits limits)
+    : limits_(limits),
+      shard_(shard),
       shard_size_(shard_size),
       num_workers_(num_workers),
       encoding_(encoding),
@@ -62,6 +63,19 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
           "push header has a negative base_version, samples or "
           "sample_offset");
     }
+    if (h.samples() > limits_.max_samples) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push claims ", h.samples(),
+                       " examples; a push of this run "
+                       "summarizes at most ",
+                       limits_.max_samples,
+                       " (batch_size x the steps summed into one push)"));
+    }
+    if (h.sample_offset() > kMaxSampleOffset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push claims its examples start at ", h.sample_offset(),
+                       ", beyond any run's data (", kMaxSampleOffset, ")"));
+    }
     have_header_ = true;
     data_.worker_rank = h.worker_rank();
     data_.base_version = h.base_version();
@@ -103,12 +117,8 @@ absl::Status PushDecoder::AddFloat32(
   float* out = values_.get() + received_;
   chunk.data.CopyTo(out);
   // Checked while the chunk is still in cache.
-  const uint64_t bad = common::FirstNonFinite(out, n);
-  if (bad < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push value ", received_ + bad, " is ", out[bad],
-                     ": gradients must be finite (did training diverge? "
-                     "try a lower learning rate)"));
+  if (absl::Status bounded = CheckValues(out, n); !bounded.ok()) {
+    return bounded;
   }
   received_ += n;
   return absl::OkStatus();
@@ -140,8 +150,28 @@ absl::Status PushDecoder::AddOneBit(
       common::OneBitDecode(bits_, scales_, bucket_size_,
                            absl::MakeSpan(values_.get() + received_, n));
   if (!status.ok()) return status;
+  if (absl::Status bounded = CheckValues(values_.get() + received_, n);
+      !bounded.ok()) {
+    return bounded;
+  }
   received_ += n;
   return absl::OkStatus();
+}
+
+absl::Status PushDecoder::CheckValues(const float* values, uint64_t n) const {
+  const uint64_t bad = common::FirstOutside(values, n, limits_.max_abs_value);
+  if (bad == n) return absl::OkStatus();
+  if (!std::isfinite(values[bad])) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push value ", received_ + bad, " is ", values[bad],
+                     ": gradients must be finite (did training diverge? "
+                     "try a lower learning rate)"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "push value ", received_ + bad, " is ", values[bad],
+      ", beyond the shard's bound of ", limits_.max_abs_value,
+      " (--max_abs_gradient): a value that large would swamp the weights "
+      "or the optimizer's state"));
 }
 
 absl::StatusOr<PushData> PushDecoder::Finish() {

@@ -12,6 +12,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,16 +24,31 @@
 
 namespace monsoon::server {
 
+// What a push may claim, beyond its shape.
+struct PushLimits {
+  // The largest magnitude of a value (after 1-bit decoding): a finite but
+  // huge value would poison the weights or the optimizer's state.
+  float max_abs_value = std::numeric_limits<float>::max();
+  // The most examples one push may summarize (batch_size x the steps a
+  // worker sums into a push).
+  int64_t max_samples = std::numeric_limits<int64_t>::max();
+};
+
+// Where a rank's data may end at most: positions stay far from overflow.
+inline constexpr int64_t kMaxSampleOffset = int64_t{1} << 53;
+
 class PushDecoder {
  public:
   // `encoding` is what the run's config makes workers send; a push in any
   // other encoding is refused. `buffers` (not owned, of shard_size floats)
   // must outlive the decoder.
   PushDecoder(int shard, uint64_t shard_size, int num_workers,
-              PushEncoding encoding, int bucket_size, FloatBufferPool* buffers);
+              PushEncoding encoding, int bucket_size, FloatBufferPool* buffers,
+              PushLimits limits = {});
 
   // Takes the next message of the stream. INVALID_ARGUMENT says what is
-  // wrong with it (also a NaN or infinite value, naming its index).
+  // wrong with it (also a NaN, infinite or out-of-bounds value, naming its
+  // index, or a claim of more examples than a push can hold).
   absl::Status Add(const grpc::ByteBuffer& message);
 
   // The complete push, once the stream has ended; its values stay valid as
@@ -46,8 +62,12 @@ class PushDecoder {
  private:
   absl::Status AddFloat32(const common::MessageReader::PushChunkView& chunk);
   absl::Status AddOneBit(const common::MessageReader::PushChunkView& chunk);
+  // INVALID_ARGUMENT for the first of values[0, n) (the next n of the push)
+  // that is not finite or beyond limits_.max_abs_value.
+  absl::Status CheckValues(const float* values, uint64_t n) const;
 
   // Constant after construction.
+  const PushLimits limits_;
   const int shard_;
   const uint64_t shard_size_;
   const int num_workers_;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 
@@ -78,6 +79,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      needed >> 20, " MiB, more than this machine's ",
                      memory >> 20, " MiB: use more shards or a smaller model"));
   }
+  if (!(options.max_abs_gradient > 0) ||
+      !std::isfinite(options.max_abs_gradient)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_abs_gradient must be positive and finite, got ",
+                     options.max_abs_gradient));
+  }
   if (options.lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--lease_s must be positive");
   }
@@ -108,7 +115,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   server->service_ = std::make_unique<ParameterServiceImpl>(
       options.config, options.num_workers, server->state_.get(),
-      server->rule_.get(), options.auth_token);
+      server->rule_.get(), options.auth_token, options.max_abs_gradient);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -61,6 +61,10 @@ struct ShardServerOptions {
   // The run's secret (common/auth.h): every call must carry it, or it is
   // answered UNAUTHENTICATED. Empty: no authentication.
   std::string auth_token;
+  // A push with a value beyond this magnitude is refused INVALID_ARGUMENT
+  // (finite values that large would poison the weights or the optimizer's
+  // state: 1e20 once makes Adagrad's accumulator infinite).
+  float max_abs_gradient = 1e9f;
 };
 
 // OK for host:port with a port from 0 to 65535; INVALID_ARGUMENT, with an

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -255,11 +256,25 @@ absl::Duration ShardState::SinceContact(int rank, absl::Time now) const {
   return now - it->second.last_contact;
 }
 
+namespace {
+
+// a += b for counters of non-negative amounts, stopping at the largest value
+// instead of overflowing (a claim from the network is bounded, but a counter
+// must not become undefined behaviour whatever comes).
+void AddSaturating(int64_t& a, int64_t b) {
+  b = std::max<int64_t>(b, 0);
+  a = a > std::numeric_limits<int64_t>::max() - b
+          ? std::numeric_limits<int64_t>::max()
+          : a + b;
+}
+
+}  // namespace
+
 void ShardState::RecordPush(int64_t staleness, int64_t samples, int64_t bytes) {
   absl::MutexLock lock(&stats_mu_);
-  ++pushes_;
-  samples_ += samples;
-  bytes_pushed_ += bytes;
+  AddSaturating(pushes_, 1);
+  AddSaturating(samples_, samples);
+  AddSaturating(bytes_pushed_, bytes);
   staleness = std::max<int64_t>(staleness, 0);
   staleness_max_ = std::max(staleness_max_, staleness);
   ++staleness_counts_[std::min<int64_t>(staleness, kStalenessBuckets - 1)];
@@ -267,7 +282,7 @@ void ShardState::RecordPush(int64_t staleness, int64_t samples, int64_t bytes) {
 
 void ShardState::RecordAppliedSamples(int worker_rank, int64_t samples) {
   absl::MutexLock lock(&stats_mu_);
-  applied_samples_[worker_rank] += samples;
+  AddSaturating(applied_samples_[worker_rank], samples);
 }
 
 int64_t ShardState::AppliedSamples(int worker_rank) const {
@@ -312,18 +327,18 @@ bool ShardState::ClaimSamples(int worker_rank, int64_t offset,
 
 void ShardState::SkipSamples(int worker_rank, int64_t samples) {
   absl::MutexLock lock(&stats_mu_);
-  positions_[worker_rank] += samples;
-  skipped_samples_[worker_rank] += samples;
+  AddSaturating(positions_[worker_rank], samples);
+  AddSaturating(skipped_samples_[worker_rank], samples);
 }
 
 void ShardState::RecordRejectedPush() {
   absl::MutexLock lock(&stats_mu_);
-  ++rejected_pushes_;
+  AddSaturating(rejected_pushes_, 1);
 }
 
 void ShardState::RecordPulledBytes(int64_t bytes) {
   absl::MutexLock lock(&stats_mu_);
-  bytes_pulled_ += bytes;
+  AddSaturating(bytes_pulled_, bytes);
 }
 
 StatsResponse ShardState::Stats() const {

@@ -700,5 +700,34 @@ TEST(RankBindingTest, CallsForARegisteredRankNeedItsSession) {
               HasCode(grpc::StatusCode::OK));
 }
 
+// Finite values that would poison the model, and claims that would
+// overflow the shard's counters, are refused and change nothing.
+TEST(PoisonTest, HugeValuesAndExampleCountsAreRefused) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [6, 5, 3] mode: DOWNPOUR optimizer: ADAGRAD "
+      "learning_rate: 0.5 chunk_bytes: 262144 batch_size: 8 n_push: 2");
+  std::unique_ptr<ShardServer> server = StartShard(config, 0, 1);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  // 1e20 once would make Adagrad's accumulator infinite for good.
+  std::vector<float> poison(26, 0.0f);
+  poison[9] = 1e20f;
+  EXPECT_THAT(RawPush(stub.get(), {OneChunkPush(0, 0, 0, poison)}),
+              HasCodeAndMessage(grpc::StatusCode::INVALID_ARGUMENT,
+                                HasSubstr("push value 9 is 1e+20")));
+  // batch_size 8 x n_push 2: a push summarizes at most 16 examples.
+  EXPECT_THAT(RawPush(stub.get(),
+                      {OneChunkPush(0, 0, 0, Filled(26, 1.0f),
+                                    std::numeric_limits<int64_t>::max(), 0)}),
+              HasCodeAndMessage(grpc::StatusCode::INVALID_ARGUMENT,
+                                HasSubstr("summarizes at most 16")));
+  EXPECT_EQ(server->state()->version(), 0);
+  EXPECT_EQ(server->state()->Stats().samples(), 0);
+  EXPECT_THAT(
+      RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 1.0f), 16, 0)}),
+      HasCode(grpc::StatusCode::OK));
+  EXPECT_EQ(server->state()->version(), 1);
+}
+
 }  // namespace
 }  // namespace monsoon::server

@@ -59,8 +59,10 @@ const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 class TestDecoder {
  public:
   TestDecoder(int shard, uint64_t size, int workers,
-              PushEncoding encoding = ENCODING_FLOAT32, int bucket = 512)
-      : pool_(size), decoder_(shard, size, workers, encoding, bucket, &pool_) {}
+              PushEncoding encoding = ENCODING_FLOAT32, int bucket = 512,
+              PushLimits limits = {})
+      : pool_(size),
+        decoder_(shard, size, workers, encoding, bucket, &pool_, limits) {}
   absl::Status Add(const PushChunk& chunk) {
     return decoder_.Add(common::SmallMessage(chunk));
   }
@@ -233,6 +235,45 @@ TEST(PushDecoderTest, NonFiniteValuesAreInvalidNamingTheIndex) {
   }
 }
 
+TEST(PushDecoderTest, ValuesBeyondTheBoundAreInvalidNamingIt) {
+  const PushLimits limits{/*max_abs_value=*/100.0f, /*max_samples=*/64};
+  for (float bad : {100.5f, -1e20f, 3e38f}) {
+    SCOPED_TRACE(bad);
+    TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, limits);
+    ASSERT_OK(decoder.Add(First({100.0f, -100.0f})));  // the bound itself
+    EXPECT_THAT(decoder.Add(Chunk(2, {3, 4, bad})),
+                StatusIs(kInvalid, HasSubstr("push value 4 is")));
+  }
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, limits);
+  EXPECT_THAT(decoder.Add(First({1, 2, 1e20f, 4, 5})),
+              StatusIs(kInvalid, HasSubstr("beyond the shard's bound of 100 "
+                                           "(--max_abs_gradient)")));
+}
+
+TEST(PushDecoderTest, ClaimsOfMoreExamplesThanAPushHoldsAreInvalid) {
+  const PushLimits limits{/*max_abs_value=*/1e9f, /*max_samples=*/64};
+  {
+    TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, limits);
+    PushHeader header = Header();
+    header.set_samples(64);
+    EXPECT_OK(decoder.Add(First({1, 2, 3, 4, 5}, header)));
+  }
+  {
+    TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, limits);
+    PushHeader header = Header();
+    header.set_samples(std::numeric_limits<int64_t>::max());
+    EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, header)),
+                StatusIs(kInvalid, HasSubstr("summarizes at most 64")));
+  }
+  {
+    TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, limits);
+    PushHeader header = Header();
+    header.set_sample_offset(kMaxSampleOffset + 1);
+    EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, header)),
+                StatusIs(kInvalid, HasSubstr("beyond any run's data")));
+  }
+}
+
 TEST(PushDecoderTest, MessageThatIsNotAPushChunkIsInvalid) {
   FloatBufferPool pool(kSize);
   PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, &pool);
@@ -337,6 +378,19 @@ TEST_F(OneBitPushDecoderTest, NonFiniteScaleIsInvalid) {
   first.set_scales(scales);
   EXPECT_THAT(decoder.Add(first),
               StatusIs(kInvalid, HasSubstr("bucket 0 has a non-finite")));
+}
+
+TEST_F(OneBitPushDecoderTest, ScaleBeyondTheBoundIsInvalid) {
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket,
+                      PushLimits{/*max_abs_value=*/10.0f});
+  PushChunk first = Encoded(0, 5);
+  *first.mutable_header() = OneBitHeader();
+  std::string scales = first.scales();
+  const float huge = 1e20f;
+  std::memcpy(scales.data() + 4, &huge, sizeof(huge));
+  first.set_scales(scales);
+  EXPECT_THAT(decoder.Add(first),
+              StatusIs(kInvalid, HasSubstr("beyond the shard's bound of 10")));
 }
 
 TEST_F(OneBitPushDecoderTest, ChunkWithMoreBucketsThanRemainIsInvalid) {

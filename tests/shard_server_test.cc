@@ -224,7 +224,8 @@ TEST(ShardServerCheckpointTest, CheckpointOfAnotherShardIsRefused) {
                                  "shard 1 of 2")));
 }
 
-TEST(ShardServerCheckpointTest, CheckpointWhoseContentsAreOfAnotherShardCountIsRefused) {
+TEST(ShardServerCheckpointTest,
+     CheckpointWhoseContentsAreOfAnotherShardCountIsRefused) {
   const std::string dir = NewDir("other_count");
   const std::string path = WriteShardZeroCheckpoint(dir);
   std::filesystem::copy_file(path, CheckpointPath(dir, 0, 3));

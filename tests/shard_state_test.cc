@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "common/model_layout.h"
@@ -168,6 +169,24 @@ TEST(ShardStateTest, RunWaitersRunsEveryWaiterBeforeReturning) {
     EXPECT_EQ(ran.load(), 5);
   }
   state.RunWaiters({});  // nothing to run
+}
+
+TEST(ShardStateTest, CountersSaturateInsteadOfOverflowing) {
+  ShardState state(Layout(), /*seed=*/3, /*shard=*/0, /*num_shards=*/1);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  state.RecordPush(0, kMax - 1, kMax - 1);
+  state.RecordPush(0, 5, 5);
+  state.RecordAppliedSamples(0, kMax);
+  state.RecordAppliedSamples(0, kMax);
+  state.SkipSamples(1, kMax);
+  state.SkipSamples(1, 1);
+  const StatsResponse stats = state.Stats();
+  EXPECT_EQ(stats.pushes(), 2);
+  EXPECT_EQ(stats.samples(), kMax);
+  EXPECT_EQ(stats.bytes_pushed(), kMax);
+  EXPECT_EQ(stats.samples_applied_by_worker().at(0), kMax);
+  EXPECT_EQ(stats.samples_skipped_by_worker().at(1), kMax);
+  EXPECT_EQ(stats.sample_position_by_worker().at(1), kMax);
 }
 
 }  // namespace

@@ -319,5 +319,20 @@ TEST(WireTest, FirstNonFiniteFindsTheFirstNanOrInf) {
   EXPECT_EQ(FirstNonFinite(values.data(), values.size()), 4100u);
 }
 
+TEST(WireTest, FirstOutsideFindsTheFirstValueBeyondTheBound) {
+  std::vector<float> values(3000, 2.0f);
+  values[7] = -2.0f;  // the bound itself, either sign, is inside
+  EXPECT_EQ(FirstOutside(values.data(), values.size(), 2.0f), 3000u);
+  values[2500] = -2.0000002f;
+  EXPECT_EQ(FirstOutside(values.data(), values.size(), 2.0f), 2500u);
+  values[1500] = std::nanf("");
+  EXPECT_EQ(FirstOutside(values.data(), values.size(), 2.0f), 1500u);
+  values[1] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FirstOutside(values.data(), values.size(), 1e30f), 1u);
+  values[1] = 3.0f;
+  EXPECT_EQ(FirstOutside(values.data(), values.size(), 2.5f), 1u);
+  EXPECT_EQ(FirstOutside(values.data(), 1, 0.0f), 0u);
+}
+
 }  // namespace
 }  // namespace monsoon::common
