@@ -1,6 +1,7 @@
 #include "common/process_tuning.h"
 
 #include <malloc.h>
+#include <sys/resource.h>
 
 #include <cstdlib>
 
@@ -20,6 +21,15 @@ void TuneProcess() {
   }
   if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) {
     mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
+  }
+  // As many files as the system lets this process have: with the usual soft
+  // limit of 1,024, a thousand idle connections leave a server unable to
+  // accept any more, for good (gRPC stops accepting after EMFILE).
+  rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 &&
+      files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
   }
 }
 

@@ -10,6 +10,8 @@
 //    wins.
 //  - Abseil's mutex deadlock detection is off (it is on in Debian's build
 //    and looks every lock up in a graph; the tests keep it).
+//  - The soft limit on open files is raised to the hard one, so that idle
+//    connections cannot use up a server's descriptors.
 #ifndef MONSOON_COMMON_PROCESS_TUNING_H_
 #define MONSOON_COMMON_PROCESS_TUNING_H_
 

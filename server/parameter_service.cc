@@ -117,6 +117,15 @@ class PushReader {
   absl::Status Add(grpc::ByteBuffer* message) {
     absl::Status status = decoder_.Add(*message);
     message->Clear();
+    if (status.ok() && !session_checked_ && decoder_.has_header()) {
+      // Only the process that holds the rank may push for it: checked as
+      // soon as the header is in, so that no one else holds the rank's
+      // push slots or buffers while the rest streams in (and again at the
+      // end, in case another process took the rank meanwhile).
+      session_checked_ = true;
+      status = shared_.state->CheckSession(decoder_.worker_rank(),
+                                           decoder_.session());
+    }
     if (!status.ok()) shared_.state->RecordRejectedPush();
     return status;
   }
@@ -169,6 +178,7 @@ class PushReader {
   int64_t base_version_ = 0;
   int worker_rank_ = 0;
   bool repeat_in_step_ = false;
+  bool session_checked_ = false;
 };
 
 PushResponse ResponseFor(const PushResult& result) {
@@ -380,18 +390,20 @@ int StepsPerPush(const TrainingConfig& resolved) {
 ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state,
                                            UpdateRule* rule,
-                                           std::string auth_token,
-                                           float max_abs_gradient)
+                                           ServicePolicy policy)
     : fingerprint_(common::ConfigFingerprint(resolved)),
+      auth_token_(std::move(policy.auth_token)),
+      push_slots_(policy.max_pushes_per_rank),
       shared_{num_workers,
               static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
               common::PushEncodingFor(resolved),
               resolved.onebit_bucket_size(),
               state,
               rule,
-              PushLimits{max_abs_gradient, int64_t{resolved.batch_size()} *
-                                               StepsPerPush(resolved)}},
-      auth_token_(std::move(auth_token)) {}
+              PushLimits{policy.max_abs_gradient,
+                         static_cast<int64_t>(resolved.batch_size()) *
+                             StepsPerPush(resolved),
+                         &push_slots_}} {}
 
 grpc::Status ParameterServiceImpl::Authenticate(
     const grpc::CallbackServerContext* context) const {

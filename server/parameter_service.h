@@ -28,16 +28,24 @@ using RawParameterService = ParameterService::WithCallbackMethod_Register<
                 ParameterService::WithCallbackMethod_Stats<
                     ParameterService::Service>>>>>;
 
+// What a shard's service lets clients do.
+struct ServicePolicy {
+  // With a token, every call must carry it (common/auth.h) or is answered
+  // UNAUTHENTICATED before anything is read or changed.
+  std::string auth_token;
+  // A push with a value beyond this magnitude is refused.
+  float max_abs_gradient = 1e9f;
+  // Pushes one rank may have in flight (each holds a shard-sized buffer);
+  // more are refused RESOURCE_EXHAUSTED.
+  int max_pushes_per_rank = 4;
+};
+
 class ParameterServiceImpl final : public RawParameterService {
  public:
-  // `state` and `rule` are not owned and must outlive the service. With an
-  // `auth_token`, every call must carry it (common/auth.h) or is answered
-  // UNAUTHENTICATED before anything is read or changed.
-  // A push with a value beyond `max_abs_gradient` in magnitude is refused.
+  // `state` and `rule` are not owned and must outlive the service.
   ParameterServiceImpl(const TrainingConfig& resolved, int num_workers,
                        ShardState* state, UpdateRule* rule,
-                       std::string auth_token = "",
-                       float max_abs_gradient = 1e9f);
+                       ServicePolicy policy = {});
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -71,8 +79,9 @@ class ParameterServiceImpl final : public RawParameterService {
 
   // Constant after construction.
   const uint64_t fingerprint_;
-  const Shared shared_;
   const std::string auth_token_;  // empty: no authentication
+  PushSlots push_slots_;
+  const Shared shared_;
 };
 
 }  // namespace monsoon::server

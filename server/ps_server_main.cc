@@ -35,6 +35,19 @@ ABSL_FLAG(double, max_abs_gradient, 1e9,
           "Pushes with a value beyond this magnitude are refused "
           "INVALID_ARGUMENT: finite values that large would poison the "
           "weights or the optimizer's state (env MONSOON_MAX_ABS_GRADIENT).");
+ABSL_FLAG(int, grpc_memory_mb, 1024,
+          "Cap on the memory gRPC may hold for this shard's connections and "
+          "messages in flight; 0: none (env MONSOON_GRPC_MEMORY_MB).");
+ABSL_FLAG(int, max_streams_per_connection, 32,
+          "Calls one connection may have open at once "
+          "(env MONSOON_MAX_STREAMS_PER_CONNECTION).");
+ABSL_FLAG(int, max_pushes_per_rank, 4,
+          "Pushes one worker rank may have in flight at once, each holding a "
+          "shard-sized buffer; more are refused RESOURCE_EXHAUSTED "
+          "(env MONSOON_MAX_PUSHES_PER_RANK).");
+ABSL_FLAG(double, idle_connection_timeout_s, 300,
+          "Seconds after which a connection without calls is closed "
+          "(env MONSOON_IDLE_CONNECTION_TIMEOUT_S).");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the run's secret token (at least 16 printable "
           "characters, e.g. from openssl rand -hex 32): every call must carry "
@@ -148,6 +161,13 @@ int main(int argc, char** argv) {
   options.log_every = absl::Seconds(log_every_s);
   options.max_abs_gradient =
       static_cast<float>(absl::GetFlag(FLAGS_max_abs_gradient));
+  options.grpc_memory_bytes =
+      static_cast<int64_t>(absl::GetFlag(FLAGS_grpc_memory_mb)) << 20;
+  options.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.max_pushes_per_rank = absl::GetFlag(FLAGS_max_pushes_per_rank);
+  options.idle_connection_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_idle_connection_timeout_s));
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     absl::StatusOr<std::string> token =
         monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));

@@ -20,6 +20,23 @@ PushDecoder::PushDecoder(int shard, uint64_t shard_size, int num_workers,
       bucket_size_(bucket_size),
       buffers_(buffers) {}
 
+bool PushSlots::Acquire(int rank) {
+  absl::MutexLock lock(&mu_);
+  int& in_flight = in_flight_[rank];
+  if (in_flight >= per_rank_) return false;
+  ++in_flight;
+  return true;
+}
+
+void PushSlots::Release(int rank) {
+  absl::MutexLock lock(&mu_);
+  --in_flight_[rank];
+}
+
+PushDecoder::~PushDecoder() {
+  if (slot_rank_ >= 0) limits_.slots->Release(slot_rank_);
+}
+
 absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
   absl::Status parsed = reader_.ParsePushChunk(message, &chunk_);
   data_.wire_bytes += static_cast<int64_t>(chunk_.message_bytes);
@@ -75,6 +92,15 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
       return absl::InvalidArgumentError(
           absl::StrCat("push claims its examples start at ", h.sample_offset(),
                        ", beyond any run's data (", kMaxSampleOffset, ")"));
+    }
+    if (limits_.slots != nullptr) {
+      if (!limits_.slots->Acquire(h.worker_rank())) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("rank ", h.worker_rank(), " already has ",
+                         limits_.slots->per_rank(),
+                         " pushes in flight to this shard, the most it may"));
+      }
+      slot_rank_ = h.worker_rank();
     }
     have_header_ = true;
     data_.worker_rank = h.worker_rank();

@@ -13,16 +13,34 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/wire.h"
 #include "proto/service.pb.h"
 #include "server/buffer_pool.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
+
+// Counts the pushes in flight per rank, up to a bound. Thread-safe.
+class PushSlots {
+ public:
+  explicit PushSlots(int per_rank) : per_rank_(per_rank) {}
+  // False when `rank` has per_rank pushes in flight already.
+  bool Acquire(int rank);
+  void Release(int rank);
+  int per_rank() const { return per_rank_; }
+
+ private:
+  const int per_rank_;
+  absl::Mutex mu_;
+  std::map<int, int> in_flight_ ABSL_GUARDED_BY(mu_);
+};
 
 // What a push may claim, beyond its shape.
 struct PushLimits {
@@ -32,6 +50,9 @@ struct PushLimits {
   // The most examples one push may summarize (batch_size x the steps a
   // worker sums into a push).
   int64_t max_samples = std::numeric_limits<int64_t>::max();
+  // If set, a push takes a slot for its rank once its header is read (before
+  // any buffer), or is refused RESOURCE_EXHAUSTED; the decoder gives it back.
+  PushSlots* slots = nullptr;
 };
 
 // Where a rank's data may end at most: positions stay far from overflow.
@@ -45,6 +66,9 @@ class PushDecoder {
   PushDecoder(int shard, uint64_t shard_size, int num_workers,
               PushEncoding encoding, int bucket_size, FloatBufferPool* buffers,
               PushLimits limits = {});
+  ~PushDecoder();
+  PushDecoder(const PushDecoder&) = delete;
+  PushDecoder& operator=(const PushDecoder&) = delete;
 
   // Takes the next message of the stream. INVALID_ARGUMENT says what is
   // wrong with it (also a NaN, infinite or out-of-bounds value, naming its
@@ -55,6 +79,12 @@ class PushDecoder {
   // long as the decoder, or the rule that takes over their buffer
   // (PushData::buffer). INVALID_ARGUMENT if it is empty or short.
   absl::StatusOr<PushData> Finish();
+
+  // Whether the header has been read (and with it worker_rank and session
+  // of the push Finish returns).
+  bool has_header() const { return have_header_; }
+  int worker_rank() const { return data_.worker_rank; }
+  uint64_t session() const { return data_.session; }
 
   // Serialized bytes received so far.
   int64_t wire_bytes() const { return data_.wire_bytes; }
@@ -75,6 +105,7 @@ class PushDecoder {
   const int bucket_size_;
   FloatBufferPool* const buffers_;
 
+  int slot_rank_ = -1;  // the rank whose slot this push holds
   common::MessageReader reader_;
   common::MessageReader::PushChunkView chunk_;
   bool have_header_ = false;

@@ -1,6 +1,7 @@
 #include "server/shard_server.h"
 
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/numbers.h"
@@ -85,6 +87,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         absl::StrCat("--max_abs_gradient must be positive and finite, got ",
                      options.max_abs_gradient));
   }
+  if (options.max_streams_per_connection < 1 ||
+      options.max_pushes_per_rank < 1 || options.grpc_memory_bytes < 0 ||
+      options.idle_connection_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "the streams per connection and pushes per rank must be at least 1, "
+        "the memory cap at least 0 and the idle timeout positive");
+  }
   if (options.lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--lease_s must be positive");
   }
@@ -115,7 +124,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   server->service_ = std::make_unique<ParameterServiceImpl>(
       options.config, options.num_workers, server->state_.get(),
-      server->rule_.get(), options.auth_token, options.max_abs_gradient);
+      server->rule_.get(),
+      ServicePolicy{options.auth_token, options.max_abs_gradient,
+                    options.max_pushes_per_rank});
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -139,6 +150,21 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Bounds on what clients can make the shard hold (ShardServerOptions).
+  grpc::ResourceQuota quota(
+      absl::StrCat("shard-", options.shard, "-of-", options.num_shards));
+  if (options.grpc_memory_bytes > 0) {
+    quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
+    builder.SetResourceQuota(quota);
+  }
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_streams_per_connection);
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+      static_cast<int>(std::min<int64_t>(
+          absl::ToInt64Milliseconds(options.idle_connection_timeout),
+          std::numeric_limits<int>::max())));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(

@@ -65,6 +65,18 @@ struct ShardServerOptions {
   // (finite values that large would poison the weights or the optimizer's
   // state: 1e20 once makes Adagrad's accumulator infinite).
   float max_abs_gradient = 1e9f;
+  // Bounds on what clients can make the shard hold. gRPC's own memory
+  // (connections, messages in flight) is capped at grpc_memory_bytes (0: no
+  // cap); a connection carries at most max_streams_per_connection calls at
+  // once; a rank has at most max_pushes_per_rank pushes in flight (each
+  // holds a shard-sized buffer), and the evaluator's and unregistered
+  // clients' pushes share the same bound per rank. A connection without
+  // calls for idle_connection_timeout is closed, and one that has not
+  // finished its handshake after 10 s.
+  int64_t grpc_memory_bytes = int64_t{1} << 30;
+  int max_streams_per_connection = 32;
+  int max_pushes_per_rank = 4;
+  absl::Duration idle_connection_timeout = absl::Minutes(5);
 };
 
 // OK for host:port with a port from 0 to 65535; INVALID_ARGUMENT, with an

@@ -729,5 +729,41 @@ TEST(PoisonTest, HugeValuesAndExampleCountsAreRefused) {
   EXPECT_EQ(server->state()->version(), 1);
 }
 
+// A client that opens pushes and never ends them holds at most its rank's
+// slots (each a shard-sized buffer): the next is refused, and a push that
+// ends gives its slot back.
+TEST(ResourceTest, PushesHeldOpenBeyondARanksSlotsAreRefused) {
+  const TrainingConfig config = ResolvedConfig(kSyncConfig);
+  ShardServerOptions options;
+  options.config = config;
+  options.num_shards = 2;
+  options.max_pushes_per_rank = 1;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(options));
+  auto stub = StubFor(*server);
+  const int64_t buffers = server->state()->buffers().allocations();
+  grpc::ClientContext held_context;
+  SetDeadline(&held_context, absl::Seconds(30));
+  PushResponse held_response;
+  auto held = stub->Push(&held_context, &held_response);
+  PushChunk first = OneChunkPush(0, 0, 0, Filled(10, 1.0f));
+  first.mutable_header()->set_length(26);
+  ASSERT_TRUE(held->Write(first));
+  // Once the shard has read it, the push holds a buffer.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (server->state()->buffers().allocations() == buffers) {
+    ASSERT_LT(absl::Now(), deadline) << "the shard never read the push";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_THAT(RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 1.0f))}),
+              HasCodeAndMessage(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                HasSubstr("already has 1 pushes in flight")));
+  held->WritesDone();
+  EXPECT_THAT(held->Finish(), HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(RawPush(stub.get(), {OneChunkPush(0, 0, 0, Filled(26, 1.0f))}),
+              HasCode(grpc::StatusCode::OK));
+  EXPECT_EQ(server->state()->version(), 1);
+}
+
 }  // namespace
 }  // namespace monsoon::server

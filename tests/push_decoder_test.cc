@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -272,6 +273,28 @@ TEST(PushDecoderTest, ClaimsOfMoreExamplesThanAPushHoldsAreInvalid) {
     EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5}, header)),
                 StatusIs(kInvalid, HasSubstr("beyond any run's data")));
   }
+}
+
+TEST(PushDecoderTest, ARankHasAtMostItsSlotsOfPushesInFlight) {
+  PushSlots slots(/*per_rank=*/2);
+  PushLimits limits;
+  limits.slots = &slots;
+  auto decoder = [&] {
+    return std::make_unique<TestDecoder>(kShard, kSize, kWorkers,
+                                         ENCODING_FLOAT32, 512, limits);
+  };
+  auto a = decoder(), b = decoder(), c = decoder(), other = decoder();
+  ASSERT_OK(a->Add(First({1, 2})));
+  ASSERT_OK(b->Add(First({1, 2})));
+  EXPECT_THAT(c->Add(First({1, 2})),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("rank 1 already has 2 pushes in flight")));
+  // Another rank has slots of its own.
+  ASSERT_OK(other->Add(First({1, 2}, Header(/*rank=*/0))));
+  // A push that ends, however it ends, gives its slot back.
+  a.reset();
+  c = decoder();
+  EXPECT_OK(c->Add(First({1, 2})));
 }
 
 TEST(PushDecoderTest, MessageThatIsNotAPushChunkIsInvalid) {
