@@ -33,8 +33,11 @@ void PushSlots::Release(int rank) {
   --in_flight_[rank];
 }
 
-PushDecoder::~PushDecoder() {
+PushDecoder::~PushDecoder() { ReleaseSlot(); }
+
+void PushDecoder::ReleaseSlot() {
   if (slot_rank_ >= 0) limits_.slots->Release(slot_rank_);
+  slot_rank_ = -1;
 }
 
 absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
@@ -201,6 +204,9 @@ absl::Status PushDecoder::CheckValues(const float* values, uint64_t n) const {
 }
 
 absl::StatusOr<PushData> PushDecoder::Finish() {
+  // The push is whole (or never will be): what it holds from here on is the
+  // caller's to account for, not the stream's.
+  ReleaseSlot();
   if (!have_header_) {
     return absl::InvalidArgumentError("empty push: no header");
   }

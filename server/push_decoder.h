@@ -51,7 +51,8 @@ struct PushLimits {
   // worker sums into a push).
   int64_t max_samples = std::numeric_limits<int64_t>::max();
   // If set, a push takes a slot for its rank once its header is read (before
-  // any buffer), or is refused RESOURCE_EXHAUSTED; the decoder gives it back.
+  // any buffer), or is refused RESOURCE_EXHAUSTED; the decoder gives it back
+  // at Finish (the push is whole and goes to the rule) or when destroyed.
   PushSlots* slots = nullptr;
 };
 
@@ -92,6 +93,8 @@ class PushDecoder {
  private:
   absl::Status AddFloat32(const common::MessageReader::PushChunkView& chunk);
   absl::Status AddOneBit(const common::MessageReader::PushChunkView& chunk);
+  // Gives the rank's slot back, if this push holds one.
+  void ReleaseSlot();
   // INVALID_ARGUMENT for the first of values[0, n) (the next n of the push)
   // that is not finite or beyond limits_.max_abs_value.
   absl::Status CheckValues(const float* values, uint64_t n) const;

@@ -291,10 +291,16 @@ TEST(PushDecoderTest, ARankHasAtMostItsSlotsOfPushesInFlight) {
                        HasSubstr("rank 1 already has 2 pushes in flight")));
   // Another rank has slots of its own.
   ASSERT_OK(other->Add(First({1, 2}, Header(/*rank=*/0))));
-  // A push that ends, however it ends, gives its slot back.
+  // A push that ends, however it ends, gives its slot back: one that is
+  // whole as soon as it is handed over (Finish), even if its stream's call
+  // lingers on (a push-pull waiting for its sync step).
   a.reset();
   c = decoder();
   EXPECT_OK(c->Add(First({1, 2})));
+  ASSERT_OK(b->Add(Chunk(2, {3, 4, 5})));
+  ASSERT_OK(b->Finish().status());
+  auto d = decoder();
+  EXPECT_OK(d->Add(First({1, 2})));
 }
 
 TEST(PushDecoderTest, MessageThatIsNotAPushChunkIsInvalid) {
