@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/process_tuning.h"
 #include "common/termination.h"
+#include "common/tls.h"
 #include "server/shard_server.h"
 
 ABSL_FLAG(int, shard, 0, "This shard's index, 0-based (env MONSOON_SHARD).");
@@ -48,6 +49,14 @@ ABSL_FLAG(int, max_pushes_per_rank, 4,
 ABSL_FLAG(double, idle_connection_timeout_s, 300,
           "Seconds after which a connection without calls is closed "
           "(env MONSOON_IDLE_CONNECTION_TIMEOUT_S).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate for TLS (with --tls_key); tools/make_certs.sh "
+          "makes a set (env MONSOON_TLS_CERT).");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls_cert (env MONSOON_TLS_KEY).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate: with it, clients must present a certificate "
+          "it signed (mutual TLS) (env MONSOON_TLS_CA).");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the run's secret token (at least 16 printable "
           "characters, e.g. from openssl rand -hex 32): every call must carry "
@@ -168,6 +177,16 @@ int main(int argc, char** argv) {
   options.max_pushes_per_rank = absl::GetFlag(FLAGS_max_pushes_per_rank);
   options.idle_connection_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_connection_timeout_s));
+  {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        monsoon::common::ServerCredentialsFrom({absl::GetFlag(FLAGS_tls_cert),
+                                                absl::GetFlag(FLAGS_tls_key),
+                                                absl::GetFlag(FLAGS_tls_ca)});
+    if (!credentials.ok()) {
+      return Fail(kConfigError, credentials.status().ToString());
+    }
+    options.credentials = *std::move(credentials);
+  }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     absl::StatusOr<std::string> token =
         monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));

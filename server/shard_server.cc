@@ -131,7 +131,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &server->port_);
+                           options.credentials != nullptr
+                               ? options.credentials
+                               : grpc::InsecureServerCredentials(),
+                           &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(common::kMaxMessageBytes);

@@ -8,6 +8,8 @@
 #ifndef MONSOON_SERVER_SHARD_SERVER_H_
 #define MONSOON_SERVER_SHARD_SERVER_H_
 
+#include <grpcpp/security/server_credentials.h>
+
 #include <grpcpp/server.h>
 
 #include <cstdint>
@@ -61,6 +63,8 @@ struct ShardServerOptions {
   // The run's secret (common/auth.h): every call must carry it, or it is
   // answered UNAUTHENTICATED. Empty: no authentication.
   std::string auth_token;
+  // TLS (common/tls.h); null: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
   // A push with a value beyond this magnitude is refused INVALID_ARGUMENT
   // (finite values that large would poison the weights or the optimizer's
   // state: 1e20 once makes Adagrad's accumulator infinite).

@@ -62,6 +62,10 @@ ABSL_FLAG(std::string, chaos, "",
           "or workerN, e.g. kill:server1@3s,stop:server0@1s+2s. The table "
           "then counts the faults and restarts of each run, and the "
           "accuracy plot marks them.");
+ABSL_FLAG(std::string, tls_dir, "",
+          "Mutual TLS for every connection of every run, with the "
+          "certificates in this folder (tools/make_certs.sh DIR). Not with "
+          "--link (the certificates name 127.0.0.1).");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: beside this binary).");
@@ -166,6 +170,13 @@ int main(int argc, char** argv) {
   }
   options.max_restarts = absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
   options.chaos = absl::GetFlag(FLAGS_chaos);
+  options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  if (!options.tls_dir.empty() && options.link.has_value()) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(
+                    "--tls_dir with --link: the emulated hosts' addresses are "
+                    "not in the certificates; use one or the other"));
+  }
   for (int s : options.servers) {
     for (int w : options.workers) {
       auto faults = monsoon::tools::ParseChaos(options.chaos, s, w);

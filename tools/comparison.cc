@@ -141,6 +141,7 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
         run.time_limit_s = options.time_limit_s;
         run.placement = network != nullptr ? &network->placement() : nullptr;
         run.max_restarts = options.max_restarts;
+        run.tls_dir = options.tls_dir;
         absl::StatusOr<std::vector<Fault>> faults =
             ParseChaos(options.chaos, servers, workers);
         if (!faults.ok()) return faults.status();

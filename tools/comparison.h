@@ -35,6 +35,8 @@ struct ComparisonOptions {
   int max_restarts = 3;
   // --chaos, injected into every run (ParseChaos against its counts).
   std::string chaos;
+  // LocalClusterOptions.tls_dir for every run.
+  std::string tls_dir;
 };
 
 struct ComparedRun {

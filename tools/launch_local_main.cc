@@ -48,6 +48,11 @@ ABSL_FLAG(std::string, chaos, "",
           "kill:TARGET@TIME (SIGKILL) or stop:TARGET@TIME+DURATION (SIGSTOP, "
           "then SIGCONT), TARGET serverN or workerN, e.g. "
           "kill:server1@10s,stop:server0@5s+10s.");
+ABSL_FLAG(std::string, tls_dir, "",
+          "Mutual TLS for every connection, with the certificates in this "
+          "folder (as tools/make_certs.sh DIR makes them). Default: "
+          "plaintext on loopback; every run has its own auth token either "
+          "way.");
 ABSL_FLAG(std::string, work_dir, "",
           "Folder for the run's config and curve "
           "(default: a new /tmp/monsoon-run-XXXXXX).");
@@ -108,6 +113,7 @@ int main(int argc, char** argv) {
   monsoon::tools::LocalClusterOptions options;
   options.max_restarts = absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
   options.faults = *std::move(faults);
+  options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
   options.config = *config;
   options.servers = servers;
   options.workers = workers;

@@ -19,6 +19,7 @@
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/tls.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::tools {
@@ -147,6 +148,22 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     close(fd);
   }
   const std::string token_flag = "--auth_token_file=" + token_path;
+  // Mutual TLS: the servers' and the clients' certificates from one CA.
+  std::vector<std::string> server_tls, client_tls;
+  common::TlsFiles launcher_tls;
+  if (!options.tls_dir.empty()) {
+    const std::string& d = options.tls_dir;
+    server_tls = {"--tls_cert=" + d + "/server.pem",
+                  "--tls_key=" + d + "/server.key",
+                  "--tls_ca=" + d + "/ca.pem"};
+    client_tls = {"--tls_cert=" + d + "/client.pem",
+                  "--tls_key=" + d + "/client.key",
+                  "--tls_ca=" + d + "/ca.pem"};
+    launcher_tls = {d + "/client.pem", d + "/client.key", d + "/ca.pem"};
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+      launcher_credentials = common::ChannelCredentialsFrom(launcher_tls);
+  if (!launcher_credentials.ok()) return launcher_credentials.status();
   const std::string S = absl::StrCat(options.servers);
   const std::string W = absl::StrCat(options.workers);
   const bool restarts = options.max_restarts > 0;
@@ -181,6 +198,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
         "--config=" + config_path,
         absl::StrCat("--lease_s=", options.lease_s),
         token_flag};
+    argv.insert(argv.end(), server_tls.begin(), server_tls.end());
     if (restarts) {
       argv.push_back("--checkpoint_dir=" + checkpoint_dir);
       argv.push_back(absl::StrCat("--checkpoint_interval_s=",
@@ -242,12 +260,17 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   const std::string curve_path = options.work_dir + "/curve.textproto";
   std::remove(curve_path.c_str());
   const absl::Time start = absl::Now();
-  absl::StatusOr<int> evaluator =
-      sup.Start("eval", {options.bin_dir + "/worker/ps_evaluator",
-                         "--servers=" + server_list, "--config=" + config_path,
-                         "--device=" + options.device,
-                         absl::StrCat("--interval_s=", options.eval_interval_s),
-                         "--curve_out=" + curve_path, token_flag});
+  std::vector<std::string> evaluator_argv = {
+      options.bin_dir + "/worker/ps_evaluator",
+      "--servers=" + server_list,
+      "--config=" + config_path,
+      "--device=" + options.device,
+      absl::StrCat("--interval_s=", options.eval_interval_s),
+      "--curve_out=" + curve_path,
+      token_flag};
+  evaluator_argv.insert(evaluator_argv.end(), client_tls.begin(),
+                        client_tls.end());
+  absl::StatusOr<int> evaluator = sup.Start("eval", evaluator_argv);
   if (!evaluator.ok()) return evaluator.status();
   std::vector<Daemon> worker_daemons(options.workers);
   std::vector<std::string> report_paths;  // of the workers that stopped
@@ -264,6 +287,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                    "--device=" + options.device,
                    "--report_out=" + daemon.report,
                    token_flag};
+    daemon.argv.insert(daemon.argv.end(), client_tls.begin(), client_tls.end());
     if (placed) {
       daemon.argv = Placed(options.placement->worker_prefix[r], daemon.argv);
     }
@@ -435,6 +459,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     client_options.worker_rank = -1;
     client_options.connect_timeout = absl::Seconds(10);
     client_options.auth_token = *token;
+    client_options.credentials = *launcher_credentials;
     absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
         worker::PsClient::Connect(client_options);
     if (!client.ok()) return client.status();

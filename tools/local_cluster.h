@@ -68,6 +68,10 @@ struct LocalClusterOptions {
   double lease_s = 3;
   // Faults to inject (ParseChaos), counted from the start of training.
   std::vector<Fault> faults;
+  // A folder as tools/make_certs.sh makes it (ca.pem, server.pem/key,
+  // client.pem/key): every connection then uses mutual TLS. Empty:
+  // plaintext.
+  std::string tls_dir;
 };
 
 // Runs the cluster to the end. CANCELLED on Ctrl-C, after stopping every

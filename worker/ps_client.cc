@@ -346,8 +346,9 @@ void PsClient::Shard::Prepare(grpc::ClientContext* context) const {
   }
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           absl::Duration peer_timeout) {
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address, absl::Duration peer_timeout,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
   args.SetMaxSendMessageSize(common::kMaxMessageBytes);
@@ -362,8 +363,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   // Reconnect quickly while the servers start.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return grpc::CreateCustomChannel(
+      address,
+      credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),
+      args);
 }
 
 absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
@@ -443,7 +446,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   const int shards = static_cast<int>(options.server_addresses.size());
   for (const std::string& address : options.server_addresses) {
     std::shared_ptr<grpc::Channel> channel =
-        MakeChannel(address, options.peer_timeout);
+        MakeChannel(address, options.peer_timeout, options.credentials);
     Shard& shard = client->shards_.emplace_back();
     if (!options.auth_token.empty()) {
       shard.authorization = common::BearerValue(options.auth_token);

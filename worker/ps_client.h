@@ -12,6 +12,7 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
 
 #include <atomic>
 #include <cstdint>
@@ -53,6 +54,8 @@ struct PsClientOptions {
   const absl::Notification* stop = nullptr;
   // The run's secret (common/auth.h), sent with every call; empty: none.
   std::string auth_token;
+  // TLS (common/tls.h); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 // One request to every shard; Wait() returns the first error, naming the
@@ -220,10 +223,10 @@ class PsClient {
 };
 
 // A channel with Monsoon's message-size limits and keepalive pings (see
-// PsClientOptions::peer_timeout).
+// PsClientOptions::peer_timeout), with `credentials` (null: plaintext).
 std::shared_ptr<grpc::Channel> MakeChannel(
-    const std::string& address,
-    absl::Duration peer_timeout = absl::Seconds(30));
+    const std::string& address, absl::Duration peer_timeout = absl::Seconds(30),
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 }  // namespace monsoon::worker
 

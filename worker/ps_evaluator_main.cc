@@ -21,6 +21,7 @@
 #include "common/model_layout.h"
 #include "common/process_tuning.h"
 #include "common/termination.h"
+#include "common/tls.h"
 #include "proto/metrics.pb.h"
 #include "worker/backend_factory.h"
 #include "worker/dataset.h"
@@ -42,6 +43,14 @@ ABSL_FLAG(double, interval_s, 2, "Seconds between evaluations.");
 ABSL_FLAG(std::string, curve_out, "",
           "Where to write the curve "
           "(text-format monsoon.EvalCurve); empty: log only.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate that signed the servers' certificates: turns "
+          "TLS on (env MONSOON_TLS_CA).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate (with --tls_key), for servers that require "
+          "one (env MONSOON_TLS_CERT).");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls_cert (env MONSOON_TLS_KEY).");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the run's secret token, the same as the servers' "
           "(env MONSOON_AUTH_TOKEN_FILE).");
@@ -129,6 +138,14 @@ int main(int argc, char** argv) {
                     absl::GetFlag(FLAGS_peer_timeout_s))));
   }
   options.peer_timeout = absl::Seconds(absl::GetFlag(FLAGS_peer_timeout_s));
+  {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        monsoon::common::ChannelCredentialsFrom({absl::GetFlag(FLAGS_tls_cert),
+                                                 absl::GetFlag(FLAGS_tls_key),
+                                                 absl::GetFlag(FLAGS_tls_ca)});
+    if (!credentials.ok()) return Fail(kConfigError, credentials.status());
+    options.credentials = *std::move(credentials);
+  }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     absl::StatusOr<std::string> token =
         monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
