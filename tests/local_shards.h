@@ -15,8 +15,10 @@
 namespace monsoon::testutil {
 
 // The shards' worker lease in tests: short, so that a test that restarts a
-// worker (or loses one) waits little for its predecessor's to run out.
-inline constexpr absl::Duration kTestLease = absl::Milliseconds(500);
+// worker (or loses one) waits little for its predecessor's to run out, yet
+// far longer than a step takes on a loaded machine under ThreadSanitizer (a
+// live worker whose lease ran out would have its batch skipped).
+inline constexpr absl::Duration kTestLease = absl::Seconds(2);
 
 // Starts shards 0 .. num_shards-1 of `config` on port 0 of 127.0.0.1, with
 // the lease kTestLease. A shard that does not start is a test failure and
