@@ -432,32 +432,66 @@ uint64_t FirstNonFinite(const float* data, uint64_t n) {
   return FirstOutside(data, n, std::numeric_limits<float>::max());
 }
 
-uint64_t FirstOutside(const float* data, uint64_t n, float bound) {
+uint64_t FirstOutside(const float* data, uint64_t n, float bound,
+                      float* max_abs) {
   // For a finite bound >= 0, |v| <= bound exactly when v's bits without the
   // sign are at most the bound's (IEEE floats of one sign order as their
-  // bits); NaN and infinities are above any finite bound's. Checked in
-  // blocks without branches (so that it vectorizes), then located.
+  // bits); NaN and infinities are above any finite bound's. The largest
+  // such bits of each block, a max that vectorizes, are compared with the
+  // bound's; a block beyond it is then searched.
   uint32_t limit;
   std::memcpy(&limit, &bound, sizeof(limit));
   limit &= 0x7fffffffu;
   constexpr uint64_t kBlock = 1024;
+  int32_t largest_all = 0;
   for (uint64_t begin = 0; begin < n; begin += kBlock) {
     const uint64_t end = std::min(n, begin + kBlock);
-    uint32_t bad = 0;
+    // Bits without the sign fit an int32: a signed max, which SSE2 has.
+    int32_t largest = 0;
     for (uint64_t i = begin; i < end; ++i) {
       uint32_t bits;
       std::memcpy(&bits, data + i, sizeof(bits));
-      bad |= static_cast<uint32_t>((bits & 0x7fffffffu) > limit);
+      largest = std::max(largest, static_cast<int32_t>(bits & 0x7fffffffu));
     }
-    if (bad != 0) {
+    if (static_cast<uint32_t>(largest) > limit) {
       for (uint64_t i = begin; i < end; ++i) {
         uint32_t bits;
         std::memcpy(&bits, data + i, sizeof(bits));
         if ((bits & 0x7fffffffu) > limit) return i;
       }
     }
+    largest_all = std::max(largest_all, largest);
   }
+  if (max_abs != nullptr) std::memcpy(max_abs, &largest_all, sizeof(float));
   return n;
+}
+
+uint64_t ValuesDigest(const float* data, uint64_t n) {
+  constexpr int kLanes = 8;
+  uint32_t a[kLanes] = {}, b[kLanes] = {};
+  uint64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      uint32_t bits;
+      std::memcpy(&bits, data + i + l, sizeof(bits));
+      a[l] += bits;
+      b[l] += a[l];
+    }
+  }
+  for (int l = 0; i < n; ++i, ++l) {
+    uint32_t bits;
+    std::memcpy(&bits, data + i, sizeof(bits));
+    a[l] += bits;
+    b[l] += a[l];
+  }
+  // Mixed into 64 bits (FNV-1a's multiplier over the lanes, then the
+  // length), so that every lane counts.
+  uint64_t digest = 0xcbf29ce484222325u;
+  for (int l = 0; l < kLanes; ++l) {
+    digest = (digest ^ a[l]) * 0x100000001b3u;
+    digest = (digest ^ b[l]) * 0x100000001b3u;
+  }
+  return (digest ^ n) * 0x100000001b3u;
 }
 
 }  // namespace monsoon::common

@@ -220,8 +220,18 @@ absl::Status ParseSmallMessage(const grpc::ByteBuffer& message,
 uint64_t FirstNonFinite(const float* data, uint64_t n);
 
 // The index of the first value of data[0, n) that is NaN or whose magnitude
-// exceeds `bound` (finite, >= 0), or n when there is none. Vectorizes.
-uint64_t FirstOutside(const float* data, uint64_t n, float bound);
+// exceeds `bound` (finite, >= 0), or n when there is none. When there is
+// none and `max_abs` is given, sets it to the largest magnitude (0 for
+// n = 0), found in the same pass. Vectorizes.
+uint64_t FirstOutside(const float* data, uint64_t n, float bound,
+                      float* max_abs = nullptr);
+
+// A digest of data[0, n)'s bits, for telling a push sent again from a
+// different one (not a cryptographic hash: it guards against mistakes, not
+// against a client, which rank binding keeps out). Fletcher sums in eight
+// 32-bit lanes, so that it vectorizes; any change of a value or of the
+// order changes it, except with a chance of about 2^-64.
+uint64_t ValuesDigest(const float* data, uint64_t n);
 
 }  // namespace monsoon::common
 

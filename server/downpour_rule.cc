@@ -23,6 +23,18 @@ class DownpourRule : public SerialRule {
     optimizer_->Apply({gradient}, in, out);
   }
 
+  bool StaysFinite(absl::Span<const float> gradient, const float* in) override {
+    return optimizer_->StaysFinite({gradient}, in);
+  }
+
+  bool BoundStep(double max_abs, double* step) override {
+    return optimizer_->BoundStep(max_abs, step);
+  }
+
+  void AdvanceBound(double max_abs) override {
+    optimizer_->AdvanceBound(max_abs);
+  }
+
  private:
   // Used only under SerialRule's lock.
   const std::unique_ptr<Optimizer> optimizer_;

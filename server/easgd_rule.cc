@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "server/optimizer.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -20,6 +21,19 @@ class EasgdRule : public SerialRule {
     const float* d = elastic.data();
     ForEachWeight(elastic.size(), in, out,
                   [=](size_t i, float center) { return center + d[i]; });
+  }
+
+  bool StaysFinite(absl::Span<const float> elastic, const float* in) override {
+    const float* d = elastic.data();
+    return AllFinite(
+        elastic.size(), [=](size_t i) { return in[i]; },
+        [=](size_t i, float center) { return NonFinite(center + d[i]); });
+  }
+
+  // x~ += d moves a weight by |d| and keeps no other state.
+  bool BoundStep(double max_abs, double* step) override {
+    *step = max_abs;
+    return true;
   }
 };
 

@@ -6,7 +6,10 @@
 // with relaxed loads, which may mix pushes (also as in Hogwild), shared by
 // the pulls of the same version.
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -15,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/optimizer.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -36,7 +40,10 @@ class HogwildRule : public UpdateRule {
   HogwildRule(const TrainingConfig& resolved, ShardState* state)
       : learning_rate_(resolved.learning_rate()),
         state_(state),
-        live_(state->InitialWeights()) {}
+        live_(state->InitialWeights()) {
+    absl::MutexLock lock(&bound_mu_);
+    weight_bound_.Reset(MaxAbsLive());
+  }
 
   absl::StatusOr<PushResult> Apply(const PushData& push) override {
     const int64_t now = version_.load();
@@ -45,6 +52,31 @@ class HogwildRule : public UpdateRule {
           "push computed from version ", push.base_version, " but shard ",
           state_->shard(), " is only at version ", now));
     }
+    // The bound on the weights usually guarantees that the push cannot
+    // overflow them; its step is reserved at once, so that pushes running
+    // together count each other's. Otherwise the push is checked against
+    // the weights as it reads them: without a lock a concurrent push may
+    // still move them between the check and the write (a race Hogwild
+    // accepts for every update; the bounds' margin covers it).
+    float* weights = live_->mutable_data();
+    const float* grad = push.values.data();
+    const size_t n = push.values.size();
+    const float lr = learning_rate_;
+    const double step = std::abs(lr) * static_cast<double>(push.max_abs);
+    bool bounded;
+    {
+      absl::MutexLock lock(&bound_mu_);
+      bounded = weight_bound_.Allows(step);
+      if (bounded) weight_bound_.Advance(step);
+    }
+    if (!bounded && !AllFinite(
+                        n, [=](size_t i) { return grad[i]; },
+                        [=](size_t i, float g) {
+                          return NonFinite(LoadRelaxed(&weights[i]) - lr * g);
+                        })) {
+      state_->RecordRefusedUpdate();
+      return NonFiniteUpdateError(state_->shard(), push.worker_rank, now);
+    }
     if (!state_->ClaimSamples(push.worker_rank, push.sample_offset,
                               push.samples)) {
       PushResult repeat;
@@ -52,15 +84,15 @@ class HogwildRule : public UpdateRule {
       repeat.duplicate = true;
       return repeat;
     }
-    float* weights = live_->mutable_data();
-    const float* grad = push.values.data();
-    const size_t n = push.values.size();
     state_->BeginApply();
     for (size_t i = 0; i < n; ++i) {
-      StoreRelaxed(&weights[i],
-                   LoadRelaxed(&weights[i]) - learning_rate_ * grad[i]);
+      StoreRelaxed(&weights[i], LoadRelaxed(&weights[i]) - lr * grad[i]);
     }
     state_->EndApply();
+    if (!bounded) {
+      absl::MutexLock lock(&bound_mu_);
+      weight_bound_.Reset(MaxAbsLive());
+    }
     // Versions count applied pushes; staleness counts the pushes applied
     // since the gradient's weights were read.
     const int64_t before = version_.fetch_add(1);
@@ -108,6 +140,10 @@ class HogwildRule : public UpdateRule {
     live_ = *std::move(restored);
     version_.store(saved.version);
     {
+      absl::MutexLock lock(&bound_mu_);
+      weight_bound_.Reset(MaxAbsLive());
+    }
+    {
       absl::MutexLock lock(&snapshot_mu_);
       snapshot_ = nullptr;
     }
@@ -116,6 +152,20 @@ class HogwildRule : public UpdateRule {
   }
 
  private:
+  // The weights' largest magnitude, read as CopyLive reads them; infinity if
+  // one is not finite.
+  double MaxAbsLive() const {
+    const float* weights = live_->values().data();
+    uint32_t bad = 0;
+    float largest = 0.0f;
+    for (size_t i = 0; i < state_->size(); ++i) {
+      const float w = LoadRelaxed(&weights[i]);
+      bad |= NonFinite(w);
+      largest = std::max(largest, std::abs(w));
+    }
+    return bad != 0 ? std::numeric_limits<double>::infinity() : largest;
+  }
+
   void CopyLive(float* out) const {
     const float* weights = live_->values().data();
     for (size_t i = 0; i < state_->size(); ++i) {
@@ -131,6 +181,8 @@ class HogwildRule : public UpdateRule {
   std::shared_ptr<Weights> live_;
 
   std::atomic<int64_t> version_{0};
+  absl::Mutex bound_mu_;
+  WeightBound weight_bound_ ABSL_GUARDED_BY(bound_mu_);
   absl::Mutex snapshot_mu_;
   WeightsPtr snapshot_ ABSL_GUARDED_BY(snapshot_mu_);  // the latest taken
 };

@@ -2,11 +2,24 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/float_bytes.h"
+#include "common/wire.h"
 
 namespace monsoon::server {
+
+double MaxAbs(absl::Span<const float> values) {
+  float max_abs = 0.0f;
+  if (common::FirstOutside(values.data(), values.size(),
+                           std::numeric_limits<float>::max(),
+                           &max_abs) != values.size()) {
+    return std::numeric_limits<double>::infinity();
+  }
+  return max_abs;
+}
 
 SgdOptimizer::SgdOptimizer(size_t size, float learning_rate, float momentum)
     : learning_rate_(learning_rate),
@@ -29,9 +42,55 @@ void SgdOptimizer::Apply(const Gradient& gradient, const float* in,
   }
 }
 
+bool SgdOptimizer::StaysFinite(const Gradient& gradient,
+                               const float* in) const {
+  const float lr = learning_rate_;
+  if (momentum_ > 0) {
+    const float* v = velocity_.data();
+    const float m = momentum_;
+    return GradientStaysFinite(gradient, in, [=](size_t i, float g, float w) {
+      const float velocity = m * v[i] + g;
+      return NonFinite(velocity) | NonFinite(w - lr * velocity);
+    });
+  }
+  return GradientStaysFinite(gradient, in, [=](size_t, float g, float w) {
+    return NonFinite(w - lr * g);
+  });
+}
+
+bool SgdOptimizer::BoundStep(double max_abs, double* step) const {
+  // |v'| <= momentum |v| + |g|, and a weight moves by lr |v'|.
+  const double velocity =
+      momentum_ > 0 ? momentum_ * velocity_bound_ + max_abs : max_abs;
+  *step = std::abs(learning_rate_) * velocity;
+  return velocity < kSafeMagnitude && *step < kSafeMagnitude;
+}
+
+void SgdOptimizer::AdvanceBound(double max_abs) {
+  if (momentum_ <= 0) return;
+  velocity_bound_ = momentum_ * velocity_bound_ + max_abs;
+  if (!(velocity_bound_ < kSafeMagnitude)) velocity_bound_ = MaxAbs(velocity_);
+}
+
 AdagradOptimizer::AdagradOptimizer(size_t size, float learning_rate,
                                    float initial_accumulator)
-    : learning_rate_(learning_rate), accumulator_(size, initial_accumulator) {}
+    : learning_rate_(learning_rate),
+      accumulator_(size, initial_accumulator),
+      accumulator_bound_(initial_accumulator) {}
+
+bool AdagradOptimizer::BoundStep(double max_abs, double* step) const {
+  // h' = h + g^2 with h > 0, so |g| / sqrt(h') <= 1: a weight moves by at
+  // most lr (the float division's rounding is within the margin).
+  *step = std::abs(learning_rate_);
+  return accumulator_bound_ + max_abs * max_abs < kSafeMagnitude;
+}
+
+void AdagradOptimizer::AdvanceBound(double max_abs) {
+  accumulator_bound_ += max_abs * max_abs;
+  if (!(accumulator_bound_ < kSafeMagnitude)) {
+    accumulator_bound_ = MaxAbs(accumulator_);
+  }
+}
 
 void AdagradOptimizer::Apply(const Gradient& gradient, const float* in,
                              float* out) {
@@ -41,6 +100,16 @@ void AdagradOptimizer::Apply(const Gradient& gradient, const float* in,
     h[i] += g * g;
     // -fno-math-errno (BUILD) lets this vectorize; sqrt is exact either way.
     return w - lr * g / std::sqrt(h[i]);
+  });
+}
+
+bool AdagradOptimizer::StaysFinite(const Gradient& gradient,
+                                   const float* in) const {
+  const float* h = accumulator_.data();
+  const float lr = learning_rate_;
+  return GradientStaysFinite(gradient, in, [=](size_t i, float g, float w) {
+    const float sum = h[i] + g * g;
+    return NonFinite(sum) | NonFinite(w - lr * g / std::sqrt(sum));
   });
 }
 
@@ -69,7 +138,9 @@ std::string EncodeState(const std::vector<float>& values) {
 std::string SgdOptimizer::Name() const { return "sgd"; }
 std::string SgdOptimizer::SaveState() const { return EncodeState(velocity_); }
 absl::Status SgdOptimizer::RestoreState(absl::string_view state) {
-  return DecodeState(Name(), state, &velocity_);
+  absl::Status decoded = DecodeState(Name(), state, &velocity_);
+  velocity_bound_ = MaxAbs(velocity_);
+  return decoded;
 }
 
 std::string AdagradOptimizer::Name() const { return "adagrad"; }
@@ -77,7 +148,23 @@ std::string AdagradOptimizer::SaveState() const {
   return EncodeState(accumulator_);
 }
 absl::Status AdagradOptimizer::RestoreState(absl::string_view state) {
-  return DecodeState(Name(), state, &accumulator_);
+  std::vector<float> accumulator(accumulator_.size());
+  if (absl::Status decoded = DecodeState(Name(), state, &accumulator);
+      !decoded.ok()) {
+    return decoded;
+  }
+  // Positive and finite, as Apply keeps them: a zero would make a zero
+  // gradient's step 0/0.
+  for (size_t i = 0; i < accumulator.size(); ++i) {
+    if (!(accumulator[i] > 0.0f) || !std::isfinite(accumulator[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adagrad optimizer state value ", i, " is ", accumulator[i],
+          ": accumulators must be positive and finite"));
+    }
+  }
+  accumulator_ = std::move(accumulator);
+  accumulator_bound_ = MaxAbs(accumulator_);
+  return absl::OkStatus();
 }
 
 std::unique_ptr<Optimizer> MakeOptimizer(const TrainingConfig& resolved,

@@ -403,7 +403,8 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
               PushLimits{policy.max_abs_gradient,
                          static_cast<int64_t>(resolved.batch_size()) *
                              StepsPerPush(resolved),
-                         &push_slots_}} {}
+                         &push_slots_,
+                         /*digest=*/resolved.mode() == SYNC}} {}
 
 grpc::Status ParameterServiceImpl::Authenticate(
     const grpc::CallbackServerContext* context) const {

@@ -18,7 +18,9 @@ PushDecoder::PushDecoder(int shard, uint64_t shard_size, int num_workers,
       num_workers_(num_workers),
       encoding_(encoding),
       bucket_size_(bucket_size),
-      buffers_(buffers) {}
+      buffers_(buffers) {
+  data_.max_abs = 0.0f;  // the largest so far: none yet
+}
 
 bool PushSlots::Acquire(int rank) {
   absl::MutexLock lock(&mu_);
@@ -187,9 +189,14 @@ absl::Status PushDecoder::AddOneBit(
   return absl::OkStatus();
 }
 
-absl::Status PushDecoder::CheckValues(const float* values, uint64_t n) const {
-  const uint64_t bad = common::FirstOutside(values, n, limits_.max_abs_value);
-  if (bad == n) return absl::OkStatus();
+absl::Status PushDecoder::CheckValues(const float* values, uint64_t n) {
+  float max_abs = 0.0f;
+  const uint64_t bad =
+      common::FirstOutside(values, n, limits_.max_abs_value, &max_abs);
+  if (bad == n) {
+    data_.max_abs = std::max(data_.max_abs, max_abs);
+    return absl::OkStatus();
+  }
   if (!std::isfinite(values[bad])) {
     return absl::InvalidArgumentError(
         absl::StrCat("push value ", received_ + bad, " is ", values[bad],
@@ -217,6 +224,8 @@ absl::StatusOr<PushData> PushDecoder::Finish() {
   PushData push = data_;
   push.values = absl::MakeConstSpan(values_.get(), shard_size_);
   push.buffer = &values_;
+  if (limits_.digest)
+    push.digest = common::ValuesDigest(values_.get(), shard_size_);
   return push;
 }
 

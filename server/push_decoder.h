@@ -54,6 +54,9 @@ struct PushLimits {
   // any buffer), or is refused RESOURCE_EXHAUSTED; the decoder gives it back
   // at Finish (the push is whole and goes to the rule) or when destroyed.
   PushSlots* slots = nullptr;
+  // Not a limit: whether Finish gives the push its PushData::digest (a pass
+  // over the values; sync needs it to tell a push sent again from another).
+  bool digest = false;
 };
 
 // Where a rank's data may end at most: positions stay far from overflow.
@@ -96,8 +99,9 @@ class PushDecoder {
   // Gives the rank's slot back, if this push holds one.
   void ReleaseSlot();
   // INVALID_ARGUMENT for the first of values[0, n) (the next n of the push)
-  // that is not finite or beyond limits_.max_abs_value.
-  absl::Status CheckValues(const float* values, uint64_t n) const;
+  // that is not finite or beyond limits_.max_abs_value; else takes their
+  // largest magnitude into the push's max_abs.
+  absl::Status CheckValues(const float* values, uint64_t n);
 
   // Constant after construction.
   const PushLimits limits_;

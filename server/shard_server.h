@@ -9,7 +9,6 @@
 #define MONSOON_SERVER_SHARD_SERVER_H_
 
 #include <grpcpp/security/server_credentials.h>
-
 #include <grpcpp/server.h>
 
 #include <cstdint>

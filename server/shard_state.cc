@@ -331,6 +331,18 @@ void ShardState::SkipSamples(int worker_rank, int64_t samples) {
   AddSaturating(skipped_samples_[worker_rank], samples);
 }
 
+void ShardState::PassOver(int worker_rank, int64_t offset, int64_t samples) {
+  absl::MutexLock lock(&stats_mu_);
+  int64_t& position = positions_[worker_rank];
+  position = std::max(position, offset + samples);
+  AddSaturating(skipped_samples_[worker_rank], samples);
+}
+
+void ShardState::RecordRefusedUpdate() {
+  absl::MutexLock lock(&stats_mu_);
+  AddSaturating(refused_updates_, 1);
+}
+
 void ShardState::RecordRejectedPush() {
   absl::MutexLock lock(&stats_mu_);
   AddSaturating(rejected_pushes_, 1);
@@ -363,6 +375,7 @@ StatsResponse ShardState::Stats() const {
     (*stats.mutable_samples_skipped_by_worker())[rank] = samples;
   }
   stats.set_duplicate_pushes(duplicate_pushes_);
+  stats.set_refused_updates(refused_updates_);
   // Trim trailing zero buckets to keep the message small.
   size_t used = staleness_counts_.size();
   while (used > 0 && staleness_counts_[used - 1] == 0) --used;
@@ -396,6 +409,7 @@ void ShardState::RestoreStats(const StatsResponse& stats) {
     skipped_samples_[rank] = samples;
   }
   duplicate_pushes_ = stats.duplicate_pushes();
+  refused_updates_ = stats.refused_updates();
   std::fill(staleness_counts_.begin(), staleness_counts_.end(), 0);
   const int n = std::min<int>(stats.staleness_counts_size(),
                               static_cast<int>(staleness_counts_.size()));

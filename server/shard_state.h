@@ -168,6 +168,12 @@ class ShardState {
   // applying them (a sync step closed without the rank), counted as
   // skipped.
   void SkipSamples(int worker_rank, int64_t samples);
+  // Moves the rank's position to offset + samples (if that is further)
+  // without applying them: a sync step whose update was refused. Counted as
+  // skipped.
+  void PassOver(int worker_rank, int64_t offset, int64_t samples);
+  // An update refused as one that would overflow (StatsResponse).
+  void RecordRefusedUpdate();
   void RecordRejectedPush();
   void RecordPulledBytes(int64_t bytes);
   StatsResponse Stats() const;
@@ -224,6 +230,7 @@ class ShardState {
   std::map<int, int64_t> positions_ ABSL_GUARDED_BY(stats_mu_);
   std::map<int, int64_t> skipped_samples_ ABSL_GUARDED_BY(stats_mu_);
   int64_t duplicate_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t refused_updates_ ABSL_GUARDED_BY(stats_mu_) = 0;
 };
 
 }  // namespace monsoon::server

@@ -9,6 +9,7 @@
 // step.
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,7 +37,11 @@ class SyncRule : public UpdateRule {
         weights_(state->InitialWeights()),
         arrived_(num_workers, false),
         step_samples_(num_workers, 0),
-        step_offsets_(num_workers, 0) {}
+        step_offsets_(num_workers, 0),
+        step_digests_(num_workers, 0),
+        step_sessions_(num_workers, 0) {
+    weight_bound_.Reset(MaxAbs(weights_->values()));
+  }
 
   absl::StatusOr<PushResult> Apply(const PushData& push) override {
     std::vector<ShardState::Waiter> ready;
@@ -62,14 +67,13 @@ class SyncRule : public UpdateRule {
             "sync push for step ", push.base_version, " but shard ",
             state_->shard(), " is only at version ", version));
       }
-      if (arrived_[push.worker_rank]) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("worker ", push.worker_rank, " already pushed step ",
-                         version, " to shard ", state_->shard()));
-      }
+      if (arrived_[push.worker_rank]) return SecondPush(push, version);
       arrived_[push.worker_rank] = true;
       step_samples_[push.worker_rank] = push.samples;
       step_offsets_[push.worker_rank] = push.sample_offset;
+      step_digests_[push.worker_rank] = push.digest;
+      step_sessions_[push.worker_rank] = push.session;
+      step_max_abs_ += push.max_abs;
       ++count_;
       // The sum is 0 + g1 + g2 + ..., as adding to a zeroed sum would (0 +
       // turns -0 into +0), in fewer passes: the step's first push becomes
@@ -124,7 +128,9 @@ class SyncRule : public UpdateRule {
           RestoreWeightsAndOptimizer(saved, state_, optimizer_.get());
       if (!restored.ok()) return restored.status();
       weights_ = *std::move(restored);
+      weight_bound_.Reset(MaxAbs(weights_->values()));
       sum_.reset();
+      step_max_abs_ = 0;
       std::fill(arrived_.begin(), arrived_.end(), false);
       std::fill(step_samples_.begin(), step_samples_.end(), 0);
       count_ = 0;
@@ -135,6 +141,33 @@ class SyncRule : public UpdateRule {
   }
 
  private:
+  // A second push of `push`'s rank for the step in progress. The same push
+  // sent again (the same examples and values: a retry after a lost answer),
+  // or the same examples from a new process of the rank (one restarted
+  // mid-step computes them again), is ALREADY_EXISTS: the step has that
+  // gradient, and the first one stays. Anything else is a mistake that
+  // would change the step silently: FAILED_PRECONDITION.
+  absl::Status SecondPush(const PushData& push, int64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int rank = push.worker_rank;
+    const bool same_examples = push.sample_offset == step_offsets_[rank] &&
+                               push.samples == step_samples_[rank];
+    if (same_examples && (push.digest == step_digests_[rank] ||
+                          push.session != step_sessions_[rank])) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("worker ", rank, " already pushed step ", version,
+                       " to shard ", state_->shard()));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", rank, " pushed step ", version, " to shard ",
+        state_->shard(), " twice with different ",
+        same_examples ? "values" : "examples", " (examples ",
+        step_offsets_[rank], "+", step_samples_[rank], " first, then ",
+        push.sample_offset, "+", push.samples,
+        "); the first push stays in the step. Does another process push "
+        "for this rank, or does the worker compute a step twice?"));
+  }
+
   // sum += g (the step's second push on, not its first or last).
   void AddToSum(const float* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t n = state_->size();
@@ -247,12 +280,48 @@ class SyncRule : public UpdateRule {
     LogMissing();
     const Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
                         1.0f / static_cast<float>(count_), sum_plus_zero_};
+    // An update that would overflow is refused: the step still closes (the
+    // workers wait for its version), with the weights and the optimizer's
+    // state as they were and the step's examples passed over.
+    // The bounds usually guarantee it without a pass: the mean is at most
+    // the sum of the pushes' largest magnitudes, scaled, once that sum
+    // cannot overflow.
+    const double max_abs = step_max_abs_ < kSafeMagnitude
+                               ? step_max_abs_ * mean.scale
+                               : std::numeric_limits<double>::infinity();
+    double step = 0;
+    const bool bounded =
+        optimizer_->BoundStep(max_abs, &step) && weight_bound_.Allows(step);
+    const bool refused =
+        !bounded && !optimizer_->StaysFinite(mean, weights_->values().data());
     state_->BeginApply();
-    WriteNextVersion(
-        state_, &weights_, weights_->version() + 1,
-        [&](const float* in, float* out) { optimizer_->Apply(mean, in, out); });
+    WriteNextVersion(state_, &weights_, weights_->version() + 1,
+                     [&](const float* in, float* out) {
+                       if (!refused) {
+                         optimizer_->Apply(mean, in, out);
+                       } else if (in != out) {
+                         std::copy(in, in + state_->size(), out);
+                       }
+                     });
     state_->EndApply();
     sum_.reset();  // back to the pool
+    step_max_abs_ = 0;
+    if (!refused) {
+      optimizer_->AdvanceBound(max_abs);
+      if (!weight_bound_.Advance(
+              bounded ? step : std::numeric_limits<double>::infinity())) {
+        weight_bound_.Reset(MaxAbs(weights_->values()));
+      }
+    } else {
+      state_->RecordRefusedUpdate();
+      common::Log(
+          "shard %d: ERROR: step %d's averaged update would make a weight or "
+          "an optimizer value infinite or NaN (an overflow); refused: the "
+          "shard keeps its state and the step's examples are passed over "
+          "(StatsResponse.refused_updates). The run diverges: lower the "
+          "learning rate, or the shards' --max_abs_gradient",
+          state_->shard(), weights_->version() - 1);
+    }
     // Only now are the step's examples in the weights. A rank missing from
     // the step (its lease ran out) passes over its batch for it, as large as
     // the others': when it returns it takes up the step the others are at.
@@ -261,7 +330,9 @@ class SyncRule : public UpdateRule {
       if (arrived_[rank]) batch = std::max(batch, step_samples_[rank]);
     }
     for (int rank = 0; rank < num_workers_; ++rank) {
-      if (arrived_[rank]) {
+      if (arrived_[rank] && refused) {
+        state_->PassOver(rank, step_offsets_[rank], step_samples_[rank]);
+      } else if (arrived_[rank]) {
         state_->RecordAppliedSamples(rank, step_samples_[rank]);
         state_->AdvancePosition(rank, step_offsets_[rank], step_samples_[rank]);
       } else {
@@ -289,7 +360,13 @@ class SyncRule : public UpdateRule {
   // Examples behind each worker's gradient for the step in progress.
   std::vector<int64_t> step_samples_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> step_offsets_ ABSL_GUARDED_BY(mu_);
+  // Each arrived push's digest and session (SecondPush).
+  std::vector<uint64_t> step_digests_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> step_sessions_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;
+  // The sum of the step's pushes' largest magnitudes (PushData::max_abs).
+  double step_max_abs_ ABSL_GUARDED_BY(mu_) = 0;
+  WeightBound weight_bound_ ABSL_GUARDED_BY(mu_);
   // The ranks the last step closed without (LogMissing).
   std::vector<int> last_missing_ ABSL_GUARDED_BY(mu_);
   // Since when the step in progress has had a push and waited (logging).

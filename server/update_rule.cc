@@ -1,5 +1,6 @@
 #include "server/update_rule.h"
 
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,16 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
           "push computed from version ", push.base_version, " but shard ",
           state_->shard(), " is only at version ", version));
     }
+    // Checked before anything changes: a refused push leaves the weights,
+    // the optimizer's state and the rank's position as they were. The
+    // bounds usually guarantee it without the pass.
+    double step = 0;
+    const bool bounded =
+        BoundStep(push.max_abs, &step) && weight_bound_.Allows(step);
+    if (!bounded && !StaysFinite(push.values, weights_->values().data())) {
+      state_->RecordRefusedUpdate();
+      return NonFiniteUpdateError(state_->shard(), push.worker_rank, version);
+    }
     if (!state_->ClaimSamples(push.worker_rank, push.sample_offset,
                               push.samples)) {
       result.version = version;
@@ -32,6 +43,11 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
         state_, &weights_, result.version,
         [&](const float* in, float* out) { Update(push.values, in, out); });
     state_->EndApply();
+    AdvanceBound(push.max_abs);
+    if (!weight_bound_.Advance(
+            bounded ? step : std::numeric_limits<double>::infinity())) {
+      weight_bound_.Reset(MaxAbs(weights_->values()));
+    }
     state_->RecordPush(result.staleness, push.samples, push.wire_bytes);
     state_->RecordAppliedSamples(push.worker_rank, push.samples);
     ready = state_->AdvanceVersion(result.version);
@@ -40,6 +56,15 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
   // through Snapshot.
   state_->RunWaiters(std::move(ready));
   return result;
+}
+
+absl::Status NonFiniteUpdateError(int shard, int worker_rank, int64_t version) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "shard ", shard, " refused the push of worker ", worker_rank,
+      " at version ", version,
+      ": applied, it would make a weight or an optimizer value infinite or "
+      "NaN (an overflow); the shard keeps its state. The run diverges: lower "
+      "the learning rate, or the shards' --max_abs_gradient"));
 }
 
 WeightsPtr SerialRule::Snapshot() {
@@ -61,6 +86,7 @@ absl::Status SerialRule::RestoreState(const RuleState& saved) {
         RestoreWeightsAndOptimizer(saved, state_, optimizer());
     if (!restored.ok()) return restored.status();
     weights_ = *std::move(restored);
+    weight_bound_.Reset(MaxAbs(weights_->values()));
     ready = state_->AdvanceVersion(weights_->version());
   }
   state_->RunWaiters(std::move(ready));

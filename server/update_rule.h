@@ -25,6 +25,7 @@
 #define MONSOON_SERVER_UPDATE_RULE_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -46,6 +47,13 @@ struct PushData {
   int64_t sample_offset = 0;  // see PushHeader.sample_offset
   uint64_t session = 0;       // see PushHeader.session
   int64_t wire_bytes = 0;     // serialized size, for statistics
+  // The largest magnitude among `values`, when whoever made the push knows
+  // it (PushDecoder finds it in its check of the values); infinity when
+  // unknown. A rule's cheap overflow bound needs it (OverflowBound).
+  float max_abs = std::numeric_limits<float>::infinity();
+  // common::ValuesDigest of `values`, where the maker computed it (PushDecoder
+  // does for sync shards); else 0.
+  uint64_t digest = 0;
   // size() == the shard's size; all finite. Owned by whoever made the push
   // (PushDecoder), valid during Apply.
   absl::Span<const float> values;
@@ -80,9 +88,11 @@ class UpdateRule {
   // Applies (or, in sync, collects) one push. A push whose examples the
   // shard has already applied (ShardState::IsRepeat) changes nothing and is
   // answered as a duplicate. Status codes: ABORTED when the push is too
-  // stale to apply (pull, then retry), ALREADY_EXISTS for a second push of
-  // the same step, INVALID_ARGUMENT for a version the shard never had. On
-  // error the shard is unchanged.
+  // stale to apply (pull, then retry), ALREADY_EXISTS for a sync step's push
+  // sent again (FAILED_PRECONDITION for a different second push of the
+  // step: see sync_rule.cc), INVALID_ARGUMENT for a version the shard never had
+  // or for an update that would leave a weight or an optimizer value infinite
+  // or NaN (an overflow). On error the shard is unchanged.
   virtual absl::StatusOr<PushResult> Apply(const PushData& push) = 0;
 
   // The current weights and their version, shared (not copied): valid as
@@ -118,6 +128,33 @@ RuleState SaveRuleState(const ShardState& state, int64_t version,
 absl::StatusOr<std::shared_ptr<Weights>> RestoreWeightsAndOptimizer(
     const RuleState& saved, ShardState* state, Optimizer* optimizer);
 
+// A bound on the magnitude of a rule's weights, advanced by each update's
+// step bound, so that the exact check before an update (StaysFinite, a pass
+// over the shard) runs only when the bounds allow an overflow. Not
+// thread-safe.
+class WeightBound {
+ public:
+  // Starts again from the weights' largest magnitude (MaxAbs).
+  void Reset(double max_abs) { bound_ = max_abs; }
+  // Whether weights moved by at most `step` surely stay below
+  // kSafeMagnitude.
+  bool Allows(double step) const { return bound_ + step < kSafeMagnitude; }
+  // After an update that moved them by at most `step` (infinity: unknown).
+  // False when the bound is no longer below kSafeMagnitude: the caller then
+  // Resets it from the weights.
+  bool Advance(double step) {
+    bound_ += step;
+    return bound_ < kSafeMagnitude;
+  }
+
+ private:
+  double bound_ = std::numeric_limits<double>::infinity();
+};
+
+// INVALID_ARGUMENT: the push of `worker_rank` at `version` would overflow the
+// shard's state (StaysFinite was false), with what to do about it.
+absl::Status NonFiniteUpdateError(int shard, int worker_rank, int64_t version);
+
 // Applies `update(in, out)` to `weights` as the next version: in place when
 // no reader holds them (in == out), else into a new pooled buffer that
 // replaces them. Sets the version to `version`.
@@ -141,7 +178,9 @@ void WriteNextVersion(ShardState* state, std::shared_ptr<Weights>* weights,
 class SerialRule : public UpdateRule {
  public:
   explicit SerialRule(ShardState* state)
-      : state_(state), weights_(state->InitialWeights()) {}
+      : state_(state), weights_(state->InitialWeights()) {
+    weight_bound_.Reset(MaxAbs(weights_->values()));
+  }
 
   absl::StatusOr<PushResult> Apply(const PushData& push) final;
   WeightsPtr Snapshot() final;
@@ -158,12 +197,23 @@ class SerialRule : public UpdateRule {
   // floats. Called with the rule's lock held, one push at a time.
   virtual void Update(absl::Span<const float> values, const float* in,
                       float* out) = 0;
+  // Whether Update(values, in, ...) would leave every weight and every
+  // value of the optimizer's state finite; changes nothing. Called first,
+  // under the same lock: a push that would not is refused.
+  virtual bool StaysFinite(absl::Span<const float> values, const float* in) = 0;
+  // The cheap guarantee (see Optimizer::BoundStep): true when Update with
+  // values at most `max_abs` in magnitude surely keeps the state (beyond
+  // the weights) below kSafeMagnitude; *step is the most it moves a weight.
+  virtual bool BoundStep(double max_abs, double* step) = 0;
+  // After an Update with such values (see Optimizer::AdvanceBound).
+  virtual void AdvanceBound(double max_abs) {}
 
  private:
   ShardState* const state_;  // constant after construction
 
   absl::Mutex mu_;
   std::shared_ptr<Weights> weights_ ABSL_GUARDED_BY(mu_);  // the current one
+  WeightBound weight_bound_ ABSL_GUARDED_BY(mu_);
 };
 
 // The rule for resolved.mode(), over `state` (not owned; must outlive it).

@@ -1,9 +1,13 @@
 #include "server/optimizer.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
@@ -152,6 +156,106 @@ TEST_F(OptimizerTest, LongSlicesMatchTheScalarDefinitionBitForBit) {
     EXPECT_EQ(sgd_out[i], w[i] - 0.05f * v[i]) << i;
     EXPECT_EQ(adagrad_out[i], w[i] - 0.05f * gi / std::sqrt(h[i])) << i;
   }
+}
+
+TEST_F(OptimizerTest, StaysFiniteFindsTheOneValueThatWouldOverflow) {
+  // Every position of a long slice (whole vectors and the remainder) in
+  // turn: a step there overflows, nowhere else.
+  const size_t n = 1003;
+  std::vector<float> w(n, 1.0f), g(n, 0.5f);
+  SgdOptimizer sgd(n, /*learning_rate=*/2.0f, /*momentum=*/0.0f);
+  SgdOptimizer momentum(n, 2.0f, 0.9f);
+  AdagradOptimizer adagrad(n, 2.0f, 0.1f);
+  for (size_t bad : {size_t{0}, size_t{7}, size_t{8}, size_t{500}, n - 1}) {
+    g[bad] = 3e38f;  // w - 2 * 3e38 overflows; and so does 3e38 squared
+    EXPECT_FALSE(sgd.StaysFinite({g}, w.data())) << bad;
+    EXPECT_FALSE(momentum.StaysFinite({g}, w.data())) << bad;
+    EXPECT_FALSE(adagrad.StaysFinite({g}, w.data())) << bad;
+    g[bad] = 0.5f;
+    w[bad] = 3e38f;  // a weight: w - 2 * 0.5 is finite
+    EXPECT_TRUE(sgd.StaysFinite({g}, w.data())) << bad;
+    w[bad] = -3.4e38f;  // -3.4e38 - 2 * 0.5 * 1e38 overflows
+    g[bad] = 1e38f;
+    EXPECT_FALSE(sgd.StaysFinite({g}, w.data())) << bad;
+    w[bad] = 1.0f;
+    g[bad] = 0.5f;
+  }
+  EXPECT_TRUE(sgd.StaysFinite({g}, w.data()));
+  EXPECT_TRUE(momentum.StaysFinite({g}, w.data()));
+  EXPECT_TRUE(adagrad.StaysFinite({g}, w.data()));
+  // The scale and the addend count: 2e38 + 2e38 overflows before the
+  // scale of 0.5 would bring it back.
+  std::vector<float> big(n, 2e38f);
+  EXPECT_FALSE(sgd.StaysFinite({big, big.data(), 0.5f}, w.data()));
+  EXPECT_TRUE(sgd.StaysFinite({big, nullptr, 0.5f}, w.data()));
+}
+
+TEST_F(OptimizerTest, StaysFiniteSeesTheStateTheNextStepWouldWrite) {
+  // The velocity 0.9 * 3e38 + 1e38 overflows, though the weight step (at a
+  // learning rate of 1e-30) would be small.
+  SgdOptimizer momentum(2, /*learning_rate=*/1e-30f, /*momentum=*/0.9f);
+  const std::vector<float> big = {3e38f, 0.0f};
+  weights_ = {0.0f, 0.0f};
+  ASSERT_TRUE(momentum.StaysFinite({big}, weights_.data()));
+  Step(momentum, big);  // velocity {3e38, 0}
+  EXPECT_FALSE(momentum.StaysFinite({{1e38f, 0.0f}}, weights_.data()));
+  EXPECT_TRUE(momentum.StaysFinite({{-1e38f, 0.0f}}, weights_.data()));
+  // Nothing changed by asking: the state is as the one step left it.
+  EXPECT_EQ(momentum.SaveState().size(), 2 * sizeof(float));
+  const std::string state = momentum.SaveState();
+  float v0;
+  std::memcpy(&v0, state.data(), sizeof(v0));
+  EXPECT_EQ(v0, 3e38f);
+}
+
+TEST_F(OptimizerTest, BoundsFollowTheStateWithoutAPass) {
+  double step = 0;
+  // SGD with momentum: |v'| <= 0.9 |v| + |g|; a weight moves lr |v'|.
+  SgdOptimizer momentum(2, /*learning_rate=*/0.5f, /*momentum=*/0.9f);
+  EXPECT_TRUE(momentum.BoundStep(2.0, &step));
+  EXPECT_DOUBLE_EQ(step, 1.0);
+  momentum.AdvanceBound(2.0);  // |v| <= 2
+  EXPECT_TRUE(momentum.BoundStep(1.0, &step));
+  EXPECT_NEAR(step, 0.5 * (0.9 * 2.0 + 1.0), 1e-6);  // momentum is a float
+  EXPECT_FALSE(momentum.BoundStep(1e37, &step));
+  EXPECT_FALSE(
+      momentum.BoundStep(std::numeric_limits<double>::infinity(), &step));
+  // A bound that outgrows the margin is taken again from the state.
+  momentum.AdvanceBound(std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(momentum.BoundStep(0.0, &step));
+  EXPECT_DOUBLE_EQ(step, 0.0);  // the velocity is still 0: no Apply ran
+  // Restored state sets the bound: |v| <= 4.
+  std::string state(2 * sizeof(float), '\0');
+  const float velocity[2] = {-4.0f, 1.0f};
+  std::memcpy(state.data(), velocity, sizeof(velocity));
+  ASSERT_TRUE(momentum.RestoreState(state).ok());
+  EXPECT_TRUE(momentum.BoundStep(0.0, &step));
+  EXPECT_NEAR(step, 0.5 * 0.9 * 4.0, 1e-6);
+
+  // Adagrad moves a weight by at most lr; its accumulator grows by g^2.
+  AdagradOptimizer adagrad(2, /*learning_rate=*/0.25f, 0.1f);
+  EXPECT_TRUE(adagrad.BoundStep(3e18, &step));  // 0.1 + 9e36 < 1e37
+  EXPECT_DOUBLE_EQ(step, 0.25);
+  EXPECT_FALSE(adagrad.BoundStep(4e18, &step));  // 1.6e37
+  adagrad.AdvanceBound(2e18);                    // h <= 4e36
+  EXPECT_FALSE(adagrad.BoundStep(3e18, &step));
+}
+
+TEST_F(OptimizerTest, AdagradRefusesAStateWithANonPositiveAccumulator) {
+  AdagradOptimizer adagrad(2, 0.25f, 0.1f);
+  std::string state(2 * sizeof(float), '\0');
+  const float zero[2] = {1.0f, 0.0f};
+  std::memcpy(state.data(), zero, sizeof(zero));
+  const absl::Status restored = adagrad.RestoreState(state);
+  EXPECT_EQ(restored.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(restored.message().find("value 1 is 0"), std::string::npos)
+      << restored;
+  // Unchanged: still the initial accumulator.
+  const std::string kept = adagrad.SaveState();
+  float h[2];
+  std::memcpy(h, kept.data(), sizeof(h));
+  EXPECT_EQ(h[0], 0.1f);
+  EXPECT_EQ(h[1], 0.1f);
 }
 
 TEST_F(OptimizerTest, MakeOptimizerBuildsTheOptimizerTheConfigNames) {

@@ -102,6 +102,34 @@ TEST(PushDecoderTest, MultiChunkPushReassemblesExactly) {
   EXPECT_EQ(push->wire_bytes, bytes);
 }
 
+TEST(PushDecoderTest, APushKnowsItsLargestMagnitudeAcrossChunks) {
+  TestDecoder decoder(kShard, kSize, kWorkers);
+  ASSERT_OK(decoder.Add(First({0.5f, -1.25f})));
+  ASSERT_OK(decoder.Add(Chunk(2, {1e-30f, -3e30f})));
+  ASSERT_OK(decoder.Add(Chunk(4, {7.0f})));
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_EQ(push->max_abs, 3e30f);
+}
+
+TEST(PushDecoderTest, ASyncShardsDecoderGivesThePushItsDigest) {
+  PushLimits limits;
+  limits.digest = true;
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, limits);
+  ASSERT_OK(decoder.Add(First({0.5f, -1.25f})));
+  ASSERT_OK(decoder.Add(Chunk(2, {1e-30f, -3e30f, 7.0f})));
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  const std::vector<float> values = {0.5f, -1.25f, 1e-30f, -3e30f, 7.0f};
+  EXPECT_EQ(push->digest, common::ValuesDigest(values.data(), values.size()));
+  // Without the option no pass is spent on it.
+  TestDecoder plain(kShard, kSize, kWorkers);
+  ASSERT_OK(plain.Add(First({0.5f, -1.25f, 1e-30f, -3e30f, 7.0f})));
+  absl::StatusOr<PushData> other = plain.Finish();
+  ASSERT_OK(other.status());
+  EXPECT_EQ(other->digest, 0u);
+}
+
 TEST(PushDecoderTest, EmptyChunksInOrderAreHarmless) {
   TestDecoder decoder(kShard, kSize, kWorkers);
   ASSERT_OK(decoder.Add(First({})));

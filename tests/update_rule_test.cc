@@ -134,6 +134,29 @@ TEST_F(SyncRuleTest, AveragesBothWorkersPushesAndAppliesThemOnce) {
   EXPECT_THAT(stats.staleness_counts(), ElementsAre(2));
 }
 
+TEST_F(SyncRuleTest, AStepWhoseUpdateWouldOverflowIsRefusedAndPassedOver) {
+  // Each push is finite; their sum (6e38) is not.
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(3e38f), 4)).status());
+  absl::StatusOr<PushResult> closing =
+      rule_->Apply(MakePush(1, 0, Filled(3e38f), 4));
+  ASSERT_OK(closing.status());
+  // The step closes (its workers wait for its version) with the weights as
+  // they were, and its examples passed over, not applied.
+  EXPECT_EQ(closing->version, 1);
+  EXPECT_EQ(Weights(*rule_), initial_);
+  StatsResponse stats = state_.Stats();
+  EXPECT_EQ(stats.refused_updates(), 1);
+  EXPECT_THAT(stats.samples_applied_by_worker(), testing::IsEmpty());
+  EXPECT_THAT(stats.samples_skipped_by_worker(),
+              UnorderedElementsAre(Pair(0, 4), Pair(1, 4)));
+  EXPECT_EQ(state_.SamplePosition(0), NextOffset(0, 0));
+  // The next step applies as usual.
+  ASSERT_OK(rule_->Apply(MakePush(0, 1, Filled(1.0f))).status());
+  ASSERT_OK(rule_->Apply(MakePush(1, 1, Filled(3.0f))).status());
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(2.0f)));
+  EXPECT_EQ(state_.Stats().refused_updates(), 1);
+}
+
 TEST_F(SyncRuleTest, ExamplesCountAsAppliedOnlyOnceTheStepIsApplied) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f), 20)).status());
   // Collected, not applied: a worker restarted now must push it again.
@@ -269,14 +292,47 @@ TEST_F(SyncRuleTest, PullWaiterFiresOnlyAtTheSecondPush) {
 }
 
 TEST_F(SyncRuleTest, DuplicatePushIsAlreadyExistsAndNotCounted) {
-  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
-  EXPECT_THAT(rule_->Apply(MakePush(0, 0, Filled(100.0f))),
+  OwnedPush push = MakePush(0, 0, Filled(2.0f));
+  push.data.digest = 77;
+  ASSERT_OK(rule_->Apply(push).status());
+  EXPECT_THAT(rule_->Apply(push),
               StatusIs(absl::StatusCode::kAlreadyExists,
                        HasSubstr("worker 0 already pushed step 0")));
   EXPECT_EQ(Weights(*rule_), initial_);
   EXPECT_EQ(state_.version(), 0);
+  EXPECT_EQ(state_.Stats().pushes(), 1);
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(4.0f))).status());
-  // Mean of 2 and 4, without the duplicate's 100.
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(3.0f)));
+}
+
+TEST_F(SyncRuleTest, ASecondPushWithOtherValuesOrExamplesIsRefused) {
+  OwnedPush first = MakePush(0, 0, Filled(2.0f));
+  first.data.digest = 77;
+  first.data.session = 5;
+  ASSERT_OK(rule_->Apply(first).status());
+  // The same examples, other values, from the same process.
+  OwnedPush other_values = first;
+  other_values.values = Filled(100.0f);
+  other_values.data.digest = 78;
+  EXPECT_THAT(rule_->Apply(other_values),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("twice with different values")));
+  // Other examples.
+  OwnedPush other_examples = MakePush(0, 0, Filled(2.0f));
+  other_examples.data.digest = 77;
+  other_examples.data.session = 5;
+  EXPECT_THAT(rule_->Apply(other_examples),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("twice with different examples")));
+  // The same examples from a restarted process (a new session), computed
+  // again: the step has them; the first push stays.
+  OwnedPush restarted = other_values;
+  restarted.data.session = 6;
+  EXPECT_THAT(rule_->Apply(restarted),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(state_.Stats().pushes(), 1);
+  ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(4.0f))).status());
+  // Mean of 2 and 4: none of the refused pushes is in it.
   EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(3.0f)));
 }
 
@@ -382,6 +438,43 @@ TEST_F(DownpourRuleTest, AppliesEachPushAtOnceWithAdagrad) {
   for (float& v : expected) v -= 0.1f * -2.0f / std::sqrt(5.1f);
   const std::vector<float> weights = Weights(*rule_);
   for (size_t i = 0; i < kSize; ++i) EXPECT_FLOAT_EQ(weights[i], expected[i]);
+}
+
+TEST_F(DownpourRuleTest, APushThatWouldOverflowIsRefusedAndChangesNothing) {
+  // 3e38 is finite, its square (Adagrad's accumulator) is not.
+  OwnedPush poison = MakePush(0, 0, Filled(3e38f));
+  EXPECT_THAT(rule_->Apply(poison), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("infinite or NaN")));
+  EXPECT_EQ(Weights(*rule_), initial_);
+  EXPECT_EQ(state_.version(), 0);
+  EXPECT_EQ(state_.Stats().refused_updates(), 1);
+  EXPECT_EQ(state_.Stats().pushes(), 0);
+  // Its examples are not claimed: the same examples with a sound gradient
+  // are applied, not taken for a repeat, and the accumulator is as before
+  // (h = 0.1 + 1).
+  poison.values = Filled(1.0f);
+  absl::StatusOr<PushResult> result = rule_->Apply(poison);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->duplicate);
+  std::vector<float> expected = initial_;
+  for (float& v : expected) v -= 0.1f * 1.0f / std::sqrt(1.1f);
+  EXPECT_EQ(Weights(*rule_), expected);
+}
+
+TEST_F(DownpourRuleTest, APushWhoseLargestValueIsKnownIsStillRefusedIfItWould) {
+  // With max_abs given (as PushDecoder gives it) the bounds decide: small
+  // values are applied without the pass, an overflow is still refused.
+  OwnedPush small = MakePush(0, 0, Filled(1.0f));
+  small.data.max_abs = 1.0f;
+  ASSERT_OK(rule_->Apply(small).status());
+  OwnedPush poison = MakePush(0, 1, Filled(3e38f));
+  poison.data.max_abs = 3e38f;
+  EXPECT_THAT(rule_->Apply(poison), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("infinite or NaN")));
+  std::vector<float> expected = initial_;
+  for (float& v : expected) v -= 0.1f * 1.0f / std::sqrt(1.1f);
+  EXPECT_EQ(Weights(*rule_), expected);
+  EXPECT_EQ(state_.version(), 1);
 }
 
 TEST_F(DownpourRuleTest, RecordsTheStalenessOfEachPush) {
@@ -567,6 +660,17 @@ TEST_F(EasgdRuleTest, AddsEachElasticDifferenceToTheCenter) {
   EXPECT_THAT(state_.Stats().staleness_counts(), ElementsAre(1, 1));
 }
 
+TEST_F(EasgdRuleTest, ADifferenceThatWouldOverflowTheCenterIsRefused) {
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(3e38f))).status());
+  const std::vector<float> before = Weights(*rule_);
+  EXPECT_THAT(rule_->Apply(MakePush(0, 1, Filled(3e38f))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("infinite or NaN")));
+  EXPECT_EQ(Weights(*rule_), before);
+  EXPECT_EQ(state_.version(), 1);
+  EXPECT_EQ(state_.Stats().refused_updates(), 1);
+}
+
 class HogwildRuleTest : public testing::Test {
  protected:
   HogwildRuleTest()
@@ -601,6 +705,20 @@ TEST_F(HogwildRuleTest, AppliesPlainSgdAtOnce) {
   const WeightsPtr snapshot = rule_->Snapshot();
   EXPECT_EQ(snapshot->version(), 1);
   EXPECT_EQ(Values(snapshot), expected);
+}
+
+TEST_F(HogwildRuleTest, APushThatWouldOverflowAWeightIsRefused) {
+  // w - 0.5 * -3e38 twice stays finite (about 3e38); a third time it would
+  // not.
+  ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(-3e38f))).status());
+  ASSERT_OK(rule_->Apply(MakePush(0, 1, Filled(-3e38f))).status());
+  const std::vector<float> before = Weights(*rule_);
+  EXPECT_THAT(rule_->Apply(MakePush(0, 2, Filled(-3e38f))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("infinite or NaN")));
+  EXPECT_EQ(Weights(*rule_), before);
+  EXPECT_EQ(state_.version(), 2);
+  EXPECT_EQ(state_.Stats().refused_updates(), 1);
 }
 
 TEST_F(HogwildRuleTest, ConcurrentPushesAreEachCounted) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/onebit.h"
@@ -332,6 +333,40 @@ TEST(WireTest, FirstOutsideFindsTheFirstValueBeyondTheBound) {
   values[1] = 3.0f;
   EXPECT_EQ(FirstOutside(values.data(), values.size(), 2.5f), 1u);
   EXPECT_EQ(FirstOutside(values.data(), 1, 0.0f), 0u);
+}
+
+TEST(WireTest, FirstOutsideGivesTheLargestMagnitudeWhenAllAreInside) {
+  std::vector<float> values(3001, 0.5f);
+  values[2999] = -1.75f;  // in the last block, past whole vectors
+  float max_abs = -1.0f;
+  EXPECT_EQ(FirstOutside(values.data(), values.size(), 2.0f, &max_abs), 3001u);
+  EXPECT_EQ(max_abs, 1.75f);
+  EXPECT_EQ(FirstOutside(values.data(), 0, 2.0f, &max_abs), 0u);
+  EXPECT_EQ(max_abs, 0.0f);
+}
+
+TEST(WireTest, ValuesDigestTellsAnyChangeFromTheSameValues) {
+  // 1003 values: whole groups of eight lanes and a remainder.
+  std::vector<float> values(1003);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = std::sin(static_cast<float>(i));
+  }
+  const uint64_t digest = ValuesDigest(values.data(), values.size());
+  std::vector<float> copy = values;
+  EXPECT_EQ(ValuesDigest(copy.data(), copy.size()), digest);
+  for (size_t at : {size_t{0}, size_t{9}, size_t{1000}, size_t{1002}}) {
+    copy[at] = std::nextafter(copy[at], 2.0f);  // one bit
+    EXPECT_NE(ValuesDigest(copy.data(), copy.size()), digest) << at;
+    copy[at] = values[at];
+  }
+  std::swap(copy[0], copy[8]);  // the same lane, another order
+  EXPECT_NE(ValuesDigest(copy.data(), copy.size()), digest);
+  std::swap(copy[0], copy[8]);
+  std::swap(copy[1000], copy[1001]);  // in the remainder
+  EXPECT_NE(ValuesDigest(copy.data(), copy.size()), digest);
+  // A prefix of zeros is still another push.
+  std::vector<float> zeros(16, 0.0f);
+  EXPECT_NE(ValuesDigest(zeros.data(), 8), ValuesDigest(zeros.data(), 16));
 }
 
 }  // namespace
