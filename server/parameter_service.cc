@@ -224,11 +224,15 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 };
 
 // Pull: waits (without a thread) for the wanted version, then streams the
-// rule's snapshot. Deletes itself.
+// rule's snapshot. Holds one of its rank's pull slots, taken by the caller,
+// until it is done. Deletes itself.
 class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(const Shared& shared, int64_t min_version, bool count_bytes)
-      : shared_(shared), count_bytes_(count_bytes), wait_(shared.state) {
+  PullReactor(const Shared& shared, int rank, int64_t min_version)
+      : shared_(shared),
+        rank_(rank),
+        count_bytes_(rank >= 0),
+        wait_(shared.state) {
     // May call Ready() at once, on this thread.
     wait_.Start(min_version, [this] { Ready(); });
   }
@@ -245,7 +249,10 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    shared_.pull_slots->Release(rank_);
+    delete this;
+  }
 
  private:
   void Ready() {
@@ -263,6 +270,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   const Shared& shared_;
+  const int rank_;
   const bool count_bytes_;
   VersionWait wait_;
   SnapshotChunks chunks_;
@@ -394,6 +402,7 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
     : fingerprint_(common::ConfigFingerprint(resolved)),
       auth_token_(std::move(policy.auth_token)),
       push_slots_(policy.max_pushes_per_rank),
+      pull_slots_(policy.max_pulls_per_rank),
       shared_{num_workers,
               static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
               common::PushEncodingFor(resolved),
@@ -404,7 +413,8 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                          static_cast<int64_t>(resolved.batch_size()) *
                              StepsPerPush(resolved),
                          &push_slots_,
-                         /*digest=*/resolved.mode() == SYNC}} {}
+                         /*digest=*/resolved.mode() == SYNC},
+              &pull_slots_} {}
 
 grpc::Status ParameterServiceImpl::Authenticate(
     const grpc::CallbackServerContext* context) const {
@@ -545,8 +555,19 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
     }
     state->Touch(request.worker_rank());
   }
-  return new PullReactor(shared_, request.min_version(),
-                         request.worker_rank() >= 0);
+  if (!pull_slots_.Acquire(request.worker_rank())) {
+    return new FailedPull(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat(request.worker_rank() >= 0
+                         ? absl::StrCat("worker rank ", request.worker_rank())
+                         : std::string("the evaluators"),
+                     " already ", request.worker_rank() >= 0 ? "has" : "have",
+                     " ", pull_slots_.per_rank(), " pulls in flight at shard ",
+                     state->shard(),
+                     " (--max_pulls_per_rank): each holds the version it "
+                     "sends until the client reads it")));
+  }
+  return new PullReactor(shared_, request.worker_rank(), request.min_version());
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*

@@ -15,6 +15,7 @@
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
 #include "server/push_decoder.h"
+#include "server/rank_slots.h"
 #include "server/shard_state.h"
 #include "server/update_rule.h"
 
@@ -38,6 +39,10 @@ struct ServicePolicy {
   // Pushes one rank may have in flight (each holds a shard-sized buffer);
   // more are refused RESOURCE_EXHAUSTED.
   int max_pushes_per_rank = 4;
+  // Pulls (and push-pulls past their push) one rank may have in flight,
+  // each holding the version it sends until the client has read it; more
+  // are refused RESOURCE_EXHAUSTED.
+  int max_pulls_per_rank = 4;
 };
 
 class ParameterServiceImpl final : public RawParameterService {
@@ -71,6 +76,7 @@ class ParameterServiceImpl final : public RawParameterService {
     ShardState* state = nullptr;
     UpdateRule* rule = nullptr;
     PushLimits limits;
+    RankSlots* pull_slots = nullptr;
   };
 
  private:
@@ -80,7 +86,8 @@ class ParameterServiceImpl final : public RawParameterService {
   // Constant after construction.
   const uint64_t fingerprint_;
   const std::string auth_token_;  // empty: no authentication
-  PushSlots push_slots_;
+  RankSlots push_slots_;
+  RankSlots pull_slots_;
   const Shared shared_;
 };
 

@@ -46,6 +46,11 @@ ABSL_FLAG(int, max_pushes_per_rank, 4,
           "Pushes one worker rank may have in flight at once, each holding a "
           "shard-sized buffer; more are refused RESOURCE_EXHAUSTED "
           "(env MONSOON_MAX_PUSHES_PER_RANK).");
+ABSL_FLAG(int, max_pulls_per_rank, 4,
+          "Pulls one worker rank (or the evaluators together) may have in "
+          "flight at once, each holding the version it sends until the client "
+          "reads it; more are refused RESOURCE_EXHAUSTED "
+          "(env MONSOON_MAX_PULLS_PER_RANK).");
 ABSL_FLAG(double, idle_connection_timeout_s, 300,
           "Seconds after which a connection without calls is closed "
           "(env MONSOON_IDLE_CONNECTION_TIMEOUT_S).");
@@ -175,6 +180,7 @@ int main(int argc, char** argv) {
   options.max_streams_per_connection =
       absl::GetFlag(FLAGS_max_streams_per_connection);
   options.max_pushes_per_rank = absl::GetFlag(FLAGS_max_pushes_per_rank);
+  options.max_pulls_per_rank = absl::GetFlag(FLAGS_max_pulls_per_rank);
   options.idle_connection_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_connection_timeout_s));
   {

@@ -22,19 +22,6 @@ PushDecoder::PushDecoder(int shard, uint64_t shard_size, int num_workers,
   data_.max_abs = 0.0f;  // the largest so far: none yet
 }
 
-bool PushSlots::Acquire(int rank) {
-  absl::MutexLock lock(&mu_);
-  int& in_flight = in_flight_[rank];
-  if (in_flight >= per_rank_) return false;
-  ++in_flight;
-  return true;
-}
-
-void PushSlots::Release(int rank) {
-  absl::MutexLock lock(&mu_);
-  --in_flight_[rank];
-}
-
 PushDecoder::~PushDecoder() { ReleaseSlot(); }
 
 void PushDecoder::ReleaseSlot() {

@@ -23,24 +23,10 @@
 #include "common/wire.h"
 #include "proto/service.pb.h"
 #include "server/buffer_pool.h"
+#include "server/rank_slots.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
-
-// Counts the pushes in flight per rank, up to a bound. Thread-safe.
-class PushSlots {
- public:
-  explicit PushSlots(int per_rank) : per_rank_(per_rank) {}
-  // False when `rank` has per_rank pushes in flight already.
-  bool Acquire(int rank);
-  void Release(int rank);
-  int per_rank() const { return per_rank_; }
-
- private:
-  const int per_rank_;
-  absl::Mutex mu_;
-  std::map<int, int> in_flight_ ABSL_GUARDED_BY(mu_);
-};
 
 // What a push may claim, beyond its shape.
 struct PushLimits {
@@ -53,7 +39,7 @@ struct PushLimits {
   // If set, a push takes a slot for its rank once its header is read (before
   // any buffer), or is refused RESOURCE_EXHAUSTED; the decoder gives it back
   // at Finish (the push is whole and goes to the rule) or when destroyed.
-  PushSlots* slots = nullptr;
+  RankSlots* slots = nullptr;
   // Not a limit: whether Finish gives the push its PushData::digest (a pass
   // over the values; sync needs it to tell a push sent again from another).
   bool digest = false;

@@ -88,10 +88,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      options.max_abs_gradient));
   }
   if (options.max_streams_per_connection < 1 ||
-      options.max_pushes_per_rank < 1 || options.grpc_memory_bytes < 0 ||
+      options.max_pushes_per_rank < 1 || options.max_pulls_per_rank < 1 ||
+      options.grpc_memory_bytes < 0 ||
       options.idle_connection_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "the streams per connection and pushes per rank must be at least 1, "
+        "the streams per connection and the pushes and pulls per rank must be "
+        "at least 1, "
         "the memory cap at least 0 and the idle timeout positive");
   }
   if (options.lease <= absl::ZeroDuration()) {
@@ -126,7 +128,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       options.config, options.num_workers, server->state_.get(),
       server->rule_.get(),
       ServicePolicy{options.auth_token, options.max_abs_gradient,
-                    options.max_pushes_per_rank});
+                    options.max_pushes_per_rank, options.max_pulls_per_rank});
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -73,12 +73,15 @@ struct ShardServerOptions {
   // cap); a connection carries at most max_streams_per_connection calls at
   // once; a rank has at most max_pushes_per_rank pushes in flight (each
   // holds a shard-sized buffer), and the evaluator's and unregistered
-  // clients' pushes share the same bound per rank. A connection without
+  // clients' pushes share the same bound per rank; likewise at most
+  // max_pulls_per_rank pulls (each holds the version it sends until the
+  // client reads it). A connection without
   // calls for idle_connection_timeout is closed, and one that has not
   // finished its handshake after 10 s.
   int64_t grpc_memory_bytes = int64_t{1} << 30;
   int max_streams_per_connection = 32;
   int max_pushes_per_rank = 4;
+  int max_pulls_per_rank = 4;
   absl::Duration idle_connection_timeout = absl::Minutes(5);
 };
 

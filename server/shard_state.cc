@@ -132,6 +132,11 @@ int64_t ShardState::version() const {
   return version_;
 }
 
+size_t ShardState::NumWaiting() const {
+  absl::MutexLock lock(&waiters_mu_);
+  return waiters_.size();
+}
+
 uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready) {
   {
     absl::MutexLock lock(&waiters_mu_);

@@ -97,6 +97,8 @@ class ShardState {
   // Removes a waiting callback. True if it was removed before it ran, in
   // which case it never will.
   bool CancelWaiter(uint64_t id);
+  // Callbacks waiting for a version (pulls, sync push-pulls).
+  size_t NumWaiting() const;
 
   // Sets the version (rules call it as they apply updates) and returns the
   // waiters it made ready; the caller runs them (RunWaiters) after releasing

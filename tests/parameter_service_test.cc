@@ -765,5 +765,49 @@ TEST(ResourceTest, PushesHeldOpenBeyondARanksSlotsAreRefused) {
   EXPECT_EQ(server->state()->version(), 1);
 }
 
+// Pulls that wait (or are never read) hold at most their rank's pull slots:
+// the next is refused, other ranks still pull, and a pull that ends gives
+// its slot back.
+TEST(ResourceTest, PullsHeldBeyondARanksSlotsAreRefused) {
+  const TrainingConfig config = ResolvedConfig(kSyncConfig);
+  ShardServerOptions options;
+  options.config = config;
+  options.num_shards = 2;
+  options.max_pulls_per_rank = 2;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(options));
+  auto stub = StubFor(*server);
+  PullRequest waiting;
+  waiting.set_worker_rank(0);
+  waiting.set_min_version(5);  // never reached: the pulls wait
+  grpc::ClientContext first_context, second_context;
+  SetDeadline(&first_context, absl::Seconds(30));
+  SetDeadline(&second_context, absl::Seconds(30));
+  auto first = stub->Pull(&first_context, waiting);
+  auto second = stub->Pull(&second_context, waiting);
+  // Once both wait at the shard, a third pull of rank 0 is refused.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (server->state()->NumWaiting() < 2) {
+    ASSERT_LT(absl::Now(), deadline) << "the pulls never reached the shard";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const Pulled third = RawPull(stub.get(), 0, 0, 0);
+  EXPECT_THAT(third.status,
+              HasCodeAndMessage(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                HasSubstr("already has 2 pulls in flight")));
+  // The evaluator (rank -1) has slots of its own.
+  EXPECT_THAT(RawPull(stub.get(), -1, 0, 0).status,
+              HasCode(grpc::StatusCode::OK));
+  first_context.TryCancel();
+  EXPECT_THAT(first->Finish(), HasCode(grpc::StatusCode::CANCELLED));
+  // The cancelled pull's slot comes back once the shard has ended it.
+  while (!RawPull(stub.get(), 0, 0, 0).status.ok()) {
+    ASSERT_LT(absl::Now(), deadline) << "the slot never came back";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  second_context.TryCancel();
+  EXPECT_THAT(second->Finish(), HasCode(grpc::StatusCode::CANCELLED));
+}
+
 }  // namespace
 }  // namespace monsoon::server

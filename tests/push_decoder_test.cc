@@ -304,7 +304,7 @@ TEST(PushDecoderTest, ClaimsOfMoreExamplesThanAPushHoldsAreInvalid) {
 }
 
 TEST(PushDecoderTest, ARankHasAtMostItsSlotsOfPushesInFlight) {
-  PushSlots slots(/*per_rank=*/2);
+  RankSlots slots(/*per_rank=*/2);
   PushLimits limits;
   limits.slots = &slots;
   auto decoder = [&] {

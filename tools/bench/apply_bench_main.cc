@@ -31,6 +31,7 @@
 #include "common/model_layout.h"
 #include "common/onebit.h"
 #include "common/process_tuning.h"
+#include "common/wire.h"
 #include "server/shard_state.h"
 #include "server/update_rule.h"
 #include "tools/bench/bench_util.h"
@@ -180,6 +181,25 @@ int Main() {
       }
     }
     Print("onebit_encode", values, repeats, Summarize(encode_us),
+          Summarize(saxpy_us), json);
+  }
+  // What a sync shard adds to each push: the digest that tells a push sent
+  // again from a different one (common::ValuesDigest).
+  {
+    std::vector<double> digest_us, saxpy_us;
+    uint64_t sink = 0;
+    for (int i = 0; i < warmup + repeats; ++i) {
+      const double a = TimeUs(
+          [&] { sink ^= common::ValuesDigest(push_values.data(), values); });
+      const double b =
+          TimeUs([&] { cblas_saxpy(values, 1e-3f, x.data(), 1, y.data(), 1); });
+      if (i >= warmup) {
+        digest_us.push_back(a);
+        saxpy_us.push_back(b);
+      }
+    }
+    if (sink == 42) std::printf(" ");  // keeps the digests computed
+    Print("sync_push_digest", values, repeats, Summarize(digest_us),
           Summarize(saxpy_us), json);
   }
   return 0;
