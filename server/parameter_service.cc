@@ -75,14 +75,18 @@ class VersionWait {
   explicit VersionWait(ShardState* state) : state_(state) {}
 
   // Begins the wait. False when the call was cancelled before the waiter
-  // could run: it never will, and the caller finishes the call.
-  bool Start(int64_t min_version, ShardState::Waiter ready) {
+  // could run: it never will, and the caller finishes the call. If the
+  // version has not come after `max_wait`, `expired` runs instead of
+  // `ready` (ShardState::ExpireWaiters).
+  bool Start(int64_t min_version, ShardState::Waiter ready,
+             absl::Duration max_wait, ShardState::Waiter expired) {
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) return false;
     }
     const uint64_t id =
-        state_->WhenVersionAtLeast(min_version, std::move(ready));
+        state_->WhenVersionAtLeast(min_version, std::move(ready),
+                                   absl::Now() + max_wait, std::move(expired));
     absl::MutexLock lock(&mu_);
     id_ = id;
     // A cancellation meanwhile found no waiter to remove: remove it here.
@@ -223,6 +227,20 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer message_;
 };
 
+// The answer to a call whose wait for `min_version` outlasted the shard's
+// bound (a client without a deadline of its own cannot wait forever).
+grpc::Status WaitExpired(const Shared& shared, const char* what,
+                         int64_t min_version) {
+  return grpc::Status(
+      grpc::StatusCode::DEADLINE_EXCEEDED,
+      absl::StrCat(what, " waited ", absl::FormatDuration(shared.max_wait),
+                   " for version ", min_version, " of shard ",
+                   shared.state->shard(), ", which is at version ",
+                   shared.state->version(),
+                   " (the shard's --max_wait_s): is a worker of the sync "
+                   "step missing?"));
+}
+
 // Pull: waits (without a thread) for the wanted version, then streams the
 // rule's snapshot. Holds one of its rank's pull slots, taken by the caller,
 // until it is done. Deletes itself.
@@ -234,7 +252,11 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         count_bytes_(rank >= 0),
         wait_(shared.state) {
     // May call Ready() at once, on this thread.
-    wait_.Start(min_version, [this] { Ready(); });
+    wait_.Start(
+        min_version, [this] { Ready(); }, shared.max_wait,
+        [this, min_version] {
+          Finish(WaitExpired(shared_, "pull", min_version));
+        });
   }
 
   void OnWriteDone(bool ok) override {
@@ -311,7 +333,11 @@ class PushPullReactor
     if (result->stale || (result->duplicate && !reader_.repeat_in_step())) {
       min_version = 0;
     }
-    if (!wait_.Start(min_version, [this] { Ready(); })) {
+    if (!wait_.Start(
+            min_version, [this] { Ready(); }, shared_.max_wait,
+            [this, min_version] {
+              Finish(WaitExpired(shared_, "push-pull", min_version));
+            })) {
       Finish(Cancelled("push-pull cancelled"));
     }
   }
@@ -403,18 +429,22 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
       auth_token_(std::move(policy.auth_token)),
       push_slots_(policy.max_pushes_per_rank),
       pull_slots_(policy.max_pulls_per_rank),
-      shared_{num_workers,
-              static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
-              common::PushEncodingFor(resolved),
-              resolved.onebit_bucket_size(),
-              state,
-              rule,
-              PushLimits{policy.max_abs_gradient,
-                         static_cast<int64_t>(resolved.batch_size()) *
-                             StepsPerPush(resolved),
-                         &push_slots_,
-                         /*digest=*/resolved.mode() == SYNC},
-              &pull_slots_} {}
+      shared_{
+          num_workers,
+          static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
+          common::PushEncodingFor(resolved),
+          resolved.onebit_bucket_size(),
+          state,
+          rule,
+          PushLimits{policy.max_abs_gradient,
+                     static_cast<int64_t>(resolved.batch_size()) *
+                         StepsPerPush(resolved),
+                     &push_slots_,
+                     /*digest=*/resolved.mode() == SYNC},
+          &pull_slots_,
+          policy.max_wait > absl::ZeroDuration()
+              ? policy.max_wait
+              : absl::Seconds(resolved.sync_timeout_s()) + absl::Seconds(10)} {}
 
 grpc::Status ParameterServiceImpl::Authenticate(
     const grpc::CallbackServerContext* context) const {

@@ -43,6 +43,11 @@ struct ServicePolicy {
   // each holding the version it sends until the client has read it; more
   // are refused RESOURCE_EXHAUSTED.
   int max_pulls_per_rank = 4;
+  // The longest a pull (or a push-pull's wait for its step) waits for a
+  // version before it is answered DEADLINE_EXCEEDED. Zero: the config's
+  // sync_timeout_s plus 10 s, so that honest clients, which wait at most
+  // sync_timeout_s, give up first.
+  absl::Duration max_wait = absl::ZeroDuration();
 };
 
 class ParameterServiceImpl final : public RawParameterService {
@@ -77,6 +82,7 @@ class ParameterServiceImpl final : public RawParameterService {
     UpdateRule* rule = nullptr;
     PushLimits limits;
     RankSlots* pull_slots = nullptr;
+    absl::Duration max_wait;  // ServicePolicy::max_wait, resolved
   };
 
  private:

@@ -51,6 +51,11 @@ ABSL_FLAG(int, max_pulls_per_rank, 4,
           "flight at once, each holding the version it sends until the client "
           "reads it; more are refused RESOURCE_EXHAUSTED "
           "(env MONSOON_MAX_PULLS_PER_RANK).");
+ABSL_FLAG(double, max_wait_s, 0,
+          "Seconds a pull, or a sync push-pull at the barrier, may wait for a "
+          "version before it is answered DEADLINE_EXCEEDED; 0: the config's "
+          "sync_timeout_s plus 10, so that honest clients give up first "
+          "(env MONSOON_MAX_WAIT_S).");
 ABSL_FLAG(double, idle_connection_timeout_s, 300,
           "Seconds after which a connection without calls is closed "
           "(env MONSOON_IDLE_CONNECTION_TIMEOUT_S).");
@@ -181,6 +186,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_streams_per_connection);
   options.max_pushes_per_rank = absl::GetFlag(FLAGS_max_pushes_per_rank);
   options.max_pulls_per_rank = absl::GetFlag(FLAGS_max_pulls_per_rank);
+  options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
   options.idle_connection_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_connection_timeout_s));
   {

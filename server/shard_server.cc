@@ -90,11 +90,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (options.max_streams_per_connection < 1 ||
       options.max_pushes_per_rank < 1 || options.max_pulls_per_rank < 1 ||
       options.grpc_memory_bytes < 0 ||
-      options.idle_connection_timeout <= absl::ZeroDuration()) {
+      options.idle_connection_timeout <= absl::ZeroDuration() ||
+      options.max_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "the streams per connection and the pushes and pulls per rank must be "
         "at least 1, "
-        "the memory cap at least 0 and the idle timeout positive");
+        "the memory cap and the longest wait at least 0 and the idle timeout "
+        "positive");
   }
   if (options.lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--lease_s must be positive");
@@ -128,7 +130,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       options.config, options.num_workers, server->state_.get(),
       server->rule_.get(),
       ServicePolicy{options.auth_token, options.max_abs_gradient,
-                    options.max_pushes_per_rank, options.max_pulls_per_rank});
+                    options.max_pushes_per_rank, options.max_pulls_per_rank,
+                    options.max_wait});
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -186,6 +189,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       while (!raw->stop_ticks_.WaitForNotificationWithTimeout(
           absl::Milliseconds(200))) {
         raw->rule_->Tick(absl::Now(), log_every);
+        raw->state_->ExpireWaiters(absl::Now());
       }
     });
   }

@@ -82,6 +82,8 @@ struct ShardServerOptions {
   int max_streams_per_connection = 32;
   int max_pushes_per_rank = 4;
   int max_pulls_per_rank = 4;
+  // See ServicePolicy::max_wait (zero: derived from the config).
+  absl::Duration max_wait = absl::ZeroDuration();
   absl::Duration idle_connection_timeout = absl::Minutes(5);
 };
 

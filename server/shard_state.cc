@@ -137,17 +137,35 @@ size_t ShardState::NumWaiting() const {
   return waiters_.size();
 }
 
-uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready) {
+uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready,
+                                        absl::Time deadline, Waiter expired) {
   {
     absl::MutexLock lock(&waiters_mu_);
     if (version_ < min_version) {
       const uint64_t id = next_waiter_id_++;
-      waiters_.emplace(id, Pending{min_version, std::move(ready)});
+      waiters_.emplace(id, Pending{min_version, std::move(ready), deadline,
+                                   std::move(expired)});
       return id;
     }
   }
   ready();
   return 0;
+}
+
+void ShardState::ExpireWaiters(absl::Time now) {
+  std::vector<Waiter> expired;
+  {
+    absl::MutexLock lock(&waiters_mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->second.deadline < now && it->second.expired != nullptr) {
+        expired.push_back(std::move(it->second.expired));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Waiter& run : expired) run();
 }
 
 bool ShardState::CancelWaiter(uint64_t id) {

@@ -91,8 +91,17 @@ class ShardState {
 
   // Runs `ready` once the version is at least `min_version`: at once on this
   // thread if it already is (returns 0), else later on the thread that
-  // advances the version (returns an id for CancelWaiter).
-  uint64_t WhenVersionAtLeast(int64_t min_version, Waiter ready);
+  // advances the version (returns an id for CancelWaiter). If the version
+  // has not come by `deadline`, ExpireWaiters runs `expired` instead (on its
+  // thread). Exactly one of ready, expired and a successful CancelWaiter
+  // happens.
+  uint64_t WhenVersionAtLeast(int64_t min_version, Waiter ready,
+                              absl::Time deadline = absl::InfiniteFuture(),
+                              Waiter expired = nullptr);
+  // Runs, outside the lock, the `expired` of every waiter whose deadline is
+  // before `now`, and forgets those waiters. ShardServer calls it every
+  // fraction of a second.
+  void ExpireWaiters(absl::Time now);
 
   // Removes a waiting callback. True if it was removed before it ran, in
   // which case it never will.
@@ -199,6 +208,8 @@ class ShardState {
   struct Pending {
     int64_t min_version;
     Waiter ready;
+    absl::Time deadline;
+    Waiter expired;
   };
   std::map<uint64_t, Pending> waiters_ ABSL_GUARDED_BY(waiters_mu_);
 

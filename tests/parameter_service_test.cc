@@ -809,5 +809,38 @@ TEST(ResourceTest, PullsHeldBeyondARanksSlotsAreRefused) {
   EXPECT_THAT(second->Finish(), HasCode(grpc::StatusCode::CANCELLED));
 }
 
+// A pull that waits for a version that does not come is ended by the shard
+// after its bound, even when its client set no deadline, and gives its slot
+// back.
+TEST(ResourceTest, APullWaitsNoLongerThanTheShardsBound) {
+  const TrainingConfig config = ResolvedConfig(kSyncConfig);
+  ShardServerOptions options;
+  options.config = config;
+  options.num_shards = 2;
+  options.max_pulls_per_rank = 1;
+  options.max_wait = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(options));
+  auto stub = StubFor(*server);
+  PullRequest waiting;
+  waiting.set_worker_rank(0);
+  waiting.set_min_version(5);
+  grpc::ClientContext context;  // no deadline
+  auto reader = stub->Pull(&context, waiting);
+  PullChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  EXPECT_THAT(reader->Finish(),
+              HasCodeAndMessage(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                HasSubstr("waited 300ms for version 5 of "
+                                          "shard 0, which is at version 0")));
+  EXPECT_EQ(server->state()->NumWaiting(), 0u);
+  // Its slot comes back once the shard has ended the call.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!RawPull(stub.get(), 0, 0, 0).status.ok()) {
+    ASSERT_LT(absl::Now(), deadline) << "the slot never came back";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
 }  // namespace
 }  // namespace monsoon::server

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/model_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -99,6 +100,30 @@ TEST(ShardStateTest, CancelledWaiterNeverRuns) {
   EXPECT_FALSE(state.CancelWaiter(0));
   for (auto& waiter : state.AdvanceVersion(1)) waiter();
   EXPECT_EQ(runs, 10);
+}
+
+TEST(ShardStateTest, AWaiterPastItsDeadlineRunsExpiredInstead) {
+  ShardState state(Layout(), 1, 0, 1);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  int ready = 0, expired = 0;
+  const uint64_t soon = state.WhenVersionAtLeast(
+      1, [&] { ready += 1; }, t0 + absl::Seconds(1), [&] { expired += 1; });
+  state.WhenVersionAtLeast(
+      1, [&] { ready += 10; }, t0 + absl::Seconds(5), [&] { expired += 10; });
+  state.WhenVersionAtLeast(1, [&] { ready += 100; });  // no deadline
+  EXPECT_EQ(state.NumWaiting(), 3u);
+  state.ExpireWaiters(t0);  // none is due
+  EXPECT_EQ(expired, 0);
+  state.ExpireWaiters(t0 + absl::Seconds(2));
+  EXPECT_EQ(expired, 1);
+  EXPECT_EQ(state.NumWaiting(), 2u);
+  // Expired: it can be neither cancelled nor run any more.
+  EXPECT_FALSE(state.CancelWaiter(soon));
+  for (auto& waiter : state.AdvanceVersion(1)) waiter();
+  EXPECT_EQ(ready, 110);
+  state.ExpireWaiters(t0 + absl::Seconds(10));
+  EXPECT_EQ(expired, 1);
+  EXPECT_EQ(state.NumWaiting(), 0u);
 }
 
 TEST(ShardStateTest, StatsCountPushesSamplesBytesAndStaleness) {
