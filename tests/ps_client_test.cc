@@ -431,11 +431,13 @@ TEST_F(TwoShardsTest, ShardsTakeNoNewBuffersOncePushesAndPullsAreWarm) {
 
   // A buffer per push and one per version would be 80 after 40 steps. The
   // pool holds what is in use at once: the push being decoded, the current
-  // version, and the versions whose slices gRPC still holds after a pull
-  // (one or two; more under ThreadSanitizer's slow scheduling).
+  // version, and the versions whose slices gRPC still holds after a pull:
+  // one or two, more when the machine is loaded (up to 10 seen on a busy
+  // 2-core machine, and under ThreadSanitizer), so the bound is set far
+  // from both.
   for (int64_t v = 0; v < 40; ++v) step(v, v % 2 == 0);
   for (size_t s = 0; s < cluster.servers.size(); ++s) {
-    EXPECT_LE(cluster.servers[s]->state()->buffers().allocations(), 8)
+    EXPECT_LE(cluster.servers[s]->state()->buffers().allocations(), 20)
         << "shard " << s;
   }
 }
