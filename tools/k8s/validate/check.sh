@@ -6,8 +6,17 @@
 #      a typed object literal and `tsc --strict` rejects unknown (misspelt)
 #      fields and wrong types; each model's validate() then checks the API's
 #      JSON schema (required fields, formats);
-#   3. the fixtures under fixtures/ (a misspelt field, a wrong type, ...) must
-#      FAIL that check, so that the check is known to catch them.
+#   3. policy.js checks what the types cannot: every pod non-root with a
+#      read-only root, no privilege escalation, no capabilities, the runtime's
+#      seccomp profile and no service account token; every daemon given the
+#      run's token and (where TLS is on) its certificates from Secrets; the
+#      NetworkPolicies admitting only the workers and the evaluator to the
+#      shards;
+#   4. the fixtures under fixtures/ must FAIL those checks, each with the
+#      message its "# expect:" line names, so that the checks are known to
+#      catch them: a FILE.yaml is checked as it is (a misspelt field, a wrong
+#      type, ...), a DIR/ is a kustomize overlay of ../../../base that breaks
+#      one rule (a pod running as root, a daemon without the token, ...).
 # The npm packages are installed with `npm ci` from package-lock.json into a
 # cache outside the source tree (MONSOON_K8S_VALIDATE_CACHE, default
 # ~/.cache/monsoon-k8s-validate/<lock hash>). Skips, with a message, where
@@ -32,7 +41,7 @@ if [ ! -x "$cache/node_modules/.bin/tsc" ]; then
   cp "$here/package.json" "$here/package-lock.json" "$cache/"
   (cd "$cache" && npm ci --no-audit --no-fund --loglevel=error)
 fi
-cp "$here/generate.js" "$cache/"
+cp "$here/generate.js" "$here/policy.js" "$cache/"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -52,6 +61,32 @@ check() {
     sed "s|^|  $name: |" "$dir/validate.log" | head -20
     return 1
   fi
+  if ! NODE_PATH="$cache/node_modules" node "$cache/policy.js" "$yaml" > "$dir/policy.log" 2>&1; then
+    sed "s|^|  $name: |" "$dir/policy.log" | head -20
+    return 1
+  fi
+}
+
+# rejected NAME YAML SOURCE: 0 when YAML fails the check with the message
+# that SOURCE's "# expect:" line names.
+rejected() {
+  local name="$1" yaml="$2" expect out
+  expect=$(sed -n 's/^# expect: //p' "$3" | head -1)
+  if [ -z "$expect" ]; then
+    echo "k8s-validate: FAIL: broken fixture $name has no '# expect:' line"
+    return 1
+  fi
+  if out=$(check "fixture-$name" "$yaml" 2>&1); then
+    echo "k8s-validate: FAIL: broken fixture $name passed the check"
+    return 1
+  fi
+  if ! grep -qF -- "$expect" <<< "$out"; then
+    echo "k8s-validate: FAIL: broken fixture $name failed, but not with '$expect':"
+    echo "$out" | head -5
+    return 1
+  fi
+  echo "k8s-validate: ok: broken fixture $name is rejected:"
+  grep -F -- "$expect" <<< "$out" | head -1
 }
 
 status=0
@@ -65,7 +100,7 @@ for overlay in "$k8s"/overlays/*/; do
   fi
   objects=$(grep -c '^kind:' "$work/$name.yaml" || true)
   if check "overlay-$name" "$work/$name.yaml"; then
-    echo "k8s-validate: ok: overlay $name renders, $objects objects type-check and validate"
+    echo "k8s-validate: ok: overlay $name renders, $objects objects type-check, validate and pass the security checks"
   else
     echo "k8s-validate: FAIL: overlay $name"
     status=1
@@ -73,12 +108,17 @@ for overlay in "$k8s"/overlays/*/; do
 done
 for fixture in "$here"/fixtures/*.yaml; do
   name=$(basename "$fixture" .yaml)
-  if out=$(check "fixture-$name" "$fixture" 2>&1); then
-    echo "k8s-validate: FAIL: broken fixture $name passed the check"
+  rejected "$name" "$fixture" "$fixture" || status=1
+done
+for fixture in "$here"/fixtures/*/; do
+  [ -d "$fixture" ] || continue
+  name=$(basename "$fixture")
+  if ! kubectl kustomize "$fixture" > "$work/fixture-$name.yaml" 2> "$work/fixture-$name.err"; then
+    echo "k8s-validate: FAIL: broken fixture $name does not render:"
+    cat "$work/fixture-$name.err"
     status=1
-  else
-    echo "k8s-validate: ok: broken fixture $name is rejected:"
-    echo "$out" | head -2
+    continue
   fi
+  rejected "$name" "$work/fixture-$name.yaml" "$fixture/kustomization.yaml" || status=1
 done
 exit $status

@@ -1,0 +1,330 @@
+// Security checks of rendered Monsoon manifests, the rules that the API's
+// types cannot express (tools/k8s/validate/check.sh runs it on every overlay
+// and on the broken fixtures):
+//   - every pod: automountServiceAccountToken false; every container runs as
+//     a numeric non-root user and group (runAsNonRoot), with an fsGroup, the
+//     runtime's seccomp profile, a read-only root filesystem, no privilege
+//     escalation and every capability dropped; a writable volume at /tmp and
+//     wherever a daemon writes (--checkpoint_dir, --curve_out, ...); Secret
+//     files no more than 0440; nothing from the host;
+//   - every daemon (ps_server, ps_worker, ps_evaluator) reads the run's token
+//     from a Secret (--auth_token_file); where any daemon uses TLS, all do,
+//     with mutual TLS (shards: server certificate and CA; workers and
+//     evaluators: CA and client certificate), every file from a Secret;
+//     shards listen on all addresses, and with TLS their probes run
+//     health_probe with the TLS flags (the kubelet's gRPC probe cannot);
+//   - NetworkPolicies: every pod of the render has its ingress restricted;
+//     the shards admit only pods that the workers' and evaluators' templates
+//     match (and no other pod of the render), on the port they listen on;
+//     the other pods admit nothing.
+// Usage: node policy.js rendered.yaml. Prints one line per violation and
+// exits 1 if there is any.
+"use strict";
+const fs = require("fs");
+const path = require("path");
+const YAML = require("yaml");
+
+const DAEMONS = ["ps_server", "ps_worker", "ps_evaluator"];
+const PROBE = "health_probe";
+// Flags whose value a daemon writes: a directory, or a file in one.
+const WRITES = { checkpoint_dir: "dir", curve_out: "file", report_out: "file",
+  port_file: "file" };
+
+const input = process.argv[2];
+const objects = YAML.parseAllDocuments(fs.readFileSync(input, "utf8"))
+  .map((doc) => doc.toJS()).filter((o) => o != null);
+const errors = [];
+const fail = (where, message) => errors.push(`${where}: ${message}`);
+
+// Every pod template: {where, kind, labels, spec, claims}.
+const pods = [];
+for (const o of objects) {
+  const where = `${o.kind} ${(o.metadata && o.metadata.name) || "?"}`;
+  let template = null;
+  if (o.kind === "Pod") template = { metadata: o.metadata, spec: o.spec };
+  else if (["Deployment", "StatefulSet", "Job", "ReplicaSet", "DaemonSet",
+    "ReplicationController"].includes(o.kind)) template = o.spec && o.spec.template;
+  else if (o.kind === "CronJob") {
+    template = o.spec && o.spec.jobTemplate && o.spec.jobTemplate.spec &&
+      o.spec.jobTemplate.spec.template;
+  }
+  if (!template || !template.spec) continue;
+  const claims = o.kind === "StatefulSet"
+    ? (o.spec.volumeClaimTemplates || []).map((c) => c.metadata.name) : [];
+  pods.push({ where, kind: o.kind, spec: template.spec, claims,
+    labels: (template.metadata && template.metadata.labels) || {} });
+}
+
+// --name=value flags and MONSOON_NAME env values of a container (a flag
+// wins, as in common/flag_env).
+function flagsOf(c) {
+  const flags = {};
+  for (const v of c.env || []) {
+    const m = /^MONSOON_([A-Z0-9_]+)$/.exec(v.name);
+    if (m && typeof v.value === "string") flags[m[1].toLowerCase()] = v.value;
+  }
+  for (const arg of (c.command || []).slice(1).concat(c.args || [])) {
+    const m = /^--?([A-Za-z0-9_]+)(?:=(.*))?$/s.exec(String(arg));
+    if (m) flags[m[1]] = m[2] === undefined ? "true" : m[2];
+  }
+  return flags;
+}
+
+function daemonOf(c) {
+  const argv0 = (c.command && c.command[0]) || "";
+  const name = path.posix.basename(String(argv0));
+  return DAEMONS.includes(name) ? name : null;
+}
+
+// The volume mounted at the longest mountPath that holds `file`.
+function mountOf(pod, c, file) {
+  let best = null;
+  for (const m of c.volumeMounts || []) {
+    const dir = m.mountPath.replace(/\/+$/, "");
+    if ((file === dir || file.startsWith(dir + "/")) &&
+        (!best || dir.length > best.mount.mountPath.length)) {
+      const volume = (pod.spec.volumes || []).find((v) => v.name === m.name) ||
+        (pod.claims.includes(m.name) ? { name: m.name, persistentVolumeClaim: {} } : null);
+      best = { mount: m, volume };
+    }
+  }
+  return best;
+}
+
+const isUser = (n) => Number.isInteger(n) && n > 0;
+
+function checkPod(pod) {
+  const spec = pod.spec;
+  if (spec.automountServiceAccountToken !== false) {
+    fail(pod.where, "automountServiceAccountToken is not false (the daemons " +
+      "never call the API server)");
+  }
+  for (const field of ["hostNetwork", "hostPID", "hostIPC"]) {
+    if (spec[field]) fail(pod.where, `${field} is set`);
+  }
+  const podSc = spec.securityContext || {};
+  if (!isUser(podSc.fsGroup)) {
+    fail(pod.where, "no non-zero securityContext.fsGroup (the Secrets' " +
+      "0440 files and the volumes must belong to the pod's group)");
+  }
+  for (const volume of spec.volumes || []) {
+    if (volume.hostPath) fail(pod.where, `volume ${volume.name} is a hostPath`);
+    if (volume.secret) {
+      const modes = [["defaultMode", volume.secret.defaultMode]].concat(
+        (volume.secret.items || []).filter((i) => i.mode !== undefined)
+          .map((i) => [`mode of ${i.key}`, i.mode]));
+      for (const [what, mode] of modes) {
+        // Unset, Kubernetes uses 0644: readable by every user.
+        if (!Number.isInteger(mode) || (mode & ~0o440) !== 0) {
+          fail(pod.where, `Secret volume ${volume.name}: ${what} is ` +
+            `${mode === undefined ? "unset (0644)" : "0" + Number(mode).toString(8)}` +
+            ", wants at most 0440 (owner and group read)");
+        }
+      }
+    }
+  }
+  const containers = (spec.initContainers || []).concat(spec.containers || []);
+  for (const c of containers) {
+    const where = `${pod.where} container ${c.name}`;
+    const sc = c.securityContext || {};
+    const effective = (field) => (sc[field] !== undefined ? sc[field] : podSc[field]);
+    if (effective("runAsNonRoot") !== true) fail(where, "runAsNonRoot is not true");
+    if (effective("runAsUser") === 0) fail(where, "runs as root (runAsUser 0)");
+    else if (!isUser(effective("runAsUser"))) fail(where, "no numeric runAsUser");
+    if (effective("runAsGroup") === 0) fail(where, "runs as group root (runAsGroup 0)");
+    else if (!isUser(effective("runAsGroup"))) fail(where, "no numeric runAsGroup");
+    const seccomp = effective("seccompProfile");
+    if (!seccomp || seccomp.type !== "RuntimeDefault") {
+      fail(where, "seccompProfile is not RuntimeDefault");
+    }
+    if (sc.allowPrivilegeEscalation !== false) {
+      fail(where, "allowPrivilegeEscalation is not false");
+    }
+    if (sc.readOnlyRootFilesystem !== true) {
+      fail(where, "readOnlyRootFilesystem is not true");
+    }
+    if (sc.privileged) fail(where, "privileged");
+    const caps = sc.capabilities || {};
+    if (!(caps.drop || []).includes("ALL")) fail(where, "capabilities do not drop ALL");
+    if ((caps.add || []).length > 0) fail(where, `adds capabilities ${caps.add}`);
+    const writable = (dir) => {
+      const found = mountOf(pod, c, dir);
+      return found && found.volume && !found.mount.readOnly &&
+        (found.volume.emptyDir || found.volume.persistentVolumeClaim ||
+         found.volume.ephemeral);
+    };
+    if (!writable("/tmp")) fail(where, "no writable volume at /tmp (the root is read-only)");
+    const daemon = daemonOf(c);
+    if (daemon) {
+      const flags = flagsOf(c);
+      for (const [flag, kind] of Object.entries(WRITES)) {
+        if (!flags[flag]) continue;
+        const dir = kind === "dir" ? flags[flag] : path.posix.dirname(flags[flag]);
+        if (!writable(dir)) {
+          fail(where, `--${flag}=${flags[flag]} is not on a writable volume ` +
+            "(the root is read-only)");
+        }
+      }
+    }
+  }
+}
+
+// Daemons and their credentials. TLS is on when any daemon has a TLS flag.
+function checkDaemons() {
+  const daemons = [];
+  for (const pod of pods) {
+    for (const c of pod.spec.containers || []) {
+      const daemon = daemonOf(c);
+      if (daemon) daemons.push({ pod, c, daemon, flags: flagsOf(c),
+        where: `${pod.where} container ${c.name} (${daemon})` });
+    }
+  }
+  const tls = daemons.some((d) => d.flags.tls_ca || d.flags.tls_cert || d.flags.tls_key);
+  const fromSecret = (d, flag) => {
+    const file = d.flags[flag];
+    if (!file) {
+      fail(d.where, `no --${flag}`);
+      return;
+    }
+    const found = mountOf(d.pod, d.c, file);
+    if (!found || !found.volume || !found.volume.secret) {
+      fail(d.where, `--${flag}=${file} is not in a mounted Secret`);
+    }
+  };
+  for (const d of daemons) {
+    fromSecret(d, "auth_token_file");
+    if (tls) ["tls_ca", "tls_cert", "tls_key"].forEach((f) => fromSecret(d, f));
+    if (d.daemon === "ps_server") checkServer(d, tls);
+  }
+  return daemons;
+}
+
+function listenPort(d) {
+  const m = /^(.*):(\d+)$/.exec(d.flags.listen || "");
+  return m ? { host: m[1], port: Number(m[2]) } : null;
+}
+
+function checkServer(d, tls) {
+  const listen = listenPort(d);
+  if (!listen || !["0.0.0.0", "[::]"].includes(listen.host)) {
+    fail(d.where, `--listen=${d.flags.listen || "(default 127.0.0.1:5000)"}: ` +
+      "other pods cannot reach it; give --listen=0.0.0.0:PORT");
+    return;
+  }
+  for (const name of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+    const probe = d.c[name];
+    if (!probe) {
+      fail(d.where, `no ${name}`);
+      continue;
+    }
+    if (probe.grpc) {
+      if (tls) {
+        fail(d.where, `${name} is a gRPC probe, which cannot speak TLS: ` +
+          "run health_probe with the TLS flags (an exec probe)");
+      } else if (probe.grpc.port !== listen.port) {
+        fail(d.where, `${name} probes port ${probe.grpc.port}, not ${listen.port}`);
+      }
+      continue;
+    }
+    const command = (probe.exec && probe.exec.command) || [];
+    if (path.posix.basename(String(command[0] || "")) !== PROBE) {
+      fail(d.where, `${name} neither runs ${PROBE} nor is a gRPC probe`);
+      continue;
+    }
+    const flags = flagsOf({ command });
+    const addr = /^(127\.0\.0\.1|localhost):(\d+)$/.exec(flags.addr || "");
+    if (!addr || Number(addr[2]) !== listen.port) {
+      fail(d.where, `${name}: --addr=${flags.addr} is not the loopback ` +
+        `address and port ${listen.port}`);
+    }
+    if (tls) {
+      for (const flag of ["tls_ca", "tls_cert", "tls_key"]) {
+        const file = flags[flag];
+        const found = file && mountOf(d.pod, d.c, file);
+        if (!found || !found.volume || !found.volume.secret) {
+          fail(d.where, `${name}: ${file ? `--${flag}=${file} is not in a ` +
+            "mounted Secret" : `no --${flag} (the shard requires mutual TLS)`}`);
+        }
+      }
+    }
+  }
+}
+
+// Whether a label selector (matchLabels only) selects these labels.
+function selects(selector, labels, where) {
+  if (selector.matchExpressions && selector.matchExpressions.length) {
+    fail(where, "matchExpressions in a selector: not understood by this check");
+    return false;
+  }
+  return Object.entries(selector.matchLabels || {})
+    .every(([k, v]) => labels[k] === v);
+}
+
+function checkNetworkPolicies(daemons) {
+  const shards = daemons.filter((d) => d.daemon === "ps_server");
+  if (shards.length === 0) return;
+  const clients = new Set(daemons.filter((d) => d.daemon !== "ps_server").map((d) => d.pod));
+  const shardPods = new Set(shards.map((d) => d.pod));
+  const ports = new Set(shards.map((d) => (listenPort(d) || {}).port)
+    .filter((p) => p !== undefined));  // else already reported
+  const policies = objects.filter((o) => o.kind === "NetworkPolicy");
+  const reached = new Set();
+  for (const pod of pods) {
+    const applying = policies.filter((p) => {
+      const types = p.spec.policyTypes || ["Ingress"];
+      return types.includes("Ingress") &&
+        selects(p.spec.podSelector || {}, pod.labels, `NetworkPolicy ${p.metadata.name}`);
+    });
+    if (applying.length === 0) {
+      fail(pod.where, "no NetworkPolicy restricts ingress to its pods");
+      continue;
+    }
+    for (const policy of applying) {
+      const where = `NetworkPolicy ${policy.metadata.name} (for ${pod.where})`;
+      for (const rule of policy.spec.ingress || []) {
+        if (!shardPods.has(pod)) {
+          fail(where, "admits connections to a pod that serves nothing");
+          continue;
+        }
+        if (!rule.from || rule.from.length === 0) {
+          fail(where, "an ingress rule without 'from' admits every source");
+        }
+        for (const peer of rule.from || []) {
+          if (peer.ipBlock || peer.namespaceSelector || !peer.podSelector) {
+            fail(where, `admits ${JSON.stringify(peer)}: only pods of the ` +
+              "namespace, by the workers' and evaluators' labels");
+            continue;
+          }
+          const matched = pods.filter((p) => selects(peer.podSelector, p.labels, where));
+          const others = matched.filter((p) => !clients.has(p));
+          if (others.length > 0 || matched.length === 0) {
+            fail(where, `admits pods labelled ${JSON.stringify(peer.podSelector.matchLabels || {})}, ` +
+              `which ${matched.length === 0 ? "match no worker or evaluator"
+                : `also match ${others.map((p) => p.where).join(", ")}`}`);
+          }
+          matched.filter((p) => clients.has(p)).forEach((p) => reached.add(p));
+        }
+        if (!rule.ports || rule.ports.length === 0) {
+          fail(where, "an ingress rule without ports admits every port");
+        }
+        for (const port of rule.ports || []) {
+          if ((port.protocol || "TCP") !== "TCP" || port.endPort !== undefined ||
+              (ports.size > 0 && !ports.has(port.port))) {
+            fail(where, `admits port ${JSON.stringify(port)}; the shards ` +
+              `listen on TCP ${[...ports].join(", ")}`);
+          }
+        }
+      }
+    }
+  }
+  for (const pod of clients) {
+    if (!reached.has(pod)) {
+      fail(pod.where, "no NetworkPolicy lets its pods reach the shards");
+    }
+  }
+}
+
+pods.forEach(checkPod);
+checkNetworkPolicies(checkDaemons());
+errors.forEach((e) => console.error(e));
+process.exitCode = errors.length > 0 ? 1 : 0;
