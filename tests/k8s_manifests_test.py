@@ -13,30 +13,44 @@ the kubelet fills them in:
   - volumes: a configMap's keys become files in a temporary directory,
     persistentVolumeClaims (also from volumeClaimTemplates) and emptyDirs
     become temporary directories, and every mountPath in the command, args
-    and env is rewritten to its directory;
+    and env (and in exec probes) is rewritten to its directory;
+  - Secrets, which the manifests only name: the test makes monsoon-auth (a
+    fresh token) and monsoon-tls (certificates from tools/make_certs.sh for
+    the names the workers dial, ps-<i>.ps, plus the loopback addresses they
+    dial here), and a secret volume's items become files with its modes;
   - networking: every pod gets its own loopback address 127.a.b.x; a listen
     address 0.0.0.0:PORT becomes 127.a.b.x:PORT, and a Service name
     <pod>.<service>[.<namespace>[.svc[.cluster.local]]] becomes that pod's
     address;
-  - the image's /usr/local/bin/<daemon> becomes the built binary.
+  - the image's /usr/local/bin/<daemon> becomes the built binary, and so does
+    /usr/local/bin/health_probe in an exec probe, where 127.0.0.1 and
+    localhost are the pod's own address.
 
-It checks the servers' gRPC startup, readiness and liveness probes (with
-tools/k8s/health_probe), that every Job pod exits 0, and that on SIGTERM every
-server exits 0 within terminationGracePeriodSeconds leaving its checkpoint,
-and that a restarted shard resumes from it. Every pod's command line and exit
-code is logged.
+Before running anything it checks the rendered objects: every pod non-root
+(numeric user, group and fsGroup) with a read-only root, no privilege
+escalation, every capability dropped, the runtime's seccomp profile and no
+service account token; every daemon given --auth_token_file and, where any
+daemon uses TLS, all three TLS flags; a NetworkPolicy admitting exactly the
+workers and the evaluator to the shards. Then it runs the servers' startup,
+readiness and liveness probes (gRPC probes with tools/k8s/health_probe, exec
+probes as they are), checks that a shard with TLS turns away a plaintext
+client and that its certificate holds the name the workers dial, that every
+Job pod exits 0, and that on SIGTERM every server exits 0 within
+terminationGracePeriodSeconds leaving its checkpoint, and that a restarted
+shard resumes from it. Every pod's command line and exit code is logged.
 
   tests/k8s_manifests_test.py [--overlay_dir=DIR | --rendered=FILE]
       [--bin_dir=bazel-bin]
 
 Under `bazel test` it finds the overlay and the binaries in its runfiles.
-Skips (exit 0, with a message) where kubectl is absent.
+Skips (exit 0, with a message) where kubectl or openssl is absent.
 """
 
 import argparse
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -51,6 +65,7 @@ BINARIES = {
     "ps_worker": "worker/ps_worker",
     "ps_evaluator": "worker/ps_evaluator",
 }
+PROBE = "health_probe"
 WORKER_TIMEOUT_S = 240
 
 
@@ -106,6 +121,8 @@ class Pod:
         self.env = None
         self.log_path = None
         self.volume_dirs = {}  # volume name -> local directory
+        self.dns_name = None  # <pod>.<service> for a StatefulSet's pods
+        self.localize = None  # text in the pod -> text here, from prepare()
 
 
 class Cluster:
@@ -114,6 +131,7 @@ class Cluster:
         self.bin_dir = bin_dir
         self.probe = probe
         self.work_dir = work_dir
+        self.secrets = {}  # Secret name -> {key: bytes}, see make_secrets
         self.config_maps = {o["metadata"]["name"]: o.get("data", {})
                             for o in objects if o["kind"] == "ConfigMap"}
         self.pods = []
@@ -168,6 +186,7 @@ class Cluster:
                     if service not in services:
                         raise Failure(f"StatefulSet {name}: no Service "
                                       f"'{service}' for serviceName")
+                    pod.dns_name = f"{pod_name}.{service}"
                     for suffix in ("", ".default", ".default.svc",
                                    ".default.svc.cluster.local"):
                         self.hosts[f"{pod_name}.{service}{suffix}"] = pod.ip
@@ -183,6 +202,49 @@ class Cluster:
             os.makedirs(path)
             self.claims[name] = path
         return self.claims[name]
+
+    def make_secrets(self, make_certs):
+        """The Secrets that tools/k8s/README.md has people make: monsoon-auth
+        with a fresh token, and monsoon-tls from tools/make_certs.sh for the
+        names the workers dial (ps-<i>.ps) and, since every name resolves to
+        a loopback address here, those addresses."""
+        shards = [p for p in self.pods if p.dns_name]
+        tls_dir = os.path.join(self.work_dir, "certs")
+        names = [p.dns_name for p in shards] + [p.ip for p in shards]
+        result = subprocess.run(["bash", make_certs, tls_dir] + names,
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise Failure(f"{make_certs} failed:\n{result.stderr}")
+        tls = {}
+        for key in ("ca.pem", "server.pem", "server.key", "client.pem",
+                    "client.key"):
+            with open(os.path.join(tls_dir, key), "rb") as f:
+                tls[key] = f.read()
+        self.secrets = {
+            "monsoon-auth": {"token": (secrets.token_hex(32) + "\n").encode()},
+            "monsoon-tls": tls,
+        }
+
+    def _secret_volume(self, pod, vname, source):
+        name = source["secretName"]
+        if name not in self.secrets:
+            raise Failure(f"{pod.name}: volume {vname}: no Secret {name} (the "
+                          f"test makes {', '.join(sorted(self.secrets))})")
+        data = self.secrets[name]
+        items = source.get("items") or [{"key": k, "path": k} for k in data]
+        path = os.path.join(self.work_dir, "secret", pod.name, vname)
+        os.makedirs(path, exist_ok=True)
+        for item in items:
+            if item["key"] not in data:
+                raise Failure(f"{pod.name}: volume {vname}: Secret {name} has "
+                              f"no key {item['key']}")
+            local = os.path.join(path, item["path"])
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "wb") as f:
+                f.write(data[item["key"]])
+            # The kubelet's default is 0644.
+            os.chmod(local, item.get("mode", source.get("defaultMode", 0o644)))
+        return path
 
     def _volumes(self, pod):
         for volume in pod.spec.get("volumes", []):
@@ -204,6 +266,9 @@ class Cluster:
                 path = os.path.join(self.work_dir, "empty", pod.name, vname)
                 os.makedirs(path, exist_ok=True)
                 pod.volume_dirs[vname] = path
+            elif "secret" in volume:
+                pod.volume_dirs[vname] = self._secret_volume(
+                    pod, vname, volume["secret"])
             else:
                 raise Failure(f"{pod.name}: volume {vname} of a kind this "
                               "test does not emulate")
@@ -256,18 +321,29 @@ class Cluster:
                                   "not emulated")
             else:
                 env[var["name"]] = ""
-        mounts = sorted(((m["mountPath"], pod.volume_dirs[m["name"]])
-                         for m in c.get("volumeMounts", [])),
-                        key=lambda m: -len(m[0]))
+        mounts = {m["mountPath"].rstrip("/"): pod.volume_dirs[m["name"]]
+                  for m in c.get("volumeMounts", [])}
+        # One pass, longest first, whole path components only: a local
+        # directory (under /tmp, say) is never rewritten again.
+        mount_re = re.compile(
+            r"(?<![\w./-])(" +
+            "|".join(re.escape(m) for m in sorted(mounts, key=len,
+                                                  reverse=True)) +
+            r")(?=/|$|[^\w.-])") if mounts else None
 
-        def localize(text):
-            for mount_path, local in mounts:
-                text = text.replace(mount_path, local)
+        def localize(text, in_pod=False):
+            if mount_re:
+                text = mount_re.sub(lambda m: mounts[m.group(1)], text)
             text = re.sub(r"\b0\.0\.0\.0:", f"{pod.ip}:", text)
+            if in_pod:  # a probe's exec: loopback is the pod's own address
+                text = re.sub(r"(?<![\w.-])(127\.0\.0\.1|localhost):",
+                              f"{pod.ip}:", text)
             for host in sorted(self.hosts, key=len, reverse=True):
                 text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=:)",
                               self.hosts[host], text)
             return text
+
+        pod.localize = localize
 
         argv = [expand(a, env) for a in c.get("command", []) + c.get("args", [])]
         if not argv:
@@ -300,22 +376,40 @@ class Cluster:
         except OSError:
             return ""
 
-    def probe_grpc(self, pod, probe, name):
-        """Runs a gRPC probe as the kubelet would: a startup probe until it
+    def probe_command(self, pod, probe, name):
+        """The command line that runs `probe` here: health_probe for a gRPC
+        probe, the exec command (which must run health_probe) localized."""
+        if "grpc" in probe:
+            cmd = [self.probe, f"--addr={pod.ip}:{probe['grpc']['port']}",
+                   f"--timeout_s={probe.get('timeoutSeconds', 1)}"]
+            if probe["grpc"].get("service"):
+                cmd.append(f"--service={probe['grpc']['service']}")
+            return cmd
+        if "exec" in probe:
+            command = probe["exec"].get("command", [])
+            if not command or os.path.basename(command[0]) != PROBE:
+                raise Failure(f"{pod.name}: {name} runs {command[:1]}, not "
+                              f"{PROBE} (not emulated)")
+            return [self.probe] + [pod.localize(a, in_pod=True)
+                                   for a in command[1:]]
+        raise Failure(f"{pod.name}: {name} is neither a gRPC nor an exec probe")
+
+    def run_probe(self, pod, probe, name):
+        """Runs a probe as the kubelet would: a startup probe until it
         succeeds or periodSeconds * failureThreshold have passed (or the
-        process has exited), the others once."""
-        if "grpc" not in probe:
-            raise Failure(f"{pod.name}: {name} is not a gRPC probe")
-        port = probe["grpc"]["port"]
+        process has exited), the others once; each try is killed after
+        timeoutSeconds and then counts as failed."""
+        cmd = self.probe_command(pod, probe, name)
         timeout = probe.get("timeoutSeconds", 1)
         budget = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
         deadline = time.monotonic() + (budget if name == "startupProbe" else 0)
-        cmd = [self.probe, f"--addr={pod.ip}:{port}", f"--timeout_s={timeout}"]
-        if probe["grpc"].get("service"):
-            cmd.append(f"--service={probe['grpc']['service']}")
         while True:
-            result = subprocess.run(cmd, capture_output=True, text=True,
-                                    timeout=timeout + 30)
+            try:
+                result = subprocess.run(cmd, capture_output=True, text=True,
+                                        timeout=timeout)
+            except subprocess.TimeoutExpired:
+                result = subprocess.CompletedProcess(
+                    cmd, 1, f"no answer within timeoutSeconds ({timeout})\n", "")
             if result.returncode == 0 or time.monotonic() >= deadline:
                 break
             if pod.process.poll() is not None:
@@ -323,7 +417,7 @@ class Cluster:
                               f"{pod.process.returncode} before its {name} "
                               f"succeeded:\n{self.tail(pod)}")
             time.sleep(0.2)  # the kubelet's period, shortened
-        log(f"{name} of {pod.name}: {result.stdout.strip()} "
+        log(f"{name} of {pod.name}: {' '.join(cmd)}: {result.stdout.strip()} "
             f"(exit {result.returncode})")
         if result.returncode != 0:
             raise Failure(f"{pod.name}: {name} failed: {result.stdout}"
@@ -351,6 +445,123 @@ class Cluster:
                 pod.process.wait()
 
 
+def flags_of(argv):
+    """{name: value} of the --name=value (or bare --name) arguments."""
+    flags = {}
+    for arg in argv:
+        match = re.fullmatch(r"--?(\w+)(?:=(.*))?", arg, re.S)
+        if match:
+            flags[match.group(1)] = match.group(2) if match.group(2) is not None \
+                else "true"
+    return flags
+
+
+def selects(selector, labels):
+    if selector.get("matchExpressions"):
+        raise Failure(f"selector {selector}: matchExpressions not understood")
+    return all(labels.get(k) == v
+               for k, v in selector.get("matchLabels", {}).items())
+
+
+def check_security(objects):
+    """The hardening of tools/k8s (tools/k8s/validate/policy.js checks the
+    same, and more, on every overlay)."""
+    templates = []  # (what, labels, pod spec, daemon or None)
+    for o in objects:
+        if o["kind"] not in ("StatefulSet", "Deployment", "Job"):
+            continue
+        template = o["spec"]["template"]
+        what = f"{o['kind']} {o['metadata']['name']}"
+        spec = template["spec"]
+        labels = template.get("metadata", {}).get("labels", {})
+        if spec.get("automountServiceAccountToken") is not False:
+            raise Failure(f"{what}: automountServiceAccountToken is not false")
+        pod_sc = spec.get("securityContext", {})
+        for field in ("runAsUser", "runAsGroup", "fsGroup"):
+            value = pod_sc.get(field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise Failure(f"{what}: securityContext.{field} is {value}, "
+                              "wants a non-root number")
+        if pod_sc.get("runAsNonRoot") is not True:
+            raise Failure(f"{what}: runAsNonRoot is not true")
+        if pod_sc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            raise Failure(f"{what}: seccompProfile is not RuntimeDefault")
+        for c in spec["containers"]:
+            sc = c.get("securityContext", {})
+            for field in ("runAsUser", "runAsGroup", "runAsNonRoot",
+                          "seccompProfile"):
+                if field in sc and sc[field] != pod_sc[field]:
+                    raise Failure(f"{what}: container {c['name']} overrides "
+                                  f"{field}")
+            if sc.get("allowPrivilegeEscalation") is not False or \
+                    sc.get("readOnlyRootFilesystem") is not True or \
+                    "ALL" not in sc.get("capabilities", {}).get("drop", []):
+                raise Failure(f"{what}: container {c['name']}: wants "
+                              "allowPrivilegeEscalation false, "
+                              "readOnlyRootFilesystem true and capabilities "
+                              f"dropping ALL, has {sc}")
+            daemon = os.path.basename((c.get("command") or [""])[0])
+            templates.append((what, labels, c,
+                              daemon if daemon in BINARIES else None))
+    daemons = [t for t in templates if t[3]]
+    tls = any(f in flags_of(c.get("args", [])) for _, _, c, _ in daemons
+              for f in ("tls_ca", "tls_cert", "tls_key"))
+    for what, _, c, daemon in daemons:
+        flags = flags_of(c.get("args", []))
+        wanted = ["auth_token_file"] + (["tls_ca", "tls_cert", "tls_key"]
+                                        if tls else [])
+        missing = [f"--{f}" for f in wanted if not flags.get(f)]
+        if missing:
+            raise Failure(f"{what}: {daemon} has no {', '.join(missing)}")
+    log(f"every pod non-root with a read-only root; every daemon has "
+        f"--auth_token_file{' and the TLS flags' if tls else ''} "
+        f"(TLS {'on' if tls else 'off'})")
+    # Exactly the workers and the evaluator may reach the shards.
+    shards = [t for t in daemons if t[3] == "ps_server"]
+    clients = [t for t in daemons if t[3] != "ps_server"]
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    for what, labels, _, _ in shards:
+        allowed = [(p, rule) for p in policies
+                   if selects(p["spec"].get("podSelector", {}), labels)
+                   for rule in p["spec"].get("ingress", [])]
+        if not any(selects(p["spec"].get("podSelector", {}), labels)
+                   for p in policies):
+            raise Failure(f"{what}: no NetworkPolicy selects the shards")
+        reached = set()
+        for policy, rule in allowed:
+            if not rule.get("from"):
+                raise Failure(f"NetworkPolicy {policy['metadata']['name']}: "
+                              "a rule admits every source")
+            for peer in rule["from"]:
+                if set(peer) != {"podSelector"}:
+                    raise Failure(f"NetworkPolicy {policy['metadata']['name']}"
+                                  f": admits {peer}, not only pods by label")
+                matched = {t[0] for t in templates
+                           if selects(peer["podSelector"], t[1])}
+                if not matched or matched - {t[0] for t in clients}:
+                    raise Failure(f"NetworkPolicy {policy['metadata']['name']}"
+                                  f": admits {peer}, which selects "
+                                  f"{sorted(matched) or 'nothing'}, not only "
+                                  "workers and evaluators")
+                reached |= matched
+        if reached != {t[0] for t in clients}:
+            raise Failure(f"{what}: the NetworkPolicies admit {sorted(reached)}"
+                          f", not the workers and evaluators "
+                          f"{sorted(t[0] for t in clients)}")
+    # Every other pod takes no connections at all.
+    for what, labels, _, daemon in templates:
+        applying = [p for p in policies
+                    if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                    and selects(p["spec"].get("podSelector", {}), labels)]
+        if not applying:
+            raise Failure(f"{what}: no NetworkPolicy restricts its ingress")
+        if daemon != "ps_server" and any(p["spec"].get("ingress")
+                                         for p in applying):
+            raise Failure(f"{what}: a NetworkPolicy admits connections to it")
+    log(f"NetworkPolicy: only {sorted({t[0] for t in clients})} reach the "
+        "shards; nothing reaches the other pods")
+
+
 def check_static(objects):
     kinds = {}
     for o in objects:
@@ -376,13 +587,41 @@ def check_static(objects):
                    r["onExitCodes"].get("operator") == "In" for r in rules):
             raise Failure("Job: no podFailurePolicy rule failing the Job on "
                           "exit code 2")
+    check_security(objects)
 
 
-def run(objects, bin_dir, probe):
+def check_tls(cluster, pod):
+    """A shard with TLS turns away a plaintext client, and its certificate
+    holds the name the workers dial in a cluster (<pod>.<service>), made as
+    tools/k8s/README.md says."""
+    flags = flags_of(pod.argv[1:])
+    if not flags.get("tls_cert"):
+        return
+    port = flags["listen"].rsplit(":", 1)[1]
+    plain = subprocess.run([cluster.probe, f"--addr={pod.ip}:{port}"],
+                           capture_output=True, text=True, timeout=30)
+    if plain.returncode == 0:
+        raise Failure(f"{pod.name}: a plaintext client got an answer: "
+                      f"{plain.stdout}")
+    certs = os.path.join(cluster.work_dir, "certs")
+    named = subprocess.run(
+        [cluster.probe, f"--addr={pod.ip}:{port}", "--timeout_s=5",
+         f"--tls_ca={certs}/ca.pem", f"--tls_cert={certs}/client.pem",
+         f"--tls_key={certs}/client.key",
+         f"--tls_server_name={pod.dns_name}"],
+        capture_output=True, text=True, timeout=30)
+    if named.returncode != 0:
+        raise Failure(f"{pod.name}: no TLS answer under the name "
+                      f"{pod.dns_name}: {named.stdout}{named.stderr}")
+    log(f"{pod.name}: plaintext refused; TLS answers as {pod.dns_name}")
+
+
+def run(objects, bin_dir, probe, make_certs):
     check_static(objects)
     work_dir = tempfile.mkdtemp(prefix="monsoon-k8s-pods-")
     cluster = Cluster(objects, bin_dir, probe, work_dir)
     cluster.plan()
+    cluster.make_secrets(make_certs)
     servers = [p for p in cluster.pods if p.kind == "StatefulSet"]
     services = [p for p in cluster.pods if p.kind == "Deployment"]
     workers = [p for p in cluster.pods if p.kind == "Job"]
@@ -398,7 +637,8 @@ def run(objects, bin_dir, probe):
                     raise Failure(f"{pod.name} exited with code "
                                   f"{pod.process.returncode}:\n"
                                   f"{cluster.tail(pod)}")
-                cluster.probe_grpc(pod, c[name], name)
+                cluster.run_probe(pod, c[name], name)
+            check_tls(cluster, pod)
         for pod in services + workers:
             cluster.start(pod)
         deadline = time.monotonic() + WORKER_TIMEOUT_S
@@ -442,8 +682,8 @@ def run(objects, bin_dir, probe):
         # A rescheduled shard resumes from its volume.
         pod = servers[0]
         cluster.start(pod, suffix="-restarted")
-        cluster.probe_grpc(pod, pod.spec["containers"][0]["startupProbe"],
-                           "startupProbe")
+        cluster.run_probe(pod, pod.spec["containers"][0]["startupProbe"],
+                          "startupProbe")
         code = cluster.terminate(pod)
         log_text = cluster.tail(pod, 50)
         if code != 0 or "resumed from" not in log_text:
@@ -462,6 +702,7 @@ def main():
     parser.add_argument("--rendered", help="already rendered YAML")
     parser.add_argument("--bin_dir")
     parser.add_argument("--probe")
+    parser.add_argument("--make_certs", help="tools/make_certs.sh")
     args = parser.parse_args()
     runfiles = os.environ.get("TEST_SRCDIR")
     if runfiles:
@@ -470,6 +711,21 @@ def main():
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     bin_dir = args.bin_dir or (root if runfiles else os.path.join(root, "bazel-bin"))
     probe = args.probe or os.path.join(bin_dir, "tools/k8s/health_probe")
+    # In the runfiles where a BUILD file puts it there; else beside the
+    # source of this file (runfiles link to the source tree).
+    make_certs = args.make_certs
+    for candidate in (os.path.join(root, "tools/make_certs.sh"),
+                      os.path.join(os.path.dirname(os.path.dirname(
+                          os.path.realpath(__file__))), "tools/make_certs.sh")):
+        if make_certs is None and os.path.isfile(candidate):
+            make_certs = candidate
+    if make_certs is None:
+        log("FAILED: tools/make_certs.sh not found (give --make_certs)")
+        return 1
+    if shutil.which("openssl") is None:
+        print("SKIPPED: openssl is not installed; no certificates for the "
+              "manifests' TLS Secret")
+        return 0
     if args.rendered:
         with open(args.rendered) as f:
             text = f.read()
@@ -484,7 +740,7 @@ def main():
     objects = [o for o in yaml.safe_load_all(text) if o]
     started = time.monotonic()
     try:
-        run(objects, bin_dir, probe)
+        run(objects, bin_dir, probe, make_certs)
     except Failure as failure:
         log(f"FAILED: {failure}")
         return 1
