@@ -243,7 +243,7 @@ grpc::Status WaitExpired(const Shared& shared, const char* what,
 
 // Pull: waits (without a thread) for the wanted version, then streams the
 // rule's snapshot. Holds one of its rank's pull slots, taken by the caller,
-// until it is done. Deletes itself.
+// until it ends. Deletes itself.
 class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(const Shared& shared, int rank, int64_t min_version)
@@ -255,35 +255,40 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     wait_.Start(
         min_version, [this] { Ready(); }, shared.max_wait,
         [this, min_version] {
-          Finish(WaitExpired(shared_, "pull", min_version));
+          End(WaitExpired(shared_, "pull", min_version));
         });
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) return Finish(Cancelled("pull cancelled"));
+    if (!ok) return End(Cancelled("pull cancelled"));
     WriteNext();
   }
 
   void OnCancel() override {
     // If the waiter had already run, the write path finishes the call.
     if (wait_.Cancel()) {
-      Finish(Cancelled("pull cancelled while waiting for its version"));
+      End(Cancelled("pull cancelled while waiting for its version"));
     }
   }
 
-  void OnDone() override {
-    shared_.pull_slots->Release(rank_);
-    delete this;
-  }
+  void OnDone() override { delete this; }
 
  private:
+  // Every path ends here, once: the slot is given back as the call ends,
+  // before its client can see the answer and start its next pull (OnDone
+  // would come later, and a quick client would find its slots still taken).
+  void End(const grpc::Status& status) {
+    shared_.pull_slots->Release(rank_);
+    Finish(status);
+  }
+
   void Ready() {
     chunks_ = SnapshotChunks(shared_.rule->Snapshot(), shared_.chunk_values);
     WriteNext();
   }
 
   void WriteNext() {
-    if (chunks_.done()) return Finish(grpc::Status::OK);
+    if (chunks_.done()) return End(grpc::Status::OK);
     message_ = chunks_.Next(nullptr);
     if (count_bytes_) {
       shared_.state->RecordPulledBytes(static_cast<int64_t>(message_.Length()));
