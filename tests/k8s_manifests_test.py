@@ -401,12 +401,16 @@ class Cluster:
         timeoutSeconds and then counts as failed."""
         cmd = self.probe_command(pod, probe, name)
         timeout = probe.get("timeoutSeconds", 1)
+        # A gRPC probe's deadline is health_probe's --timeout_s; its process
+        # start, which the kubelet does not have, gets slack. An exec probe
+        # is the command the kubelet itself would kill after timeoutSeconds.
+        limit = timeout + 30 if "grpc" in probe else timeout
         budget = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
         deadline = time.monotonic() + (budget if name == "startupProbe" else 0)
         while True:
             try:
                 result = subprocess.run(cmd, capture_output=True, text=True,
-                                        timeout=timeout)
+                                        timeout=limit)
             except subprocess.TimeoutExpired:
                 result = subprocess.CompletedProcess(
                     cmd, 1, f"no answer within timeoutSeconds ({timeout})\n", "")
