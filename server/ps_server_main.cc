@@ -56,6 +56,9 @@ ABSL_FLAG(double, max_wait_s, 0,
           "version before it is answered DEADLINE_EXCEEDED; 0: the config's "
           "sync_timeout_s plus 10, so that honest clients give up first "
           "(env MONSOON_MAX_WAIT_S).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0: "
+          "any free one); empty: none (env MONSOON_METRICS_LISTEN).");
 ABSL_FLAG(double, idle_connection_timeout_s, 300,
           "Seconds after which a connection without calls is closed "
           "(env MONSOON_IDLE_CONNECTION_TIMEOUT_S).");
@@ -186,6 +189,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_streams_per_connection);
   options.max_pushes_per_rank = absl::GetFlag(FLAGS_max_pushes_per_rank);
   options.max_pulls_per_rank = absl::GetFlag(FLAGS_max_pulls_per_rank);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
   options.idle_connection_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_connection_timeout_s));
@@ -251,6 +255,10 @@ int main(int argc, char** argv) {
       monsoon::common::OptimizerName(config->optimizer()), range.begin,
       range.end, monsoon::common::ModelLayout::FromConfig(*config).num_params(),
       monsoon::common::ConfigFingerprint(*config));
+  if ((*server)->metrics_port() != 0) {
+    monsoon::common::Log("ps_server: metrics on port %d (GET /metrics)",
+                         (*server)->metrics_port());
+  }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
     // Write then rename, so that a reader never sees a partial file.

@@ -15,12 +15,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
 #include "common/model_layout.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
+#include "server/shard_metrics.h"
 
 namespace monsoon::server {
 
@@ -181,6 +183,19 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   const absl::string_view address = options.listen_address;
   server->host_ = std::string(address.substr(0, address.rfind(':')));
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<common::MetricsExporter>> metrics =
+        common::MetricsExporter::Start(
+            options.metrics_listen,
+            {{"role", "shard"},
+             {"shard", absl::StrCat(options.shard)},
+             {"mode", common::ModeName(options.config.mode())},
+             {"config", absl::StrFormat("%016x", common::ConfigFingerprint(
+                                                     options.config))}});
+    if (!metrics.ok()) return metrics.status();
+    server->metrics_ = *std::move(metrics);
+    server->metrics_->Add(std::make_shared<ShardMetrics>(server->state_.get()));
+  }
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   {
@@ -274,6 +289,10 @@ absl::Status ShardServer::SaveCheckpoint(int64_t* version) {
 }
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+
+int ShardServer::metrics_port() const {
+  return metrics_ != nullptr ? metrics_->port() : 0;
+}
 
 std::string ShardServer::address() const {
   return absl::StrCat(host_, ":", port_);

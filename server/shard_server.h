@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/metrics_exporter.h"
 #include "proto/config.pb.h"
 #include "server/parameter_service.h"
 #include "server/shard_state.h"
@@ -62,6 +63,8 @@ struct ShardServerOptions {
   // The run's secret (common/auth.h): every call must carry it, or it is
   // answered UNAUTHENTICATED. Empty: no authentication.
   std::string auth_token;
+  // HOST:PORT for Prometheus' /metrics (port 0: any free one); empty: none.
+  std::string metrics_listen;
   // TLS (common/tls.h); null: plaintext.
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // A push with a value beyond this magnitude is refused INVALID_ARGUMENT
@@ -110,6 +113,8 @@ class ShardServer {
   ~ShardServer();
 
   int port() const { return port_; }
+  // The port of /metrics, or 0 when not serving metrics.
+  int metrics_port() const;
   std::string address() const;
   ShardState* state() { return state_.get(); }
   UpdateRule* rule() { return rule_.get(); }
@@ -158,6 +163,8 @@ class ShardServer {
   std::unique_ptr<UpdateRule> rule_;
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  // After state_, so that it stops serving metrics before the state goes.
+  std::unique_ptr<common::MetricsExporter> metrics_;
 
   // Periodic checkpoints: the thread runs until stop_checkpoints_ is
   // notified, and is joined in Shutdown before the server stops.

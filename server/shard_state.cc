@@ -300,6 +300,7 @@ void ShardState::RecordPush(int64_t staleness, int64_t samples, int64_t bytes) {
   AddSaturating(bytes_pushed_, bytes);
   staleness = std::max<int64_t>(staleness, 0);
   staleness_max_ = std::max(staleness_max_, staleness);
+  AddSaturating(staleness_sum_, staleness);
   ++staleness_counts_[std::min<int64_t>(staleness, kStalenessBuckets - 1)];
 }
 
@@ -399,6 +400,7 @@ StatsResponse ShardState::Stats() const {
   }
   stats.set_duplicate_pushes(duplicate_pushes_);
   stats.set_refused_updates(refused_updates_);
+  stats.set_staleness_sum(staleness_sum_);
   // Trim trailing zero buckets to keep the message small.
   size_t used = staleness_counts_.size();
   while (used > 0 && staleness_counts_[used - 1] == 0) --used;
@@ -433,6 +435,7 @@ void ShardState::RestoreStats(const StatsResponse& stats) {
   }
   duplicate_pushes_ = stats.duplicate_pushes();
   refused_updates_ = stats.refused_updates();
+  staleness_sum_ = stats.staleness_sum();
   std::fill(staleness_counts_.begin(), staleness_counts_.end(), 0);
   const int n = std::min<int>(stats.staleness_counts_size(),
                               static_cast<int>(staleness_counts_.size()));

@@ -238,6 +238,7 @@ class ShardState {
   int64_t bytes_pushed_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t bytes_pulled_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t staleness_max_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t staleness_sum_ ABSL_GUARDED_BY(stats_mu_) = 0;
   std::vector<int64_t> staleness_counts_ ABSL_GUARDED_BY(stats_mu_);
   std::map<int, int64_t> applied_samples_ ABSL_GUARDED_BY(stats_mu_);
   std::map<int, int64_t> positions_ ABSL_GUARDED_BY(stats_mu_);

@@ -15,6 +15,7 @@ packages=(
   zlib1g-dev
   libssl-dev             # constant-time token comparison (libcrypto)
   openssl                # tools/make_certs.sh
+  prometheus-cpp-dev     # /metrics (prometheus-cpp: metric families, HTTP endpoint)
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
   python3 python3-matplotlib  # compare_modes' report and plots
   python3-yaml           # tests/k8s_manifests_test.py reads the rendered manifests

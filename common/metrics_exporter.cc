@@ -1,0 +1,185 @@
+#include "common/metrics_exporter.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <exception>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "prometheus/exposer.h"
+
+namespace monsoon::common {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// What Prometheus' client libraries export for a process, from /proc.
+class ProcessMetrics : public prometheus::Collectable {
+ public:
+  ProcessMetrics() : start_(absl::Now()) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> families;
+    families.push_back(Counter("process_cpu_seconds_total",
+                               "User and system CPU time spent, in seconds.",
+                               CpuSeconds()));
+    families.push_back(Gauge("process_resident_memory_bytes",
+                             "Resident memory size in bytes.",
+                             ResidentBytes()));
+    families.push_back(
+        Gauge("process_open_fds", "Open file descriptors.", OpenFds()));
+    families.push_back(
+        Gauge("process_start_time_seconds",
+              "Start time of the process since the Unix epoch, in seconds.",
+              absl::ToDoubleSeconds(start_ - absl::UnixEpoch())));
+    return families;
+  }
+
+ private:
+  // utime + stime of /proc/self/stat (fields 14 and 15), in seconds.
+  static double CpuSeconds() {
+    std::ifstream in("/proc/self/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+    // The command name (field 2) may hold spaces: count from its ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) return 0;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+      if (i >= 14) {
+        double value = 0;
+        if (absl::SimpleAtod(field, &value)) ticks += value;
+      }
+    }
+    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+
+  static double ResidentBytes() {
+    std::ifstream in("/proc/self/statm");
+    double pages_total = 0, pages_resident = 0;
+    in >> pages_total >> pages_resident;
+    return pages_resident * static_cast<double>(sysconf(_SC_PAGESIZE));
+  }
+
+  static double OpenFds() {
+    DIR* dir = opendir("/proc/self/fd");
+    if (dir == nullptr) return 0;
+    int count = 0;
+    while (dirent* entry = readdir(dir)) {
+      if (entry->d_name[0] != '.') ++count;
+    }
+    closedir(dir);
+    return count - 1;  // less the one opendir holds
+  }
+
+  const absl::Time start_;
+};
+
+// monsoon_build_info{...} 1.
+class BuildInfo : public prometheus::Collectable {
+ public:
+  explicit BuildInfo(std::map<std::string, std::string> labels)
+      : labels_(std::move(labels)) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    MetricFamily family = Gauge(
+        "monsoon_build_info",
+        "Always 1; its labels say what this daemon runs (role, mode, config "
+        "fingerprint).",
+        1);
+    for (const auto& [name, value] : labels_) {
+      family.metric[0].label.push_back({name, value});
+    }
+    return {family};
+  }
+
+ private:
+  const std::map<std::string, std::string> labels_;
+};
+
+}  // namespace
+
+MetricFamily Gauge(const std::string& name, const std::string& help,
+                   double value) {
+  MetricFamily family{name, help, MetricType::Gauge, {}};
+  ClientMetric metric;
+  metric.gauge.value = value;
+  family.metric.push_back(std::move(metric));
+  return family;
+}
+
+MetricFamily Counter(const std::string& name, const std::string& help,
+                     double value) {
+  MetricFamily family{name, help, MetricType::Counter, {}};
+  ClientMetric metric;
+  metric.counter.value = value;
+  family.metric.push_back(std::move(metric));
+  return family;
+}
+
+MetricFamily LabeledCounter(const std::string& name, const std::string& help,
+                            const std::string& label,
+                            const std::map<std::string, double>& values) {
+  MetricFamily family{name, help, MetricType::Counter, {}};
+  for (const auto& [key, value] : values) {
+    ClientMetric metric;
+    metric.label.push_back({label, key});
+    metric.counter.value = value;
+    family.metric.push_back(std::move(metric));
+  }
+  return family;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
+    const std::string& listen,
+    const std::map<std::string, std::string>& build_info) {
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_listen='", listen,
+                     "' is not HOST:PORT with a port from 0 to 65535"));
+  }
+  std::unique_ptr<MetricsExporter> exporter(new MetricsExporter());
+  try {
+    exporter->exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on '", listen, "': ", e.what(),
+                     " (is the address valid and the port free?)"));
+  }
+  const std::vector<int> ports = exporter->exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on '", listen, "'"));
+  }
+  exporter->port_ = ports[0];
+  exporter->Add(std::make_shared<BuildInfo>(build_info));
+  exporter->Add(std::make_shared<ProcessMetrics>());
+  return exporter;
+}
+
+MetricsExporter::~MetricsExporter() {
+  exposer_.reset();  // stops serving before the collectables go
+}
+
+void MetricsExporter::Add(
+    const std::shared_ptr<prometheus::Collectable>& collectable) {
+  owned_.push_back(collectable);
+  exposer_->RegisterCollectable(collectable);
+}
+
+}  // namespace monsoon::common

@@ -1,0 +1,108 @@
+#include "server/shard_metrics.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "common/metrics_exporter.h"
+#include "proto/service.pb.h"
+
+namespace monsoon::server {
+namespace {
+
+using common::Counter;
+using common::Gauge;
+using common::LabeledCounter;
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+
+// A per-rank map of the stats as a rank-labelled counter.
+MetricFamily PerRank(const std::string& name, const std::string& help,
+                     const google::protobuf::Map<int32_t, int64_t>& by_rank) {
+  std::map<std::string, double> values;
+  for (const auto& [rank, value] : by_rank) {
+    values[std::to_string(rank)] = static_cast<double>(value);
+  }
+  return LabeledCounter(name, help, "rank", values);
+}
+
+// staleness_counts[k] pushes had staleness k (the last entry: at least k),
+// as a cumulative histogram with a bucket per staleness up to the last.
+MetricFamily StalenessHistogram(const StatsResponse& stats) {
+  MetricFamily family{
+      "monsoon_shard_push_staleness",
+      "Versions the shard had advanced between a push's base version and its "
+      "application.",
+      prometheus::MetricType::Histogram,
+      {}};
+  ClientMetric metric;
+  uint64_t cumulative = 0;
+  // The last of ShardState's buckets holds every push at least that stale:
+  // +Inf's, which the count gives.
+  const int buckets = std::min(stats.staleness_counts_size(),
+                               ShardState::kStalenessBuckets - 1);
+  for (int k = 0; k < buckets; ++k) {
+    cumulative += static_cast<uint64_t>(stats.staleness_counts(k));
+    metric.histogram.bucket.push_back({cumulative, static_cast<double>(k)});
+  }
+  metric.histogram.sample_count = static_cast<uint64_t>(stats.pushes());
+  metric.histogram.sample_sum = static_cast<double>(stats.staleness_sum());
+  family.metric.push_back(std::move(metric));
+  return family;
+}
+
+}  // namespace
+
+std::vector<MetricFamily> ShardMetrics::Collect() const {
+  const StatsResponse stats = state_->Stats();
+  std::vector<MetricFamily> families;
+  families.push_back(Gauge("monsoon_shard_version",
+                           "The version of the shard's weights.",
+                           static_cast<double>(stats.version())));
+  families.push_back(Counter("monsoon_shard_pushes_total",
+                             "Pushes applied (in sync, collected).",
+                             static_cast<double>(stats.pushes())));
+  families.push_back(Counter(
+      "monsoon_shard_rejected_pushes_total",
+      "Pushes refused: malformed, out of bounds, of another rank's session, "
+      "over a limit, or an update that would overflow.",
+      static_cast<double>(stats.rejected_pushes())));
+  families.push_back(Counter(
+      "monsoon_shard_refused_updates_total",
+      "Updates refused because they would have made a weight or an optimizer "
+      "value infinite or NaN.",
+      static_cast<double>(stats.refused_updates())));
+  families.push_back(
+      Counter("monsoon_shard_duplicate_pushes_total",
+              "Pushes acknowledged as repeats of examples already applied.",
+              static_cast<double>(stats.duplicate_pushes())));
+  families.push_back(Counter("monsoon_shard_pushed_bytes_total",
+                             "Serialized bytes received in pushes.",
+                             static_cast<double>(stats.bytes_pushed())));
+  families.push_back(Counter("monsoon_shard_pulled_bytes_total",
+                             "Serialized bytes sent in workers' pulls.",
+                             static_cast<double>(stats.bytes_pulled())));
+  families.push_back(Counter("monsoon_shard_samples_total",
+                             "Training examples the pushes summarize.",
+                             static_cast<double>(stats.samples())));
+  families.push_back(PerRank("monsoon_shard_samples_applied_total",
+                             "Training examples in the weights, per rank.",
+                             stats.samples_applied_by_worker()));
+  families.push_back(PerRank(
+      "monsoon_shard_samples_skipped_total",
+      "Training examples passed over, per rank (a sync step closed without "
+      "the rank, or refused).",
+      stats.samples_skipped_by_worker()));
+  families.push_back(StalenessHistogram(stats));
+  families.push_back(Gauge("monsoon_shard_waiting_calls",
+                           "Pulls and sync push-pulls waiting for a version.",
+                           static_cast<double>(state_->NumWaiting())));
+  families.push_back(
+      Gauge("monsoon_shard_max_concurrent_applies",
+            "The most pushes seen writing the weights at once.",
+            static_cast<double>(stats.max_concurrent_applies())));
+  return families;
+}
+
+}  // namespace monsoon::server

@@ -1,0 +1,168 @@
+#include "server/shard_metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics_exporter.h"
+#include "common/model_layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/shard_state.h"
+#include "tests/status_matchers.h"
+
+namespace monsoon::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const common::ModelLayout& Layout() {
+  static const common::ModelLayout* layout = new common::ModelLayout({6, 5, 3});
+  return *layout;
+}
+
+const prometheus::MetricFamily* Find(
+    const std::vector<prometheus::MetricFamily>& families,
+    const std::string& name) {
+  for (const auto& family : families) {
+    if (family.name == name) return &family;
+  }
+  return nullptr;
+}
+
+// What a shard has counted, family by family.
+TEST(ShardMetricsTest, EachFamilyHoldsWhatTheShardCounted) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.RecordPush(/*staleness=*/0, /*samples=*/8, /*bytes=*/100);
+  state.RecordPush(2, 8, 100);
+  state.RecordPush(0, 4, 50);
+  state.RecordAppliedSamples(0, 12);
+  state.RecordAppliedSamples(3, 8);
+  state.RecordRejectedPush();
+  state.RecordRefusedUpdate();
+  state.RecordPulledBytes(70);
+  state.AdvanceVersion(3);
+  const std::vector<prometheus::MetricFamily> families =
+      ShardMetrics(&state).Collect();
+
+  auto gauge = [&](const std::string& name) {
+    const prometheus::MetricFamily* family = Find(families, name);
+    EXPECT_NE(family, nullptr) << name;
+    if (family == nullptr) return -1.0;
+    EXPECT_EQ(family->type, prometheus::MetricType::Gauge) << name;
+    return family->metric.at(0).gauge.value;
+  };
+  auto counter = [&](const std::string& name) {
+    const prometheus::MetricFamily* family = Find(families, name);
+    EXPECT_NE(family, nullptr) << name;
+    if (family == nullptr) return -1.0;
+    EXPECT_EQ(family->type, prometheus::MetricType::Counter) << name;
+    return family->metric.at(0).counter.value;
+  };
+  EXPECT_EQ(gauge("monsoon_shard_version"), 3);
+  EXPECT_EQ(counter("monsoon_shard_pushes_total"), 3);
+  EXPECT_EQ(counter("monsoon_shard_rejected_pushes_total"), 1);
+  EXPECT_EQ(counter("monsoon_shard_refused_updates_total"), 1);
+  EXPECT_EQ(counter("monsoon_shard_pushed_bytes_total"), 250);
+  EXPECT_EQ(counter("monsoon_shard_pulled_bytes_total"), 70);
+  EXPECT_EQ(counter("monsoon_shard_samples_total"), 20);
+  EXPECT_EQ(gauge("monsoon_shard_waiting_calls"), 0);
+
+  const prometheus::MetricFamily* applied =
+      Find(families, "monsoon_shard_samples_applied_total");
+  ASSERT_NE(applied, nullptr);
+  std::map<std::string, double> by_rank;
+  for (const auto& metric : applied->metric) {
+    ASSERT_EQ(metric.label.size(), 1u);
+    EXPECT_EQ(metric.label[0].name, "rank");
+    by_rank[metric.label[0].value] = metric.counter.value;
+  }
+  EXPECT_EQ(by_rank, (std::map<std::string, double>{{"0", 12}, {"3", 8}}));
+
+  // Staleness 0, 2, 0: cumulative buckets le 0: 2, le 1: 2, le 2: 3.
+  const prometheus::MetricFamily* staleness =
+      Find(families, "monsoon_shard_push_staleness");
+  ASSERT_NE(staleness, nullptr);
+  EXPECT_EQ(staleness->type, prometheus::MetricType::Histogram);
+  const auto& histogram = staleness->metric.at(0).histogram;
+  EXPECT_EQ(histogram.sample_count, 3u);
+  EXPECT_EQ(histogram.sample_sum, 2);
+  std::vector<std::pair<double, uint64_t>> buckets;
+  for (const auto& bucket : histogram.bucket) {
+    buckets.emplace_back(bucket.upper_bound, bucket.cumulative_count);
+  }
+  EXPECT_THAT(buckets,
+              ElementsAre(std::make_pair(0.0, 2u), std::make_pair(1.0, 2u),
+                          std::make_pair(2.0, 3u)));
+}
+
+// GET `path` from 127.0.0.1:`port` over plain HTTP/1.0: the whole answer.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) !=
+      0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
+  if (write(fd, request.data(), request.size()) !=
+      static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return "";
+  }
+  std::string answer;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) answer.append(buffer, n);
+  close(fd);
+  return answer;
+}
+
+TEST(MetricsExporterTest, ServesTheFamiliesInPrometheusTextFormat) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.RecordPush(1, 8, 100);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<common::MetricsExporter> exporter,
+      common::MetricsExporter::Start("127.0.0.1:0",
+                                     {{"role", "shard"}, {"mode", "sync"}}));
+  exporter->Add(std::make_shared<ShardMetrics>(&state));
+  ASSERT_GT(exporter->port(), 0);
+  const std::string answer = HttpGet(exporter->port(), "/metrics");
+  EXPECT_THAT(answer, HasSubstr("200 OK"));
+  EXPECT_THAT(answer, HasSubstr("# TYPE monsoon_shard_pushes_total counter\n"
+                                "monsoon_shard_pushes_total 1\n"));
+  EXPECT_THAT(
+      answer,
+      HasSubstr("monsoon_build_info{mode=\"sync\",role=\"shard\"} 1\n"));
+  EXPECT_THAT(answer,
+              HasSubstr("monsoon_shard_push_staleness_bucket{le=\"1\"} 1\n"));
+  EXPECT_THAT(answer,
+              HasSubstr("# TYPE process_resident_memory_bytes gauge\n"));
+}
+
+TEST(MetricsExporterTest, AnAddressThatCannotServeIsAClearError) {
+  EXPECT_THAT(common::MetricsExporter::Start("127.0.0.1:99999", {}),
+              testutil::StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("not HOST:PORT")));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<common::MetricsExporter> taken,
+                       common::MetricsExporter::Start("127.0.0.1:0", {}));
+  EXPECT_THAT(common::MetricsExporter::Start(
+                  absl::StrCat("127.0.0.1:", taken->port()), {}),
+              testutil::StatusIs(absl::StatusCode::kUnavailable,
+                                 HasSubstr("cannot serve metrics")));
+}
+
+}  // namespace
+}  // namespace monsoon::server
