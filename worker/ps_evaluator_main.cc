@@ -13,11 +13,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
+#include "common/metrics_exporter.h"
 #include "common/model_layout.h"
 #include "common/process_tuning.h"
 #include "common/termination.h"
@@ -28,7 +30,11 @@
 #include "worker/evaluator.h"
 #include "worker/mlp.h"
 #include "worker/ps_client.h"
+#include "worker/worker_metrics.h"
 
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0: "
+          "any free one); empty: none (env MONSOON_METRICS_LISTEN).");
 ABSL_FLAG(std::string, servers, "",
           "Comma-separated host:port of every "
           "ps_server, in shard order (env MONSOON_SERVERS).");
@@ -169,6 +175,21 @@ int main(int argc, char** argv) {
   (*client)->set_stop(nullptr);
   monsoon::worker::Evaluator evaluator(client->get(), mlp->get(), &*test,
                                        start);
+  auto eval_metrics = std::make_shared<monsoon::worker::EvaluatorMetrics>();
+  std::unique_ptr<monsoon::common::MetricsExporter> metrics;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+      !listen.empty()) {
+    auto started = monsoon::common::MetricsExporter::Start(
+        listen,
+        {{"role", "evaluator"},
+         {"mode", monsoon::common::ModeName(config->mode())},
+         {"config", absl::StrFormat("%016x", monsoon::common::ConfigFingerprint(
+                                                 *config))}});
+    if (!started.ok()) return Fail(kConfigError, started.status());
+    metrics = *std::move(started);
+    metrics->Add(eval_metrics);
+    monsoon::common::Log("ps_evaluator: metrics on port %d", metrics->port());
+  }
   monsoon::EvalCurve curve;
   const absl::Duration interval =
       absl::Seconds(absl::GetFlag(FLAGS_interval_s));
@@ -194,6 +215,7 @@ int main(int argc, char** argv) {
       continue;
     }
     *curve.add_points() = *point;
+    eval_metrics->Record(*point, absl::Now());
     monsoon::common::Log(
         "eval: %.1f s  samples %d  version %d  test accuracy %.4f  loss %.4f%s",
         point->time_s(), point->samples(), point->version(),

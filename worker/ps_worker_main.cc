@@ -11,11 +11,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
+#include "common/metrics_exporter.h"
 #include "common/model_layout.h"
 #include "common/process_tuning.h"
 #include "common/termination.h"
@@ -26,6 +28,7 @@
 #include "worker/mlp.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
+#include "worker/worker_metrics.h"
 
 ABSL_FLAG(int, rank, 0, "This worker's rank, 0-based (env MONSOON_RANK).");
 ABSL_FLAG(int, num_workers, 1,
@@ -75,6 +78,9 @@ ABSL_FLAG(std::string, report_out, "",
           "(text-format monsoon.WorkerReport: steps, examples, the times of "
           "the first and last step, how it ended), also after an error or a "
           "signal (env MONSOON_REPORT_OUT).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0: "
+          "any free one); empty: none (env MONSOON_METRICS_LISTEN).");
 ABSL_FLAG(bool, resume, true,
           "Start this rank's data after the examples the servers have "
           "already applied from it, so that a restarted worker continues "
@@ -273,6 +279,26 @@ int main(int argc, char** argv) {
   }
   monsoon::worker::WorkerResult progress;
   context.progress = &progress;
+  monsoon::worker::WorkerCounters counters;
+  context.counters = &counters;
+  // After the client and the counters: stops serving before they go.
+  std::unique_ptr<monsoon::common::MetricsExporter> metrics;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+      !listen.empty()) {
+    auto started = monsoon::common::MetricsExporter::Start(
+        listen,
+        {{"role", "worker"},
+         {"rank", absl::StrCat(rank)},
+         {"mode", monsoon::common::ModeName(config->mode())},
+         {"config", absl::StrFormat("%016x", monsoon::common::ConfigFingerprint(
+                                                 *config))}});
+    if (!started.ok()) return Fail(kConfigError, started.status());
+    metrics = *std::move(started);
+    metrics->Add(std::make_shared<monsoon::worker::WorkerMetrics>(
+        &counters, client->get()));
+    monsoon::common::Log("ps_worker: rank %d: metrics on port %d", rank,
+                         metrics->port());
+  }
   auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
   // Done or stopping: no sync step should wait for this rank's lease.
   if (absl::Status left = (*client)->Leave(absl::Seconds(2));

@@ -179,6 +179,13 @@ void ProgressLog::Step(double loss, int64_t samples) {
   loss_sum_ += loss;
   ++loss_count_;
   if (context_.progress != nullptr) *context_.progress = result_;
+  if (WorkerCounters* counters = context_.counters; counters != nullptr) {
+    counters->steps.fetch_add(1);
+    counters->samples.fetch_add(samples);
+    counters->last_loss.store(loss);
+    counters->last_step_time.store(
+        absl::ToDoubleSeconds(now - absl::UnixEpoch()));
+  }
   if (context_.log_interval <= absl::ZeroDuration() ||
       now - last_log_ < context_.log_interval) {
     return;

@@ -6,6 +6,7 @@
 #ifndef MONSOON_WORKER_TRAINING_LOOP_H_
 #define MONSOON_WORKER_TRAINING_LOOP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +35,16 @@ struct WorkerResult {
 };
 
 // What a loop needs; nothing here is owned by the loop.
+// What a worker has done, updated by its training loop at every step
+// (ProgressLog) and read from other threads (worker_metrics.h). Thread-safe.
+struct WorkerCounters {
+  std::atomic<int64_t> steps{0};
+  std::atomic<int64_t> samples{0};
+  std::atomic<double> last_loss{0};
+  // When the last step ended, in seconds since the Unix epoch (0: none yet).
+  std::atomic<double> last_step_time{0};
+};
+
 struct WorkerContext {
   TrainingConfig config;  // resolved
   int rank = 0;
@@ -56,6 +67,8 @@ struct WorkerContext {
   // If not null, kept up to date after every step, so that what was done
   // is known also when the loop ends with an error or a stop.
   WorkerResult* progress = nullptr;
+  // If not null, counted at every step too (for metrics).
+  WorkerCounters* counters = nullptr;
   // How long a loop waits for a lost shard to come back (RideOut) before
   // it gives up.
   absl::Duration shard_lost_timeout = absl::Minutes(5);
