@@ -53,6 +53,11 @@ ABSL_FLAG(std::string, tls_dir, "",
           "folder (as tools/make_certs.sh DIR makes them). Default: "
           "plaintext on loopback; every run has its own auth token either "
           "way.");
+ABSL_FLAG(int, metrics_port, 0,
+          "If not 0, every daemon serves Prometheus metrics on 127.0.0.1 from "
+          "this port on (shards first, then workers, then the evaluator), and "
+          "WORK_DIR/metrics_targets.json lists them for Prometheus' "
+          "file_sd_configs.");
 ABSL_FLAG(std::string, work_dir, "",
           "Folder for the run's config and curve "
           "(default: a new /tmp/monsoon-run-XXXXXX).");
@@ -114,6 +119,14 @@ int main(int argc, char** argv) {
   options.max_restarts = absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
   options.faults = *std::move(faults);
   options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (options.metrics_port < 0 ||
+      options.metrics_port + servers + workers > 65535) {
+    return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
+                                  "--metrics_port=", options.metrics_port,
+                                  " leaves no room for ", servers + workers + 1,
+                                  " daemons below port 65536")));
+  }
   options.config = *config;
   options.servers = servers;
   options.workers = workers;

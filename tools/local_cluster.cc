@@ -127,6 +127,12 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                                            ProcessSupervisor* supervisor) {
   ProcessSupervisor& sup = *supervisor;
   const bool placed = options.placement != nullptr;
+  if (placed && options.metrics_port != 0) {
+    return absl::InvalidArgumentError(
+        "metrics are served on 127.0.0.1, which the emulated hosts of --link "
+        "do not share with this machine: leave --metrics_port off with "
+        "--link");
+  }
   const std::string config_path = options.work_dir + "/config.textproto";
   if (auto s = WriteFile(config_path, common::ConfigToText(options.config));
       !s.ok()) {
@@ -179,6 +185,34 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     }
   }
 
+  // Metrics ports, and the targets file Prometheus can watch.
+  auto metrics_flag = [&](int offset) {
+    return absl::StrCat("--metrics_listen=127.0.0.1:",
+                        options.metrics_port + offset);
+  };
+  if (options.metrics_port != 0) {
+    std::string targets = "[\n";
+    auto add = [&](int offset, const std::string& role, int index, bool last) {
+      absl::StrAppend(&targets, "  {\"targets\": [\"127.0.0.1:",
+                      options.metrics_port + offset,
+                      "\"], \"labels\": {\"role\": \"", role, "\"");
+      if (index >= 0) absl::StrAppend(&targets, ", \"index\": \"", index, "\"");
+      absl::StrAppend(&targets, "}}", last ? "\n" : ",\n");
+    };
+    for (int s = 0; s < options.servers; ++s) add(s, "shard", s, false);
+    for (int r = 0; r < options.workers; ++r) {
+      add(options.servers + r, "worker", r, false);
+    }
+    add(options.servers + options.workers, "evaluator", -1, true);
+    targets += "]\n";
+    const std::string path = options.work_dir + "/metrics_targets.json";
+    std::ofstream out(path);
+    out << targets;
+    if (!out.good()) {
+      return absl::InternalError(absl::StrCat("cannot write ", path));
+    }
+  }
+
   // 1. Servers on free ports; each writes its port once it listens.
   std::vector<int> servers;
   std::vector<Daemon> server_daemons(options.servers);
@@ -199,6 +233,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
         absl::StrCat("--lease_s=", options.lease_s),
         token_flag};
     argv.insert(argv.end(), server_tls.begin(), server_tls.end());
+    if (options.metrics_port != 0) argv.push_back(metrics_flag(s));
     if (restarts) {
       argv.push_back("--checkpoint_dir=" + checkpoint_dir);
       argv.push_back(absl::StrCat("--checkpoint_interval_s=",
@@ -270,6 +305,9 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
       token_flag};
   evaluator_argv.insert(evaluator_argv.end(), client_tls.begin(),
                         client_tls.end());
+  if (options.metrics_port != 0) {
+    evaluator_argv.push_back(metrics_flag(options.servers + options.workers));
+  }
   absl::StatusOr<int> evaluator = sup.Start("eval", evaluator_argv);
   if (!evaluator.ok()) return evaluator.status();
   std::vector<Daemon> worker_daemons(options.workers);
@@ -288,6 +326,9 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                    "--report_out=" + daemon.report,
                    token_flag};
     daemon.argv.insert(daemon.argv.end(), client_tls.begin(), client_tls.end());
+    if (options.metrics_port != 0) {
+      daemon.argv.push_back(metrics_flag(options.servers + r));
+    }
     if (placed) {
       daemon.argv = Placed(options.placement->worker_prefix[r], daemon.argv);
     }

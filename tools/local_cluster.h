@@ -72,6 +72,12 @@ struct LocalClusterOptions {
   // client.pem/key): every connection then uses mutual TLS. Empty:
   // plaintext.
   std::string tls_dir;
+  // If not 0, every daemon serves Prometheus metrics on 127.0.0.1: shard s
+  // on metrics_port + s, worker r on metrics_port + servers + r, the
+  // evaluator on metrics_port + servers + workers; and
+  // WORK_DIR/metrics_targets.json lists them for Prometheus'
+  // file_sd_configs (labels role and, for shards and workers, index).
+  int metrics_port = 0;
 };
 
 // Runs the cluster to the end. CANCELLED on Ctrl-C, after stopping every

@@ -16,6 +16,7 @@ packages=(
   libssl-dev             # constant-time token comparison (libcrypto)
   openssl                # tools/make_certs.sh
   prometheus-cpp-dev     # /metrics (prometheus-cpp: metric families, HTTP endpoint)
+  prometheus             # tests/prometheus_test.py scrapes a local run
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
   python3 python3-matplotlib  # compare_modes' report and plots
   python3-yaml           # tests/k8s_manifests_test.py reads the rendered manifests
