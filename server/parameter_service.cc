@@ -11,6 +11,7 @@
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/wire.h"
 #include "server/push_decoder.h"
 
@@ -529,13 +530,22 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
   }
   if (request->worker_rank() >= 0 && request->leaving()) {
     state->EndSession(request->worker_rank(), request->session());
+    common::Log("shard %d: rank %d left (done or stopping)", state->shard(),
+                request->worker_rank());
   } else if (request->worker_rank() >= 0) {
     absl::Status session =
         state->OpenSession(request->worker_rank(), request->session());
     if (!session.ok()) {
+      common::Log("shard %d: refused a registration: %s", state->shard(),
+                  session.ToString());
       reactor->Finish(ToGrpcStatus(session));
       return reactor;
     }
+    common::Log(
+        "shard %d: rank %d registered (its data resumes at example "
+        "%d)",
+        state->shard(), request->worker_rank(),
+        state->SamplePosition(request->worker_rank()));
   }
   response->set_shard(state->shard());
   response->set_num_shards(state->num_shards());

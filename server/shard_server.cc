@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
+#include "common/log.h"
 #include "common/model_layout.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
@@ -201,10 +202,17 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   {
     ShardServer* raw = server.get();
     server->ticker_ = std::thread([raw, log_every = options.log_every] {
+      StatsResponse last;
+      absl::Time last_log = absl::Now();
       while (!raw->stop_ticks_.WaitForNotificationWithTimeout(
           absl::Milliseconds(200))) {
-        raw->rule_->Tick(absl::Now(), log_every);
-        raw->state_->ExpireWaiters(absl::Now());
+        const absl::Time now = absl::Now();
+        raw->rule_->Tick(now, log_every);
+        raw->state_->ExpireWaiters(now);
+        if (log_every > absl::ZeroDuration() && now - last_log >= log_every) {
+          last = raw->LogState(last, now - last_log);
+          last_log = now;
+        }
       }
     });
   }
@@ -289,6 +297,28 @@ absl::Status ShardServer::SaveCheckpoint(int64_t* version) {
 }
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+
+StatsResponse ShardServer::LogState(const StatsResponse& last,
+                                    absl::Duration since) {
+  StatsResponse now = state_->Stats();
+  if (now.pushes() == last.pushes() &&
+      now.rejected_pushes() == last.rejected_pushes()) {
+    return now;  // nothing happened: no line
+  }
+  const double seconds = absl::ToDoubleSeconds(since);
+  const int64_t pushes = now.pushes() - last.pushes();
+  const int64_t staleness = now.staleness_sum() - last.staleness_sum();
+  common::Log(
+      "shard %d: version %d, %d pushes (%.0f/s, mean staleness %.2f), %.1f MB "
+      "in, %.1f MB out, %d rejected, %d refused updates, %d calls waiting",
+      state_->shard(), now.version(), pushes, pushes / seconds,
+      pushes > 0 ? static_cast<double>(staleness) / pushes : 0.0,
+      (now.bytes_pushed() - last.bytes_pushed()) / 1e6,
+      (now.bytes_pulled() - last.bytes_pulled()) / 1e6,
+      now.rejected_pushes() - last.rejected_pushes(),
+      now.refused_updates() - last.refused_updates(), state_->NumWaiting());
+  return now;
+}
 
 int ShardServer::metrics_port() const {
   return metrics_ != nullptr ? metrics_->port() : 0;

@@ -141,6 +141,10 @@ class ShardServer {
   void Shutdown(absl::Duration grace = absl::Seconds(2));
 
  private:
+  // Logs one line of what happened since `last` (a Stats() `since` ago),
+  // unless nothing did; returns the stats now.
+  StatsResponse LogState(const StatsResponse& last, absl::Duration since);
+
   ShardServer() = default;
   // Restores the state and the rule from checkpoint_path_, if it exists.
   absl::Status Resume();
