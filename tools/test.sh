@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, then runs every test with Bazel, plus the
-# concurrency tests under ThreadSanitizer and the manifest checks. Ends with "N passed, N failed".
+# concurrency tests under ThreadSanitizer, the manifest checks and the fuzz
+# targets (20 s each). Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./tools/setup.sh || exit 1
@@ -19,6 +20,14 @@ if ./tools/k8s/validate/check.sh 2>&1 | tee -a "$log"; then
   echo "//tools/k8s:validate PASSED" >> "$log"
 else
   echo "//tools/k8s:validate FAILED" >> "$log"
+  status=1
+fi
+
+# The libFuzzer targets, briefly (tools/fuzz.sh SECONDS runs them longer).
+if ./tools/fuzz.sh 20 2>&1 | tee -a "$log"; then
+  echo "//tools:fuzz PASSED" >> "$log"
+else
+  echo "//tools:fuzz FAILED" >> "$log"
   status=1
 fi
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Builds Monsoon's libFuzzer targets (tests/fuzz/) with clang and runs each
+# for SECONDS on a scratch copy of its seed corpus (tests/fuzz/corpus/<target>).
+#
+#   tools/fuzz.sh [SECONDS] [TARGET...]     (default: 30 s, every target)
+#   tools/fuzz.sh --write_seeds             (rewrites the seed corpora)
+#
+# Targets: push_decoder (float32 pushes), onebit_push (1-bit pushes), config
+# (the config parser), checkpoint (the checkpoint reader). Each is built with
+# AddressSanitizer and UndefinedBehaviorSanitizer; a crash, a sanitizer
+# report or a broken invariant (the targets trap) fails the run, and the input
+# that did it is kept in FUZZ_DIR/artifacts/<target>/ (printed). Prints the
+# executions per target. Exits non-zero if any target failed.
+#
+# Built with clang++ directly rather than Bazel: Debian's Bazel 4 toolchain is
+# gcc's, and a clang toolchain for the fuzzer flags alone is more machinery
+# than these four binaries need. Debian's gRPC, Protobuf and Abseil are not
+# instrumented: coverage comes from Monsoon's own code. Needs clang and
+# libfuzzer-14-dev (tools/setup.sh installs them).
+#
+# FUZZ_DIR (default: a new temporary folder, removed after a clean run) holds
+# the build, the working corpora and the artifacts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+write_seeds=0
+if [ "${1:-}" = "--write_seeds" ]; then
+  write_seeds=1
+  shift
+fi
+seconds=${1:-30}
+shift || true
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(push_decoder onebit_push config checkpoint)
+fi
+if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
+  echo "fuzz: SECONDS must be a positive whole number, got '$seconds'" >&2
+  exit 2
+fi
+cxx=$(command -v clang++ || command -v clang++-14 || true)
+if [ -z "$cxx" ]; then
+  echo "fuzz: clang++ not found (tools/setup.sh installs clang and libfuzzer-14-dev)" >&2
+  exit 2
+fi
+
+if [ -n "${FUZZ_DIR:-}" ]; then
+  dir=$FUZZ_DIR
+  made_dir=0
+else
+  dir=$(mktemp -d -t monsoon-fuzz.XXXXXX)
+  made_dir=1
+fi
+mkdir -p "$dir/gen" "$dir/obj" "$dir/bin"
+echo "fuzz: building in $dir" >&2
+
+# Protobuf's generated code for the messages the targets read.
+protoc --cpp_out="$dir/gen" -I. proto/config.proto proto/service.proto \
+  proto/checkpoint.proto
+flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I. -I"$dir/gen"
+       -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+sources=(common/config.cc common/model_layout.cc common/onebit.cc
+         common/wire.cc server/buffer_pool.cc server/checkpoint.cc
+         server/optimizer.cc server/push_decoder.cc
+         "$dir/gen/proto/config.pb.cc" "$dir/gen/proto/service.pb.cc"
+         "$dir/gen/proto/checkpoint.pb.cc")
+objects=()
+for src in "${sources[@]}"; do
+  obj="$dir/obj/$(echo "$src" | tr '/' '_').o"
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
+  fi
+  objects+=("$obj")
+done
+absl=(absl_status absl_statusor absl_strings absl_str_format
+      absl_synchronization absl_time absl_cord absl_hash absl_raw_hash_set)
+# shellcheck disable=SC2207  # pkg-config's words are the flags
+libs=(-lgrpc++ -lgrpc -lgpr -lprotobuf -lz $(pkg-config --libs "${absl[@]}")
+      -lpthread)
+
+if [ "$write_seeds" -eq 1 ]; then
+  # Valid and near-valid inputs, made with Monsoon's own writers.
+  "$cxx" "${flags[@]}" tests/fuzz/make_seeds.cc "${objects[@]}" "${libs[@]}" \
+    -o "$dir/bin/make_seeds"
+  for t in push_decoder onebit_push config checkpoint; do
+    mkdir -p "tests/fuzz/corpus/$t"
+  done
+  "$dir/bin/make_seeds" tests/fuzz/corpus
+  echo "fuzz: seeds written under tests/fuzz/corpus/"
+  exit 0
+fi
+
+build() {  # build NAME SOURCE [DEFINES...]
+  local name=$1 src=$2
+  shift 2
+  "$cxx" "${flags[@]}" -fsanitize=fuzzer "$@" "$src" "${objects[@]}" \
+    "${libs[@]}" -o "$dir/bin/$name"
+}
+for t in "${targets[@]}"; do
+  case "$t" in
+    push_decoder) build push_decoder tests/fuzz/push_decoder_fuzzer.cc ;;
+    onebit_push)
+      build onebit_push tests/fuzz/push_decoder_fuzzer.cc -DMONSOON_FUZZ_ONEBIT ;;
+    config) build config tests/fuzz/config_fuzzer.cc ;;
+    checkpoint) build checkpoint tests/fuzz/checkpoint_fuzzer.cc ;;
+    *) echo "fuzz: unknown target '$t' (push_decoder, onebit_push, config, checkpoint)" >&2
+       exit 2 ;;
+  esac
+done
+
+failed=0
+for t in "${targets[@]}"; do
+  corpus="$dir/corpus/$t"
+  artifacts="$dir/artifacts/$t/"
+  mkdir -p "$corpus" "$artifacts"
+  cp -n tests/fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null || true
+  log="$dir/$t.log"
+  set +e
+  ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$dir/bin/$t" -max_total_time="$seconds" -max_len=16384 \
+    -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="$artifacts" "$corpus" > "$log" 2>&1
+  rc=$?
+  set -e
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  if [ "$rc" -eq 0 ]; then
+    echo "fuzz: $t: clean, $runs executions in ${seconds} s"
+  else
+    failed=1
+    echo "fuzz: $t: FAILED (exit $rc) after $runs executions; inputs in $artifacts, log $log" >&2
+    grep -E "ERROR|SUMMARY|runtime error|deadly signal" "$log" | head -5 >&2 || true
+  fi
+done
+# A folder made here goes once every target ran clean (failures keep it for
+# their inputs).
+if [ "$failed" -eq 0 ] && [ "$made_dir" -eq 1 ]; then
+  rm -rf "$dir"
+fi
+exit "$failed"
