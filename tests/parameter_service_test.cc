@@ -9,9 +9,12 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
 
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -840,6 +843,136 @@ TEST(ResourceTest, APullWaitsNoLongerThanTheShardsBound) {
     ASSERT_LT(absl::Now(), deadline) << "the slot never came back";
     absl::SleepFor(absl::Milliseconds(5));
   }
+}
+
+// Generated bad requests over gRPC: push streams whose chunks take random
+// values in every field, from plausible to absurd (ranks, shards, versions,
+// lengths, offsets, example counts, encodings, NaN, infinite and huge
+// values, partial floats, chunks out of order or missing a header). Every
+// call gets an answer; only whole, valid pushes are applied (each one moves
+// the version by one); the weights stay finite; the shard still serves.
+TEST(BadRequestTest, RandomPushStreamsAreAnsweredAndApplyOnlyValidPushes) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [6, 5, 3] mode: DOWNPOUR optimizer: ADAGRAD "
+      "learning_rate: 0.5 chunk_bytes: 262144 batch_size: 8");
+  std::unique_ptr<ShardServer> server = StartShard(config, 0, 4);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  std::mt19937_64 random(42);
+  auto pick = [&](std::initializer_list<int64_t> choices) {
+    return *(choices.begin() + random() % choices.size());
+  };
+  auto value = [&]() -> float {
+    switch (random() % 8) {
+      case 0:
+        return std::numeric_limits<float>::quiet_NaN();
+      case 1:
+        return std::numeric_limits<float>::infinity();
+      case 2:
+        return 3e38f;
+      default:
+        return static_cast<float>(static_cast<int64_t>(random() % 2001) -
+                                  1000) /
+               1000.0f;
+    }
+  };
+  int ok = 0, applied = 0;
+  for (int call = 0; call < 400; ++call) {
+    // A valid push of this call's examples, in one chunk or two ...
+    std::vector<PushChunk> chunks;
+    std::vector<float> values(26);
+    for (float& v : values) v = value() == value() ? 0.25f : -0.5f;
+    if (random() % 2 == 0) {
+      chunks.push_back(OneChunkPush(static_cast<int>(random() % 4), 0, 0,
+                                    values, 8, 8 * call));
+    } else {
+      chunks.push_back(
+          OneChunkPush(static_cast<int>(random() % 4), 0, 0,
+                       std::vector<float>(values.begin(), values.begin() + 13),
+                       8, 8 * call));
+      chunks[0].mutable_header()->set_length(26);
+      chunks.push_back(
+          Chunk(13, std::vector<float>(values.begin() + 13, values.end())));
+    }
+    // ... with none to three mutations, each of any field.
+    const int mutations = static_cast<int>(random() % 4);
+    for (int m = 0; m < mutations; ++m) {
+      PushChunk& chunk = chunks[random() % chunks.size()];
+      PushHeader* h = chunks[0].mutable_header();
+      switch (random() % 14) {
+        case 0:
+          h->set_worker_rank(static_cast<int32_t>(pick({-2, 4, 1000})));
+          break;
+        case 1:
+          h->set_shard(static_cast<int32_t>(pick({1, -1})));
+          break;
+        case 2:
+          h->set_base_version(pick({1, -1, int64_t{1} << 40}));
+          break;
+        case 3:
+          h->set_length(pick({0, 25, 27, int64_t{1} << 40}));
+          break;
+        case 4:
+          h->set_samples(pick({-1, 9, int64_t{1} << 62}));
+          break;
+        case 5:
+          h->set_sample_offset(pick({-1, int64_t{1} << 60}));
+          break;
+        case 6:
+          h->set_encoding(static_cast<PushEncoding>(pick({1, 7})));
+          break;
+        case 7:
+          chunk.set_offset(pick({1, 13, 26, int64_t{1} << 50}));
+          break;
+        case 8: {  // a value NaN, infinite, or huge
+          std::vector<float> bad(chunk.data().size() / sizeof(float));
+          if (bad.empty()) break;
+          common::CopyBytesToFloats(chunk.data(), bad.data());
+          bad[random() % bad.size()] =
+              value() == value() ? 3e38f
+                                 : std::numeric_limits<float>::quiet_NaN();
+          chunk.clear_data();
+          common::AppendFloatBytes(bad, chunk.mutable_data());
+          break;
+        }
+        case 9:
+          chunk.mutable_data()->append("\x01\x02\x03");
+          break;
+        case 10:
+          chunk.set_scales(std::string(8, '\x7f'));
+          break;
+        case 11:
+          chunks[0].clear_header();
+          break;
+        case 12:
+          chunks.push_back(chunks.back());  // a chunk twice
+          break;
+        default:
+          chunks.back().clear_data();
+          break;
+      }
+    }
+    PushResponse response;
+    const grpc::Status status = RawPush(stub.get(), chunks, &response);
+    ASSERT_NE(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+        << "call " << call << " got no answer";
+    ASSERT_NE(status.error_code(), grpc::StatusCode::UNKNOWN) << call;
+    ASSERT_NE(status.error_code(), grpc::StatusCode::INTERNAL) << call;
+    if (status.ok()) {
+      ++ok;
+      if (!response.duplicate()) ++applied;
+    }
+  }
+  RecordProperty("answered_ok", ok);
+  RecordProperty("applied", applied);
+  // Some pushes were whole and valid, most were not.
+  EXPECT_GT(applied, 0);
+  EXPECT_LT(ok, 400);
+  EXPECT_EQ(server->state()->version(), applied);
+  const Pulled pulled = RawPull(stub.get(), -1, 0, 0);
+  ASSERT_TRUE(pulled.status.ok()) << pulled.status.error_message();
+  ASSERT_EQ(pulled.values.size(), 26u);
+  for (float w : pulled.values) EXPECT_TRUE(std::isfinite(w));
 }
 
 }  // namespace
