@@ -339,17 +339,29 @@ class PushPullReactor
     if (result->stale || (result->duplicate && !reader_.repeat_in_step())) {
       min_version = 0;
     }
+    // Waiting and sending the weights, the call holds a pull slot of its
+    // rank, as a pull does.
+    if (!shared_.pull_slots->Acquire(reader_.worker_rank())) {
+      return Finish(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("worker rank ", reader_.worker_rank(), " already has ",
+                       shared_.pull_slots->per_rank(),
+                       " pulls in flight at shard ", shared_.state->shard(),
+                       " (--max_pulls_per_rank); its push was taken (sent "
+                       "again, it is answered as a duplicate)")));
+    }
+    slot_held_ = true;
     if (!wait_.Start(
             min_version, [this] { Ready(); }, shared_.max_wait,
             [this, min_version] {
-              Finish(WaitExpired(shared_, "push-pull", min_version));
+              End(WaitExpired(shared_, "push-pull", min_version));
             })) {
-      Finish(Cancelled("push-pull cancelled"));
+      End(Cancelled("push-pull cancelled"));
     }
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) return Finish(Cancelled("push-pull cancelled"));
+    if (!ok) return End(Cancelled("push-pull cancelled"));
     WriteNext();
   }
 
@@ -358,20 +370,28 @@ class PushPullReactor
     // path finishes the call; once the weights are being written, the
     // write path does.
     if (wait_.Cancel()) {
-      Finish(Cancelled("push-pull cancelled while waiting for the step"));
+      End(Cancelled("push-pull cancelled while waiting for the step"));
     }
   }
 
   void OnDone() override { delete this; }
 
  private:
+  // Ends the call once its wait has begun, giving its pull slot back as it
+  // ends (see PullReactor::End).
+  void End(const grpc::Status& status) {
+    if (slot_held_) shared_.pull_slots->Release(reader_.worker_rank());
+    slot_held_ = false;
+    Finish(status);
+  }
+
   void Ready() {
     chunks_ = SnapshotChunks(shared_.rule->Snapshot(), shared_.chunk_values);
     WriteNext();
   }
 
   void WriteNext() {
-    if (chunks_.done()) return Finish(grpc::Status::OK);
+    if (chunks_.done()) return End(grpc::Status::OK);
     message_ = chunks_.Next(first_ ? &response_ : nullptr);
     first_ = false;
     shared_.state->RecordPulledBytes(static_cast<int64_t>(message_.Length()));
@@ -386,6 +406,7 @@ class PushPullReactor
   SnapshotChunks chunks_;
   grpc::ByteBuffer message_;
   bool first_ = true;
+  bool slot_held_ = false;
 };
 
 // Answer a call that fails validation at once, reading nothing.

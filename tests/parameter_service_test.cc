@@ -812,6 +812,60 @@ TEST(ResourceTest, PullsHeldBeyondARanksSlotsAreRefused) {
   EXPECT_THAT(second->Finish(), HasCode(grpc::StatusCode::CANCELLED));
 }
 
+// A push-pull takes a pull slot of its rank for its wait: beyond the slots
+// its push is still applied, and the answer says so.
+TEST(ResourceTest, APushPullWaitsOnlyWithAPullSlot) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [6, 5, 3] mode: DOWNPOUR optimizer: SGD learning_rate: "
+      "0.5 momentum: 0 chunk_bytes: 262144 batch_size: 8");
+  ShardServerOptions options;
+  options.config = config;
+  options.num_shards = 2;
+  options.num_workers = 2;
+  options.max_pulls_per_rank = 1;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
+                       ShardServer::Start(options));
+  auto stub = StubFor(*server);
+  PullRequest waiting;
+  waiting.set_worker_rank(0);
+  waiting.set_min_version(100);
+  grpc::ClientContext held_context;
+  SetDeadline(&held_context, absl::Seconds(30));
+  auto held = stub->Pull(&held_context, waiting);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (server->state()->NumWaiting() < 1) {
+    ASSERT_LT(absl::Now(), deadline) << "the pull never reached the shard";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  auto push_pull = [&](int rank, int64_t offset) {
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Seconds(30));
+    auto stream = stub->PushPull(&context);
+    stream->Write(OneChunkPush(rank, 0, 0, Filled(26, 1.0f), 8, offset));
+    stream->WritesDone();
+    PullChunk chunk;
+    while (stream->Read(&chunk)) {
+    }
+    return stream->Finish();
+  };
+  EXPECT_THAT(push_pull(0, 0),
+              HasCodeAndMessage(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                HasSubstr("its push was taken")));
+  EXPECT_EQ(server->state()->version(), 1);
+  EXPECT_THAT(push_pull(1, 0), HasCode(grpc::StatusCode::OK));
+  EXPECT_EQ(server->state()->version(), 2);
+  held_context.TryCancel();
+  EXPECT_THAT(held->Finish(), HasCode(grpc::StatusCode::CANCELLED));
+  // Its slot back, rank 0's next push-pull waits and answers.
+  while (true) {
+    const grpc::Status status = push_pull(0, 8);
+    if (status.ok()) break;
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    ASSERT_LT(absl::Now(), deadline) << "the slot never came back";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
 // A pull that waits for a version that does not come is ended by the shard
 // after its bound, even when its client set no deadline, and gives its slot
 // back.
