@@ -372,7 +372,13 @@ absl::Status MessageReader::ParsePushChunk(const grpc::ByteBuffer& message,
         out->scales = field.bytes;
         break;
       default:
-        break;  // unknown: skipped
+        // A shard reads pushes from the network: fields it does not know
+        // would be bytes it takes in for nothing (padding), so they are
+        // refused, not skipped as protobuf would.
+        return Malformed(absl::StrCat(
+            "PushChunk field ", field.number,
+            " is unknown to this shard (a client of another Monsoon "
+            "version?)"));
     }
   }
 }

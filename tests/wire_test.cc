@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/onebit.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -142,25 +143,15 @@ TEST(WireTest, CopyToFillsTheDestinationAcrossManySlices) {
   EXPECT_EQ(out, values);
 }
 
-TEST(WireTest, ReadsFieldsInAnyOrderAndSkipsUnknownOnes) {
-  // offset, then an unknown varint field 9, data, an unknown
-  // length-delimited field 10, a fixed32 and a fixed64, then the header.
+TEST(WireTest, ReadsAPushChunksFieldsInAnyOrder) {
+  // offset, data, then the header.
   std::string bytes;
   bytes += '\x10';  // field 2, varint
   bytes += '\x05';
-  bytes += '\x48';  // field 9, varint
-  bytes += '\x01';
   const std::string data = FloatBytes({9});
   bytes += '\x1a';  // field 3, length-delimited
   bytes += static_cast<char>(data.size());
   bytes += data;
-  bytes += '\x52';  // field 10, length-delimited
-  bytes += '\x02';
-  bytes += "ab";
-  bytes += '\x5d';  // field 11, fixed32
-  bytes += std::string(4, '\x01');
-  bytes += '\x61';  // field 12, fixed64
-  bytes += std::string(8, '\x02');
   const std::string header = Header().SerializeAsString();
   bytes += '\x0a';  // field 1, length-delimited
   bytes += static_cast<char>(header.size());
@@ -173,6 +164,28 @@ TEST(WireTest, ReadsFieldsInAnyOrderAndSkipsUnknownOnes) {
   EXPECT_EQ(view.offset, 5u);
   EXPECT_EQ(view.data.ToString(), data);
   EXPECT_TRUE(view.scales.empty());
+}
+
+TEST(WireTest, APushChunkWithAnUnknownFieldIsRefused) {
+  // Unknown fields of every wire type: padding a shard would take in.
+  const std::string unknown[] = {
+      std::string("\x48\x01", 2),  // field 9, varint
+      std::string("\x52\x02"
+                  "ab",
+                  4),                   // 10, length
+      "\x5d" + std::string(4, '\x01'),  // 11, fixed32
+      "\x61" + std::string(8, '\x02'),  // 12, fixed64
+  };
+  const int numbers[] = {9, 10, 11, 12};
+  for (int i = 0; i < 4; ++i) {
+    std::string bytes = "\x10\x05" + unknown[i];
+    MessageReader reader;
+    MessageReader::PushChunkView view;
+    EXPECT_THAT(reader.ParsePushChunk(Whole(bytes), &view),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("PushChunk field ", numbers[i],
+                                                " is unknown"))));
+  }
 }
 
 TEST(WireTest, ReadsAPullChunk) {
