@@ -129,6 +129,13 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
     bytes.append(buffer, static_cast<size_t>(n));
   }
   ::close(fd);
+  absl::StatusOr<ShardCheckpoint> checkpoint = ParseCheckpoint(bytes, path);
+  if (!checkpoint.ok()) return checkpoint.status();
+  return std::optional<ShardCheckpoint>(*std::move(checkpoint));
+}
+
+absl::StatusOr<ShardCheckpoint> ParseCheckpoint(const std::string& bytes,
+                                                const std::string& path) {
   const std::string damaged = absl::StrCat("checkpoint ", path, " is damaged (",
                                            bytes.size(), " bytes): ");
   const std::string what_to_do =
@@ -175,7 +182,7 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
                                               floats[bad], what_to_do));
     }
   }
-  return std::optional<ShardCheckpoint>(std::move(checkpoint));
+  return std::move(checkpoint);
 }
 
 absl::Status CheckCheckpointMatches(const ShardCheckpoint& checkpoint,

@@ -35,6 +35,11 @@ absl::Status WriteCheckpoint(const std::string& path,
 absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
     const std::string& path);
 
+// The checks of ReadCheckpoint on a file's bytes already read, `path`
+// naming the file in the errors (the same errors, but never nullopt).
+absl::StatusOr<ShardCheckpoint> ParseCheckpoint(const std::string& bytes,
+                                                const std::string& path);
+
 // Shard `shard` of `num_shards` of a model of `num_params` parameters,
 // taken from the checkpoints another shard count left in `dir` (a cluster
 // restarted with more or fewer shards): the files of the most recently

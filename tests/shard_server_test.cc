@@ -292,6 +292,30 @@ TEST(ShardServerCheckpointTest, ACheckpointHoldingNaNWeightsIsDataLoss) {
       StatusIs(absl::StatusCode::kDataLoss, HasSubstr("weight 3 is nan")));
 }
 
+// Empty weights and optimizer state once made the reader memcpy from a null
+// buffer (undefined, reported by UBSan in tests/fuzz/checkpoint_fuzzer): the
+// file reads, and the shard refuses it for its size.
+TEST(ShardServerCheckpointTest, ACheckpointWithoutWeightsIsRefusedForItsSize) {
+  const std::string dir = NewDir("no_weights");
+  ShardCheckpoint checkpoint;
+  ASSERT_TRUE(checkpoint.ParseFromString(GoodCheckpoint(dir)));
+  checkpoint.clear_weights();
+  checkpoint.clear_optimizer_state();
+  const std::string path = CheckpointPath(dir, 0, 1);
+  ASSERT_OK(WriteCheckpoint(path, checkpoint));
+  ASSERT_OK_AND_ASSIGN(std::optional<ShardCheckpoint> read,
+                       ReadCheckpoint(path));
+  ASSERT_TRUE(read.has_value());
+  EXPECT_TRUE(read->weights().empty());
+  std::string bytes;
+  ASSERT_TRUE(testutil::ReadFile(path, &bytes));
+  ASSERT_OK_AND_ASSIGN(ShardCheckpoint parsed, ParseCheckpoint(bytes, path));
+  EXPECT_EQ(parsed.SerializeAsString(), read->SerializeAsString());
+  EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 0, 1, 1, dir)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("checkpoint holds 0 bytes of weights")));
+}
+
 // Trains `from` shards of kDownpourConfig (Adagrad: per-parameter state)
 // for a few pushes, checkpoints them, then starts `to` shards on the same
 // directory: together they hold the same weights and optimizer state.
