@@ -12,19 +12,27 @@
 # that did it is kept in FUZZ_DIR/artifacts/<target>/ (printed). Prints the
 # executions per target. Exits non-zero if any target failed.
 #
-# Built with clang++ directly rather than Bazel: Debian's Bazel 4 toolchain is
-# gcc's, and a clang toolchain for the fuzzer flags alone is more machinery
-# than these four binaries need. Debian's gRPC, Protobuf and Abseil are not
-# instrumented: coverage comes from Monsoon's own code. Needs clang and
-# libfuzzer-14-dev (tools/setup.sh installs them).
+# Built with clang++ directly rather than with a Bazel config: Bazel 4's
+# auto-configured C++ toolchain is the gcc it found; clang through it takes
+# --repo_env=CC=clang, which reconfigures the toolchain of the whole output
+# base (every target rebuilt, and again on the way back to gcc), and the
+# sanitizer --copts would share bazel-out/k8-opt with the normal build,
+# evicting it; a clang cc_toolchain of our own is more machinery than these
+# four binaries need. Protoc and the same system libraries as the Bazel
+# build (Debian's gRPC, Protobuf and Abseil) are used; being built by gcc
+# they are not instrumented, so coverage comes from Monsoon's own code,
+# which is what is fuzzed. Needs clang and libfuzzer-14-dev (tools/setup.sh
+# installs them).
 #
 # FUZZ_DIR (default: a new temporary folder, removed after a clean run) holds
-# the build, the working corpora and the artifacts.
+# the build, the working corpora, the logs and the artifacts; the
+# repository's corpora are only read. Reuse one to go on from the corpus a
+# longer run grew, without rebuilding what has not changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
   exit 0
 fi
 write_seeds=0
@@ -38,6 +46,13 @@ targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(push_decoder onebit_push config checkpoint)
 fi
+for t in "${targets[@]}"; do
+  case "$t" in
+    push_decoder | onebit_push | config | checkpoint) ;;
+    *) echo "fuzz: unknown target '$t' (push_decoder, onebit_push, config, checkpoint)" >&2
+       exit 2 ;;
+  esac
+done
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
   echo "fuzz: SECONDS must be a positive whole number, got '$seconds'" >&2
   exit 2
@@ -54,13 +69,18 @@ if [ -n "${FUZZ_DIR:-}" ]; then
 else
   dir=$(mktemp -d -t monsoon-fuzz.XXXXXX)
   made_dir=1
+  # Gone at the end unless a target fails (its inputs are kept).
+  trap 'rm -rf "$dir"' EXIT
 fi
 mkdir -p "$dir/gen" "$dir/obj" "$dir/bin"
 echo "fuzz: building in $dir" >&2
 
 # Protobuf's generated code for the messages the targets read.
-protoc --cpp_out="$dir/gen" -I. proto/config.proto proto/service.proto \
-  proto/checkpoint.proto
+if [ ! -f "$dir/gen/proto/service.pb.cc" ] || [ -n "$(find proto -name \
+     '*.proto' -newer "$dir/gen/proto/service.pb.cc" -print -quit)" ]; then
+  protoc --cpp_out="$dir/gen" -I. proto/config.proto proto/service.proto \
+    proto/checkpoint.proto
+fi
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I. -I"$dir/gen"
        -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 sources=(common/config.cc common/model_layout.cc common/onebit.cc
@@ -68,14 +88,26 @@ sources=(common/config.cc common/model_layout.cc common/onebit.cc
          server/optimizer.cc server/push_decoder.cc
          "$dir/gen/proto/config.pb.cc" "$dir/gen/proto/service.pb.cc"
          "$dir/gen/proto/checkpoint.pb.cc")
+# Monsoon's sources get coverage instrumentation (fuzzer-no-link), compiled
+# one per core at a time.
 objects=()
+pids=()
+jobs=$(nproc 2>/dev/null || echo 2)
 for src in "${sources[@]}"; do
   obj="$dir/obj/$(echo "$src" | tr '/' '_').o"
-  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
-    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
+  # (Rebuilt when its source or any header is newer: a FUZZ_DIR reused.)
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find common server \
+       proto "$dir/gen" -name '*.h' -newer "$obj" -print -quit)" ]; then
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj" &
+    pids+=($!)
+    if [ ${#pids[@]} -ge "$jobs" ]; then
+      wait "${pids[0]}"
+      pids=("${pids[@]:1}")
+    fi
   fi
   objects+=("$obj")
 done
+for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid"; done
 absl=(absl_status absl_statusor absl_strings absl_str_format
       absl_synchronization absl_time absl_cord absl_hash absl_raw_hash_set)
 # shellcheck disable=SC2207  # pkg-config's words are the flags
@@ -107,8 +139,6 @@ for t in "${targets[@]}"; do
       build onebit_push tests/fuzz/push_decoder_fuzzer.cc -DMONSOON_FUZZ_ONEBIT ;;
     config) build config tests/fuzz/config_fuzzer.cc ;;
     checkpoint) build checkpoint tests/fuzz/checkpoint_fuzzer.cc ;;
-    *) echo "fuzz: unknown target '$t' (push_decoder, onebit_push, config, checkpoint)" >&2
-       exit 2 ;;
   esac
 done
 
@@ -120,7 +150,7 @@ for t in "${targets[@]}"; do
   cp -n tests/fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null || true
   log="$dir/$t.log"
   set +e
-  ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
+  ASAN_OPTIONS=allocator_may_return_null=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$dir/bin/$t" -max_total_time="$seconds" -max_len=16384 \
     -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
@@ -132,13 +162,14 @@ for t in "${targets[@]}"; do
     echo "fuzz: $t: clean, $runs executions in ${seconds} s"
   else
     failed=1
-    echo "fuzz: $t: FAILED (exit $rc) after $runs executions; inputs in $artifacts, log $log" >&2
+    trap - EXIT
+    echo "fuzz: $t: FAILED (exit $rc) after $runs executions; log $log" >&2
     grep -E "ERROR|SUMMARY|runtime error|deadly signal" "$log" | head -5 >&2 || true
+    for input in "$artifacts"*; do
+      if [ -f "$input" ]; then
+        echo "fuzz: $t: the input is kept in $input (reproduce: $dir/bin/$t $input)" >&2
+      fi
+    done
   fi
 done
-# A folder made here goes once every target ran clean (failures keep it for
-# their inputs).
-if [ "$failed" -eq 0 ] && [ "$made_dir" -eq 1 ]; then
-  rm -rf "$dir"
-fi
 exit "$failed"

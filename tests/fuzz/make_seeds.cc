@@ -4,6 +4,8 @@
 // `tools/fuzz.sh --write_seeds`.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -32,13 +34,17 @@ void Write(const std::string& target, const std::string& name,
   }
 }
 
-// The push fuzzers' framing: a 2-byte little-endian length per message.
-std::string Framed(const std::vector<monsoon::PushChunk>& chunks) {
+// The push fuzzers' framing: a 2-byte little-endian prefix per message,
+// its length in the low 14 bits, in how many more slices it is delivered
+// in the top 2.
+std::string Framed(const std::vector<monsoon::PushChunk>& chunks,
+                   int more_slices = 0) {
   std::string out;
   for (const auto& chunk : chunks) {
     const std::string bytes = chunk.SerializeAsString();
-    out += static_cast<char>(bytes.size() & 0xff);
-    out += static_cast<char>(bytes.size() >> 8);
+    const size_t prefix = bytes.size() | (more_slices << 14);
+    out += static_cast<char>(prefix & 0xff);
+    out += static_cast<char>(prefix >> 8);
     out += bytes;
   }
   return out;
@@ -73,6 +79,7 @@ void PushSeeds(const std::vector<float>& g) {
   second.set_offset(600);
   second.set_data(Floats(g, 600, kShardSize));
   Write("push_decoder", "two_chunks", Framed({first, second}));
+  Write("push_decoder", "two_chunks_in_slices", Framed({first, second}, 3));
   std::vector<float> bad = g;
   bad[700] = std::nanf("");
   second.set_data(Floats(bad, 600, kShardSize));
@@ -105,7 +112,13 @@ void OneBitSeeds(const std::vector<float>& g) {
   second.set_data(b.bits);
   second.set_scales(b.scales);
   Write("onebit_push", "two_chunks", Framed({first, second}));
+  Write("onebit_push", "two_chunks_in_slices", Framed({first, second}, 2));
   Write("onebit_push", "short", Framed({first}));
+  std::string scales = b.scales;
+  const float inf = INFINITY;
+  std::memcpy(scales.data() + 4, &inf, sizeof(inf));
+  second.set_scales(scales);
+  Write("onebit_push", "infinite_scale", Framed({first, second}));
 }
 
 void ConfigSeeds() {
@@ -135,7 +148,9 @@ void ConfigSeeds() {
   }
 }
 
-void CheckpointSeed(const std::vector<float>& g) {
+// Shard 1 of 2 of 53 parameters (27), as checkpoint_fuzzer checks against.
+void CheckpointSeeds(const std::vector<float>& g) {
+  constexpr int kWeights = 27;
   monsoon::ShardCheckpoint checkpoint;
   checkpoint.set_format_version(monsoon::server::kCheckpointFormatVersion);
   checkpoint.set_config_fingerprint(0x0123456789abcdefu);
@@ -143,9 +158,9 @@ void CheckpointSeed(const std::vector<float>& g) {
   checkpoint.set_num_shards(2);
   checkpoint.set_version(42);
   checkpoint.set_offset(26);
-  checkpoint.set_weights(Floats(g, 0, 26));
+  checkpoint.set_weights(Floats(g, 0, kWeights));
   checkpoint.set_optimizer("sgd");
-  checkpoint.set_optimizer_state(Floats(g, 26, 52));
+  checkpoint.set_optimizer_state(Floats(g, kWeights, 2 * kWeights));
   monsoon::StatsResponse* stats = checkpoint.mutable_stats();
   stats->set_shard(1);
   stats->set_version(42);
@@ -160,6 +175,13 @@ void CheckpointSeed(const std::vector<float>& g) {
     std::fprintf(stderr, "make_seeds: %s\n", written.ToString().c_str());
     std::exit(1);
   }
+  // Format 1 (no CRC), Adagrad: positive accumulators.
+  checkpoint.set_format_version(1);
+  checkpoint.set_optimizer("adagrad");
+  std::vector<float> accumulators(kWeights);
+  for (int i = 0; i < kWeights; ++i) accumulators[i] = 0.1f + g[i] * g[i];
+  checkpoint.set_optimizer_state(Floats(accumulators, 0, kWeights));
+  Write("checkpoint", "format-1-adagrad", checkpoint.SerializeAsString());
 }
 
 }  // namespace
@@ -175,6 +197,6 @@ int main(int argc, char** argv) {
   PushSeeds(g);
   OneBitSeeds(g);
   ConfigSeeds();
-  CheckpointSeed(g);
+  CheckpointSeeds(g);
   return 0;
 }
