@@ -18,6 +18,7 @@ packages=(
   prometheus-cpp-dev     # /metrics (prometheus-cpp: metric families, HTTP endpoint)
   prometheus             # tests/prometheus_test.py scrapes a local run
   clang libfuzzer-14-dev pkg-config  # tools/fuzz.sh (libFuzzer targets)
+  llvm                   # llvm-symbolizer: sanitizer reports with file:line
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
   python3 python3-matplotlib  # compare_modes' report and plots
   python3-yaml           # tests/k8s_manifests_test.py reads the rendered manifests
