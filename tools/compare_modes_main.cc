@@ -66,6 +66,11 @@ ABSL_FLAG(std::string, tls_dir, "",
           "Mutual TLS for every connection of every run, with the "
           "certificates in this folder (tools/make_certs.sh DIR). Not with "
           "--link (the certificates name 127.0.0.1).");
+ABSL_FLAG(bool, tls, false,
+          "Mutual TLS for every connection of every run, with a throwaway CA "
+          "and certificates made in OUT_DIR/tls (openssl, through "
+          "tools/make_certs.sh); --tls_dir uses certificates of your own. "
+          "Not with --link.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: beside this binary).");
@@ -171,7 +176,14 @@ int main(int argc, char** argv) {
   options.max_restarts = absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
   options.chaos = absl::GetFlag(FLAGS_chaos);
   options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
-  if (!options.tls_dir.empty() && options.link.has_value()) {
+  const bool make_tls = absl::GetFlag(FLAGS_tls);
+  if (make_tls && !options.tls_dir.empty()) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(
+                    "--tls makes certificates, --tls_dir takes yours: give "
+                    "one of them"));
+  }
+  if ((make_tls || !options.tls_dir.empty()) && options.link.has_value()) {
     return Fail(kConfigError,
                 absl::InvalidArgumentError(
                     "--tls_dir with --link: the emulated hosts' addresses are "
@@ -203,6 +215,13 @@ int main(int argc, char** argv) {
     return Fail(kConfigError,
                 absl::InvalidArgumentError("cannot create --out_dir " +
                                            options.out_dir));
+  }
+  if (make_tls) {
+    options.tls_dir = options.out_dir + "/tls";
+    if (absl::Status made = monsoon::tools::MakeThrowawayCerts(options.tls_dir);
+        !made.ok()) {
+      return Fail(1, made);
+    }
   }
   monsoon::common::Log(
       "compare: %d modes x %d server counts x %d worker counts%s; results in "

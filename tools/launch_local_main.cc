@@ -53,6 +53,10 @@ ABSL_FLAG(std::string, tls_dir, "",
           "folder (as tools/make_certs.sh DIR makes them). Default: "
           "plaintext on loopback; every run has its own auth token either "
           "way.");
+ABSL_FLAG(bool, tls, false,
+          "Mutual TLS for every connection with a throwaway CA and "
+          "certificates made for this run in WORK_DIR/tls (openssl, through "
+          "tools/make_certs.sh); --tls_dir uses certificates of your own.");
 ABSL_FLAG(int, metrics_port, 0,
           "If not 0, every daemon serves Prometheus metrics on 127.0.0.1 from "
           "this port on (shards first, then workers, then the evaluator), and "
@@ -141,6 +145,21 @@ int main(int argc, char** argv) {
       return Fail(1, absl::InternalError("cannot create a folder in /tmp"));
     }
     options.work_dir = pattern;
+  }
+  if (absl::GetFlag(FLAGS_tls)) {
+    if (!options.tls_dir.empty()) {
+      return Fail(kConfigError,
+                  absl::InvalidArgumentError(
+                      "--tls makes certificates, --tls_dir takes yours: "
+                      "give one of them"));
+    }
+    options.tls_dir = options.work_dir + "/tls";
+    if (absl::Status made = monsoon::tools::MakeThrowawayCerts(options.tls_dir);
+        !made.ok()) {
+      return Fail(1, made);
+    }
+    monsoon::common::Log("launch: mutual TLS with certificates made in %s",
+                         options.tls_dir);
   }
   monsoon::common::Log(
       "launch: mode %s, %d servers, %d workers, %d epochs, batch %d, layers "

@@ -36,6 +36,25 @@ std::string DefaultBinDir() {
   const std::string dir = exe.substr(0, exe.rfind('/'));
   return dir.substr(0, dir.rfind('/'));
 }
+absl::Status MakeThrowawayCerts(const std::string& dir) {
+  const std::string script =
+      ExecutablePath() + ".runfiles/monsoon/tools/make_certs.sh";
+  if (access(script.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(
+        script,
+        " not found: make certificates with tools/make_certs.sh DIR "
+        "and pass --tls_dir=DIR"));
+  }
+  std::string output;
+  absl::StatusOr<int> code = RunCommand({script, dir}, &output);
+  if (!code.ok()) return code.status();
+  if (*code != 0) {
+    return absl::InternalError(absl::StrCat(
+        "tools/make_certs.sh ", dir, " failed (exit ", *code, "): ", output));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 bool ReadFile(const std::string& path, std::string* text) {

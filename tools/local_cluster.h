@@ -35,6 +35,12 @@ std::string ExecutablePath();
 // this program's path cannot be read.
 std::string DefaultBinDir();
 
+// Makes a throwaway CA and a server and a client certificate for loopback
+// in `dir` with tools/make_certs.sh (found in this tool's runfiles), for
+// LocalClusterOptions.tls_dir. INTERNAL, with the script's output, when it
+// fails; NOT_FOUND when the script is not there.
+absl::Status MakeThrowawayCerts(const std::string& dir);
+
 struct LocalClusterOptions {
   TrainingConfig config;  // resolved
   int servers = 2;
