@@ -299,7 +299,11 @@ bool MessageReader::Skip(uint64_t n) {
 absl::StatusOr<bool> MessageReader::Next(Field* field) {
   if (left_ == 0) return false;
   uint64_t tag;
+  const uint64_t before = left_;
   if (!ReadVarint(&tag)) return Malformed("truncated field tag");
+  // Protobuf reads a tag in at most 5 bytes and refuses the message
+  // otherwise (found by tests/fuzz/push_decoder_fuzzer).
+  if (before - left_ > 5) return Malformed("field tag longer than 5 bytes");
   field->number = static_cast<uint32_t>(tag >> 3);
   field->wire_type = static_cast<uint32_t>(tag & 7);
   if (field->number == 0 || (tag >> 3) > 0x1fffffff) {
