@@ -321,7 +321,10 @@ absl::StatusOr<bool> MessageReader::Next(Field* field) {
       return true;
     case kLengthDelimited: {
       uint64_t size;
+      const uint64_t at = left_;
       if (!ReadVarint(&size)) return Malformed("truncated length");
+      // As a tag's, a length's varint is at most 5 bytes for protobuf.
+      if (at - left_ > 5) return Malformed("field length longer than 5 bytes");
       if (size > left_) return Malformed("a field runs past the message");
       // Skip empty slices so that the range starts where its bytes are.
       while (slice_ < slices_.size() && offset_ == slices_[slice_].size()) {

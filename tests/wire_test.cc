@@ -267,6 +267,35 @@ TEST(WireTest, ATagLongerThanFiveBytesIsRefusedAsProtobufRefusesIt) {
                        HasSubstr("field tag longer than 5 bytes")));
 }
 
+TEST(WireTest, ALengthLongerThanFiveBytesIsRefusedAsProtobufRefusesIt) {
+  // Field 3 (data) of 2 bytes, the length padded to 5 and 6 bytes.
+  const std::string five = std::string("\x1a\x82\x80\x80\x80\x00"
+                                        "ab",
+                                        8);
+  const std::string six = std::string("\x1a\x82\x80\x80\x80\x80\x00"
+                                       "ab",
+                                       9);
+  PushChunk push;
+  PullChunk pull;
+  ASSERT_TRUE(push.ParseFromString(five));
+  ASSERT_TRUE(pull.ParseFromString(five));
+  ASSERT_FALSE(push.ParseFromString(six));
+  ASSERT_FALSE(pull.ParseFromString(six));
+  MessageReader reader;
+  MessageReader::PushChunkView push_view;
+  ASSERT_OK(reader.ParsePushChunk(Whole(five), &push_view));
+  EXPECT_EQ(push_view.data.ToString(), "ab");
+  EXPECT_THAT(reader.ParsePushChunk(Whole(six), &push_view),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("field length longer than 5 bytes")));
+  MessageReader::PullChunkView pull_view;
+  ASSERT_OK(reader.ParsePullChunk(Whole(five), &pull_view));
+  EXPECT_EQ(pull_view.data.ToString(), "ab");
+  EXPECT_THAT(reader.ParsePullChunk(Whole(six), &pull_view),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("field length longer than 5 bytes")));
+}
+
 TEST(WireTest, SmallMessagesRoundTrip) {
   PullRequest request;
   request.set_worker_rank(3);
