@@ -161,8 +161,11 @@ class ByteRange {
 
 // Takes a received message's slices (a reference each, not a copy) and
 // reads PushChunk or PullChunk fields from them. The views it fills stay
-// valid until the next Parse or Reset. Unknown fields are skipped, as
-// protobuf does. One per stream; not thread-safe.
+// valid until the next Parse or Reset. What it accepts, protobuf parses to
+// the same fields (tests/fuzz/push_decoder_fuzzer checks it); it is stricter:
+// a PushChunk's unknown fields are refused (a PullChunk's are skipped, as
+// protobuf does), and so is a known field of the wrong wire type. One per
+// stream; not thread-safe.
 class MessageReader {
  public:
   struct PushChunkView {
