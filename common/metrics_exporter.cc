@@ -11,8 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/config.h"
 #include "prometheus/exposer.h"
 
 namespace monsoon::common {
@@ -109,6 +111,15 @@ class BuildInfo : public prometheus::Collectable {
 };
 
 }  // namespace
+
+std::map<std::string, std::string> BuildInfoLabels(
+    const std::string& role, const TrainingConfig& resolved,
+    std::map<std::string, std::string> extra) {
+  extra["role"] = role;
+  extra["mode"] = ModeName(resolved.mode());
+  extra["config"] = absl::StrFormat("%016x", ConfigFingerprint(resolved));
+  return extra;
+}
 
 MetricFamily Gauge(const std::string& name, const std::string& help,
                    double value) {

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
+#include "proto/config.pb.h"
 
 namespace prometheus {
 class Exposer;
@@ -49,6 +50,12 @@ class MetricsExporter {
   std::vector<std::shared_ptr<prometheus::Collectable>> owned_;
   int port_ = 0;
 };
+
+// monsoon_build_info's labels for a daemon of `role` running `resolved`:
+// role, mode, config (its fingerprint), and `extra` (shard, rank).
+std::map<std::string, std::string> BuildInfoLabels(
+    const std::string& role, const TrainingConfig& resolved,
+    std::map<std::string, std::string> extra = {});
 
 // Helpers for collectables that build their families at each scrape.
 prometheus::MetricFamily Gauge(const std::string& name, const std::string& help,

@@ -15,7 +15,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
@@ -188,11 +187,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     absl::StatusOr<std::unique_ptr<common::MetricsExporter>> metrics =
         common::MetricsExporter::Start(
             options.metrics_listen,
-            {{"role", "shard"},
-             {"shard", absl::StrCat(options.shard)},
-             {"mode", common::ModeName(options.config.mode())},
-             {"config", absl::StrFormat("%016x", common::ConfigFingerprint(
-                                                     options.config))}});
+            common::BuildInfoLabels("shard", options.config,
+                                    {{"shard", absl::StrCat(options.shard)}}));
     if (!metrics.ok()) return metrics.status();
     server->metrics_ = *std::move(metrics);
     server->metrics_->Add(std::make_shared<ShardMetrics>(server->state_.get()));

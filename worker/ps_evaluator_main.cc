@@ -13,7 +13,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/config.h"
@@ -180,11 +179,7 @@ int main(int argc, char** argv) {
   if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
       !listen.empty()) {
     auto started = monsoon::common::MetricsExporter::Start(
-        listen,
-        {{"role", "evaluator"},
-         {"mode", monsoon::common::ModeName(config->mode())},
-         {"config", absl::StrFormat("%016x", monsoon::common::ConfigFingerprint(
-                                                 *config))}});
+        listen, monsoon::common::BuildInfoLabels("evaluator", *config));
     if (!started.ok()) return Fail(kConfigError, started.status());
     metrics = *std::move(started);
     metrics->Add(eval_metrics);

@@ -286,12 +286,8 @@ int main(int argc, char** argv) {
   if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
       !listen.empty()) {
     auto started = monsoon::common::MetricsExporter::Start(
-        listen,
-        {{"role", "worker"},
-         {"rank", absl::StrCat(rank)},
-         {"mode", monsoon::common::ModeName(config->mode())},
-         {"config", absl::StrFormat("%016x", monsoon::common::ConfigFingerprint(
-                                                 *config))}});
+        listen, monsoon::common::BuildInfoLabels(
+                    "worker", *config, {{"rank", absl::StrCat(rank)}}));
     if (!started.ok()) return Fail(kConfigError, started.status());
     metrics = *std::move(started);
     metrics->Add(std::make_shared<monsoon::worker::WorkerMetrics>(
