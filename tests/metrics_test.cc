@@ -1,6 +1,7 @@
 #include "tools/metrics.h"
 
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -34,6 +35,72 @@ TEST(MetricsTest, StalenessOfNoPushesIsZero) {
   EXPECT_EQ(s.pushes, 0);
   EXPECT_EQ(s.mean, 0);
   EXPECT_EQ(s.p99, 0);
+}
+
+TEST(MetricsTest, StalenessCountsAreSummedPerStalenessOverShards) {
+  // Shards of different bucket counts: the shorter one adds zeros.
+  EXPECT_EQ(MergeStalenessCounts({Shard({60, 30}, 1),
+                                  Shard({0, 9, 0, 0, 0, 1}, 5), Shard({}, 0)}),
+            (std::vector<int64_t>{60, 39, 0, 0, 0, 1}));
+  EXPECT_TRUE(MergeStalenessCounts({Shard({}, 0)}).empty());
+  EXPECT_TRUE(MergeStalenessCounts({}).empty());
+}
+
+TEST(MetricsTest, JsonHasTheMergedStalenessHistogram) {
+  RunMetrics run;
+  run.shard_stats = {Shard({5, 3, 1}, 4), Shard({7, 0, 2}, 9)};
+  EXPECT_THAT(MetricsJson(run),
+              HasSubstr("\"staleness_histogram\": [12, 3, 3],\n"));
+  run.shard_stats.clear();
+  EXPECT_THAT(MetricsJson(run), HasSubstr("\"staleness_histogram\": [],\n"));
+}
+
+PhaseTime* AddPhase(WorkerReport* report, const std::string& name,
+                    int64_t count, double seconds) {
+  PhaseTime* phase = report->add_phases();
+  phase->set_phase(name);
+  phase->set_count(count);
+  phase->set_seconds(seconds);
+  return phase;
+}
+
+TEST(MetricsTest, StepPhasesAreSummedOverWorkersWithTheirMeans) {
+  WorkerReport a, b, none;
+  AddPhase(&a, "compute", 100, 1.5);
+  AddPhase(&a, "push", 100, 0.25);
+  AddPhase(&b, "compute", 60, 0.5);
+  AddPhase(&b, "push", 60, 0.75);
+  AddPhase(&b, "pull", 8, 0.1);
+  RunMetrics run;
+  for (const WorkerReport* report : {&a, &b, &none}) {
+    AddWorkerPhases(*report, &run);
+  }
+  ASSERT_EQ(run.step_phases.size(), 3u);
+  EXPECT_EQ(run.step_phases["compute"].count, 160);
+  EXPECT_DOUBLE_EQ(run.step_phases["compute"].seconds, 2.0);
+  // compute: 2 s / 160 = 12.5 ms; pull: 0.1 s / 8 = 12.5 ms; push: 1 s / 160
+  // = 6.25 ms. Phases in name order.
+  EXPECT_THAT(MetricsJson(run),
+              HasSubstr("\"step_phases\": {"
+                        "\"compute\": {\"seconds\": 2, \"count\": 160, "
+                        "\"mean_ms\": 12.5}, "
+                        "\"pull\": {\"seconds\": 0.1, \"count\": 8, "
+                        "\"mean_ms\": 12.5}, "
+                        "\"push\": {\"seconds\": 1, \"count\": 160, "
+                        "\"mean_ms\": 6.25}},\n"));
+}
+
+TEST(MetricsTest, StepPhasesAreAnEmptyObjectWithoutPhasesOrCounts) {
+  RunMetrics run;
+  AddWorkerPhases(WorkerReport(), &run);
+  EXPECT_THAT(MetricsJson(run), HasSubstr("\"step_phases\": {},\n"));
+  // A phase that never ran has no mean rather than a division by zero.
+  WorkerReport report;
+  AddPhase(&report, "pull", 0, 0);
+  AddWorkerPhases(report, &run);
+  EXPECT_THAT(MetricsJson(run),
+              HasSubstr("\"step_phases\": {\"pull\": {\"seconds\": 0, "
+                        "\"count\": 0, \"mean_ms\": 0}},\n"));
 }
 
 TEST(MetricsTest, JsonHoldsTheDesignFieldsFromStatsAndCurve) {

@@ -80,8 +80,8 @@ absl::Status ChildFailed(const ProcessSupervisor& s, int id) {
       " (its log lines above say why); command: ", s.command_line(id)));
 }
 
-// The examples the workers trained and the time from the first step to the
-// last, from the report each process wrote as it stopped (a worker killed
+// The examples the workers trained, the time from the first step to the
+// last and where the steps' time went, from the report each process wrote as it stopped (a worker killed
 // by SIGKILL writes none: its steps are not counted).
 absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
                                RunMetrics* metrics) {
@@ -95,6 +95,7 @@ absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
           absl::StrCat("a worker left no readable report in ", path));
     }
     metrics->trained_samples += report.samples();
+    AddWorkerPhases(report, metrics);
     if (report.steps() == 0) continue;
     if (first == 0 || report.first_step_unix_s() < first) {
       first = report.first_step_unix_s();

@@ -29,9 +29,9 @@ std::string JsonQuoted(const std::string& text) {
   return json;
 }
 
-StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
+std::vector<int64_t> MergeStalenessCounts(
+    const std::vector<StatsResponse>& shards) {
   std::vector<int64_t> counts;
-  StalenessSummary summary;
   for (const StatsResponse& shard : shards) {
     if (counts.size() < static_cast<size_t>(shard.staleness_counts_size())) {
       counts.resize(shard.staleness_counts_size(), 0);
@@ -39,6 +39,14 @@ StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
     for (int i = 0; i < shard.staleness_counts_size(); ++i) {
       counts[i] += shard.staleness_counts(i);
     }
+  }
+  return counts;
+}
+
+StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
+  const std::vector<int64_t> counts = MergeStalenessCounts(shards);
+  StalenessSummary summary;
+  for (const StatsResponse& shard : shards) {
     summary.max = std::max(summary.max, shard.staleness_max());
   }
   double sum = 0;
@@ -62,6 +70,14 @@ StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards) {
   summary.p50 = percentile(0.50);
   summary.p99 = percentile(0.99);
   return summary;
+}
+
+void AddWorkerPhases(const WorkerReport& report, RunMetrics* run) {
+  for (const PhaseTime& phase : report.phases()) {
+    PhaseTotal& total = run->step_phases[phase.phase()];
+    total.count += phase.count();
+    total.seconds += phase.seconds();
+  }
 }
 
 std::string MetricsJson(const RunMetrics& run) {
@@ -123,6 +139,20 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"staleness\": {\"mean\": ", Number(staleness.mean),
                   ", \"p50\": ", staleness.p50, ", \"p99\": ", staleness.p99,
                   ", \"max\": ", staleness.max, "},\n");
+  absl::StrAppend(&json, "  \"staleness_histogram\": [",
+                  absl::StrJoin(MergeStalenessCounts(run.shard_stats), ", "),
+                  "],\n");
+  json += "  \"step_phases\": {";
+  bool first_phase = true;
+  for (const auto& [phase, total] : run.step_phases) {
+    absl::StrAppend(
+        &json, first_phase ? "" : ", ", JsonQuoted(phase),
+        ": {\"seconds\": ", Number(total.seconds), ", \"count\": ", total.count,
+        ", \"mean_ms\": ",
+        Number(total.count > 0 ? 1000 * total.seconds / total.count : 0), "}");
+    first_phase = false;
+  }
+  json += "},\n";
   absl::StrAppend(
       &json, "  \"config\": {\"layer_sizes\": [",
       absl::StrJoin(c.layer_sizes(), ", "), "], \"optimizer\": \"",

@@ -5,6 +5,7 @@
 #define MONSOON_TOOLS_METRICS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,14 @@ struct StalenessSummary {
   int64_t pushes = 0;
 };
 
+// The shards' staleness histograms summed per staleness: entry k counts
+// the pushes of staleness k, summed over shards (every push reaches every
+// shard, so the entries add up to about pushes x shards); the last entry
+// counts every push at least that stale, as each shard's own last bucket
+// does (StatsResponse.staleness_counts). Empty when no shard has counts.
+std::vector<int64_t> MergeStalenessCounts(
+    const std::vector<StatsResponse>& shards);
+
 // Merges the shards' staleness histograms. Percentiles are nearest-rank: the
 // smallest staleness s such that at least q of the pushes have staleness <= s.
 StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards);
@@ -31,6 +40,13 @@ StalenessSummary SummarizeStaleness(const std::vector<StatsResponse>& shards);
 struct RunEvent {
   double time_s = 0;  // from the start of training
   std::string what;   // "kill server 1", "restart worker 0 (exit 137)"
+};
+
+// Where the workers' steps spent their time in one phase ("compute",
+// "pull", "push", "push_pull"), summed over workers.
+struct PhaseTotal {
+  int64_t count = 0;
+  double seconds = 0;
 };
 
 struct RunMetrics {
@@ -43,6 +59,9 @@ struct RunMetrics {
   // worker's first step to the last worker's last.
   int64_t trained_samples = 0;
   double train_time_s = 0;
+  // WorkerReport.phases summed over the workers' reports, by phase name
+  // (AddWorkerPhases); empty when no report has phases.
+  std::map<std::string, PhaseTotal> step_phases;
   bool stopped_by_time_limit = false;
   std::vector<StatsResponse> shard_stats;
   EvalCurve curve;
@@ -50,6 +69,9 @@ struct RunMetrics {
   std::vector<RunEvent> events;
   int restarts = 0;
 };
+
+// Adds `report`'s phases to run->step_phases.
+void AddWorkerPhases(const WorkerReport& report, RunMetrics* run);
 
 // `text` as a JSON string, quotes included (protobuf's JSON printer escapes
 // it).
@@ -62,7 +84,11 @@ std::string JsonQuoted(const std::string& text);
 // samples_skipped (sync steps that closed without a worker),
 // stopped_by_time_limit, restarts, events [{time_s, what}, ...],
 // staleness {mean, p50, p99, max},
-// config {...}, curve [{time_s, samples, test_accuracy, test_loss,
+// staleness_histogram [count of staleness 0, of 1, ...] (MergeStalenessCounts:
+// summed over shards, the last entry counting every push at least that
+// stale), step_phases {PHASE: {seconds, count, mean_ms}, ...} (summed over
+// the workers' reports, mean_ms = 1000 * seconds / count; {} when no report
+// has phases), config {...}, curve [{time_s, samples, test_accuracy, test_loss,
 // bytes_pushed, bytes_pulled}, ...].
 std::string MetricsJson(const RunMetrics& run);
 
