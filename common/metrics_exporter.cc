@@ -152,6 +152,38 @@ MetricFamily LabeledCounter(const std::string& name, const std::string& help,
   return family;
 }
 
+MetricFamily LabeledGauge(const std::string& name, const std::string& help,
+                          const std::string& label,
+                          const std::map<std::string, double>& values) {
+  MetricFamily family{name, help, MetricType::Gauge, {}};
+  for (const auto& [key, value] : values) {
+    ClientMetric metric;
+    metric.label.push_back({label, key});
+    metric.gauge.value = value;
+    family.metric.push_back(std::move(metric));
+  }
+  return family;
+}
+
+MetricFamily HistogramFamily(
+    const std::string& name, const std::string& help, const std::string& label,
+    const std::map<std::string, Histogram::Snapshot>& values) {
+  MetricFamily family{name, help, MetricType::Histogram, {}};
+  for (const auto& [key, snapshot] : values) {
+    ClientMetric metric;
+    if (!label.empty()) metric.label.push_back({label, key});
+    for (size_t i = 0; i < snapshot.upper_bounds.size(); ++i) {
+      metric.histogram.bucket.push_back(
+          {snapshot.cumulative[i], snapshot.upper_bounds[i]});
+    }
+    // The serializer adds +Inf's bucket from the count.
+    metric.histogram.sample_count = snapshot.count;
+    metric.histogram.sample_sum = snapshot.sum;
+    family.metric.push_back(std::move(metric));
+  }
+  return family;
+}
+
 absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
     const std::string& listen,
     const std::map<std::string, std::string>& build_info) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/histogram.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "proto/config.pb.h"
@@ -66,6 +67,15 @@ prometheus::MetricFamily Counter(const std::string& name,
 prometheus::MetricFamily LabeledCounter(
     const std::string& name, const std::string& help, const std::string& label,
     const std::map<std::string, double>& values);
+// A labelled gauge family, as LabeledCounter.
+prometheus::MetricFamily LabeledGauge(
+    const std::string& name, const std::string& help, const std::string& label,
+    const std::map<std::string, double>& values);
+// A histogram family with one metric per label value (`label` empty: one
+// metric, `values` with the one key "").
+prometheus::MetricFamily HistogramFamily(
+    const std::string& name, const std::string& help, const std::string& label,
+    const std::map<std::string, Histogram::Snapshot>& values);
 
 }  // namespace monsoon::common
 

@@ -84,11 +84,11 @@ class HogwildRule : public UpdateRule {
       repeat.duplicate = true;
       return repeat;
     }
-    state_->BeginApply();
+    const absl::Time began = state_->BeginApply();
     for (size_t i = 0; i < n; ++i) {
       StoreRelaxed(&weights[i], LoadRelaxed(&weights[i]) - lr * grad[i]);
     }
-    state_->EndApply();
+    state_->EndApply(began);
     if (!bounded) {
       absl::MutexLock lock(&bound_mu_);
       weight_bound_.Reset(MaxAbsLive());

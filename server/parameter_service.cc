@@ -79,11 +79,19 @@ class VersionWait {
   // could run: it never will, and the caller finishes the call. If the
   // version has not come after `max_wait`, `expired` runs instead of
   // `ready` (ShardState::ExpireWaiters).
+  // With `timed`, the time from here to `ready` goes into it.
   bool Start(int64_t min_version, ShardState::Waiter ready,
-             absl::Duration max_wait, ShardState::Waiter expired) {
+             absl::Duration max_wait, ShardState::Waiter expired,
+             common::Histogram* timed = nullptr) {
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) return false;
+    }
+    if (timed != nullptr) {
+      ready = [timed, began = absl::Now(), ready = std::move(ready)] {
+        timed->Observe(absl::ToDoubleSeconds(absl::Now() - began));
+        ready();
+      };
     }
     const uint64_t id =
         state_->WhenVersionAtLeast(min_version, std::move(ready),
@@ -355,7 +363,9 @@ class PushPullReactor
             min_version, [this] { Ready(); }, shared_.max_wait,
             [this, min_version] {
               End(WaitExpired(shared_, "push-pull", min_version));
-            })) {
+            },
+            shared_.barrier ? &shared_.state->barrier_wait_seconds()
+                            : nullptr)) {
       End(Cancelled("push-pull cancelled"));
     }
   }
@@ -471,7 +481,8 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
           &pull_slots_,
           policy.max_wait > absl::ZeroDuration()
               ? policy.max_wait
-              : absl::Seconds(resolved.sync_timeout_s()) + absl::Seconds(10)} {}
+              : absl::Seconds(resolved.sync_timeout_s()) + absl::Seconds(10),
+          /*barrier=*/resolved.mode() == SYNC} {}
 
 grpc::Status ParameterServiceImpl::Authenticate(
     const grpc::CallbackServerContext* context) const {

@@ -83,6 +83,9 @@ class ParameterServiceImpl final : public RawParameterService {
     PushLimits limits;
     RankSlots* pull_slots = nullptr;
     absl::Duration max_wait;  // ServicePolicy::max_wait, resolved
+    // Sync: a push-pull's wait for its step is the barrier, timed into
+    // ShardState::barrier_wait_seconds().
+    bool barrier = false;
   };
 
  private:

@@ -102,6 +102,45 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
       Gauge("monsoon_shard_max_concurrent_applies",
             "The most pushes seen writing the weights at once.",
             static_cast<double>(stats.max_concurrent_applies())));
+  families.push_back(common::HistogramFamily(
+      "monsoon_shard_apply_seconds",
+      "Time each update took to write the weights (in sync, each step's).", "",
+      {{"", state_->apply_seconds().Read()}}));
+  families.push_back(common::HistogramFamily(
+      "monsoon_shard_barrier_wait_seconds",
+      "Sync only: time from a worker's push to the close of its step (the "
+      "barrier), per push-pull.",
+      "", {{"", state_->barrier_wait_seconds().Read()}}));
+  families.push_back(
+      Gauge("monsoon_shard_registered_workers",
+            "Worker ranks registered with this shard that have not left.",
+            static_cast<double>(state_->NumRegistered())));
+  std::map<std::string, double> contacts;
+  for (const auto& [rank, when] : state_->LastContacts()) {
+    contacts[std::to_string(rank)] =
+        absl::ToDoubleSeconds(when - absl::UnixEpoch());
+  }
+  families.push_back(common::LabeledGauge(
+      "monsoon_shard_worker_last_contact_timestamp_seconds",
+      "When each worker rank last called this shard, in seconds since the "
+      "Unix epoch (a rank that left is not listed).",
+      "rank", contacts));
+  const ShardState::CheckpointStats checkpoints = state_->checkpoint_stats();
+  families.push_back(Gauge(
+      "monsoon_shard_last_checkpoint_timestamp_seconds",
+      "When the last checkpoint write that succeeded ended, in seconds since "
+      "the Unix epoch (0: none in this process).",
+      checkpoints.last_written == absl::InfinitePast()
+          ? 0.0
+          : absl::ToDoubleSeconds(checkpoints.last_written -
+                                  absl::UnixEpoch())));
+  families.push_back(common::HistogramFamily(
+      "monsoon_shard_checkpoint_seconds",
+      "Time each checkpoint write took, failed ones included.", "",
+      {{"", state_->checkpoint_seconds().Read()}}));
+  families.push_back(Counter("monsoon_shard_checkpoint_failures_total",
+                             "Checkpoint writes that failed.",
+                             static_cast<double>(checkpoints.failures)));
   return families;
 }
 

@@ -276,6 +276,14 @@ absl::Status ShardServer::SaveCheckpoint(int64_t* version) {
     return absl::FailedPreconditionError("no checkpoint directory was given");
   }
   absl::MutexLock lock(&save_mu_);
+  const absl::Time began = absl::Now();
+  absl::Status written = WriteCheckpointLocked(version);
+  const absl::Time ended = absl::Now();
+  state_->RecordCheckpoint(ended, ended - began, written.ok());
+  return written;
+}
+
+absl::Status ShardServer::WriteCheckpointLocked(int64_t* version) {
   const RuleState saved = rule_->SaveState();
   if (version != nullptr) *version = saved.version;
   ShardCheckpoint checkpoint;

@@ -179,6 +179,9 @@ class ShardServer {
   absl::Notification stop_ticks_;
   std::thread ticker_;
 
+  // SaveCheckpoint's write, timed by it.
+  absl::Status WriteCheckpointLocked(int64_t* version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
   absl::Mutex save_mu_;      // one checkpoint write at a time
   absl::Mutex shutdown_mu_;  // one Shutdown at a time
 };

@@ -188,15 +188,35 @@ std::vector<ShardState::Waiter> ShardState::AdvanceVersion(int64_t version) {
   return ready;
 }
 
-void ShardState::BeginApply() {
+absl::Time ShardState::BeginApply() {
   const int now = applying_.fetch_add(1) + 1;
   int seen = max_applying_.load();
   while (now > seen && !max_applying_.compare_exchange_weak(seen, now)) {
   }
   if (apply_hook_) apply_hook_();
+  return absl::Now();
 }
 
-void ShardState::EndApply() { applying_.fetch_sub(1); }
+void ShardState::EndApply(absl::Time began) {
+  applying_.fetch_sub(1);
+  apply_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - began));
+}
+
+void ShardState::RecordCheckpoint(absl::Time ended, absl::Duration took,
+                                  bool ok) {
+  checkpoint_seconds_.Observe(absl::ToDoubleSeconds(took));
+  absl::MutexLock lock(&stats_mu_);
+  if (ok) {
+    checkpoints_.last_written = ended;
+  } else {
+    ++checkpoints_.failures;
+  }
+}
+
+ShardState::CheckpointStats ShardState::checkpoint_stats() const {
+  absl::MutexLock lock(&stats_mu_);
+  return checkpoints_;
+}
 
 void ShardState::set_lease(absl::Duration lease) {
   absl::MutexLock lock(&sessions_mu_);
@@ -270,6 +290,26 @@ bool ShardState::Alive(int rank, absl::Time now) const {
   absl::MutexLock lock(&sessions_mu_);
   auto it = sessions_.find(rank);
   return it == sessions_.end() || now - it->second.last_contact < lease_;
+}
+
+std::map<int, absl::Time> ShardState::LastContacts() const {
+  absl::MutexLock lock(&sessions_mu_);
+  std::map<int, absl::Time> contacts;
+  for (const auto& [rank, session] : sessions_) {
+    if (session.last_contact != absl::InfinitePast()) {
+      contacts[rank] = session.last_contact;
+    }
+  }
+  return contacts;
+}
+
+int ShardState::NumRegistered() const {
+  absl::MutexLock lock(&sessions_mu_);
+  int registered = 0;
+  for (const auto& [rank, session] : sessions_) {
+    if (session.id != 0 && !session.left) ++registered;
+  }
+  return registered;
 }
 
 absl::Duration ShardState::SinceContact(int rank, absl::Time now) const {

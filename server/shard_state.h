@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/histogram.h"
 #include "common/model_layout.h"
 #include "proto/service.pb.h"
 #include "server/buffer_pool.h"
@@ -121,9 +122,11 @@ class ShardState {
   void RunWaiters(std::vector<Waiter> ready);
 
   // Rules bracket their writes to the weights with these, so that Stats can
-  // report how many pushes wrote at the same moment.
-  void BeginApply();
-  void EndApply();
+  // report how many pushes wrote at the same moment, and the time each
+  // write took goes into apply_seconds(). EndApply takes what BeginApply
+  // returned.
+  absl::Time BeginApply();
+  void EndApply(absl::Time began);
 
   // Tests only: runs at every BeginApply, on the applying thread, so that a
   // test can hold one push inside its apply while another arrives. Set it
@@ -157,6 +160,31 @@ class ShardState {
   bool Alive(int rank, absl::Time now) const;
   // Time since the rank's last call (InfiniteDuration if it never called).
   absl::Duration SinceContact(int rank, absl::Time now) const;
+  // Every rank that has called, with the time of its last call, and the
+  // ranks that registered and have not left.
+  std::map<int, absl::Time> LastContacts() const;
+  int NumRegistered() const;
+
+  // Distributions for metrics: each write of the weights (BeginApply to
+  // EndApply), and in sync each push-pull's wait at the barrier, from its
+  // push to its step's close (observed by the service).
+  const common::Histogram& apply_seconds() const { return apply_seconds_; }
+  common::Histogram& barrier_wait_seconds() { return barrier_wait_seconds_; }
+  const common::Histogram& barrier_wait_seconds() const {
+    return barrier_wait_seconds_;
+  }
+
+  // Checkpoint writes (ShardServer::SaveCheckpoint): when the last one that
+  // succeeded ended (InfinitePast: none), how long each took, failures.
+  void RecordCheckpoint(absl::Time ended, absl::Duration took, bool ok);
+  struct CheckpointStats {
+    absl::Time last_written = absl::InfinitePast();
+    int64_t failures = 0;
+  };
+  CheckpointStats checkpoint_stats() const;
+  const common::Histogram& checkpoint_seconds() const {
+    return checkpoint_seconds_;
+  }
 
   // Statistics.
   void RecordPush(int64_t staleness, int64_t samples, int64_t bytes);
@@ -219,6 +247,9 @@ class ShardState {
   std::unique_ptr<Helpers> helpers_ ABSL_GUARDED_BY(helpers_mu_);
 
   std::function<void()> apply_hook_;
+  common::Histogram apply_seconds_;
+  common::Histogram barrier_wait_seconds_;
+  common::Histogram checkpoint_seconds_;
   std::atomic<int> applying_{0};
   std::atomic<int> max_applying_{0};
 
@@ -245,6 +276,7 @@ class ShardState {
   std::map<int, int64_t> skipped_samples_ ABSL_GUARDED_BY(stats_mu_);
   int64_t duplicate_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t refused_updates_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  CheckpointStats checkpoints_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace monsoon::server

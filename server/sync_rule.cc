@@ -294,7 +294,7 @@ class SyncRule : public UpdateRule {
         optimizer_->BoundStep(max_abs, &step) && weight_bound_.Allows(step);
     const bool refused =
         !bounded && !optimizer_->StaysFinite(mean, weights_->values().data());
-    state_->BeginApply();
+    const absl::Time began = state_->BeginApply();
     WriteNextVersion(state_, &weights_, weights_->version() + 1,
                      [&](const float* in, float* out) {
                        if (!refused) {
@@ -303,7 +303,7 @@ class SyncRule : public UpdateRule {
                          std::copy(in, in + state_->size(), out);
                        }
                      });
-    state_->EndApply();
+    state_->EndApply(began);
     sum_.reset();  // back to the pool
     step_max_abs_ = 0;
     if (!refused) {

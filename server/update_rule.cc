@@ -38,11 +38,11 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
     }
     result.staleness = version - push.base_version;
     result.version = version + 1;
-    state_->BeginApply();
+    const absl::Time began = state_->BeginApply();
     WriteNextVersion(
         state_, &weights_, result.version,
         [&](const float* in, float* out) { Update(push.values, in, out); });
-    state_->EndApply();
+    state_->EndApply(began);
     AdvanceBound(push.max_abs);
     if (!weight_bound_.Advance(
             bounded ? step : std::numeric_limits<double>::infinity())) {

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/metrics_exporter.h"
 #include "common/model_layout.h"
 #include "gmock/gmock.h"
@@ -102,6 +104,80 @@ TEST(ShardMetricsTest, EachFamilyHoldsWhatTheShardCounted) {
   EXPECT_THAT(buckets,
               ElementsAre(std::make_pair(0.0, 2u), std::make_pair(1.0, 2u),
                           std::make_pair(2.0, 3u)));
+}
+
+// The shard's timings, workers and checkpoints, family by family.
+TEST(ShardMetricsTest, TimingsWorkersAndCheckpointsAreServed) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.EndApply(state.BeginApply());
+  state.EndApply(state.BeginApply());
+  state.barrier_wait_seconds().Observe(0.003);
+  ASSERT_OK(state.OpenSession(1, 77));
+  ASSERT_OK(state.OpenSession(4, 78));
+  state.EndSession(4, 78);  // left: no longer listed or registered
+  state.Touch(2);           // calls without registering
+  const absl::Time written = absl::FromUnixSeconds(1795000000);
+  state.RecordCheckpoint(written, absl::Milliseconds(20), /*ok=*/true);
+  state.RecordCheckpoint(written + absl::Seconds(60), absl::Milliseconds(5),
+                         /*ok=*/false);
+  const std::vector<prometheus::MetricFamily> families =
+      ShardMetrics(&state).Collect();
+
+  auto histogram = [&](const std::string& name) {
+    const prometheus::MetricFamily* family = Find(families, name);
+    EXPECT_NE(family, nullptr) << name;
+    if (family == nullptr) return prometheus::ClientMetric::Histogram{};
+    EXPECT_EQ(family->type, prometheus::MetricType::Histogram) << name;
+    return family->metric.at(0).histogram;
+  };
+  EXPECT_EQ(histogram("monsoon_shard_apply_seconds").sample_count, 2u);
+  const auto barrier = histogram("monsoon_shard_barrier_wait_seconds");
+  EXPECT_EQ(barrier.sample_count, 1u);
+  EXPECT_EQ(barrier.sample_sum, 0.003);
+  // 0.003 s: first in the bucket up to 5 ms.
+  for (const auto& bucket : barrier.bucket) {
+    EXPECT_EQ(bucket.cumulative_count, bucket.upper_bound >= 0.005 ? 1u : 0u)
+        << bucket.upper_bound;
+  }
+  const auto checkpoint = histogram("monsoon_shard_checkpoint_seconds");
+  EXPECT_EQ(checkpoint.sample_count, 2u);
+  EXPECT_DOUBLE_EQ(checkpoint.sample_sum, 0.025);
+
+  const prometheus::MetricFamily* registered =
+      Find(families, "monsoon_shard_registered_workers");
+  ASSERT_NE(registered, nullptr);
+  EXPECT_EQ(registered->metric.at(0).gauge.value, 1);
+  const prometheus::MetricFamily* last_written =
+      Find(families, "monsoon_shard_last_checkpoint_timestamp_seconds");
+  ASSERT_NE(last_written, nullptr);
+  EXPECT_EQ(last_written->metric.at(0).gauge.value, 1795000000);
+  const prometheus::MetricFamily* failures =
+      Find(families, "monsoon_shard_checkpoint_failures_total");
+  ASSERT_NE(failures, nullptr);
+  EXPECT_EQ(failures->metric.at(0).counter.value, 1);
+
+  const prometheus::MetricFamily* contacts =
+      Find(families, "monsoon_shard_worker_last_contact_timestamp_seconds");
+  ASSERT_NE(contacts, nullptr);
+  std::vector<std::string> ranks;
+  const double now = absl::ToUnixSeconds(absl::Now());
+  for (const auto& metric : contacts->metric) {
+    ASSERT_EQ(metric.label.size(), 1u);
+    ranks.push_back(metric.label[0].value);
+    // Just now, give or take a loaded machine.
+    EXPECT_NEAR(metric.gauge.value, now, 60) << metric.label[0].value;
+  }
+  EXPECT_THAT(ranks, ElementsAre("1", "2"));
+}
+
+TEST(ShardMetricsTest, NoCheckpointYetIsZero) {
+  ShardState state(Layout(), 1, 0, 1);
+  const std::vector<prometheus::MetricFamily> families =
+      ShardMetrics(&state).Collect();
+  const prometheus::MetricFamily* last_written =
+      Find(families, "monsoon_shard_last_checkpoint_timestamp_seconds");
+  ASSERT_NE(last_written, nullptr);
+  EXPECT_EQ(last_written->metric.at(0).gauge.value, 0);
 }
 
 // GET `path` from 127.0.0.1:`port` over plain HTTP/1.0: the whole answer.
