@@ -2,9 +2,11 @@
 // worker threads (each with its own CpuBackend, Mlp, PsClient and
 // TrainingLoop) and an Evaluator, training on a small synthetic data set in
 // each implemented mode.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -30,6 +32,7 @@
 #include "worker/mlp.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
+#include "worker/worker_counters.h"
 
 namespace monsoon {
 namespace {
@@ -126,6 +129,7 @@ class ClusterTest : public testing::Test {
       worker.context.mlp = worker.mlp.get();
       worker.context.client = worker.client.get();
       worker.context.log_interval = absl::ZeroDuration();
+      worker.context.counters = &counters_[w];
       worker::PlaceWorker(*worker.client, config, resume, &worker.context);
     }
     results_.assign(kWorkers, absl::StatusOr<worker::WorkerResult>(
@@ -152,7 +156,21 @@ class ClusterTest : public testing::Test {
   std::vector<std::unique_ptr<server::ShardServer>> servers_;
   std::vector<std::string> addresses_;
   std::vector<absl::StatusOr<worker::WorkerResult>> results_;
+  // Each rank's counters, over every Train of the test.
+  std::array<worker::WorkerCounters, kWorkers> counters_;
 };
+
+// How often rank `rank` ran each phase, by name (phases never run left out).
+std::map<std::string, uint64_t> PhaseCounts(
+    const worker::WorkerCounters& counters) {
+  std::map<std::string, uint64_t> counts;
+  for (int p = 0; p < worker::kNumPhases; ++p) {
+    const uint64_t count = counters.phases[p].Read().count;
+    if (count > 0)
+      counts[worker::PhaseName(static_cast<worker::Phase>(p))] = count;
+  }
+  return counts;
+}
 
 TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
   // 200 examples per worker in batches of 20: 10 steps per epoch, 40 in all.
@@ -177,6 +195,11 @@ TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
     ASSERT_OK(results_[w].status()) << "worker " << w;
     EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
     EXPECT_EQ(results_[w]->samples, 800) << "worker " << w;
+    // Each step computes, then pushes and pulls in one round trip.
+    EXPECT_EQ(
+        PhaseCounts(counters_[w]),
+        (std::map<std::string, uint64_t>{{"compute", 40}, {"push_pull", 40}}))
+        << "worker " << w;
   }
 
   ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
@@ -193,6 +216,12 @@ TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
     EXPECT_EQ(stats.samples(), kWorkers * 800);
     EXPECT_EQ(stats.rejected_pushes(), 0);
     EXPECT_EQ(stats.staleness_max(), 0);
+  }
+  for (const auto& server : servers_) {
+    // Every push-pull waited at its barrier once; every step applied once.
+    EXPECT_EQ(server->state()->barrier_wait_seconds().Read().count,
+              static_cast<uint64_t>(kWorkers * 40));
+    EXPECT_EQ(server->state()->apply_seconds().Read().count, 40u);
   }
 }
 
@@ -337,6 +366,12 @@ TEST_F(ClusterTest, DownpourTrainingLowersTheTestLossWithoutABarrier) {
   for (int w = 0; w < kWorkers; ++w) {
     ASSERT_OK(results_[w].status()) << "worker " << w;
     EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+    // 40 computations (each with its local step), a pull and a push every
+    // 2 steps.
+    EXPECT_EQ(PhaseCounts(counters_[w]),
+              (std::map<std::string, uint64_t>{
+                  {"compute", 40}, {"pull", 20}, {"push", 20}}))
+        << "worker " << w;
   }
 
   ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
@@ -355,6 +390,12 @@ TEST_F(ClusterTest, DownpourTrainingLowersTheTestLossWithoutABarrier) {
     int64_t counted = 0;
     for (int64_t count : stats.staleness_counts()) counted += count;
     EXPECT_EQ(counted, kWorkers * 20);
+  }
+  for (const auto& server : servers_) {
+    // No barrier; every push applied by itself.
+    EXPECT_EQ(server->state()->barrier_wait_seconds().Read().count, 0u);
+    EXPECT_EQ(server->state()->apply_seconds().Read().count,
+              static_cast<uint64_t>(kWorkers * 20));
   }
 }
 

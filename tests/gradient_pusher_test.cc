@@ -1,6 +1,7 @@
 // GradientPusher on the CPU backend against real ShardServers on 127.0.0.1.
 #include "worker/gradient_pusher.h"
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "worker/compute_backend.h"
 #include "worker/cpu_backend.h"
 #include "worker/ps_client.h"
+#include "worker/worker_counters.h"
 
 namespace monsoon::worker {
 namespace {
@@ -73,9 +75,10 @@ TEST(GradientPusherTest, Float32PushMatchesThePlainPush) {
   ASSERT_NE(plain.client, nullptr);
   ASSERT_NE(pushed.client, nullptr);
   std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<GradientPusher> pusher,
-      GradientPusher::Create(cpu.get(), pushed.client.get(), config));
+  WorkerCounters counters;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                       GradientPusher::Create(cpu.get(), pushed.client.get(),
+                                              config, &counters));
   ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
   constexpr int kSteps = 5;
   for (int step = 0; step < kSteps; ++step) {
@@ -89,6 +92,7 @@ TEST(GradientPusherTest, Float32PushMatchesThePlainPush) {
     ASSERT_OK(push->Wait());
   }
   cpu->Free(device);
+  EXPECT_TRUE(std::isnan(counters.residual_norm.load()));  // no residual
   EXPECT_EQ(pushed.client->bytes_pushed(), plain.client->bytes_pushed());
   EXPECT_EQ(pushed.Weights(kSteps), plain.Weights(kSteps));
 }
@@ -101,9 +105,10 @@ TEST(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
   ASSERT_NE(by_hand.client, nullptr);
   ASSERT_NE(pushed.client, nullptr);
   std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<GradientPusher> pusher,
-      GradientPusher::Create(cpu.get(), pushed.client.get(), config));
+  WorkerCounters counters;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                       GradientPusher::Create(cpu.get(), pushed.client.get(),
+                                              config, &counters));
   ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
   const std::vector<float> initial = pushed.Weights(0);
   std::vector<float> residual(53, 0.0f);
@@ -128,6 +133,14 @@ TEST(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> pushing,
                          pusher->Push(device, {step, step}, 8, 8 * step));
     ASSERT_OK(pushing->Wait());
+    if (step == 0) {
+      // The first push measures the residual's norm (later ones within a
+      // second do not): the host codec's residual's.
+      double sum = 0;
+      for (float r : residual) sum += static_cast<double>(r) * r;
+      EXPECT_GT(sum, 0);
+      EXPECT_DOUBLE_EQ(counters.residual_norm.load(), std::sqrt(sum));
+    }
   }
   cpu->Free(device);
   EXPECT_EQ(pushed.client->bytes_pushed(), by_hand.client->bytes_pushed());

@@ -1,6 +1,8 @@
 #include "worker/worker_metrics.h"
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -50,6 +52,51 @@ TEST(WorkerMetricsTest, EachFamilyHoldsWhatTheWorkerCounted) {
   EXPECT_EQ(ValueOf(families, "monsoon_worker_pulled_bytes_total"),
             static_cast<double>(cluster.client->bytes_pulled()));
   EXPECT_GT(cluster.client->bytes_pulled(), 0);
+}
+
+const prometheus::MetricFamily* Find(
+    const std::vector<prometheus::MetricFamily>& families,
+    const std::string& name) {
+  for (const auto& family : families) {
+    if (family.name == name) return &family;
+  }
+  return nullptr;
+}
+
+TEST(WorkerMetricsTest, PhasesRunAndTheResidualAreServed) {
+  const TrainingConfig config =
+      testutil::ResolvedConfig("layer_sizes: [6, 5, 3] mode: ONEBIT");
+  testutil::LocalCluster cluster(config, 1, 1);
+  ASSERT_NE(cluster.client, nullptr);
+  WorkerCounters counters;
+  const WorkerMetrics metrics(&counters, cluster.client.get());
+  // No 1-bit residual measured yet: no gauge.
+  EXPECT_EQ(Find(metrics.Collect(), "monsoon_worker_onebit_residual_norm"),
+            nullptr);
+  counters.phases[static_cast<int>(Phase::kCompute)].Observe(0.002);
+  counters.phases[static_cast<int>(Phase::kCompute)].Observe(0.004);
+  counters.phases[static_cast<int>(Phase::kPushPull)].Observe(0.5);
+  counters.residual_norm = 2.5;
+  const std::vector<prometheus::MetricFamily> families = metrics.Collect();
+  const prometheus::MetricFamily* phases =
+      Find(families, "monsoon_worker_step_phase_seconds");
+  ASSERT_NE(phases, nullptr);
+  EXPECT_EQ(phases->type, prometheus::MetricType::Histogram);
+  // Only the phases that ran, by label.
+  ASSERT_EQ(phases->metric.size(), 2u);
+  std::map<std::string, std::pair<uint64_t, double>> by_phase;
+  for (const auto& metric : phases->metric) {
+    ASSERT_EQ(metric.label.size(), 1u);
+    EXPECT_EQ(metric.label[0].name, "phase");
+    by_phase[metric.label[0].value] = {metric.histogram.sample_count,
+                                       metric.histogram.sample_sum};
+  }
+  EXPECT_EQ(by_phase["compute"], std::make_pair(uint64_t{2}, 0.006));
+  EXPECT_EQ(by_phase["push_pull"], std::make_pair(uint64_t{1}, 0.5));
+  const prometheus::MetricFamily* residual =
+      Find(families, "monsoon_worker_onebit_residual_norm");
+  ASSERT_NE(residual, nullptr);
+  EXPECT_EQ(residual->metric.at(0).gauge.value, 2.5);
 }
 
 TEST(EvaluatorMetricsTest, TheLastPointIsServed) {

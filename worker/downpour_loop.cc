@@ -24,7 +24,8 @@ class DownpourLoop : public TrainingLoop {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
     absl::StatusOr<std::unique_ptr<GradientPusher>> made =
-        GradientPusher::Create(c.mlp->backend(), c.client, c.config);
+        GradientPusher::Create(c.mlp->backend(), c.client, c.config,
+                               c.counters);
     if (!made.ok()) return made.status();
     if (c.config.n_fetch() == 1 && c.config.n_push() == 1) {
       return RunOneRoundTrip(c, &*batches, *made->get());
@@ -51,10 +52,14 @@ class DownpourLoop : public TrainingLoop {
       }
       absl::StatusOr<BatchResult> result;
       auto step = [&]() -> absl::Status {
-        if (auto s = params.Commit(); !s.ok()) return s;
-        result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
-                                         batches->batch_size());
-        if (!result.ok()) return result.status();
+        {
+          PhaseTimer timer(c.counters, Phase::kCompute);
+          if (auto s = params.Commit(); !s.ok()) return s;
+          result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
+                                           batches->batch_size());
+          if (!result.ok()) return result.status();
+        }
+        PhaseTimer timer(c.counters, Phase::kPushPull);
         // The push carries the versions its gradient was computed from;
         // the answer replaces them (and the weights) with the shards' new
         // ones.
@@ -85,6 +90,7 @@ class DownpourLoop : public TrainingLoop {
     // summed. A push that failed on a lost shard is not sent again: that
     // shard loses it, the others have it.
     auto push = [&](int steps, const float* device_grads) -> absl::Status {
+      PhaseTimer timer(c.counters, Phase::kPush);
       if (auto s = in_flight.Finish(); !s.ok()) return s;
       const int64_t samples =
           static_cast<int64_t>(steps) * batches->batch_size();
@@ -95,6 +101,7 @@ class DownpourLoop : public TrainingLoop {
       return absl::OkStatus();
     };
     auto pull = [&]() -> absl::Status {
+      PhaseTimer timer(c.counters, Phase::kPull);
       if (auto s = c.client->Pull(0, timeout, params.span(), &versions);
           !s.ok()) {
         return s;
@@ -113,6 +120,7 @@ class DownpourLoop : public TrainingLoop {
           if (auto s = pull(); !s.ok()) return s;
           fetch = false;
         }
+        PhaseTimer compute(c.counters, Phase::kCompute);
         result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
                                          batches->batch_size());
         if (!result.ok()) return result.status();
@@ -122,6 +130,7 @@ class DownpourLoop : public TrainingLoop {
         // The model's gradient buffer, which the local step below reads but
         // does not change, goes straight to the pusher on a push step.
         if (pusher.accumulated_steps() + 1 == c.config.n_push()) {
+          compute.Pause();
           if (auto s = push(c.config.n_push(), c.mlp->device_gradients());
               !s.ok()) {
             return s;
@@ -130,6 +139,7 @@ class DownpourLoop : public TrainingLoop {
                    !s.ok()) {
           return s;
         }
+        compute.Resume();  // the local step computes too
         return c.mlp->ApplyGradients(c.config.local_learning_rate(),
                                      c.config.local_momentum());
       };

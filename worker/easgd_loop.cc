@@ -25,7 +25,7 @@ class EasgdLoop : public TrainingLoop {
                             : 0.9f / static_cast<float>(c.num_workers);
     ComputeBackend* backend = c.mlp->backend();
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
-        GradientPusher::Create(backend, c.client, c.config);
+        GradientPusher::Create(backend, c.client, c.config, c.counters);
     if (!pusher.ok()) return pusher.status();
     absl::StatusOr<float*> elastic = backend->AllocateFloats(p);
     if (!elastic.ok()) return elastic.status();
@@ -57,9 +57,14 @@ class EasgdLoop : public TrainingLoop {
     bool pushing = false;
     auto exchange = [&]() -> absl::Status {
       if (pushing) return absl::OkStatus();  // lost while pushing: done
-      absl::Status pulled =
-          c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
-      if (!pulled.ok()) return pulled;
+      {
+        PhaseTimer timer(c.counters, Phase::kPull);
+        absl::Status pulled =
+            c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
+        if (!pulled.ok()) return pulled;
+      }
+      // The elastic step and the push (its transfer and the wait for it).
+      PhaseTimer timer(c.counters, Phase::kPush);
       // d = alpha * (x - center), then x -= d, on the device.
       float* x = c.mlp->device_params();
       if (auto s = backend->CopyToDevice(center.data(), d, p * sizeof(float));
@@ -90,6 +95,7 @@ class EasgdLoop : public TrainingLoop {
         return absl::CancelledError("stopped");
       }
       if (since_exchange == 0) window_offset = batches->sample_offset();
+      PhaseTimer compute(c.counters, Phase::kCompute);
       absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!result.ok()) return result.status();
@@ -98,6 +104,7 @@ class EasgdLoop : public TrainingLoop {
           !s.ok()) {
         return s;
       }
+      compute.Pause();
       if (++since_exchange == c.config.tau()) {
         if (auto s = exchange_riding_out(); !s.ok()) return s;
       }

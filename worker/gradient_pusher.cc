@@ -1,6 +1,7 @@
 #include "worker/gradient_pusher.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,17 +48,20 @@ class LeasedPush : public PendingCall {
 }  // namespace
 
 GradientPusher::GradientPusher(ComputeBackend* backend, PsClient* client,
-                               const TrainingConfig& config)
+                               const TrainingConfig& config,
+                               WorkerCounters* counters)
     : backend_(backend),
       client_(client),
       config_(config),
       encoding_(common::PushEncodingFor(config)),
-      bucket_size_(config.onebit_bucket_size()) {}
+      bucket_size_(config.onebit_bucket_size()),
+      counters_(counters) {}
 
 absl::StatusOr<std::unique_ptr<GradientPusher>> GradientPusher::Create(
-    ComputeBackend* backend, PsClient* client, const TrainingConfig& config) {
+    ComputeBackend* backend, PsClient* client, const TrainingConfig& config,
+    WorkerCounters* counters) {
   std::unique_ptr<GradientPusher> pusher(
-      new GradientPusher(backend, client, config));
+      new GradientPusher(backend, client, config, counters));
   const uint64_t params = client->ranges().back().end;
   if (pusher->encoding_ == ENCODING_FLOAT32) {
     pusher->host_values_.resize(params);
@@ -181,12 +185,34 @@ absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
     push->Send(s, *payload);
   }
   accumulated_steps_ = 0;  // the next Accumulate starts a new sum
+  if (failed.ok()) failed = MeasureResidual();
   auto leased = std::make_unique<LeasedPush>(std::move(push), &lease_);
   if (!failed.ok()) {
     leased->Wait().IgnoreError();  // the shards already sent
     return failed;
   }
   return leased;
+}
+
+absl::Status GradientPusher::MeasureResidual() {
+  if (residual_ == nullptr || counters_ == nullptr) return absl::OkStatus();
+  const absl::Time now = absl::Now();
+  if (now - last_measured_ < absl::Seconds(1)) return absl::OkStatus();
+  last_measured_ = now;
+  host_residual_.resize(client_->ranges().back().end);
+  if (absl::Status copied =
+          backend_->CopyToHost(residual_, host_residual_.data(),
+                               host_residual_.size() * sizeof(float));
+      !copied.ok()) {
+    return absl::Status(copied.code(),
+                        absl::StrCat("copying the 1-bit residual to measure "
+                                     "it: ",
+                                     copied.message()));
+  }
+  double sum = 0;
+  for (float r : host_residual_) sum += static_cast<double>(r) * r;
+  counters_->residual_norm.store(std::sqrt(sum));
+  return absl::OkStatus();
 }
 
 absl::Status GradientPusher::Accumulate(const float* device_grads) {

@@ -28,14 +28,19 @@
 #include "proto/config.pb.h"
 #include "worker/compute_backend.h"
 #include "worker/ps_client.h"
+#include "worker/worker_counters.h"
 
 namespace monsoon::worker {
 
 class GradientPusher {
  public:
-  // `config` is the resolved one the client connected with.
+  // `config` is the resolved one the client connected with. With 1-bit
+  // pushes and `counters`, the residual's norm goes into
+  // counters->residual_norm at most once a second (a copy of the residual
+  // off the device and one pass over it).
   static absl::StatusOr<std::unique_ptr<GradientPusher>> Create(
-      ComputeBackend* backend, PsClient* client, const TrainingConfig& config);
+      ComputeBackend* backend, PsClient* client, const TrainingConfig& config,
+      WorkerCounters* counters = nullptr);
   ~GradientPusher();
   GradientPusher(const GradientPusher&) = delete;
   GradientPusher& operator=(const GradientPusher&) = delete;
@@ -64,7 +69,9 @@ class GradientPusher {
 
  private:
   GradientPusher(ComputeBackend* backend, PsClient* client,
-                 const TrainingConfig& config);
+                 const TrainingConfig& config, WorkerCounters* counters);
+  // Measures the residual's norm into counters_ if a second has passed.
+  absl::Status MeasureResidual();
   // Shard s's payload from `values` (device memory, the shard's slice): in
   // the host buffers, or where `borrow`, float32 values in host memory
   // sent from where they are.
@@ -91,6 +98,9 @@ class GradientPusher {
   // Device sum for Accumulate, allocated on first use.
   float* sum_ = nullptr;
   int accumulated_steps_ = 0;
+  WorkerCounters* const counters_;
+  std::vector<float> host_residual_;  // MeasureResidual's copy
+  absl::Time last_measured_ = absl::InfinitePast();
 };
 
 // The one push a loop keeps in flight while it computes its next steps.

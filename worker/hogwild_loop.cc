@@ -18,7 +18,8 @@ class HogwildLoop : public TrainingLoop {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
-        GradientPusher::Create(c.mlp->backend(), c.client, c.config);
+        GradientPusher::Create(c.mlp->backend(), c.client, c.config,
+                               c.counters);
     if (!pusher.ok()) return pusher.status();
     PulledParams params(c.mlp);
     std::vector<int64_t> versions;
@@ -34,13 +35,20 @@ class HogwildLoop : public TrainingLoop {
       // step's push, lost on that shard, is not sent again.
       absl::StatusOr<BatchResult> result;
       auto step = [&]() -> absl::Status {
-        absl::Status status =
-            c.client->Pull(0, timeout, params.span(), &versions);
-        if (!status.ok()) return status;
-        if (auto s = params.Commit(); !s.ok()) return s;
-        result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
-                                         batches->batch_size());
-        if (!result.ok()) return result.status();
+        {
+          PhaseTimer timer(c.counters, Phase::kPull);
+          absl::Status status =
+              c.client->Pull(0, timeout, params.span(), &versions);
+          if (!status.ok()) return status;
+        }
+        {
+          PhaseTimer timer(c.counters, Phase::kCompute);
+          if (auto s = params.Commit(); !s.ok()) return s;
+          result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
+                                           batches->batch_size());
+          if (!result.ok()) return result.status();
+        }
+        PhaseTimer timer(c.counters, Phase::kPush);
         if (auto s = in_flight.Finish(); !s.ok()) return s;
         absl::StatusOr<std::unique_ptr<PendingCall>> push =
             (*pusher)->Push(c.mlp->device_gradients(), versions,

@@ -102,6 +102,7 @@ double UnixSeconds(absl::Time t) {
 // Writes --report_out, if set; a failure to write is logged, not fatal.
 void WriteReport(int rank, int64_t resumed_steps,
                  const monsoon::worker::WorkerResult& progress,
+                 const monsoon::worker::WorkerCounters& counters,
                  const std::string& outcome) {
   const std::string path = absl::GetFlag(FLAGS_report_out);
   if (path.empty()) return;
@@ -113,6 +114,16 @@ void WriteReport(int rank, int64_t resumed_steps,
   report.set_first_step_unix_s(UnixSeconds(progress.first_step));
   report.set_last_step_unix_s(UnixSeconds(progress.last_step));
   report.set_outcome(outcome);
+  for (int p = 0; p < monsoon::worker::kNumPhases; ++p) {
+    const monsoon::common::Histogram::Snapshot phase =
+        counters.phases[p].Read();
+    if (phase.count == 0) continue;
+    monsoon::PhaseTime* time = report.add_phases();
+    time->set_phase(
+        monsoon::worker::PhaseName(static_cast<monsoon::worker::Phase>(p)));
+    time->set_count(static_cast<int64_t>(phase.count));
+    time->set_seconds(phase.sum);
+  }
   std::string text;
   google::protobuf::TextFormat::PrintToString(report, &text);
   std::ofstream out(path);
@@ -308,11 +319,11 @@ int main(int argc, char** argv) {
     // Errors after a signal are the shutdown's echo (servers going away).
     monsoon::common::Log("ps_worker: rank %d stopped by signal %d", rank,
                          termination.signal());
-    WriteReport(rank, context.resume_steps, progress,
+    WriteReport(rank, context.resume_steps, progress, counters,
                 absl::StrCat("stopped by signal ", termination.signal()));
     return 128 + termination.signal();
   }
-  WriteReport(rank, context.resume_steps, progress,
+  WriteReport(rank, context.resume_steps, progress, counters,
               result.ok() ? "done" : result.status().ToString());
   if (!result.ok()) return Fail(1, result.status());
   return 0;

@@ -21,7 +21,8 @@ class SyncLoop : public TrainingLoop {
     if (!batches.ok()) return batches.status();
     PulledParams params(c.mlp);
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
-        GradientPusher::Create(c.mlp->backend(), c.client, c.config);
+        GradientPusher::Create(c.mlp->backend(), c.client, c.config,
+                               c.counters);
     if (!pusher.ok()) return pusher.status();
     // versions[s]: the step shard s is collecting, which the weights in
     // `params` belong to.
@@ -78,10 +79,16 @@ class SyncLoop : public TrainingLoop {
                                    std::vector<int64_t>* versions,
                                    const PullTarget& next,
                                    const BatchStream& batches) {
-    if (auto s = params->Commit(); !s.ok()) return s;
-    absl::StatusOr<BatchResult> step = c.mlp->ComputeGradients(
-        batches.images(), batches.labels(), batches.batch_size());
-    if (!step.ok()) return step.status();
+    absl::StatusOr<BatchResult> step;
+    {
+      PhaseTimer timer(c.counters, Phase::kCompute);
+      if (auto s = params->Commit(); !s.ok()) return s;
+      step = c.mlp->ComputeGradients(batches.images(), batches.labels(),
+                                     batches.batch_size());
+      if (!step.ok()) return step.status();
+    }
+    // Includes the wait at the barrier.
+    PhaseTimer timer(c.counters, Phase::kPushPull);
     // A shard that already holds this push (a worker restarted, or
     // repeating its step after a lost connection) answers it as a
     // duplicate, with the next step's weights all the same (PushPull).

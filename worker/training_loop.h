@@ -20,6 +20,7 @@
 #include "worker/dataset.h"
 #include "worker/mlp.h"
 #include "worker/ps_client.h"
+#include "worker/worker_counters.h"
 
 namespace monsoon::worker {
 
@@ -35,16 +36,6 @@ struct WorkerResult {
 };
 
 // What a loop needs; nothing here is owned by the loop.
-// What a worker has done, updated by its training loop at every step
-// (ProgressLog) and read from other threads (worker_metrics.h). Thread-safe.
-struct WorkerCounters {
-  std::atomic<int64_t> steps{0};
-  std::atomic<int64_t> samples{0};
-  std::atomic<double> last_loss{0};
-  // When the last step ended, in seconds since the Unix epoch (0: none yet).
-  std::atomic<double> last_step_time{0};
-};
-
 struct WorkerContext {
   TrainingConfig config;  // resolved
   int rank = 0;

@@ -1,5 +1,10 @@
 #include "worker/worker_metrics.h"
 
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+
 #include "common/metrics_exporter.h"
 
 namespace monsoon::worker {
@@ -7,7 +12,15 @@ namespace monsoon::worker {
 std::vector<prometheus::MetricFamily> WorkerMetrics::Collect() const {
   using common::Counter;
   using common::Gauge;
-  return {
+  std::map<std::string, common::Histogram::Snapshot> phases;
+  for (int p = 0; p < kNumPhases; ++p) {
+    common::Histogram::Snapshot snapshot = counters_->phases[p].Read();
+    // Only the phases this mode has.
+    if (snapshot.count > 0) {
+      phases[PhaseName(static_cast<Phase>(p))] = std::move(snapshot);
+    }
+  }
+  std::vector<prometheus::MetricFamily> families = {
       Counter("monsoon_worker_steps_total", "Training steps taken.",
               static_cast<double>(counters_->steps.load())),
       Counter("monsoon_worker_samples_total", "Training examples trained.",
@@ -24,7 +37,20 @@ std::vector<prometheus::MetricFamily> WorkerMetrics::Collect() const {
       Counter("monsoon_worker_pulled_bytes_total",
               "Serialized bytes received in pulls.",
               static_cast<double>(client_->bytes_pulled())),
+      common::HistogramFamily(
+          "monsoon_worker_step_phase_seconds",
+          "Time in each phase of the steps: compute, pull, push, or "
+          "push_pull (one round trip; in sync it includes the barrier).",
+          "phase", phases),
   };
+  if (const double norm = counters_->residual_norm.load(); !std::isnan(norm)) {
+    families.push_back(
+        Gauge("monsoon_worker_onebit_residual_norm",
+              "L2 norm of the 1-bit residual (the quantization error carried "
+              "to the next push), measured at most once a second.",
+              norm));
+  }
+  return families;
 }
 
 void EvaluatorMetrics::Record(const EvalPoint& point, absl::Time now) {

@@ -16,6 +16,7 @@
 #include "proto/metrics.pb.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
+#include "worker/worker_counters.h"
 
 namespace monsoon::worker {
 
