@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,10 +18,12 @@
 namespace monsoon::tools {
 namespace {
 
-// Follows a run's log lines and shows one status line for it: rewritten in
-// place on a terminal, a plain line every 10 s otherwise. The rate is the
-// examples the shards applied between the evaluator's last two points
-// (every --eval_interval_s), so that it moves from the first seconds on.
+// One status line for a run, from the figures RunLocalCluster reads from
+// its daemons (RunProgressSample): rewritten in place on a terminal, a
+// plain line every 10 s otherwise. The rate is the examples the shards
+// applied between the last two Stats answers, about a second apart, so
+// that it moves from the first seconds on and at the same pace whatever
+// --eval_interval_s is. The daemons' log lines only go to the run's log.
 class RunProgress {
  public:
   RunProgress(std::string name, int epochs, std::FILE* log)
@@ -35,21 +36,14 @@ class RunProgress {
 
   void Line(const std::string& role, const std::string& line) {
     std::fprintf(log_, "[%s] %s\n", role.c_str(), line.c_str());
-    static const std::regex kWorker(R"(worker \d+: epoch (\d+)/\d+ )");
-    static const std::regex kEval(
-        R"(eval: ([0-9.]+) s +samples (\d+) .* test accuracy ([0-9.]+))");
-    std::smatch m;
-    if (std::regex_search(line, m, kWorker)) {
-      epoch_ = std::max(epoch_, std::stoi(m[1]));
-    } else if (std::regex_search(line, m, kEval)) {
-      const double time_s = std::stod(m[1]);
-      const double samples = std::stod(m[2]);
-      if (time_s > last_eval_s_ && last_eval_s_ >= 0) {
-        rate_ = (samples - last_eval_samples_) / (time_s - last_eval_s_);
-      }
-      last_eval_s_ = time_s;
-      last_eval_samples_ = samples;
-      accuracy_ = m[3];
+  }
+
+  void Sample(const RunProgressSample& sample) {
+    epoch_ = sample.epoch;
+    rate_ = sample.samples_per_s;
+    if (sample.evaluated) {
+      accuracy_ = absl::StrFormat("%.4f (at %.1f s)", sample.test_accuracy,
+                                  sample.eval_time_s);
     }
     Show(false);
   }
@@ -62,9 +56,9 @@ class RunProgress {
     }
     last_print_ = now;
     const std::string text = absl::StrFormat(
-        "%-22s epoch %d/%d  %6.0f samples/s  test accuracy %-6s  %5.1f s",
-        name_, std::max(epoch_, 1), epochs_, rate_, accuracy_,
-        absl::ToDoubleSeconds(now - start_));
+        "%-22s epoch %s/%d  %6.0f samples/s  test accuracy %-6s  %5.1f s",
+        name_, epoch_ > 0 ? absl::StrCat(epoch_) : "-", epochs_, rate_,
+        accuracy_, absl::ToDoubleSeconds(now - start_));
     if (terminal_) {
       std::printf("\r\033[K%s%s", text.c_str(), final_line ? "\n" : "");
     } else {
@@ -88,11 +82,9 @@ class RunProgress {
   const bool terminal_;
   const absl::Time start_;
   absl::Time last_print_;
-  int epoch_ = 0;
+  int epoch_ = 0;  // 0: not known (yet)
   std::string accuracy_ = "-";
   double rate_ = 0;
-  double last_eval_s_ = 0;  // the evaluator's time 0 has 0 samples
-  double last_eval_samples_ = 0;
 };
 
 }  // namespace
@@ -142,6 +134,9 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
         run.placement = network != nullptr ? &network->placement() : nullptr;
         run.max_restarts = options.max_restarts;
         run.tls_dir = options.tls_dir;
+        run.on_progress = [&](const RunProgressSample& sample) {
+          progress.Sample(sample);
+        };
         absl::StatusOr<std::vector<Fault>> faults =
             ParseChaos(options.chaos, servers, workers);
         if (!faults.ok()) return faults.status();

@@ -9,17 +9,25 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <sstream>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/tls.h"
+#include "worker/dataset.h"
+#include "worker/idx_reader.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::tools {
@@ -81,8 +89,8 @@ absl::Status ChildFailed(const ProcessSupervisor& s, int id) {
 }
 
 // The examples the workers trained, the time from the first step to the
-// last and where the steps' time went, from the report each process wrote as it stopped (a worker killed
-// by SIGKILL writes none: its steps are not counted).
+// last and where the steps' time went, from the report each process wrote as it
+// stopped (a worker killed by SIGKILL writes none: its steps are not counted).
 absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
                                RunMetrics* metrics) {
   double first = 0, last = 0;
@@ -105,6 +113,128 @@ absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
   metrics->train_time_s = std::max(0.0, last - first);
   return absl::OkStatus();
 }
+
+// The examples one epoch of every worker trains: each worker does the
+// smallest partition's whole batches (worker/training_loop.h). Reads only
+// the training labels' header and bytes; 0 when they cannot be read.
+int64_t ExamplesPerEpoch(const TrainingConfig& config, int workers) {
+  for (const char* name :
+       {"/train-labels-idx1-ubyte.gz", "/train-labels-idx1-ubyte"}) {
+    absl::StatusOr<worker::IdxArray> labels =
+        worker::ReadIdxFile(config.data_dir() + name);
+    if (!labels.ok() || labels->dims.empty()) continue;
+    const int64_t batch = std::max(1, config.batch_size());
+    return workers *
+           (worker::SmallestPartition(labels->dims[0], workers) / batch) *
+           batch;
+  }
+  return 0;
+}
+
+// Reads a run's progress from its daemons about once a second on a thread
+// of its own (started by the constructor, joined by the destructor): the
+// shards' Stats through a client of its own, and the evaluator's curve
+// file. A shard that does not answer holds up only this thread, never the
+// supervisor's loop. Take() is safe from any one other thread.
+class ProgressPoller {
+ public:
+  ProgressPoller(worker::PsClientOptions client_options, std::string curve_path,
+                 absl::Time start, int64_t examples_per_epoch, int epochs)
+      : client_options_(std::move(client_options)),
+        curve_path_(std::move(curve_path)),
+        start_(start),
+        examples_per_epoch_(examples_per_epoch),
+        epochs_(epochs),
+        thread_([this] { Loop(); }) {}
+
+  ~ProgressPoller() {
+    stop_.Notify();
+    thread_.join();
+  }
+
+  // The newest sample since the last call, if there is one.
+  std::optional<RunProgressSample> Take() {
+    absl::MutexLock lock(&mu_);
+    std::optional<RunProgressSample> sample = std::move(latest_);
+    latest_.reset();
+    return sample;
+  }
+
+ private:
+  void Loop() {
+    std::unique_ptr<worker::PsClient> client;
+    RunProgressSample sample;
+    sample.epochs = epochs_;
+    if (examples_per_epoch_ > 0) sample.epoch = 1;
+    absl::Time last_stats;  // when `sample.samples` was read
+    bool have_stats = false;
+    int curve_points = 0;  // in the last curve read whole
+    while (!stop_.HasBeenNotified()) {
+      if (client == nullptr) {
+        // A shard may be down (a fault at the start): retried next time.
+        absl::StatusOr<std::unique_ptr<worker::PsClient>> connected =
+            worker::PsClient::Connect(client_options_);
+        if (connected.ok()) client = *std::move(connected);
+      }
+      if (client != nullptr) {
+        absl::StatusOr<std::vector<StatsResponse>> stats =
+            client->Stats(absl::Seconds(1));
+        const absl::Time now = absl::Now();
+        if (stats.ok() && !stats->empty()) {
+          const StatsResponse& shard0 = (*stats)[0];
+          // A shard restarted from a checkpoint may count fewer examples
+          // than before: no rate across that.
+          if (have_stats && now > last_stats &&
+              shard0.samples() >= sample.samples) {
+            sample.samples_per_s = (shard0.samples() - sample.samples) /
+                                   absl::ToDoubleSeconds(now - last_stats);
+          }
+          have_stats = true;
+          last_stats = now;
+          sample.samples = shard0.samples();
+          sample.version = shard0.version();
+          if (examples_per_epoch_ > 0) {
+            sample.epoch = static_cast<int>(std::min<int64_t>(
+                epochs_, sample.samples / examples_per_epoch_ + 1));
+          }
+        }
+      }
+      // The evaluator rewrites the file after every point, so it may be
+      // missing or caught half written. A truncated point leaves a brace
+      // open and does not parse; a file cut between points parses with
+      // fewer points than already seen: both are skipped.
+      std::string text;
+      EvalCurve curve;
+      if (ReadFile(curve_path_, &text) &&
+          google::protobuf::TextFormat::ParseFromString(text, &curve) &&
+          curve.points_size() > 0 && curve.points_size() >= curve_points) {
+        curve_points = curve.points_size();
+        const EvalPoint& last = curve.points(curve.points_size() - 1);
+        sample.evaluated = true;
+        sample.test_accuracy = last.test_accuracy();
+        sample.eval_time_s = last.time_s();
+      }
+      sample.time_s = absl::ToDoubleSeconds(absl::Now() - start_);
+      {
+        absl::MutexLock lock(&mu_);
+        latest_ = sample;
+      }
+      stop_.WaitForNotificationWithTimeout(absl::Seconds(1));
+    }
+  }
+
+  // Constant after construction.
+  const worker::PsClientOptions client_options_;
+  const std::string curve_path_;
+  const absl::Time start_;
+  const int64_t examples_per_epoch_;
+  const int epochs_;
+
+  absl::Notification stop_;
+  absl::Mutex mu_;
+  std::optional<RunProgressSample> latest_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: it uses the members above
+};
 
 // One server or worker of the run, across its restarts.
 struct Daemon {
@@ -358,6 +488,27 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     daemon.id = *id;
   }
 
+  // The launcher's own client of the shards: the progress poller's, and the
+  // one that reads their counters at the end.
+  worker::PsClientOptions client_options;
+  client_options.server_addresses = addresses;
+  client_options.config = options.config;
+  client_options.worker_rank = -1;
+  client_options.connect_timeout = absl::Seconds(10);
+  client_options.auth_token = *token;
+  client_options.credentials = *launcher_credentials;
+  std::unique_ptr<ProgressPoller> poller;
+  if (options.on_progress) {
+    worker::PsClientOptions poller_options = client_options;
+    // Short, so that stopping the poller never waits long for a shard that
+    // is down; it tries again a second later.
+    poller_options.connect_timeout = absl::Seconds(1);
+    poller = std::make_unique<ProgressPoller>(
+        poller_options, curve_path, start,
+        ExamplesPerEpoch(options.config, options.workers),
+        options.config.epochs());
+  }
+
   // 3. Training: until every worker is done. A daemon that dies is started
   // again after a pause (1 s, doubling per restart), up to max_restarts
   // times; after that, or with restarts off, the run fails.
@@ -438,6 +589,11 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     return true;
   };
   auto training_done = [&] {
+    if (poller != nullptr) {
+      if (std::optional<RunProgressSample> sample = poller->Take()) {
+        options.on_progress(*sample);
+      }
+    }
     const absl::Time now = absl::Now();
     const double t = absl::ToDoubleSeconds(now - start);
     if (options.time_limit_s > 0 && !limit_reached &&
@@ -488,6 +644,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     return all_done;
   };
   status = sup.Pump(training_done, absl::InfiniteDuration());
+  poller.reset();  // its client's channels close before the servers stop
   if (status.ok()) status = failed;
   if (!status.ok()) return status;
   for (Daemon& daemon : server_daemons) {
@@ -514,13 +671,6 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
 
   // 4. The shards' counters, while they still run.
   {
-    worker::PsClientOptions client_options;
-    client_options.server_addresses = addresses;
-    client_options.config = options.config;
-    client_options.worker_rank = -1;
-    client_options.connect_timeout = absl::Seconds(10);
-    client_options.auth_token = *token;
-    client_options.credentials = *launcher_credentials;
     absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
         worker::PsClient::Connect(client_options);
     if (!client.ok()) return client.status();

@@ -1,9 +1,11 @@
 // RunLocalCluster: S ps_server shards, W ps_worker replicas and one
 // ps_evaluator as local processes on loopback, supervised until training
-// ends; then the run's metrics. Used by launch_local.
+// ends; then the run's metrics. Used by launch_local and compare_modes.
 #ifndef MONSOON_TOOLS_LOCAL_CLUSTER_H_
 #define MONSOON_TOOLS_LOCAL_CLUSTER_H_
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,31 @@ std::string DefaultBinDir();
 // LocalClusterOptions.tls_dir. INTERNAL, with the script's output, when it
 // fails; NOT_FOUND when the script is not there.
 absl::Status MakeThrowawayCerts(const std::string& dir);
+
+// How far a run has come, read from its daemons while training runs (never
+// from their log lines): the shards' Stats and the evaluator's curve file.
+struct RunProgressSample {
+  double time_s = 0;  // since the start of training
+  // Shard 0's training examples applied and version (every push reaches
+  // every shard); 0 until a shard first answers.
+  int64_t samples = 0;
+  int64_t version = 0;
+  // Examples applied per second between the last two Stats answers, about a
+  // second apart (0 until there are two): a rate of the last second, which
+  // moves from the first seconds on and does not wait for the evaluator.
+  double samples_per_s = 0;
+  // The epoch the workers are in, 1 to `epochs`, from samples over the
+  // examples an epoch of every worker trains (the smallest partition's
+  // whole batches, times the workers); 0 when the training set's size could
+  // not be read.
+  int epoch = 0;
+  int epochs = 0;  // the config's
+  // The evaluator's latest point (--curve_out, rewritten after every point),
+  // if it has written one: its test accuracy and time since the start.
+  bool evaluated = false;
+  double test_accuracy = 0;
+  double eval_time_s = 0;
+};
 
 struct LocalClusterOptions {
   TrainingConfig config;  // resolved
@@ -84,6 +111,12 @@ struct LocalClusterOptions {
   // WORK_DIR/metrics_targets.json lists them for Prometheus'
   // file_sd_configs (labels role and, for shards and workers, index).
   int metrics_port = 0;
+  // If set, called about once a second while training runs, on the thread
+  // that runs RunLocalCluster (between the supervisor's events), with the
+  // run's progress. The figures are read on a thread of the launcher's own,
+  // so that a shard that does not answer (stopped by a fault, restarting)
+  // never holds up the supervisor; a sample then keeps its last figures.
+  std::function<void(const RunProgressSample&)> on_progress;
 };
 
 // Runs the cluster to the end. CANCELLED on Ctrl-C, after stopping every
