@@ -19,15 +19,37 @@ for r in results["runs"]:
     assert r["curve"], r["name"]
     assert 0.5 < r["final_test_accuracy"] <= 1, r["final_test_accuracy"]
     assert r["samples"] == 2 * (30000 // 64) * 64, r["samples"]
+    # One shard: its staleness histogram counts every push once.
+    assert sum(r["staleness_histogram"]) == r["pushes"] > 0, r
+    # Summed over the workers' reports (empty while workers report none).
+    for phase, t in r["step_phases"].items():
+        assert t["count"] > 0 and t["seconds"] >= 0, (phase, t)
+        assert abs(t["mean_ms"] - 1000 * t["seconds"] / t["count"]) <= (
+            1e-5 * t["mean_ms"] + 1e-9), (phase, t)
+    # The run's own metrics.json holds the same fields.
+    own = json.load(open(os.path.join(out, "runs", r["name"], "metrics.json")))
+    assert own["staleness_histogram"] == r["staleness_histogram"], own
+    assert own["step_phases"] == r["step_phases"], own
+# sync applies every push to the version it was computed from.
+sync = results["runs"][0]
+assert sync["staleness_histogram"] == [sync["pushes"]], sync
 summary = open(os.path.join(out, "summary.md")).read()
 assert "| sync-s1-w2 |" in summary and "| hogwild-s1-w2 |" in summary
-for png in ["accuracy_vs_time.png", "accuracy_vs_bytes_pushed.png",
-            "loss_vs_samples.png"]:
+pngs = ["accuracy_vs_time.png", "accuracy_vs_bytes_pushed.png",
+        "loss_vs_samples.png", "staleness_distribution.png"]
+if any(r["step_phases"] for r in results["runs"]):
+    pngs.append("step_time_by_phase.png")
+for png in pngs:
     with open(os.path.join(out, png), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
-print("compare_modes_test: results.json, summary.md and 3 plots OK")
+print("compare_modes_test: results.json, summary.md and %d plots OK" %
+      len(pngs))
 PY
 grep -q "sync-s1-w2" "$out.log"  # the table was printed
+# The progress line, from the daemons' figures: each run ends on its last
+# epoch with a test accuracy.
+grep -Eq "^hogwild-s1-w2 +epoch 1/1 +[0-9]+ samples/s +test accuracy 0\.[0-9]{4}" \
+  "$out.log" || { cat "$out.log"; exit 1; }
 
 # With faults: server 1 and worker 0 killed (SIGKILL) as training starts. The
 # launcher restarts both; the run completes and the table counts them.

@@ -7,6 +7,12 @@ import unittest
 
 from tools import compare_report
 
+try:
+    import matplotlib  # noqa: F401 (only whether it is there)
+    HAVE_MATPLOTLIB = True
+except ImportError:
+    HAVE_MATPLOTLIB = False
+
 
 def run(name, mode, workers, curve, **extra):
     values = {
@@ -120,6 +126,87 @@ class CompareReportTest(unittest.TestCase):
                 compare_report.main(["--results", path, "--out_dir", out]), 0)
             with open(os.path.join(out, "summary.md")) as f:
                 self.assertIn("| sync-s2-w2 | 0.8400 | 6.2 s |", f.read())
+
+    def test_staleness_fractions_divide_each_count_by_all_pushes(self):
+        self.assertEqual(
+            compare_report.staleness_fractions(
+                run("a", "hogwild", 2, [point(1, 0.5)],
+                    staleness_histogram=[2, 5, 0, 1])),
+            [0.25, 0.625, 0.0, 0.125])
+        self.assertEqual(
+            compare_report.staleness_fractions(
+                run("b", "sync", 2, [point(1, 0.5)],
+                    staleness_histogram=[40])), [1.0])
+
+    def test_staleness_fractions_are_none_without_pushes_or_the_field(self):
+        for extra in ({}, {"staleness_histogram": []},
+                      {"staleness_histogram": [0, 0]}):
+            self.assertIsNone(compare_report.staleness_fractions(
+                run("a", "sync", 2, [point(1, 0.5)], **extra)), extra)
+
+    def test_step_phases_are_ms_per_compute_step_in_step_order(self):
+        # downpour with n_fetch 4: 100 steps, 25 pulls.
+        phases = {
+            "push": {"seconds": 0.5, "count": 100, "mean_ms": 5.0},
+            "compute": {"seconds": 1.0, "count": 100, "mean_ms": 10.0},
+            "pull": {"seconds": 0.25, "count": 25, "mean_ms": 10.0},
+        }
+        self.assertEqual(
+            compare_report.step_phase_ms(
+                run("a", "downpour", 2, [point(1, 0.5)], step_phases=phases)),
+            [("compute", 10.0), ("pull", 2.5), ("push", 5.0)])
+        # Without "compute" a step is the most frequent phase; a phase not
+        # in PHASE_ORDER goes last.
+        phases = {
+            "wait": {"seconds": 0.25, "count": 10, "mean_ms": 25.0},
+            "push_pull": {"seconds": 2.0, "count": 40, "mean_ms": 50.0},
+        }
+        self.assertEqual(
+            compare_report.step_phase_ms(
+                run("a", "sync", 2, [point(1, 0.5)], step_phases=phases)),
+            [("push_pull", 50.0), ("wait", 6.25)])
+
+    def test_step_phases_are_empty_without_the_field_or_steps(self):
+        for extra in ({}, {"step_phases": {}},
+                      {"step_phases": {"compute": {"seconds": 0, "count": 0,
+                                                   "mean_ms": 0}}}):
+            self.assertEqual(compare_report.step_phase_ms(
+                run("a", "sync", 2, [point(1, 0.5)], **extra)), [], extra)
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "no matplotlib")
+    def test_main_draws_staleness_and_phase_plots_when_a_run_has_them(self):
+        results = dict(RESULTS, runs=[
+            run("sync-s2-w2", "sync", 2, [point(1, 0.5)],
+                staleness_histogram=[8],
+                step_phases={"compute": {"seconds": 1, "count": 10,
+                                         "mean_ms": 100},
+                             "push_pull": {"seconds": 2, "count": 10,
+                                           "mean_ms": 200}}),
+            RESULTS["runs"][1],  # neither field: left out of both plots
+        ])
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "results.json")
+            with open(path, "w") as f:
+                json.dump(results, f)
+            self.assertEqual(
+                compare_report.main(["--results", path, "--out_dir", out]), 0)
+            for name in ("staleness_distribution.png",
+                         "step_time_by_phase.png", "accuracy_vs_time.png"):
+                with open(os.path.join(out, name), "rb") as f:
+                    self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n", name)
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "no matplotlib")
+    def test_main_skips_the_new_plots_for_results_without_their_fields(self):
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "results.json")
+            with open(path, "w") as f:
+                json.dump(RESULTS, f)
+            self.assertEqual(
+                compare_report.main(["--results", path, "--out_dir", out]), 0)
+            written = set(os.listdir(out))
+            self.assertIn("accuracy_vs_time.png", written)
+            self.assertNotIn("staleness_distribution.png", written)
+            self.assertNotIn("step_time_by_phase.png", written)
 
     def test_main_reports_a_corrupt_results_file(self):
         with tempfile.TemporaryDirectory() as out:

@@ -6,7 +6,11 @@
 Writes OUT/summary.md (also printed) and, with matplotlib (Debian's
 python3-matplotlib), the plots:
   accuracy_vs_time.png, accuracy_vs_bytes_pushed.png, loss_vs_samples.png,
-  and samples_per_s_vs_workers.png when the runs sweep the worker count.
+  staleness_distribution.png (when a run has staleness_histogram),
+  step_time_by_phase.png (when a run has step_phases), and
+  samples_per_s_vs_workers.png when the runs sweep the worker count.
+Results files of earlier versions, without those fields, still work: the
+plots that need them are skipped with a note.
 """
 
 import argparse
@@ -60,6 +64,42 @@ def summary_rows(results, target=None):
             "faults": fault_summary(run),
         })
     return rows
+
+
+def staleness_fractions(run):
+    """The run's pushes per staleness as fractions of all its pushes
+    (index = staleness; the last entry counts every push at least that
+    stale), or None when the run has no staleness_histogram or it counts no
+    push."""
+    counts = run.get("staleness_histogram") or []
+    total = sum(counts)
+    if total <= 0:
+        return None
+    return [c / total for c in counts]
+
+
+# Phases in a step's order; others (from a newer worker) follow by name.
+PHASE_ORDER = ["compute", "pull", "push", "push_pull"]
+
+
+def step_phase_ms(run):
+    """Where a step of the run's workers went: [(phase, mean ms per step)],
+    in PHASE_ORDER. A step is counted once per "compute" (every mode computes
+    once a step; without it, the most frequent phase), so that a phase run
+    every few steps (downpour's pull every n_fetch) weighs what it costs a
+    step on average, and the bars of a run add up to its mean step time.
+    [] when the run has no step_phases."""
+    phases = run.get("step_phases") or {}
+    if not phases:
+        return []
+    steps = phases.get("compute", {}).get("count") or max(
+        p.get("count", 0) for p in phases.values())
+    if steps <= 0:
+        return []
+    names = sorted(phases, key=lambda name: (
+        PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER),
+        name))
+    return [(name, 1000.0 * phases[name]["seconds"] / steps) for name in names]
 
 
 def _mb(value):
@@ -178,6 +218,71 @@ def write_plots(results, out_dir):
     line_plot("loss_vs_samples.png", lambda p: p["samples"], "test_loss",
               "training samples seen", "test loss (cross-entropy)",
               "Test loss against samples seen")
+
+    def skipped(name, why):
+        print("compare_report: %s not written: %s" % (name, why),
+              file=sys.stderr)
+
+    def save(fig, name):
+        path = os.path.join(out_dir, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    # Staleness: a line per run over the staleness values, fractions of its
+    # pushes (runs of different lengths and push counts compare so).
+    with_staleness = [(r, staleness_fractions(r)) for r in runs]
+    with_staleness = [(r, f) for r, f in with_staleness if f is not None]
+    if with_staleness:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for run, fractions in with_staleness:
+            ax.plot(range(len(fractions)), fractions, marker="o",
+                    label=_label(run, many_sizes))
+        longest = max(len(f) for _, f in with_staleness)
+        ax.set_xticks(range(longest) if longest <= 20 else
+                      range(0, longest, max(1, longest // 10)))
+        ax.set_xlabel("staleness (versions between pull and apply; a shard's "
+                      "last bucket holds every push at least that stale)",
+                      fontsize=8)
+        ax.set_ylabel("fraction of pushes")
+        ax.set_title("Staleness distribution" + title_suffix)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        save(fig, "staleness_distribution.png")
+    else:
+        skipped("staleness_distribution.png",
+                "no run has a staleness_histogram with pushes")
+
+    # Step time: a stacked horizontal bar per run, mean ms per step by phase.
+    with_phases = [(r, step_phase_ms(r)) for r in runs]
+    with_phases = [(r, p) for r, p in with_phases if p]
+    if with_phases:
+        fig, ax = plt.subplots(
+            figsize=(8, 2.0 + 0.5 * len(with_phases)))
+        labels = [_label(r, many_sizes) for r, _ in with_phases]
+        names = []
+        for _, phases in with_phases:
+            names += [n for n, _ in phases if n not in names]
+        names.sort(key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER
+                                  else len(PHASE_ORDER), n))
+        left = [0.0] * len(with_phases)
+        for name in names:
+            widths = [dict(p).get(name, 0.0) for _, p in with_phases]
+            ax.barh(range(len(with_phases)), widths, left=left, label=name)
+            left = [l + w for l, w in zip(left, widths)]
+        ax.set_yticks(range(len(with_phases)))
+        ax.set_yticklabels(labels)
+        ax.invert_yaxis()  # the first run on top
+        ax.set_xlabel("mean time per step (ms), over every worker's steps")
+        ax.set_title("Where a step's time goes" + title_suffix)
+        ax.grid(True, axis="x", alpha=0.3)
+        # Below the axes, so that it never hides a bar's end.
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3),
+                  ncol=len(names), frameon=False)
+        save(fig, "step_time_by_phase.png")
+    else:
+        skipped("step_time_by_phase.png", "no run has step_phases")
 
     if len({r["workers"] for r in runs}) > 1:
         fig, ax = plt.subplots(figsize=(8, 5))
