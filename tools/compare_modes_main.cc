@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
       "--link=100mbit,2ms --out_dir=/tmp/cmp\n\n"
       "Writes results.json (every run's metrics and config), summary.md (the "
       "table printed at the end), accuracy_vs_time.png, "
-      "accuracy_vs_bytes_pushed.png, loss_vs_samples.png and, for worker "
+      "accuracy_vs_bytes_pushed.png, loss_vs_samples.png, "
+      "staleness_distribution.png, step_time_by_phase.png and, for worker "
       "sweeps, samples_per_s_vs_workers.png. Exit codes: 0 done, 2 bad flags "
       "or missing privileges, 130 interrupted, 1 a run failed.");
   // Before any thread: the supervisor takes over SIGINT, SIGTERM, SIGCHLD.
