@@ -63,7 +63,8 @@ absl::Status ApplyFlagEnvironmentAndWarn(absl::string_view program) {
   absl::StatusOr<std::vector<std::string>> ignored = ApplyFlagEnvironment();
   if (!ignored.ok()) return ignored.status();
   for (const std::string& variable : *ignored) {
-    Log("%s: warning: environment variable %s names no flag of %s; ignored "
+    LogWarning(
+        "%s: environment variable %s names no flag of %s; ignored "
         "(--help lists the flags)",
         program, variable, program);
   }

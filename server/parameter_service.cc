@@ -568,8 +568,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
     absl::Status session =
         state->OpenSession(request->worker_rank(), request->session());
     if (!session.ok()) {
-      common::Log("shard %d: refused a registration: %s", state->shard(),
-                  session.ToString());
+      common::LogWarning("shard %d: refused a registration: %s", state->shard(),
+                         session.ToString());
       reactor->Finish(ToGrpcStatus(session));
       return reactor;
     }

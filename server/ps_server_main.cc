@@ -112,7 +112,7 @@ namespace {
 constexpr int kConfigError = 2;
 
 int Fail(int code, const std::string& message) {
-  monsoon::common::Log("ps_server: error: %s", message);
+  monsoon::common::LogError("ps_server: %s", message);
   return code;
 }
 
@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
       monsoon::common::Log("ps_server: shard %d checkpointed version %d", shard,
                            version);
     } else {
-      monsoon::common::Log(
+      monsoon::common::LogError(
           "ps_server: shard %d: periodic checkpoint failed, still serving "
           "(the previous checkpoint is intact): %s",
           shard, status.ToString());

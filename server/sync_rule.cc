@@ -213,7 +213,7 @@ class SyncRule : public UpdateRule {
                       " (a worker whose steps take longer than that needs a "
                       "larger --lease_s)");
     }
-    common::Log(
+    common::LogWarning(
         "shard %d: step %d closes with %d of %d workers' gradients: %s; their "
         "batches are skipped, and the barrier is the live workers' until they "
         "call again",
@@ -262,11 +262,11 @@ class SyncRule : public UpdateRule {
                                      since, absl::Milliseconds(100))),
                                  " ago)"));
         }
-        common::Log("shard %d: step %d has waited %s for rank(s) %s",
-                    state_->shard(), weights_->version(),
-                    absl::FormatDuration(
-                        absl::Trunc(now - waiting_since_, absl::Seconds(1))),
-                    absl::StrJoin(missing, ", "));
+        common::LogWarning("shard %d: step %d has waited %s for rank(s) %s",
+                           state_->shard(), weights_->version(),
+                           absl::FormatDuration(absl::Trunc(
+                               now - waiting_since_, absl::Seconds(1))),
+                           absl::StrJoin(missing, ", "));
         last_log_ = now;
       }
     }
@@ -314,8 +314,8 @@ class SyncRule : public UpdateRule {
       }
     } else {
       state_->RecordRefusedUpdate();
-      common::Log(
-          "shard %d: ERROR: step %d's averaged update would make a weight or "
+      common::LogError(
+          "shard %d: step %d's averaged update would make a weight or "
           "an optimizer value infinite or NaN (an overflow); refused: the "
           "shard keeps its state and the step's examples are passed over "
           "(StatsResponse.refused_updates). The run diverges: lower the "

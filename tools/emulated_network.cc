@@ -177,7 +177,7 @@ absl::Status EmulatedNetwork::Shape(const std::string& netns,
     if (!absl::StrContains(output, "unknown")) return status;
     netem_missing_ = true;
     delay_emulated_ = link.delay_ms == 0;
-    common::Log(
+    common::LogWarning(
         "network: this kernel has no netem qdisc: shaping the rate with tbf%s",
         link.delay_ms > 0 ? "; the delay CANNOT be emulated here" : "");
   }

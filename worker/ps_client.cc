@@ -89,9 +89,9 @@ class ShardCalls : public PendingCall {
           for (size_t s = 0; s < answered_.size(); ++s) {
             if (!answered_[s]) pending.push_back(static_cast<int>(s));
           }
-          common::Log("%s: waiting %.0f s for shard(s) %s to answer %s",
-                      note_.who, absl::ToDoubleSeconds(now - start),
-                      absl::StrJoin(pending, ","), note_.what);
+          common::LogWarning("%s: waiting %.0f s for shard(s) %s to answer %s",
+                             note_.who, absl::ToDoubleSeconds(now - start),
+                             absl::StrJoin(pending, ","), note_.what);
           last_log = now;
         }
       }

@@ -72,7 +72,7 @@ namespace {
 constexpr int kConfigError = 2;
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::Log("ps_evaluator: error: %s", status.ToString());
+  monsoon::common::LogError("ps_evaluator: %s", status.ToString());
   return code;
 }
 
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
         point.status().code() == absl::StatusCode::kUnavailable) {
       // The last evaluation is the run's result: a shard that was just
       // restarted gets time to answer.
-      monsoon::common::Log(
+      monsoon::common::LogWarning(
           "ps_evaluator: final evaluation: %s; waiting up to 30 s for every "
           "shard",
           point.status().ToString());
@@ -205,8 +205,8 @@ int main(int argc, char** argv) {
       }
     }
     if (!point.ok()) {
-      monsoon::common::Log("ps_evaluator: cannot evaluate now: %s",
-                           point.status().ToString());
+      monsoon::common::LogWarning("ps_evaluator: cannot evaluate now: %s",
+                                  point.status().ToString());
       continue;
     }
     *curve.add_points() = *point;

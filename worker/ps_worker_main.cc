@@ -91,7 +91,7 @@ namespace {
 constexpr int kConfigError = 2;
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::Log("ps_worker: error: %s", status.ToString());
+  monsoon::common::LogError("ps_worker: %s", status.ToString());
   return code;
 }
 
@@ -129,7 +129,7 @@ void WriteReport(int rank, int64_t resumed_steps,
   std::ofstream out(path);
   out << text;
   if (!out) {
-    monsoon::common::Log("ps_worker: cannot write --report_out=%s", path);
+    monsoon::common::LogError("ps_worker: cannot write --report_out=%s", path);
   }
 }
 
@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
   // Done or stopping: no sync step should wait for this rank's lease.
   if (absl::Status left = (*client)->Leave(absl::Seconds(2));
       !left.ok() && result.ok()) {
-    monsoon::common::Log(
+    monsoon::common::LogWarning(
         "ps_worker: rank %d: could not tell every shard it is done (%s); a "
         "sync step waits for its lease to run out",
         rank, left.ToString());

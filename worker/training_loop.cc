@@ -64,7 +64,7 @@ bool ShardLost(const WorkerContext& c, const absl::Status& status) {
 }
 
 absl::Status RideOut(const WorkerContext& c, const absl::Status& lost) {
-  common::Log(
+  common::LogWarning(
       "worker %d: lost a parameter server (%s); waiting up to %.0f s for it "
       "to come back",
       c.rank, lost.ToString(), absl::ToDoubleSeconds(c.shard_lost_timeout));

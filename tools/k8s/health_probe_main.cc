@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string addr = absl::GetFlag(FLAGS_addr);
   if (addr.empty() || absl::GetFlag(FLAGS_timeout_s) <= 0) {
-    monsoon::common::Log(
-        "health_probe: error: give --addr=host:port and a "
+    monsoon::common::LogError(
+        "health_probe: give --addr=host:port and a "
         "positive --timeout_s");
     return 2;
   }
@@ -61,16 +61,16 @@ int main(int argc, char** argv) {
                                       absl::GetFlag(FLAGS_tls_ca)};
   auto credentials = monsoon::common::ChannelCredentialsFrom(tls);
   if (!credentials.ok()) {
-    monsoon::common::Log("health_probe: error: %s",
-                         credentials.status().ToString());
+    monsoon::common::LogError("health_probe: %s",
+                              credentials.status().ToString());
     return 2;
   }
   grpc::ChannelArguments arguments;
   const std::string server_name = absl::GetFlag(FLAGS_tls_server_name);
   if (!server_name.empty()) {
     if (!tls.enabled()) {
-      monsoon::common::Log(
-          "health_probe: error: --tls_server_name needs --tls_ca");
+      monsoon::common::LogError(
+          "health_probe: --tls_server_name needs --tls_ca");
       return 2;
     }
     arguments.SetSslTargetNameOverride(server_name);
