@@ -205,6 +205,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         const absl::Time now = absl::Now();
         raw->rule_->Tick(now, log_every);
         raw->state_->ExpireWaiters(now);
+        for (const auto& [rank, silent] : raw->state_->NewlyLapsed(now)) {
+          common::LogWarning(
+              "shard %d: rank %d made no call for %s: its lease of %s ran out "
+              "(a sync step closes without it; it is let back in when it "
+              "calls again)",
+              raw->state_->shard(), rank,
+              absl::FormatDuration(
+                  absl::Trunc(silent, absl::Milliseconds(100))),
+              absl::FormatDuration(raw->state_->lease()));
+        }
         if (log_every > absl::ZeroDuration() && now - last_log >= log_every) {
           last = raw->LogState(last, now - last_log);
           last_log = now;

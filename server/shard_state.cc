@@ -248,6 +248,7 @@ absl::Status ShardState::OpenSession(int rank, uint64_t session) {
   held.id = session;
   held.last_contact = now;
   held.left = false;
+  held.lapse_reported = false;
   return absl::OkStatus();
 }
 
@@ -283,7 +284,26 @@ void ShardState::Touch(int rank) {
   absl::MutexLock lock(&sessions_mu_);
   Session& session = sessions_[rank];
   // A call still under way from a process that left does not bring it back.
-  if (!session.left) session.last_contact = now;
+  if (!session.left) {
+    session.last_contact = now;
+    session.lapse_reported = false;
+  }
+}
+
+std::vector<std::pair<int, absl::Duration>> ShardState::NewlyLapsed(
+    absl::Time now) {
+  absl::MutexLock lock(&sessions_mu_);
+  std::vector<std::pair<int, absl::Duration>> lapsed;
+  for (auto& [rank, session] : sessions_) {
+    if (session.id == 0 || session.left || session.lapse_reported ||
+        session.last_contact == absl::InfinitePast() ||
+        now - session.last_contact < lease_) {
+      continue;
+    }
+    session.lapse_reported = true;
+    lapsed.emplace_back(rank, now - session.last_contact);
+  }
+  return lapsed;
 }
 
 bool ShardState::Alive(int rank, absl::Time now) const {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -160,6 +161,10 @@ class ShardState {
   bool Alive(int rank, absl::Time now) const;
   // Time since the rank's last call (InfiniteDuration if it never called).
   absl::Duration SinceContact(int rank, absl::Time now) const;
+  // The registered ranks (not left) whose lease has run out since the last
+  // call of this, each once until it calls again, with the time since its
+  // last call. The shard's ticker logs them.
+  std::vector<std::pair<int, absl::Duration>> NewlyLapsed(absl::Time now);
   // Every rank that has called, with the time of its last call, and the
   // ranks that registered and have not left.
   std::map<int, absl::Time> LastContacts() const;
@@ -257,6 +262,7 @@ class ShardState {
     uint64_t id = 0;
     absl::Time last_contact = absl::InfinitePast();
     bool left = false;
+    bool lapse_reported = false;  // by NewlyLapsed, since the last call
   };
   mutable absl::Mutex sessions_mu_;
   absl::Duration lease_ ABSL_GUARDED_BY(sessions_mu_) = absl::Seconds(10);

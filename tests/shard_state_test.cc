@@ -214,5 +214,30 @@ TEST(ShardStateTest, CountersSaturateInsteadOfOverflowing) {
   EXPECT_EQ(stats.sample_position_by_worker().at(1), kMax);
 }
 
+// A registered rank whose lease runs out is reported once, and again only
+// after it called in between; ranks that left or never registered are not.
+TEST(ShardStateTest, ALapsedLeaseIsReportedOnceUntilTheRankCallsAgain) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.set_lease(absl::Seconds(10));
+  ASSERT_TRUE(state.OpenSession(0, 11).ok());
+  ASSERT_TRUE(state.OpenSession(1, 12).ok());
+  ASSERT_TRUE(state.OpenSession(2, 13).ok());
+  state.EndSession(2, 13);
+  state.Touch(3);  // calls without registering
+  const absl::Time now = absl::Now();
+  EXPECT_THAT(state.NewlyLapsed(now), IsEmpty());
+  const auto lapsed = state.NewlyLapsed(now + absl::Seconds(60));
+  ASSERT_THAT(lapsed, SizeIs(2));
+  EXPECT_EQ(lapsed[0].first, 0);
+  EXPECT_EQ(lapsed[1].first, 1);
+  // Silent for at least the 60 s ahead less the time the test took.
+  EXPECT_GE(lapsed[0].second, absl::Seconds(50));
+  EXPECT_THAT(state.NewlyLapsed(now + absl::Seconds(70)), IsEmpty());
+  state.Touch(1);
+  const auto again = state.NewlyLapsed(absl::Now() + absl::Seconds(60));
+  ASSERT_THAT(again, SizeIs(1));
+  EXPECT_EQ(again[0].first, 1);
+}
+
 }  // namespace
 }  // namespace monsoon::server
