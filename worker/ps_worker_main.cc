@@ -81,6 +81,11 @@ ABSL_FLAG(std::string, report_out, "",
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0: "
           "any free one); empty: none (env MONSOON_METRICS_LISTEN).");
+ABSL_FLAG(double, metrics_linger_s, 0,
+          "With --metrics_listen: after training, keep serving the final "
+          "metrics this many seconds (or until a signal) before exiting, so "
+          "that a Prometheus scraping every N s sees them; set it above the "
+          "scrape interval (env MONSOON_METRICS_LINGER_S).");
 ABSL_FLAG(bool, resume, true,
           "Start this rank's data after the examples the servers have "
           "already applied from it, so that a restarted worker continues "
@@ -166,6 +171,13 @@ int main(int argc, char** argv) {
     return Fail(kConfigError, absl::InvalidArgumentError(absl::StrFormat(
                                   "--rank=%d must be in [0, --num_workers=%d)",
                                   rank, num_workers)));
+  }
+  if (const double linger = absl::GetFlag(FLAGS_metrics_linger_s);
+      !(linger >= 0 && linger <= 3600)) {
+    return Fail(
+        kConfigError,
+        absl::InvalidArgumentError(absl::StrCat(
+            "--metrics_linger_s must be from 0 to 3600, got ", linger)));
   }
   std::vector<std::string> servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
@@ -325,6 +337,15 @@ int main(int argc, char** argv) {
   }
   WriteReport(rank, context.resume_steps, progress, counters,
               result.ok() ? "done" : result.status().ToString());
+  if (const double linger = absl::GetFlag(FLAGS_metrics_linger_s);
+      metrics != nullptr && linger > 0) {
+    monsoon::common::Log(
+        "ps_worker: rank %d: serving the final metrics for %.0f s "
+        "(--metrics_linger_s)",
+        rank, linger);
+    termination.terminated().WaitForNotificationWithTimeout(
+        absl::Seconds(linger));
+  }
   if (!result.ok()) return Fail(1, result.status());
   return 0;
 }
