@@ -278,7 +278,8 @@ def write_plots(results, out_dir):
         ax.set_title("Where a step's time goes" + title_suffix)
         ax.grid(True, axis="x", alpha=0.3)
         # Below the axes, so that it never hides a bar's end.
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3),
+        ax.margins(x=0.05)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25),
                   ncol=len(names), frameon=False)
         save(fig, "step_time_by_phase.png")
     else:

@@ -67,11 +67,12 @@ class RunProgress {
     std::fflush(stdout);
   }
 
-  // The final line: the run's own samples/s (RunMetrics).
-  void Done(double accuracy, double samples_per_s) {
+  // The final line: the run's own samples/s (RunMetrics). A run stopped by
+  // the time limit keeps the epoch it was in.
+  void Done(double accuracy, double samples_per_s, bool stopped_early) {
     accuracy_ = absl::StrFormat("%.4f", accuracy);
     rate_ = samples_per_s;
-    epoch_ = epochs_;
+    if (!stopped_early) epoch_ = epochs_;
     Show(true);
   }
 
@@ -156,7 +157,8 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
         progress.Done(curve.points(curve.points_size() - 1).test_accuracy(),
                       metrics->train_time_s > 0
                           ? metrics->trained_samples / metrics->train_time_s
-                          : 0.0);
+                          : 0.0,
+                      metrics->stopped_by_time_limit);
         std::ofstream(work_dir + "/metrics.json") << MetricsJson(*metrics);
         result.runs.push_back({name, *std::move(metrics)});
       }

@@ -162,6 +162,8 @@ class ProgressPoller {
 
  private:
   void Loop() {
+    worker::PsClientOptions client_options = client_options_;
+    client_options.stop = &stop_;  // the destructor ends a Connect's wait
     std::unique_ptr<worker::PsClient> client;
     RunProgressSample sample;
     sample.epochs = epochs_;
@@ -173,7 +175,7 @@ class ProgressPoller {
       if (client == nullptr) {
         // A shard may be down (a fault at the start): retried next time.
         absl::StatusOr<std::unique_ptr<worker::PsClient>> connected =
-            worker::PsClient::Connect(client_options_);
+            worker::PsClient::Connect(client_options);
         if (connected.ok()) client = *std::move(connected);
       }
       if (client != nullptr) {
@@ -197,6 +199,10 @@ class ProgressPoller {
             sample.epoch = static_cast<int>(std::min<int64_t>(
                 epochs_, sample.samples / examples_per_epoch_ + 1));
           }
+        } else {
+          // A shard that does not answer in a second (stopped, restarting)
+          // holds up the workers too. The next answer's rate spans the gap.
+          sample.samples_per_s = 0;
         }
       }
       // The evaluator rewrites the file after every point, so it may be

@@ -52,8 +52,9 @@ struct RunProgressSample {
   int64_t samples = 0;
   int64_t version = 0;
   // Examples applied per second between the last two Stats answers, about a
-  // second apart (0 until there are two): a rate of the last second, which
-  // moves from the first seconds on and does not wait for the evaluator.
+  // second apart (0 until there are two, and while a shard does not
+  // answer): a rate of the last second, which moves from the first seconds
+  // on and does not wait for the evaluator.
   double samples_per_s = 0;
   // The epoch the workers are in, 1 to `epochs`, from samples over the
   // examples an epoch of every worker trains (the smallest partition's
