@@ -139,7 +139,7 @@ class PushReader {
       status = shared_.state->CheckSession(decoder_.worker_rank(),
                                            decoder_.session());
     }
-    if (!status.ok()) shared_.state->RecordRejectedPush();
+    if (!status.ok()) shared_.state->RecordRejectedPush(status.code());
     return status;
   }
 
@@ -155,7 +155,7 @@ class PushReader {
       if (absl::Status held =
               shared_.state->CheckSession(push->worker_rank, push->session);
           !held.ok()) {
-        shared_.state->RecordRejectedPush();
+        shared_.state->RecordRejectedPush(held.code());
         return held;
       }
       base_version_ = push->base_version;
@@ -176,7 +176,7 @@ class PushReader {
       repeat_in_step_ = answer.duplicate;
       return answer;
     }
-    if (!result.ok()) shared_.state->RecordRejectedPush();
+    if (!result.ok()) shared_.state->RecordRejectedPush(result.status().code());
     return result;
   }
 

@@ -63,11 +63,17 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
   families.push_back(Counter("monsoon_shard_pushes_total",
                              "Pushes applied (in sync, collected).",
                              static_cast<double>(stats.pushes())));
-  families.push_back(Counter(
+  std::map<std::string, double> rejected;
+  for (const auto& [code, count] : stats.rejected_pushes_by_code()) {
+    rejected[code] = static_cast<double>(count);
+  }
+  families.push_back(LabeledCounter(
       "monsoon_shard_rejected_pushes_total",
-      "Pushes refused: malformed, out of bounds, of another rank's session, "
-      "over a limit, or an update that would overflow.",
-      static_cast<double>(stats.rejected_pushes())));
+      "Pushes refused, by the status code they got: INVALID_ARGUMENT "
+      "(malformed, out of bounds, an update that would overflow), "
+      "PERMISSION_DENIED (another rank's session), RESOURCE_EXHAUSTED (over "
+      "a limit), FAILED_PRECONDITION, ...",
+      "code", rejected));
   families.push_back(Counter(
       "monsoon_shard_refused_updates_total",
       "Updates refused because they would have made a weight or an optimizer "

@@ -427,9 +427,10 @@ void ShardState::RecordRefusedUpdate() {
   AddSaturating(refused_updates_, 1);
 }
 
-void ShardState::RecordRejectedPush() {
+void ShardState::RecordRejectedPush(absl::StatusCode code) {
   absl::MutexLock lock(&stats_mu_);
   AddSaturating(rejected_pushes_, 1);
+  AddSaturating(rejected_by_code_[absl::StatusCodeToString(code)], 1);
 }
 
 void ShardState::RecordPulledBytes(int64_t bytes) {
@@ -444,6 +445,9 @@ StatsResponse ShardState::Stats() const {
   absl::MutexLock lock(&stats_mu_);
   stats.set_pushes(pushes_);
   stats.set_rejected_pushes(rejected_pushes_);
+  for (const auto& [code, count] : rejected_by_code_) {
+    (*stats.mutable_rejected_pushes_by_code())[code] = count;
+  }
   stats.set_samples(samples_);
   stats.set_bytes_pushed(bytes_pushed_);
   stats.set_bytes_pulled(bytes_pulled_);
@@ -474,6 +478,24 @@ void ShardState::RestoreStats(const StatsResponse& stats) {
   absl::MutexLock lock(&stats_mu_);
   pushes_ = stats.pushes();
   rejected_pushes_ = stats.rejected_pushes();
+  // Only the names of status codes, so that a damaged or crafted file
+  // cannot add labels to the metrics; what they leave out (an older
+  // checkpoint kept no codes) counts as UNKNOWN.
+  rejected_by_code_.clear();
+  int64_t by_code = 0;
+  for (int c = 1; c <= 16; ++c) {
+    const std::string name =
+        absl::StatusCodeToString(static_cast<absl::StatusCode>(c));
+    auto it = stats.rejected_pushes_by_code().find(name);
+    if (it == stats.rejected_pushes_by_code().end() || it->second <= 0) {
+      continue;
+    }
+    rejected_by_code_[name] = it->second;
+    AddSaturating(by_code, it->second);
+  }
+  if (rejected_pushes_ > by_code) {
+    AddSaturating(rejected_by_code_["UNKNOWN"], rejected_pushes_ - by_code);
+  }
   samples_ = stats.samples();
   bytes_pushed_ = stats.bytes_pushed();
   bytes_pulled_ = stats.bytes_pulled();

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -218,7 +219,8 @@ class ShardState {
   void PassOver(int worker_rank, int64_t offset, int64_t samples);
   // An update refused as one that would overflow (StatsResponse).
   void RecordRefusedUpdate();
-  void RecordRejectedPush();
+  // A push refused with `code`.
+  void RecordRejectedPush(absl::StatusCode code);
   void RecordPulledBytes(int64_t bytes);
   StatsResponse Stats() const;
   // Replaces the counters with those of an earlier Stats() (from a
@@ -271,6 +273,8 @@ class ShardState {
   mutable absl::Mutex stats_mu_;
   int64_t pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t rejected_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  // Keyed by absl::StatusCodeToString's names.
+  std::map<std::string, int64_t> rejected_by_code_ ABSL_GUARDED_BY(stats_mu_);
   int64_t samples_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t bytes_pushed_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t bytes_pulled_ ABSL_GUARDED_BY(stats_mu_) = 0;

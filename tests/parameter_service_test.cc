@@ -42,6 +42,8 @@ using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
 
 // layer_sizes {6, 5, 3}: 53 parameters; shard 0 of 2 owns [0, 26), shard 1
 // owns [26, 53). Plain SGD with learning rate 0.5 keeps the arithmetic exact.
@@ -470,6 +472,10 @@ TEST_F(ParameterServiceTest, SyncPushesOfAClosedOrRepeatedStepAreRefused) {
   EXPECT_EQ(after.version, 1);
   EXPECT_EQ(after.values, before.values);
   EXPECT_EQ(RawStats(stub.get()).rejected_pushes(), 2);
+  // Counted by the code each rejection got.
+  EXPECT_THAT(RawStats(stub.get()).rejected_pushes_by_code(),
+              UnorderedElementsAre(Pair("ALREADY_EXISTS", 1),
+                                   Pair("ABORTED", 1)));
   EXPECT_EQ(RawStats(stub.get()).duplicate_pushes(), 1);
 }
 
@@ -690,6 +696,8 @@ TEST(RankBindingTest, CallsForARegisteredRankNeedItsSession) {
   EXPECT_EQ(server->state()->version(), 0);
   EXPECT_EQ(server->state()->Stats().pushes(), 0);
   EXPECT_EQ(server->state()->Stats().rejected_pushes(), 2);
+  EXPECT_THAT(server->state()->Stats().rejected_pushes_by_code(),
+              UnorderedElementsAre(Pair("PERMISSION_DENIED", 2)));
 
   PushChunk push = OneChunkPush(0, 0, 0, Filled(26, 1.0f));
   push.mutable_header()->set_session(7);

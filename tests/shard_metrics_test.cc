@@ -48,7 +48,7 @@ TEST(ShardMetricsTest, EachFamilyHoldsWhatTheShardCounted) {
   state.RecordPush(0, 4, 50);
   state.RecordAppliedSamples(0, 12);
   state.RecordAppliedSamples(3, 8);
-  state.RecordRejectedPush();
+  state.RecordRejectedPush(absl::StatusCode::kResourceExhausted);
   state.RecordRefusedUpdate();
   state.RecordPulledBytes(70);
   state.AdvanceVersion(3);
@@ -72,6 +72,11 @@ TEST(ShardMetricsTest, EachFamilyHoldsWhatTheShardCounted) {
   EXPECT_EQ(gauge("monsoon_shard_version"), 3);
   EXPECT_EQ(counter("monsoon_shard_pushes_total"), 3);
   EXPECT_EQ(counter("monsoon_shard_rejected_pushes_total"), 1);
+  EXPECT_EQ(Find(families, "monsoon_shard_rejected_pushes_total")
+                ->metric.at(0)
+                .label.at(0)
+                .value,
+            "RESOURCE_EXHAUSTED");
   EXPECT_EQ(counter("monsoon_shard_refused_updates_total"), 1);
   EXPECT_EQ(counter("monsoon_shard_pushed_bytes_total"), 250);
   EXPECT_EQ(counter("monsoon_shard_pulled_bytes_total"), 70);

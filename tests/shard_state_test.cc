@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/model_layout.h"
 #include "gmock/gmock.h"
@@ -131,7 +132,9 @@ TEST(ShardStateTest, StatsCountPushesSamplesBytesAndStaleness) {
   state.RecordPush(/*staleness=*/0, /*samples=*/10, /*bytes=*/100);
   state.RecordPush(3, 5, 50);
   state.RecordPush(0, 1, 1);
-  state.RecordRejectedPush();
+  state.RecordRejectedPush(absl::StatusCode::kInvalidArgument);
+  state.RecordRejectedPush(absl::StatusCode::kPermissionDenied);
+  state.RecordRejectedPush(absl::StatusCode::kInvalidArgument);
   state.RecordPulledBytes(70);
   state.RecordPulledBytes(7);
   const StatsResponse stats = state.Stats();
@@ -141,7 +144,10 @@ TEST(ShardStateTest, StatsCountPushesSamplesBytesAndStaleness) {
   EXPECT_EQ(stats.samples(), 16);
   EXPECT_EQ(stats.bytes_pushed(), 151);
   EXPECT_EQ(stats.bytes_pulled(), 77);
-  EXPECT_EQ(stats.rejected_pushes(), 1);
+  EXPECT_EQ(stats.rejected_pushes(), 3);
+  EXPECT_THAT(stats.rejected_pushes_by_code(),
+              UnorderedElementsAre(Pair("INVALID_ARGUMENT", 2),
+                                   Pair("PERMISSION_DENIED", 1)));
   EXPECT_EQ(stats.staleness_max(), 3);
   // Trailing empty buckets are trimmed.
   EXPECT_THAT(stats.staleness_counts(), ElementsAre(2, 0, 0, 1));
@@ -164,6 +170,26 @@ TEST(ShardStateTest, AppliedSamplesPerWorkerSurviveARestoreOfTheStats) {
   EXPECT_EQ(restored.AppliedSamples(0), 13);
   EXPECT_EQ(restored.AppliedSamples(1), 0);
   EXPECT_EQ(restored.AppliedSamples(2), 5);
+}
+
+// Rejections by code come back from a checkpoint for status codes' names
+// only; what an older or damaged file leaves out counts as UNKNOWN.
+TEST(ShardStateTest, RejectionsByCodeRestoreOnlyStatusCodes) {
+  StatsResponse saved;
+  saved.set_rejected_pushes(9);
+  (*saved.mutable_rejected_pushes_by_code())["INVALID_ARGUMENT"] = 2;
+  (*saved.mutable_rejected_pushes_by_code())["RESOURCE_EXHAUSTED"] = 3;
+  (*saved.mutable_rejected_pushes_by_code())["a label of anything"] = 1;
+  (*saved.mutable_rejected_pushes_by_code())["PERMISSION_DENIED"] = -4;
+  ShardState state(Layout(), 1, 0, 1);
+  state.RestoreStats(saved);
+  state.RecordRejectedPush(absl::StatusCode::kInvalidArgument);
+  const StatsResponse stats = state.Stats();
+  EXPECT_EQ(stats.rejected_pushes(), 10);
+  EXPECT_THAT(
+      stats.rejected_pushes_by_code(),
+      UnorderedElementsAre(Pair("INVALID_ARGUMENT", 3),
+                           Pair("RESOURCE_EXHAUSTED", 3), Pair("UNKNOWN", 4)));
 }
 
 TEST(ShardStateTest, VeryStalePushesShareTheLastBucket) {
