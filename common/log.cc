@@ -45,6 +45,8 @@ bool AbslParseFlag(absl::string_view text, LogFormat* format,
   return false;
 }
 
+LogFormat CurrentLogFormat() { return absl::GetFlag(FLAGS_log_format); }
+
 std::string AbslUnparseFlag(LogFormat format) {
   return format == LogFormat::kJson ? "json" : "text";
 }

@@ -45,6 +45,9 @@ void LogError(const absl::FormatSpec<Args...>& format, const Args&... args) {
   LogLine(LogLevel::kError, absl::StrFormat(format, args...));
 }
 
+// --log_format's value (launchers pass it on to their daemons).
+LogFormat CurrentLogFormat();
+
 // For the flag: "text" or "json".
 bool AbslParseFlag(absl::string_view text, LogFormat* format,
                    std::string* error);

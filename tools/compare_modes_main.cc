@@ -86,7 +86,7 @@ namespace {
 constexpr int kConfigError = 2;
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::Log("compare: error: %s", status.ToString());
+  monsoon::common::LogError("compare: %s", status.ToString());
   return code;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -57,11 +58,16 @@ ABSL_FLAG(bool, tls, false,
           "Mutual TLS for every connection with a throwaway CA and "
           "certificates made for this run in WORK_DIR/tls (openssl, through "
           "tools/make_certs.sh); --tls_dir uses certificates of your own.");
-ABSL_FLAG(int, metrics_port, 0,
-          "If not 0, every daemon serves Prometheus metrics on 127.0.0.1 from "
-          "this port on (shards first, then workers, then the evaluator), and "
+ABSL_FLAG(int, metrics_port, -1,
+          "Every daemon serves Prometheus metrics (GET /metrics) on 127.0.0.1 "
+          "from this port on: shards first, then workers, then the evaluator; "
           "WORK_DIR/metrics_targets.json lists them for Prometheus' "
-          "file_sd_configs.");
+          "file_sd_configs. -1: consecutive free ports the launcher finds "
+          "(it logs them); 0: no metrics.");
+ABSL_FLAG(double, metrics_linger_s, 0,
+          "Workers keep serving their final metrics this many seconds after "
+          "training (ps_worker --metrics_linger_s), so that a Prometheus "
+          "scraping the run sees them; 0: they exit at once.");
 ABSL_FLAG(std::string, work_dir, "",
           "Folder for the run's config and curve "
           "(default: a new /tmp/monsoon-run-XXXXXX).");
@@ -71,7 +77,7 @@ namespace {
 constexpr int kConfigError = 2;
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::Log("launch: error: %s", status.ToString());
+  monsoon::common::LogError("launch: %s", status.ToString());
   return code;
 }
 
@@ -124,6 +130,19 @@ int main(int argc, char** argv) {
   options.faults = *std::move(faults);
   options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (options.metrics_port == -1) {
+    absl::StatusOr<int> first =
+        monsoon::tools::FreePortRange(servers + workers + 1);
+    if (!first.ok()) return Fail(1, first.status());
+    options.metrics_port = *first;
+  }
+  options.metrics_linger_s = absl::GetFlag(FLAGS_metrics_linger_s);
+  if (!(options.metrics_linger_s >= 0 && options.metrics_linger_s <= 3600)) {
+    return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
+                                  "--metrics_linger_s must be from 0 to 3600, "
+                                  "got ",
+                                  options.metrics_linger_s)));
+  }
   if (options.metrics_port < 0 ||
       options.metrics_port + servers + workers > 65535) {
     return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
@@ -145,6 +164,14 @@ int main(int argc, char** argv) {
       return Fail(1, absl::InternalError("cannot create a folder in /tmp"));
     }
     options.work_dir = pattern;
+  } else {
+    std::error_code error;
+    std::filesystem::create_directories(options.work_dir, error);
+    if (error) {
+      return Fail(1, absl::InternalError(absl::StrCat(
+                         "cannot create --work_dir=", options.work_dir, ": ",
+                         error.message())));
+    }
   }
   if (absl::GetFlag(FLAGS_tls)) {
     if (!options.tls_dir.empty()) {
@@ -169,13 +196,20 @@ int main(int argc, char** argv) {
       absl::StrJoin(config->layer_sizes(), "-"),
       monsoon::common::OptimizerName(config->optimizer()),
       config->learning_rate(), options.work_dir);
+  if (options.metrics_port != 0) {
+    monsoon::common::Log(
+        "launch: metrics on 127.0.0.1:%d-%d (GET /metrics; shards, workers, "
+        "evaluator), listed in %s/metrics_targets.json",
+        options.metrics_port, options.metrics_port + servers + workers,
+        options.work_dir);
+  }
 
   auto metrics = monsoon::tools::RunLocalCluster(options, &supervisor);
   if (!metrics.ok()) {
     const bool interrupted =
         metrics.status().code() == absl::StatusCode::kCancelled;
-    monsoon::common::Log("launch: %s; stopping every process",
-                         interrupted ? "interrupted" : "run failed");
+    monsoon::common::LogError("launch: %s; stopping every process",
+                              interrupted ? "interrupted" : "run failed");
     supervisor.StopAll(absl::Seconds(5));
     return Fail(interrupted ? 130 : 1, metrics.status());
   }

@@ -1,8 +1,11 @@
 #include "tools/local_cluster.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <google/protobuf/text_format.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -279,6 +282,48 @@ std::vector<std::string> Placed(const std::vector<std::string>& prefix,
 
 }  // namespace
 
+absl::StatusOr<int> FreePortRange(int count) {
+  auto bind_loopback = [](int port) -> int {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    // The kernel's pick of a free port, then the ones after it.
+    const int probe = bind_loopback(0);
+    if (probe < 0) break;
+    sockaddr_in bound{};
+    socklen_t length = sizeof(bound);
+    getsockname(probe, reinterpret_cast<sockaddr*>(&bound), &length);
+    close(probe);
+    const int first = ntohs(bound.sin_port);
+    if (first + count > 65536) continue;
+    std::vector<int> held;
+    for (int port = first; port < first + count; ++port) {
+      const int fd = bind_loopback(port);
+      if (fd < 0) break;
+      held.push_back(fd);
+    }
+    const bool all = static_cast<int>(held.size()) == count;
+    for (int fd : held) close(fd);
+    if (all) return first;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("found no ", count,
+                   " consecutive free ports on 127.0.0.1 for metrics; "
+                   "give --metrics_port=PORT, or 0 for no metrics"));
+}
+
 absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                                            ProcessSupervisor* supervisor) {
   ProcessSupervisor& sup = *supervisor;
@@ -341,6 +386,9 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     }
   }
 
+  // The daemons log as the launcher does.
+  const bool json_logs = common::CurrentLogFormat() == common::LogFormat::kJson;
+
   // Metrics ports, and the targets file Prometheus can watch.
   auto metrics_flag = [&](int offset) {
     return absl::StrCat("--metrics_listen=127.0.0.1:",
@@ -390,6 +438,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
         token_flag};
     argv.insert(argv.end(), server_tls.begin(), server_tls.end());
     if (options.metrics_port != 0) argv.push_back(metrics_flag(s));
+    if (json_logs) argv.push_back("--log_format=json");
     if (restarts) {
       argv.push_back("--checkpoint_dir=" + checkpoint_dir);
       argv.push_back(absl::StrCat("--checkpoint_interval_s=",
@@ -464,6 +513,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
   if (options.metrics_port != 0) {
     evaluator_argv.push_back(metrics_flag(options.servers + options.workers));
   }
+  if (json_logs) evaluator_argv.push_back("--log_format=json");
   absl::StatusOr<int> evaluator = sup.Start("eval", evaluator_argv);
   if (!evaluator.ok()) return evaluator.status();
   std::vector<Daemon> worker_daemons(options.workers);
@@ -484,7 +534,12 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     daemon.argv.insert(daemon.argv.end(), client_tls.begin(), client_tls.end());
     if (options.metrics_port != 0) {
       daemon.argv.push_back(metrics_flag(options.servers + r));
+      if (options.metrics_linger_s > 0) {
+        daemon.argv.push_back(
+            absl::StrCat("--metrics_linger_s=", options.metrics_linger_s));
+      }
     }
+    if (json_logs) daemon.argv.push_back("--log_format=json");
     if (placed) {
       daemon.argv = Placed(options.placement->worker_prefix[r], daemon.argv);
     }

@@ -69,6 +69,12 @@ struct RunProgressSample {
   double eval_time_s = 0;
 };
 
+// A first port p such that p .. p+count-1 could all be bound on 127.0.0.1
+// just now (another process may take one before the daemons do; they then
+// fail to start with a message naming the port). UNAVAILABLE when no such
+// range turned up.
+absl::StatusOr<int> FreePortRange(int count);
+
 struct LocalClusterOptions {
   TrainingConfig config;  // resolved
   int servers = 2;
@@ -112,6 +118,9 @@ struct LocalClusterOptions {
   // WORK_DIR/metrics_targets.json lists them for Prometheus'
   // file_sd_configs (labels role and, for shards and workers, index).
   int metrics_port = 0;
+  // Workers keep serving their final metrics this long after training
+  // (ps_worker --metrics_linger_s); with metrics only.
+  double metrics_linger_s = 0;
   // If set, called about once a second while training runs, on the thread
   // that runs RunLocalCluster (between the supervisor's events), with the
   // run's progress. The figures are read on a thread of the launcher's own,

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log.h"
 
 extern char** environ;
 
@@ -119,7 +120,13 @@ void ProcessSupervisor::PrintLine(const Child& child, const std::string& line) {
     sink_(static_cast<int>(&child - children_.data()), line);
     return;
   }
-  std::fprintf(out_, "[%s] %s\n", child.role.c_str(), line.c_str());
+  // A JSON line stays one JSON object (its message names who speaks).
+  if (common::CurrentLogFormat() == common::LogFormat::kJson && !line.empty() &&
+      line.front() == '{') {
+    std::fprintf(out_, "%s\n", line.c_str());
+  } else {
+    std::fprintf(out_, "[%s] %s\n", child.role.c_str(), line.c_str());
+  }
   std::fflush(out_);
 }
 
