@@ -13,7 +13,17 @@ asks its HTTP API, at one instant during training:
   - each shard's examples applied per rank sum to the examples its pushes
     carried (downpour applies every push at once);
   - each histogram's +Inf bucket equals its count;
-  - the workers have taken steps, and the evaluator has evaluated.
+  - the workers have taken steps, and the evaluator has evaluated;
+
+then, once both workers have finished and Prometheus has scraped their
+final values (they linger, --metrics_linger_s), across daemons:
+
+  - every shard applied exactly the examples each worker says it trained
+    (monsoon_shard_samples_applied_total{rank=r} on each shard ==
+    monsoon_worker_samples_total of worker r);
+  - the shards' pushes sum to the workers' steps times the shards (one push
+    per step to every shard), and each shard timed one apply per push;
+  - each worker timed exactly one compute and one push_pull phase per step.
 
   tests/prometheus_test.py [--bin_dir=bazel-bin] [--prometheus=prometheus]
 
@@ -146,7 +156,7 @@ scrape_configs:
              "--bin_dir=" + bin_dir, "--mode=downpour", "--servers=2",
              "--workers=2", "--epochs=20", "--hidden=32",
              "--eval_interval_s=0.5", "--metrics_port=%d" % metrics_port,
-             "--work_dir=" + run_dir],
+             "--metrics_linger_s=8", "--work_dir=" + run_dir],
             stdout=open(os.path.join(work, "cluster.log"), "w"),
             stderr=subprocess.STDOUT)
         # Until Prometheus has scraped every daemon up, with pushes applied
@@ -171,8 +181,10 @@ scrape_configs:
             return 1
 
         failures = []
+        checks = []
 
         def expect(what, ok):
+            checks.append(what)
             log("%s: %s" % ("ok" if ok else "FAILED", what))
             if not ok:
                 failures.append(what)
@@ -207,9 +219,61 @@ scrape_configs:
         expect("the evaluator reports an accuracy in [0, 1]: %s" % accuracy,
                len(accuracy) == 1 and
                0 <= list(accuracy.values())[0] <= 1)
+        during = len(checks)
+        # The end of the run: both workers done and lingering; two scrape
+        # intervals later Prometheus holds every daemon's final values.
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            with open(os.path.join(work, "cluster.log")) as f:
+                if f.read().count("serving the final metrics") == 2:
+                    break
+            if cluster.poll() is not None:
+                break
+            time.sleep(0.2)
+        else:
+            log("FAILED: the workers did not finish within 120 s")
+            return 1
+        time.sleep(1.5)
+        end = time.time()
+
+        def by(result, label):
+            """{label value: value} of a query's result."""
+            out = {}
+            for key, value in result.items():
+                out[dict(key).get(label)] = value
+            return out
+
+        worker_samples = by(query(api, "monsoon_worker_samples_total", end),
+                            "index")
+        worker_steps = by(query(api, "monsoon_worker_steps_total", end),
+                          "index")
+        expect("both workers' final steps and examples: %s, %s"
+               % (worker_steps, worker_samples),
+               len(worker_samples) == 2 and len(worker_steps) == 2 and
+               all(v > 0 for v in worker_steps.values()))
+        for shard in ("0", "1"):
+            applied = by(query(api, 'monsoon_shard_samples_applied_total'
+                               '{role="shard",index="%s"}' % shard, end),
+                         "rank")
+            expect("shard %s applied exactly each worker's examples: %s vs "
+                   "%s" % (shard, applied, worker_samples),
+                   applied == worker_samples)
+        pushes = sum(query(api, "monsoon_shard_pushes_total", end).values())
+        expect("the shards' pushes (%d) are the workers' steps (%d) times 2 "
+               "shards" % (pushes, sum(worker_steps.values())),
+               pushes == 2 * sum(worker_steps.values()))
+        expect("each shard timed one apply per push",
+               query(api, "monsoon_shard_apply_seconds_count - on (instance) "
+                     "monsoon_shard_pushes_total != 0", end) == {})
+        for phase in ("compute", "push_pull"):
+            counted = by(query(api, 'monsoon_worker_step_phase_seconds_count'
+                               '{phase="%s"}' % phase, end), "index")
+            expect("each worker timed one %s phase per step: %s vs %s"
+                   % (phase, counted, worker_steps), counted == worker_steps)
         if failures:
             return 1
-        log("PASSED: %d checks at one instant of Prometheus' data" % 6)
+        log("PASSED: %d checks during training and %d at its end"
+            % (during, len(checks) - during))
         return 0
     finally:
         for process in (cluster, server):
