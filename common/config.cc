@@ -196,6 +196,69 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
   if (c.sync_timeout_s() < 1) {
     return Invalid("sync_timeout_s", "must be at least 1 second");
   }
+  const bool asynchronous =
+      c.mode() == DOWNPOUR || c.mode() == ONEBIT || c.mode() == HOGWILD;
+  if (c.has_max_staleness()) {
+    if (!asynchronous) {
+      return Invalid("max_staleness",
+                     absl::StrCat("bounds the staleness of downpour, onebit "
+                                  "and hogwild; ",
+                                  ModeName(c.mode()),
+                                  c.mode() == SYNC
+                                      ? " is already a barrier (staleness 0)"
+                                      : " exchanges elastic differences every "
+                                        "tau steps, which it does not bound"));
+    }
+    if (c.max_staleness() < 0 || c.max_staleness() > 1000000) {
+      return Invalid("max_staleness", "must be from 0 to 1000000 steps");
+    }
+  }
+  if (c.staleness_lr() && !asynchronous) {
+    return Invalid(
+        "staleness_lr",
+        absl::StrCat("scales the learning rate of stale pushes in "
+                     "downpour, onebit and hogwild; ",
+                     ModeName(c.mode()),
+                     c.mode() == SYNC ? "'s pushes are never stale"
+                                      : " pushes elastic differences, not "
+                                        "gradients"));
+  }
+  if (c.has_delay_compensation()) {
+    if (!(c.delay_compensation() >= 0 && c.delay_compensation() <= 100)) {
+      return Invalid("delay_compensation", "must be from 0 to 100");
+    }
+    if (c.delay_compensation() > 0 && c.mode() != DOWNPOUR &&
+        c.mode() != ONEBIT) {
+      return Invalid(
+          "delay_compensation",
+          absl::StrCat("compensates pushed gradients in downpour and onebit; ",
+                       ModeName(c.mode()),
+                       c.mode() == HOGWILD
+                           ? " writes the weights without a lock, so the "
+                             "shard has no consistent weights to compensate "
+                             "against"
+                       : c.mode() == SYNC ? "'s pushes are never stale"
+                                          : " pushes elastic differences, "
+                                            "not gradients"));
+    }
+  }
+  if (c.has_backup_workers()) {
+    if (c.backup_workers() != 0 && c.mode() != SYNC) {
+      return Invalid(
+          "backup_workers",
+          absl::StrCat("lets sync steps close without the slowest "
+                       "workers; ",
+                       ModeName(c.mode()), " has no steps to close"));
+    }
+    if (c.backup_workers() < 0) {
+      return Invalid("backup_workers",
+                     "must be at least 0 (and fewer than the workers)");
+    }
+  }
+  // Off is off however it is spelt: the same fingerprint as unset.
+  if (!c.staleness_lr()) c.clear_staleness_lr();
+  if (c.delay_compensation() == 0) c.clear_delay_compensation();
+  if (c.backup_workers() == 0) c.clear_backup_workers();
   if (c.chunk_bytes() < (256 << 10) || c.chunk_bytes() > (4 << 20) ||
       c.chunk_bytes() % 4 != 0) {
     return Invalid("chunk_bytes",

@@ -197,6 +197,18 @@ TEST(ResolveConfigTest, InvalidValuesAreRefusedNamingTheField) {
       {"chunk_bytes: 262140", "chunk_bytes"},
       {"chunk_bytes: 262146", "chunk_bytes"},
       {"chunk_bytes: 4194308", "chunk_bytes"},
+      {"mode: SYNC max_staleness: 2", "max_staleness"},
+      {"mode: EASGD max_staleness: 2", "max_staleness"},
+      {"mode: DOWNPOUR max_staleness: -1", "max_staleness"},
+      {"mode: SYNC staleness_lr: true", "staleness_lr"},
+      {"mode: EASGD staleness_lr: true", "staleness_lr"},
+      {"mode: HOGWILD delay_compensation: 0.04", "delay_compensation"},
+      {"mode: SYNC delay_compensation: 0.04", "delay_compensation"},
+      {"mode: EASGD delay_compensation: 0.04", "delay_compensation"},
+      {"mode: DOWNPOUR delay_compensation: -0.1", "delay_compensation"},
+      {"mode: DOWNPOUR delay_compensation: nan", "delay_compensation"},
+      {"mode: DOWNPOUR backup_workers: 1", "backup_workers"},
+      {"mode: SYNC backup_workers: -1", "backup_workers"},
   };
   for (const InvalidCase& c : cases) {
     SCOPED_TRACE(c.text);
@@ -298,6 +310,29 @@ TEST(ConfigFingerprintTest, DiffersWhenTheLearningRateChanges) {
             ConfigFingerprint(Resolve("seed: 2")));
   EXPECT_NE(ConfigFingerprint(Resolve("input_std: 0.5")),
             ConfigFingerprint(Resolve("input_std: 1")));
+}
+
+// Each staleness option where it applies, 1-bit compression included; off
+// spelt out is the config without it.
+TEST(ResolveConfigTest, StalenessOptionsResolveWhereTheyApply) {
+  for (const char* text :
+       {"mode: DOWNPOUR max_staleness: 4 staleness_lr: true "
+        "delay_compensation: 0.04",
+        "mode: ONEBIT max_staleness: 0 staleness_lr: true "
+        "delay_compensation: 0.04",
+        "mode: HOGWILD max_staleness: 2 staleness_lr: true",
+        "mode: SYNC backup_workers: 1",
+        "mode: SYNC backup_workers: 1 compression: COMPRESSION_ONEBIT"}) {
+    SCOPED_TRACE(text);
+    EXPECT_OK(ResolveConfig(Parse(text)).status());
+  }
+  EXPECT_EQ(ConfigFingerprint(Resolve("mode: DOWNPOUR")),
+            ConfigFingerprint(Resolve("mode: DOWNPOUR staleness_lr: false "
+                                      "delay_compensation: 0")));
+  EXPECT_EQ(ConfigFingerprint(Resolve("")),
+            ConfigFingerprint(Resolve("backup_workers: 0")));
+  EXPECT_NE(ConfigFingerprint(Resolve("mode: DOWNPOUR")),
+            ConfigFingerprint(Resolve("mode: DOWNPOUR max_staleness: 4")));
 }
 
 TEST(ConfigFingerprintTest, IgnoresTheDataDir) {
