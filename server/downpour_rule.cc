@@ -1,9 +1,24 @@
 // downpour (Dean et al. 2012): each push is applied at once with the server
 // optimizer, one push at a time per shard, however stale it is; staleness is
 // recorded, not refused. Also onebit's rule, after PushDecoder has decoded.
+//
+// Two options act on stale pushes here (config.proto):
+// - staleness_lr (Zhang et al. 2016): the optimizer's learning rate for a
+//   push of staleness s is divided by max(1, s);
+// - delay_compensation lambda (DC-ASGD, Zheng et al. 2017): the gradient g
+//   of a worker that last pulled w_pulled from this shard is applied as
+//   g + lambda * g * g * (w_now - w_pulled), element by element. The rule
+//   keeps each worker's last pulled version (Pulled): a reference to the
+//   version the pull sent, not a copy, so the cost is memory, up to one
+//   shard-sized buffer per worker, and every update then writes a new
+//   buffer instead of the weights in place.
 
+#include <algorithm>
+#include <map>
 #include <memory>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "server/optimizer.h"
 #include "server/update_rule.h"
 
@@ -13,31 +28,94 @@ namespace {
 class DownpourRule : public SerialRule {
  public:
   DownpourRule(const TrainingConfig& resolved, ShardState* state)
-      : SerialRule(state), optimizer_(MakeOptimizer(resolved, state->size())) {}
+      : SerialRule(state),
+        optimizer_(MakeOptimizer(resolved, state->size())),
+        staleness_lr_(resolved.staleness_lr()),
+        lambda_(resolved.delay_compensation()) {}
+
+  void Pulled(int worker_rank, const WeightsPtr& weights) override {
+    if (lambda_ <= 0 || worker_rank < 0) return;
+    absl::MutexLock lock(&pulled_mu_);
+    pulled_[worker_rank] = weights;
+  }
 
  protected:
   Optimizer* optimizer() override { return optimizer_.get(); }
 
-  void Update(absl::Span<const float> gradient, const float* in,
-              float* out) override {
-    optimizer_->Apply({gradient}, in, out);
+  void Update(const Incoming& push, const float* in, float* out) override {
+    optimizer_->Apply(GradientOf(push, in, /*fresh=*/!compensated_ready_), in,
+                      out);
+    compensated_ready_ = false;
   }
 
-  bool StaysFinite(absl::Span<const float> gradient, const float* in) override {
-    return optimizer_->StaysFinite({gradient}, in);
+  bool StaysFinite(const Incoming& push, const float* in) override {
+    const bool finite =
+        optimizer_->StaysFinite(GradientOf(push, in, /*fresh=*/true), in);
+    compensated_ready_ = finite;
+    return finite;
   }
 
+  // With delay compensation the gradient applied is not the one pushed, and
+  // its size depends on the weights: no bound without a pass.
   bool BoundStep(double max_abs, double* step) override {
-    return optimizer_->BoundStep(max_abs, step);
+    return lambda_ <= 0 && optimizer_->BoundStep(max_abs, step);
   }
 
   void AdvanceBound(double max_abs) override {
-    optimizer_->AdvanceBound(max_abs);
+    optimizer_->AdvanceBound(lambda_ > 0 ? MaxAbs(compensated_) : max_abs);
   }
 
  private:
+  // The gradient to apply for `push` on the weights `in`: with delay
+  // compensation, the compensated one, computed afresh, or as StaysFinite
+  // left it for the Update of the same push, which sees the same `in`.
+  Gradient GradientOf(const Incoming& push, const float* in, bool fresh) {
+    Gradient gradient{push.values};
+    if (staleness_lr_) {
+      gradient.lr_scale =
+          1.0f / static_cast<float>(std::max<int64_t>(1, push.staleness));
+    }
+    if (lambda_ <= 0) return gradient;
+    if (fresh) Compensate(push, in);
+    gradient.values = compensated_;
+    return gradient;
+  }
+
+  void Compensate(const Incoming& push, const float* in) {
+    WeightsPtr pulled;
+    {
+      absl::MutexLock lock(&pulled_mu_);
+      auto it = pulled_.find(push.worker_rank);
+      if (it != pulled_.end()) pulled = it->second;
+    }
+    const size_t n = push.values.size();
+    compensated_.resize(n);
+    const float* g = push.values.data();
+    float* c = compensated_.data();
+    if (pulled == nullptr) {
+      // No pull of this worker seen (the shard restarted since): nothing to
+      // compensate against.
+      std::copy(g, g + n, c);
+      return;
+    }
+    const float* old = pulled->values().data();
+    const float lambda = lambda_;
+    for (size_t i = 0; i < n; ++i) {
+      c[i] = g[i] + lambda * g[i] * g[i] * (in[i] - old[i]);
+    }
+  }
+
   // Used only under SerialRule's lock.
   const std::unique_ptr<Optimizer> optimizer_;
+  const bool staleness_lr_;
+  const float lambda_;
+  std::vector<float> compensated_;
+  // Whether compensated_ holds the push StaysFinite just passed (SerialRule
+  // then calls Update for it before any other push).
+  bool compensated_ready_ = false;
+
+  absl::Mutex pulled_mu_;
+  std::map<int, WeightsPtr> pulled_ ABSL_GUARDED_BY(pulled_mu_);
 };
 
 }  // namespace

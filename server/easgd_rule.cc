@@ -16,17 +16,16 @@ class EasgdRule : public SerialRule {
   using SerialRule::SerialRule;
 
  protected:
-  void Update(absl::Span<const float> elastic, const float* in,
-              float* out) override {
-    const float* d = elastic.data();
-    ForEachWeight(elastic.size(), in, out,
+  void Update(const Incoming& push, const float* in, float* out) override {
+    const float* d = push.values.data();
+    ForEachWeight(push.values.size(), in, out,
                   [=](size_t i, float center) { return center + d[i]; });
   }
 
-  bool StaysFinite(absl::Span<const float> elastic, const float* in) override {
-    const float* d = elastic.data();
+  bool StaysFinite(const Incoming& push, const float* in) override {
+    const float* d = push.values.data();
     return AllFinite(
-        elastic.size(), [=](size_t i) { return in[i]; },
+        push.values.size(), [=](size_t i) { return in[i]; },
         [=](size_t i, float center) { return NonFinite(center + d[i]); });
   }
 

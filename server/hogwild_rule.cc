@@ -39,6 +39,7 @@ class HogwildRule : public UpdateRule {
  public:
   HogwildRule(const TrainingConfig& resolved, ShardState* state)
       : learning_rate_(resolved.learning_rate()),
+        staleness_lr_(resolved.staleness_lr()),
         state_(state),
         live_(state->InitialWeights()) {
     absl::MutexLock lock(&bound_mu_);
@@ -61,7 +62,12 @@ class HogwildRule : public UpdateRule {
     float* weights = live_->mutable_data();
     const float* grad = push.values.data();
     const size_t n = push.values.size();
-    const float lr = learning_rate_;
+    // staleness_lr: the rate over the staleness the push has as its write
+    // begins (pushes writing at the same time may still add to it).
+    const float lr =
+        staleness_lr_ ? learning_rate_ / static_cast<float>(std::max<int64_t>(
+                                             1, now - push.base_version))
+                      : learning_rate_;
     const double step = std::abs(lr) * static_cast<double>(push.max_abs);
     bool bounded;
     {
@@ -175,6 +181,7 @@ class HogwildRule : public UpdateRule {
 
   // Constant after construction.
   const float learning_rate_;
+  const bool staleness_lr_;
   ShardState* const state_;
   // Written in place by every push (relaxed atomics); replaced only by
   // RestoreState, before serving.

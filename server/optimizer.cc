@@ -28,7 +28,7 @@ SgdOptimizer::SgdOptimizer(size_t size, float learning_rate, float momentum)
 
 void SgdOptimizer::Apply(const Gradient& gradient, const float* in,
                          float* out) {
-  const float lr = learning_rate_;
+  const float lr = learning_rate_ * gradient.lr_scale;
   if (momentum_ > 0) {
     float* v = velocity_.data();
     const float m = momentum_;
@@ -44,7 +44,7 @@ void SgdOptimizer::Apply(const Gradient& gradient, const float* in,
 
 bool SgdOptimizer::StaysFinite(const Gradient& gradient,
                                const float* in) const {
-  const float lr = learning_rate_;
+  const float lr = learning_rate_ * gradient.lr_scale;
   if (momentum_ > 0) {
     const float* v = velocity_.data();
     const float m = momentum_;
@@ -95,7 +95,7 @@ void AdagradOptimizer::AdvanceBound(double max_abs) {
 void AdagradOptimizer::Apply(const Gradient& gradient, const float* in,
                              float* out) {
   float* h = accumulator_.data();
-  const float lr = learning_rate_;
+  const float lr = learning_rate_ * gradient.lr_scale;
   ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
     h[i] += g * g;
     // -fno-math-errno (BUILD) lets this vectorize; sqrt is exact either way.
@@ -106,7 +106,7 @@ void AdagradOptimizer::Apply(const Gradient& gradient, const float* in,
 bool AdagradOptimizer::StaysFinite(const Gradient& gradient,
                                    const float* in) const {
   const float* h = accumulator_.data();
-  const float lr = learning_rate_;
+  const float lr = learning_rate_ * gradient.lr_scale;
   return GradientStaysFinite(gradient, in, [=](size_t i, float g, float w) {
     const float sum = h[i] + g * g;
     return NonFinite(sum) | NonFinite(w - lr * g / std::sqrt(sum));

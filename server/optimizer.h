@@ -46,6 +46,10 @@ struct Gradient {
   const float* addend = nullptr;  // values.size() floats, or none
   float scale = 1.0f;
   bool plus_zero = false;
+  // Multiplies the optimizer's learning rate for this update (the
+  // staleness-aware rate); at most 1, so that BoundStep's bound, taken at
+  // the full rate, still holds.
+  float lr_scale = 1.0f;
 };
 
 // Calls body(n, grad), where grad(i) is the gradient's i-th value (see

@@ -292,7 +292,9 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void Ready() {
-    chunks_ = SnapshotChunks(shared_.rule->Snapshot(), shared_.chunk_values);
+    WeightsPtr weights = shared_.rule->Snapshot();
+    shared_.rule->Pulled(rank_, weights);
+    chunks_ = SnapshotChunks(std::move(weights), shared_.chunk_values);
     WriteNext();
   }
 
@@ -396,7 +398,9 @@ class PushPullReactor
   }
 
   void Ready() {
-    chunks_ = SnapshotChunks(shared_.rule->Snapshot(), shared_.chunk_values);
+    WeightsPtr weights = shared_.rule->Snapshot();
+    shared_.rule->Pulled(reader_.worker_rank(), weights);
+    chunks_ = SnapshotChunks(std::move(weights), shared_.chunk_values);
     WriteNext();
   }
 

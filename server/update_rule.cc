@@ -23,10 +23,12 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
     // Checked before anything changes: a refused push leaves the weights,
     // the optimizer's state and the rank's position as they were. The
     // bounds usually guarantee it without the pass.
+    const Incoming incoming{push.values, push.worker_rank,
+                            version - push.base_version};
     double step = 0;
     const bool bounded =
         BoundStep(push.max_abs, &step) && weight_bound_.Allows(step);
-    if (!bounded && !StaysFinite(push.values, weights_->values().data())) {
+    if (!bounded && !StaysFinite(incoming, weights_->values().data())) {
       state_->RecordRefusedUpdate();
       return NonFiniteUpdateError(state_->shard(), push.worker_rank, version);
     }
@@ -41,7 +43,7 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
     const absl::Time began = state_->BeginApply();
     WriteNextVersion(
         state_, &weights_, result.version,
-        [&](const float* in, float* out) { Update(push.values, in, out); });
+        [&](const float* in, float* out) { Update(incoming, in, out); });
     state_->EndApply(began);
     AdvanceBound(push.max_abs);
     if (!weight_bound_.Advance(

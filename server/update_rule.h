@@ -102,6 +102,11 @@ class UpdateRule {
   // The weights, version and optimizer state (see the file comment).
   virtual RuleState SaveState() = 0;
 
+  // `weights` (from Snapshot) are on their way to worker `worker_rank`'s
+  // pull: a rule that compensates for what a worker last saw
+  // (delay_compensation) keeps them. Thread-safe, like Snapshot.
+  virtual void Pulled(int worker_rank, const WeightsPtr& weights) {}
+
   // Called every fraction of a second by the shard's server. A rule that
   // waits for workers (sync's barrier) closes a step whose missing workers'
   // leases have run out (ShardState::Alive), and logs every `log_every`
@@ -192,15 +197,21 @@ class SerialRule : public UpdateRule {
   // rule's lock.
   virtual Optimizer* optimizer() { return nullptr; }
 
-  // out = the weights `in` after the push's `values`: in place (in == out)
-  // or into another array that does not overlap; both have values.size()
-  // floats. Called with the rule's lock held, one push at a time.
-  virtual void Update(absl::Span<const float> values, const float* in,
-                      float* out) = 0;
-  // Whether Update(values, in, ...) would leave every weight and every
-  // value of the optimizer's state finite; changes nothing. Called first,
-  // under the same lock: a push that would not is refused.
-  virtual bool StaysFinite(absl::Span<const float> values, const float* in) = 0;
+  // What a subclass sees of a push.
+  struct Incoming {
+    absl::Span<const float> values;
+    int worker_rank = 0;
+    int64_t staleness = 0;  // the shard's version minus the push's base
+  };
+  // out = the weights `in` after the push: in place (in == out) or into
+  // another array that does not overlap; both have values.size() floats.
+  // Called with the rule's lock held, one push at a time.
+  virtual void Update(const Incoming& push, const float* in, float* out) = 0;
+  // Whether Update(push, in, ...) would leave every weight and every value
+  // of the optimizer's state finite; changes nothing. Called first, under
+  // the same lock, whenever BoundStep cannot tell: a push that would not is
+  // refused.
+  virtual bool StaysFinite(const Incoming& push, const float* in) = 0;
   // The cheap guarantee (see Optimizer::BoundStep): true when Update with
   // values at most `max_abs` in magnitude surely keeps the state (beyond
   // the weights) below kSafeMagnitude; *step is the most it moves a weight.

@@ -496,6 +496,109 @@ TEST_F(DownpourRuleTest, RecordsTheStalenessOfEachPush) {
               UnorderedElementsAre(Pair(0, 8), Pair(1, 4)));
 }
 
+// staleness_lr (Zhang et al. 2016) on SGD: a push of staleness s moves the
+// weights by lr / max(1, s) times its gradient.
+TEST(DownpourStalenessTest, TheStalenessAwareRateDividesTheRateByTheStaleness) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
+      "staleness_lr: true");
+  ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
+                   1);
+  std::unique_ptr<UpdateRule> rule = MakeDownpourRule(config, &state);
+  std::vector<float> expected = Weights(*rule);
+  ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());  // s = 0
+  ASSERT_OK(rule->Apply(MakePush(0, 1, Filled(1.0f))).status());  // s = 0
+  ASSERT_OK(rule->Apply(MakePush(1, 1, Filled(2.0f))).status());  // s = 1
+  ASSERT_OK(rule->Apply(MakePush(1, 0, Filled(4.0f))).status());  // s = 3
+  for (float& v : expected) {
+    v -= 0.5f * 1.0f;
+    v -= 0.5f * 1.0f;
+    v -= 0.5f * 2.0f;
+    v -= 0.5f * (1.0f / 3.0f) * 4.0f;
+  }
+  EXPECT_EQ(Weights(*rule), expected);
+}
+
+// On Adagrad the accumulator takes the push's gradient as it is; only the
+// step is divided.
+TEST(DownpourStalenessTest, TheStalenessAwareRateLeavesAdagradsSumAsItIs) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR learning_rate: 0.1 "
+      "adagrad_initial_accumulator: 0.1 staleness_lr: true");
+  ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
+                   1);
+  std::unique_ptr<UpdateRule> rule = MakeDownpourRule(config, &state);
+  std::vector<float> expected = Weights(*rule);
+  ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  ASSERT_OK(rule->Apply(MakePush(0, 1, Filled(1.0f))).status());
+  ASSERT_OK(rule->Apply(MakePush(1, 0, Filled(1.0f))).status());  // s = 2
+  for (float& v : expected) {
+    v -= 0.1f * 1.0f / std::sqrt(1.1f);
+    v -= 0.1f * 1.0f / std::sqrt(2.1f);
+    v -= (0.1f * 0.5f) * 1.0f / std::sqrt(3.1f);
+  }
+  EXPECT_EQ(Weights(*rule), expected);
+}
+
+// DC-ASGD (Zheng et al. 2017): worker 1's gradient, computed on what it
+// pulled, is applied as g + lambda * g * g * (w_now - w_pulled).
+TEST(DownpourStalenessTest, DelayCompensationUsesWhatTheWorkerLastPulled) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
+      "delay_compensation: 0.25");
+  ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
+                   1);
+  std::unique_ptr<UpdateRule> rule = MakeDownpourRule(config, &state);
+  const std::vector<float> w0 = Weights(*rule);
+  // Both workers pull version 0.
+  rule->Pulled(0, rule->Snapshot());
+  rule->Pulled(1, rule->Snapshot());
+  // Worker 0 pushes g = 1 computed on w0: nothing moved since, so no
+  // compensation: w1 = w0 - 0.5.
+  ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  std::vector<float> w1 = w0;
+  for (float& v : w1) v -= 0.5f;
+  EXPECT_EQ(Weights(*rule), w1);
+  // Worker 1 pushes g = 2 computed on w0 while the shard is at w1:
+  // g' = 2 + 0.25 * 2 * 2 * (w1 - w0) = 2 + 1 * (-0.5) = 1.5 (as the rule
+  // computes it, in float), w2 = w1 - 0.5 * g'.
+  ASSERT_OK(rule->Apply(MakePush(1, 0, Filled(2.0f))).status());
+  std::vector<float> w2 = w1;
+  for (size_t i = 0; i < kSize; ++i) {
+    const float g = 2.0f + 0.25f * 2.0f * 2.0f * (w1[i] - w0[i]);
+    w2[i] = w1[i] - 0.5f * g;
+  }
+  EXPECT_EQ(Weights(*rule), w2);
+  for (size_t i = 0; i < kSize; ++i) EXPECT_NEAR(w1[i] - w2[i], 0.75f, 1e-5);
+  // A worker whose pull the shard never saw (it restarted since) is applied
+  // as pushed.
+  ASSERT_OK(rule->Apply(MakePush(2, 2, Filled(1.0f))).status());
+  std::vector<float> w3 = w2;
+  for (float& v : w3) v -= 0.5f;
+  EXPECT_EQ(Weights(*rule), w3);
+}
+
+// The compensated gradient can overflow where the pushed one does not: the
+// push is refused and nothing changes.
+TEST(DownpourStalenessTest, ACompensationThatWouldOverflowIsRefused) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
+      "delay_compensation: 1");
+  ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
+                   1);
+  std::unique_ptr<UpdateRule> rule = MakeDownpourRule(config, &state);
+  rule->Pulled(1, rule->Snapshot());
+  ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  const std::vector<float> before = Weights(*rule);
+  // g = 1e20: g * g overflows float.
+  OwnedPush huge = MakePush(1, 0, Filled(1e20f));
+  huge.data.max_abs = 1e20f;
+  EXPECT_THAT(rule->Apply(huge), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("infinite or NaN")));
+  EXPECT_EQ(Weights(*rule), before);
+  EXPECT_EQ(state.version(), 1);
+}
+
 TEST_F(DownpourRuleTest,
        PushFromAFutureVersionIsInvalidAndLeavesWeightsUnchanged) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
@@ -705,6 +808,27 @@ TEST_F(HogwildRuleTest, AppliesPlainSgdAtOnce) {
   const WeightsPtr snapshot = rule_->Snapshot();
   EXPECT_EQ(snapshot->version(), 1);
   EXPECT_EQ(Values(snapshot), expected);
+}
+
+TEST_F(HogwildRuleTest, TheStalenessAwareRateDividesTheRateByTheStaleness) {
+  TrainingConfig config = config_;
+  config.set_staleness_lr(true);
+  ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
+                   1);
+  std::unique_ptr<UpdateRule> rule = MakeHogwildRule(config, &state);
+  std::vector<float> expected = Weights(*rule);
+  ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  ASSERT_OK(rule->Apply(MakePush(0, 1, Filled(1.0f))).status());
+  ASSERT_OK(rule->Apply(MakePush(0, 2, Filled(1.0f))).status());
+  // Staleness 0, 0, 0: the full rate 0.5; then staleness 3: 0.5 / 3.
+  ASSERT_OK(rule->Apply(MakePush(1, 0, Filled(1.0f))).status());
+  for (float& v : expected) {
+    v -= 0.5f * 1.0f;
+    v -= 0.5f * 1.0f;
+    v -= 0.5f * 1.0f;
+    v -= 0.5f / 3.0f * 1.0f;
+  }
+  EXPECT_EQ(Weights(*rule), expected);
 }
 
 TEST_F(HogwildRuleTest, APushThatWouldOverflowAWeightIsRefused) {
