@@ -255,6 +255,13 @@ int main(int argc, char** argv) {
       monsoon::common::OptimizerName(config->optimizer()), range.begin,
       range.end, monsoon::common::ModelLayout::FromConfig(*config).num_params(),
       monsoon::common::ConfigFingerprint(*config));
+  if (config->delay_compensation() > 0) {
+    monsoon::common::Log(
+        "ps_server: shard %d: delay compensation %g keeps each worker's last "
+        "pulled weights: up to %d x %.1f MB",
+        options.shard, config->delay_compensation(), options.num_workers,
+        range.size() * sizeof(float) / 1e6);
+  }
   if ((*server)->metrics_port() != 0) {
     monsoon::common::Log("ps_server: metrics on port %d (GET /metrics)",
                          (*server)->metrics_port());

@@ -80,6 +80,11 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
       "value infinite or NaN.",
       static_cast<double>(stats.refused_updates())));
   families.push_back(
+      Counter("monsoon_shard_backup_dropped_pushes_total",
+              "Sync with backup workers: pushes that came after their step had "
+              "closed without them, dropped.",
+              static_cast<double>(stats.backup_dropped_pushes())));
+  families.push_back(
       Counter("monsoon_shard_duplicate_pushes_total",
               "Pushes acknowledged as repeats of examples already applied.",
               static_cast<double>(stats.duplicate_pushes())));

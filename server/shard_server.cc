@@ -66,6 +66,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "--num_workers must be from 1 to 100000, got ", options.num_workers));
   }
+  if (options.config.backup_workers() >= options.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field 'backup_workers' is ", options.config.backup_workers(),
+        " but there are --num_workers=", options.num_workers,
+        ": a step needs at least one worker's gradient, so backup_workers "
+        "must be fewer than the workers"));
+  }
   if (absl::Status listen = CheckListenAddress(options.listen_address);
       !listen.ok()) {
     return listen;
@@ -82,6 +89,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      " holds ", range.size(), " parameters and needs at least ",
                      needed >> 20, " MiB, more than this machine's ",
                      memory >> 20, " MiB: use more shards or a smaller model"));
+  }
+  // Delay compensation keeps the version each worker last pulled: up to one
+  // more shard-sized buffer per worker.
+  if (options.config.delay_compensation() > 0) {
+    const uint64_t kept = static_cast<uint64_t>(options.num_workers) *
+                          range.size() * sizeof(float);
+    if (memory > 0 && needed + kept > memory) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "delay_compensation keeps each worker's last pulled weights: ",
+          options.num_workers, " x ", range.size(), " parameters = ",
+          kept >> 20, " MiB on shard ", options.shard, ", which with its ",
+          needed >> 20, " MiB does not fit this machine's ", memory >> 20,
+          " MiB: use more shards, fewer workers, or no delay_compensation"));
+    }
   }
   if (!(options.max_abs_gradient > 0) ||
       !std::isfinite(options.max_abs_gradient)) {

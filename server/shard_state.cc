@@ -422,6 +422,11 @@ void ShardState::PassOver(int worker_rank, int64_t offset, int64_t samples) {
   AddSaturating(skipped_samples_[worker_rank], samples);
 }
 
+void ShardState::RecordBackupDrop() {
+  absl::MutexLock lock(&stats_mu_);
+  AddSaturating(backup_dropped_, 1);
+}
+
 void ShardState::RecordRefusedUpdate() {
   absl::MutexLock lock(&stats_mu_);
   AddSaturating(refused_updates_, 1);
@@ -464,6 +469,7 @@ StatsResponse ShardState::Stats() const {
   }
   stats.set_duplicate_pushes(duplicate_pushes_);
   stats.set_refused_updates(refused_updates_);
+  stats.set_backup_dropped_pushes(backup_dropped_);
   stats.set_staleness_sum(staleness_sum_);
   // Trim trailing zero buckets to keep the message small.
   size_t used = staleness_counts_.size();
@@ -516,6 +522,7 @@ void ShardState::RestoreStats(const StatsResponse& stats) {
     skipped_samples_[rank] = samples;
   }
   duplicate_pushes_ = stats.duplicate_pushes();
+  backup_dropped_ = std::max<int64_t>(0, stats.backup_dropped_pushes());
   refused_updates_ = stats.refused_updates();
   staleness_sum_ = stats.staleness_sum();
   std::fill(staleness_counts_.begin(), staleness_counts_.end(), 0);

@@ -219,6 +219,9 @@ class ShardState {
   void PassOver(int worker_rank, int64_t offset, int64_t samples);
   // An update refused as one that would overflow (StatsResponse).
   void RecordRefusedUpdate();
+  // A sync push dropped because its step closed without it (backup
+  // workers).
+  void RecordBackupDrop();
   // A push refused with `code`.
   void RecordRejectedPush(absl::StatusCode code);
   void RecordPulledBytes(int64_t bytes);
@@ -286,6 +289,7 @@ class ShardState {
   std::map<int, int64_t> skipped_samples_ ABSL_GUARDED_BY(stats_mu_);
   int64_t duplicate_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t refused_updates_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t backup_dropped_ ABSL_GUARDED_BY(stats_mu_) = 0;
   CheckpointStats checkpoints_ ABSL_GUARDED_BY(stats_mu_);
 };
 

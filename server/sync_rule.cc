@@ -7,8 +7,16 @@
 // moves past it, StatsResponse.samples_skipped_by_worker), and the barrier is
 // the live workers' until it calls again; it then rejoins at the current
 // step.
+//
+// With backup_workers b (Chen et al. 2016), a step also closes as soon as
+// all but b workers have pushed it, averaged over those; the batches of the
+// workers it closed without are passed over, and their pushes for it, when
+// they come, are dropped (answered as stale, counted in
+// StatsResponse.backup_dropped_pushes): each step waits for the fastest
+// N - b workers only.
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <string>
@@ -32,6 +40,7 @@ class SyncRule : public UpdateRule {
  public:
   SyncRule(const TrainingConfig& resolved, int num_workers, ShardState* state)
       : num_workers_(num_workers),
+        backup_(std::min(resolved.backup_workers(), num_workers - 1)),
         state_(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
         weights_(state->InitialWeights()),
@@ -39,7 +48,8 @@ class SyncRule : public UpdateRule {
         step_samples_(num_workers, 0),
         step_offsets_(num_workers, 0),
         step_digests_(num_workers, 0),
-        step_sessions_(num_workers, 0) {
+        step_sessions_(num_workers, 0),
+        dropped_(num_workers) {
     weight_bound_.Reset(MaxAbs(weights_->values()));
   }
 
@@ -49,6 +59,14 @@ class SyncRule : public UpdateRule {
     {
       absl::MutexLock lock(&mu_);
       const int64_t version = weights_->version();
+      if (push.base_version < version && TakeDropped(push)) {
+        // Its step closed without it (backup workers): dropped, and the
+        // worker carries on from the current weights.
+        state_->RecordBackupDrop();
+        result.version = version;
+        result.stale = true;
+        return result;
+      }
       if (state_->IsRepeat(push.worker_rank, push.sample_offset,
                            push.samples)) {
         // A step already closed with these examples in it.
@@ -82,7 +100,10 @@ class SyncRule : public UpdateRule {
       // optimizer applies the sum (CloseStep).
       // The step closes when every worker has pushed it, or every one still
       // alive has (the others' leases ran out).
-      const bool closes = count_ == num_workers_ || AllLiveArrived(absl::Now());
+      // With backup workers, also once all but backup_ have.
+      const bool closes = count_ == num_workers_ ||
+                          (backup_ > 0 && count_ >= num_workers_ - backup_) ||
+                          AllLiveArrived(absl::Now());
       const float* g = push.values.data();
       if (count_ == 1) {
         if (push.buffer != nullptr && *push.buffer != nullptr) {
@@ -133,6 +154,7 @@ class SyncRule : public UpdateRule {
       step_max_abs_ = 0;
       std::fill(arrived_.begin(), arrived_.end(), false);
       std::fill(step_samples_.begin(), step_samples_.end(), 0);
+      for (auto& offsets : dropped_) offsets.clear();
       count_ = 0;
       ready = state_->AdvanceVersion(weights_->version());
     }
@@ -166,6 +188,16 @@ class SyncRule : public UpdateRule {
         push.sample_offset, "+", push.samples,
         "); the first push stays in the step. Does another process push "
         "for this rank, or does the worker compute a step twice?"));
+  }
+
+  // Whether `push` is one whose step closed without it (backup workers),
+  // which it then forgets.
+  bool TakeDropped(const PushData& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::deque<int64_t>& steps = dropped_[push.worker_rank];
+    auto it = std::find(steps.begin(), steps.end(), push.base_version);
+    if (it == steps.end()) return false;
+    steps.erase(it);
+    return true;
   }
 
   // sum += g (the step's second push on, not its first or last).
@@ -277,7 +309,12 @@ class SyncRule : public UpdateRule {
   // Averages the step's gradients (the sum, plus `last` where the last push
   // is not in it yet) and publishes the next version.
   void CloseStep(const float* last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    LogMissing();
+    // Closed for the backup count (not for leases that ran out): the live
+    // ranks it closes without will still push this step; their pushes are
+    // to be dropped. That is the design, not news: no log line.
+    const bool by_backup = backup_ > 0 && count_ >= num_workers_ - backup_ &&
+                           count_ < num_workers_;
+    if (!by_backup) LogMissing();
     const Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
                         1.0f / static_cast<float>(count_), sum_plus_zero_};
     // An update that would overflow is refused: the step still closes (the
@@ -336,6 +373,13 @@ class SyncRule : public UpdateRule {
         state_->RecordAppliedSamples(rank, step_samples_[rank]);
         state_->AdvancePosition(rank, step_offsets_[rank], step_samples_[rank]);
       } else {
+        if (by_backup) {
+          // Its push for this step is to be dropped; a few steps are
+          // remembered (a worker late by several).
+          std::deque<int64_t>& steps = dropped_[rank];
+          steps.push_back(weights_->version() - 1);
+          if (steps.size() > kDroppedKept) steps.pop_front();
+        }
         state_->SkipSamples(rank, batch);
       }
       step_samples_[rank] = 0;
@@ -344,8 +388,13 @@ class SyncRule : public UpdateRule {
     count_ = 0;
   }
 
+  // Dropped pushes remembered per rank (TakeDropped); older ones, if they
+  // ever come, are answered as duplicates.
+  static constexpr size_t kDroppedKept = 16;
+
   // Constant after construction.
   const int num_workers_;
+  const int backup_;  // backup_workers, fewer than num_workers_
   ShardState* const state_;
 
   absl::Mutex mu_;
@@ -363,6 +412,8 @@ class SyncRule : public UpdateRule {
   // Each arrived push's digest and session (SecondPush).
   std::vector<uint64_t> step_digests_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> step_sessions_ ABSL_GUARDED_BY(mu_);
+  // Per rank, the steps that closed without it (TakeDropped).
+  std::vector<std::deque<int64_t>> dropped_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;
   // The sum of the step's pushes' largest magnitudes (PushData::max_abs).
   double step_max_abs_ ABSL_GUARDED_BY(mu_) = 0;

@@ -254,6 +254,54 @@ TEST_F(SyncRuleTest, AWorkerThatNeverCalledHoldsTheStep) {
   EXPECT_EQ(state_.version(), 0);
 }
 
+// Backup workers (Chen et al. 2016): with 3 workers and 1 backup, each step
+// closes with the first 2 gradients; the third's push for it is dropped.
+TEST(SyncBackupTest, AStepClosesWithAllButTheBackupsAndDropsTheLatePush) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: SYNC optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0 backup_workers: 1");
+  ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
+                   1);
+  std::unique_ptr<UpdateRule> rule =
+      MakeSyncRule(config, /*num_workers=*/3, &state);
+  std::vector<float> expected = Weights(*rule);
+  ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  EXPECT_EQ(state.version(), 0);
+  absl::StatusOr<PushResult> second = rule->Apply(MakePush(1, 0, Filled(3.0f)));
+  ASSERT_OK(second.status());
+  // Closed with two of three: the mean of 1 and 3.
+  EXPECT_EQ(second->version, 1);
+  for (float& v : expected) v -= 0.5f * 2.0f;
+  EXPECT_EQ(Weights(*rule), expected);
+  // Worker 2's push for step 0 comes late: dropped, answered as stale with
+  // the current version, the weights unchanged.
+  absl::StatusOr<PushResult> late = rule->Apply(MakePush(2, 0, Filled(100.0f)));
+  ASSERT_OK(late.status());
+  EXPECT_TRUE(late->stale);
+  EXPECT_FALSE(late->duplicate);
+  EXPECT_EQ(late->version, 1);
+  EXPECT_EQ(Weights(*rule), expected);
+  StatsResponse stats = state.Stats();
+  EXPECT_EQ(stats.backup_dropped_pushes(), 1);
+  EXPECT_EQ(stats.duplicate_pushes(), 0);
+  EXPECT_THAT(stats.samples_skipped_by_worker(),
+              UnorderedElementsAre(Pair(2, 4)));
+  EXPECT_THAT(stats.samples_applied_by_worker(),
+              UnorderedElementsAre(Pair(0, 4), Pair(1, 4)));
+  // Step 1: worker 2 is among the first two this time.
+  ASSERT_OK(rule->Apply(MakePush(2, 1, Filled(2.0f))).status());
+  ASSERT_OK(rule->Apply(MakePush(0, 1, Filled(4.0f))).status());
+  EXPECT_EQ(state.version(), 2);
+  for (float& v : expected) v -= 0.5f * 3.0f;
+  EXPECT_EQ(Weights(*rule), expected);
+  // And worker 1's late push for step 1 is dropped too.
+  absl::StatusOr<PushResult> late1 = rule->Apply(MakePush(1, 1, Filled(9.0f)));
+  ASSERT_OK(late1.status());
+  EXPECT_TRUE(late1->stale);
+  EXPECT_EQ(state.Stats().backup_dropped_pushes(), 2);
+  EXPECT_EQ(Weights(*rule), expected);
+}
+
 TEST_F(SyncRuleTest, NextStepStartsFromAnEmptySum) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(2.0f))).status());
