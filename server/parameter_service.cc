@@ -7,6 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/config.h"
@@ -79,13 +80,19 @@ class VersionWait {
   // could run: it never will, and the caller finishes the call. If the
   // version has not come after `max_wait`, `expired` runs instead of
   // `ready` (ShardState::ExpireWaiters).
-  // With `timed`, the time from here to `ready` goes into it.
+  // With `timed`, the time from here to `ready` goes into it. With a
+  // `clock_rank` (a worker's), it also waits for the staleness bound
+  // (ShardState::SetStalenessBound), timed into the shard's
+  // staleness_wait_seconds when the bound is on.
   bool Start(int64_t min_version, ShardState::Waiter ready,
              absl::Duration max_wait, ShardState::Waiter expired,
-             common::Histogram* timed = nullptr) {
+             common::Histogram* timed = nullptr, int clock_rank = -1) {
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) return false;
+    }
+    if (timed == nullptr && clock_rank >= 0 && state_->has_staleness_bound()) {
+      timed = &state_->staleness_wait_seconds();
     }
     if (timed != nullptr) {
       ready = [timed, began = absl::Now(), ready = std::move(ready)] {
@@ -93,9 +100,9 @@ class VersionWait {
         ready();
       };
     }
-    const uint64_t id =
-        state_->WhenVersionAtLeast(min_version, std::move(ready),
-                                   absl::Now() + max_wait, std::move(expired));
+    const uint64_t id = state_->WhenVersionAtLeast(
+        min_version, std::move(ready), absl::Now() + max_wait,
+        std::move(expired), clock_rank);
     absl::MutexLock lock(&mu_);
     id_ = id;
     // A cancellation meanwhile found no waiter to remove: remove it here.
@@ -240,6 +247,19 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 // bound (a client without a deadline of its own cannot wait forever).
 grpc::Status WaitExpired(const Shared& shared, const char* what,
                          int64_t min_version) {
+  if (shared.state->has_staleness_bound()) {
+    const std::vector<std::string> waits =
+        shared.state->DescribeClockWaits(absl::Now());
+    return grpc::Status(
+        grpc::StatusCode::DEADLINE_EXCEEDED,
+        absl::StrCat(what, " waited ", absl::FormatDuration(shared.max_wait),
+                     " (the shard's --max_wait_s) at shard ",
+                     shared.state->shard(),
+                     " for the slowest worker (bounded staleness: "
+                     "max_staleness)",
+                     waits.empty() ? "" : ": ", absl::StrJoin(waits, "; "),
+                     "; has a worker stopped without leaving?"));
+  }
   return grpc::Status(
       grpc::StatusCode::DEADLINE_EXCEEDED,
       absl::StrCat(what, " waited ", absl::FormatDuration(shared.max_wait),
@@ -263,9 +283,8 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // May call Ready() at once, on this thread.
     wait_.Start(
         min_version, [this] { Ready(); }, shared.max_wait,
-        [this, min_version] {
-          End(WaitExpired(shared_, "pull", min_version));
-        });
+        [this, min_version] { End(WaitExpired(shared_, "pull", min_version)); },
+        nullptr, rank);
   }
 
   void OnWriteDone(bool ok) override {
@@ -366,8 +385,8 @@ class PushPullReactor
             [this, min_version] {
               End(WaitExpired(shared_, "push-pull", min_version));
             },
-            shared_.barrier ? &shared_.state->barrier_wait_seconds()
-                            : nullptr)) {
+            shared_.barrier ? &shared_.state->barrier_wait_seconds() : nullptr,
+            reader_.worker_rank())) {
       End(Cancelled("push-pull cancelled"));
     }
   }

@@ -122,6 +122,11 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
       "Sync only: time from a worker's push to the close of its step (the "
       "barrier), per push-pull.",
       "", {{"", state_->barrier_wait_seconds().Read()}}));
+  families.push_back(common::HistogramFamily(
+      "monsoon_shard_staleness_wait_seconds",
+      "Bounded staleness (max_staleness) only: time a worker's pull waited "
+      "for the slowest live worker.",
+      "", {{"", state_->staleness_wait_seconds().Read()}}));
   families.push_back(
       Gauge("monsoon_shard_registered_workers",
             "Worker ranks registered with this shard that have not left.",

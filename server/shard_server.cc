@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
@@ -128,6 +129,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   server->state_ = std::make_unique<ShardState>(
       layout, options.config.seed(), options.shard, options.num_shards);
   server->state_->set_lease(options.lease);
+  if (options.config.has_max_staleness()) {
+    server->state_->SetStalenessBound(options.config.max_staleness(),
+                                      options.num_workers,
+                                      options.config.batch_size());
+  }
   server->rule_ =
       MakeUpdateRule(options.config, options.num_workers, server->state_.get());
   if (server->rule_ == nullptr) {
@@ -218,7 +224,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   health->SetServingStatus(true);
   {
     ShardServer* raw = server.get();
-    server->ticker_ = std::thread([raw, log_every = options.log_every] {
+    server->ticker_ = std::thread([raw, log_every = options.log_every,
+                                   max_staleness =
+                                       options.config.max_staleness()] {
       StatsResponse last;
       absl::Time last_log = absl::Now();
       while (!raw->stop_ticks_.WaitForNotificationWithTimeout(
@@ -226,6 +234,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         const absl::Time now = absl::Now();
         raw->rule_->Tick(now, log_every);
         raw->state_->ExpireWaiters(now);
+        // A slow worker whose lease ran out, or that left, no longer holds
+        // the others back (bounded staleness).
+        raw->state_->RunWaiters(raw->state_->ReleaseWaiters(now));
         for (const auto& [rank, silent] : raw->state_->NewlyLapsed(now)) {
           common::LogWarning(
               "shard %d: rank %d made no call for %s: its lease of %s ran out "
@@ -237,6 +248,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
               absl::FormatDuration(raw->state_->lease()));
         }
         if (log_every > absl::ZeroDuration() && now - last_log >= log_every) {
+          if (const std::vector<std::string> waits =
+                  raw->state_->DescribeClockWaits(now);
+              !waits.empty()) {
+            common::Log("shard %d: bounded staleness (max_staleness %d): %s",
+                        raw->state_->shard(), max_staleness,
+                        absl::StrJoin(waits, "; "));
+          }
           last = raw->LogState(last, now - last_log);
           last_log = now;
         }

@@ -5,6 +5,7 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -138,18 +139,99 @@ size_t ShardState::NumWaiting() const {
 }
 
 uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready,
-                                        absl::Time deadline, Waiter expired) {
+                                        absl::Time deadline, Waiter expired,
+                                        int clock_rank) {
+  if (!has_staleness_bound()) clock_rank = -1;
+  std::optional<Clocks> clocks;
+  if (clock_rank >= 0) clocks = ReadClocks(absl::Now());
   {
     absl::MutexLock lock(&waiters_mu_);
-    if (version_ < min_version) {
+    if (version_ < min_version ||
+        (clocks.has_value() && !clocks->Allows(clock_rank, max_staleness_))) {
       const uint64_t id = next_waiter_id_++;
       waiters_.emplace(id, Pending{min_version, std::move(ready), deadline,
-                                   std::move(expired)});
+                                   std::move(expired), clock_rank});
       return id;
     }
   }
   ready();
   return 0;
+}
+
+void ShardState::SetStalenessBound(int max_staleness, int num_workers,
+                                   int64_t batch_size) {
+  max_staleness_ = max_staleness;
+  clock_workers_ = num_workers;
+  clock_batch_ = std::max<int64_t>(1, batch_size);
+}
+
+ShardState::Clocks ShardState::ReadClocks(absl::Time now) const {
+  Clocks clocks;
+  clocks.of_rank.assign(clock_workers_, 0);
+  {
+    absl::MutexLock lock(&stats_mu_);
+    for (const auto& [rank, samples] : applied_samples_) {
+      if (rank >= 0 && rank < clock_workers_) {
+        clocks.of_rank[rank] = samples / clock_batch_;
+      }
+    }
+  }
+  absl::MutexLock lock(&sessions_mu_);
+  for (int rank = 0; rank < clock_workers_; ++rank) {
+    auto it = sessions_.find(rank);
+    // Live: never called (still starting), or called within the lease and
+    // not left.
+    const bool live =
+        it == sessions_.end() ||
+        (!it->second.left && now - it->second.last_contact < lease_);
+    if (live &&
+        (clocks.slowest_rank < 0 || clocks.of_rank[rank] < clocks.slowest)) {
+      clocks.slowest = clocks.of_rank[rank];
+      clocks.slowest_rank = rank;
+    }
+  }
+  return clocks;
+}
+
+std::vector<ShardState::Waiter> ShardState::TakeReady(const Clocks* clocks) {
+  std::vector<Waiter> ready;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    const Pending& pending = it->second;
+    if (pending.min_version <= version_ &&
+        (pending.clock_rank < 0 || clocks == nullptr ||
+         clocks->Allows(pending.clock_rank, max_staleness_))) {
+      ready.push_back(std::move(it->second.ready));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ready;
+}
+
+std::vector<ShardState::Waiter> ShardState::ReleaseWaiters(absl::Time now) {
+  if (!has_staleness_bound()) return {};
+  const Clocks clocks = ReadClocks(now);
+  absl::MutexLock lock(&waiters_mu_);
+  return TakeReady(&clocks);
+}
+
+std::vector<std::string> ShardState::DescribeClockWaits(absl::Time now) const {
+  std::vector<std::string> lines;
+  if (!has_staleness_bound()) return lines;
+  const Clocks clocks = ReadClocks(now);
+  absl::MutexLock lock(&waiters_mu_);
+  for (const auto& [id, pending] : waiters_) {
+    if (pending.clock_rank < 0 ||
+        clocks.Allows(pending.clock_rank, max_staleness_)) {
+      continue;
+    }
+    lines.push_back(absl::StrCat("rank ", pending.clock_rank, " at step ",
+                                 clocks.of_rank[pending.clock_rank],
+                                 " waits for rank ", clocks.slowest_rank,
+                                 " at step ", clocks.slowest));
+  }
+  return lines;
 }
 
 void ShardState::ExpireWaiters(absl::Time now) {
@@ -174,18 +256,13 @@ bool ShardState::CancelWaiter(uint64_t id) {
 }
 
 std::vector<ShardState::Waiter> ShardState::AdvanceVersion(int64_t version) {
-  std::vector<Waiter> ready;
+  // The rules count a version's examples (RecordAppliedSamples) before
+  // they advance to it: the clocks read here include them.
+  std::optional<Clocks> clocks;
+  if (has_staleness_bound()) clocks = ReadClocks(absl::Now());
   absl::MutexLock lock(&waiters_mu_);
   version_ = std::max(version_, version);
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->second.min_version <= version_) {
-      ready.push_back(std::move(it->second.ready));
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  return ready;
+  return TakeReady(clocks.has_value() ? &*clocks : nullptr);
 }
 
 absl::Time ShardState::BeginApply() {

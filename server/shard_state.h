@@ -92,15 +92,34 @@ class ShardState {
   // A callback that a pull registers; it runs once, without locks held.
   using Waiter = std::function<void()>;
 
-  // Runs `ready` once the version is at least `min_version`: at once on this
-  // thread if it already is (returns 0), else later on the thread that
-  // advances the version (returns an id for CancelWaiter). If the version
-  // has not come by `deadline`, ExpireWaiters runs `expired` instead (on its
-  // thread). Exactly one of ready, expired and a successful CancelWaiter
-  // happens.
+  // Runs `ready` once the version is at least `min_version` and, with a
+  // `clock_rank` (a worker's pull under bounded staleness, see
+  // SetStalenessBound), once that worker is within the bound: at once on
+  // this thread if both already hold (returns 0), else later on the thread
+  // that advances the version or runs ReleaseWaiters (returns an id for
+  // CancelWaiter). If they have not come by `deadline`, ExpireWaiters runs
+  // `expired` instead (on its thread). Exactly one of ready, expired and a
+  // successful CancelWaiter happens.
   uint64_t WhenVersionAtLeast(int64_t min_version, Waiter ready,
                               absl::Time deadline = absl::InfiniteFuture(),
-                              Waiter expired = nullptr);
+                              Waiter expired = nullptr, int clock_rank = -1);
+
+  // Bounded staleness (SSP): a worker's clock is the steps of examples this
+  // shard has applied from it (AppliedSamples / `batch_size`); a pull of a
+  // worker more than `max_staleness` steps ahead of the slowest live worker
+  // of ranks [0, num_workers) (not left, lease not run out: see Alive)
+  // waits until it is not. Call before serving; without it nothing waits
+  // for clocks.
+  void SetStalenessBound(int max_staleness, int num_workers,
+                         int64_t batch_size);
+  bool has_staleness_bound() const { return max_staleness_ >= 0; }
+  // The waiters that a change other than a new version let go (a slow
+  // worker's lease ran out, or it left); the ticker runs them.
+  std::vector<Waiter> ReleaseWaiters(absl::Time now);
+  // For the log: each waiting worker held by the bound, with its clock and
+  // the slowest live worker's ("rank 0 at step 12 waits for rank 1 at step
+  // 7"); empty when none waits.
+  std::vector<std::string> DescribeClockWaits(absl::Time now) const;
   // Runs, outside the lock, the `expired` of every waiter whose deadline is
   // before `now`, and forgets those waiters. ShardServer calls it every
   // fraction of a second.
@@ -170,6 +189,14 @@ class ShardState {
   // ranks that registered and have not left.
   std::map<int, absl::Time> LastContacts() const;
   int NumRegistered() const;
+
+  // The time pulls waited for the staleness bound (observed by the service).
+  common::Histogram& staleness_wait_seconds() {
+    return staleness_wait_seconds_;
+  }
+  const common::Histogram& staleness_wait_seconds() const {
+    return staleness_wait_seconds_;
+  }
 
   // Distributions for metrics: each write of the weights (BeginApply to
   // EndApply), and in sync each push-pull's wait at the barrier, from its
@@ -248,7 +275,29 @@ class ShardState {
     Waiter ready;
     absl::Time deadline;
     Waiter expired;
+    int clock_rank;  // -1: no clock condition
   };
+  // Each worker's clock, and the slowest live worker's (SetStalenessBound).
+  struct Clocks {
+    std::vector<int64_t> of_rank;
+    int64_t slowest = 0;
+    int slowest_rank = -1;  // -1: no live worker
+    bool Allows(int rank, int max_staleness) const {
+      return slowest_rank < 0 || rank < 0 ||
+             rank >= static_cast<int>(of_rank.size()) ||
+             of_rank[rank] - slowest <= max_staleness;
+    }
+  };
+  // Reads the applied examples and the leases (not under waiters_mu_).
+  Clocks ReadClocks(absl::Time now) const;
+  // Takes the ready waiters out (under waiters_mu_).
+  std::vector<Waiter> TakeReady(const Clocks* clocks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(waiters_mu_);
+  // Set before serving (SetStalenessBound), constant after.
+  int max_staleness_ = -1;
+  int clock_workers_ = 0;
+  int64_t clock_batch_ = 1;
+  common::Histogram staleness_wait_seconds_;
   std::map<uint64_t, Pending> waiters_ ABSL_GUARDED_BY(waiters_mu_);
 
   // Helper threads for RunWaiters, started on first use.

@@ -399,6 +399,32 @@ TEST_F(ClusterTest, DownpourTrainingLowersTheTestLossWithoutABarrier) {
   }
 }
 
+// Bounded staleness 0 in downpour: a worker's pull waits until the other has
+// pushed the same number of steps, so between a worker's pull and its push
+// at most the other worker's push of that step is applied: no push is more
+// than 1 version stale. Both finish every step.
+TEST_F(ClusterTest, DownpourWithStalenessBoundZeroKeepsPushesAtMostOneStale) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: DOWNPOUR batch_size: 20 epochs: 4 "
+      "seed: 3 chunk_bytes: 262144 max_staleness: 0");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  ASSERT_NO_FATAL_FAILURE(Train(config));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+  }
+  for (const auto& server : servers_) {
+    const StatsResponse stats = server->state()->Stats();
+    SCOPED_TRACE(stats.shard());
+    EXPECT_EQ(stats.pushes(), kWorkers * 40);
+    EXPECT_LE(stats.staleness_max(), 1);
+    // Every worker call that waits for the bound is timed: each worker's
+    // first pull and its 40 push-pulls.
+    EXPECT_EQ(server->state()->staleness_wait_seconds().Read().count,
+              static_cast<uint64_t>(kWorkers * 41));
+  }
+}
+
 // A shard dies mid-run (no checkpoint at exit, as under SIGKILL) and comes
 // back on its port from its last periodic checkpoint. The workers wait for
 // it and finish their run, and no shard applies any batch twice: the shard

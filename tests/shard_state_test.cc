@@ -265,5 +265,93 @@ TEST(ShardStateTest, ALapsedLeaseIsReportedOnceUntilTheRankCallsAgain) {
   EXPECT_EQ(again[0].first, 1);
 }
 
+// Bounded staleness (SSP): with max_staleness 1 and batches of 4, a pull
+// of a worker more than 1 step ahead of the slowest live worker waits, and
+// goes when the slowest advances, leaves, or stops calling for its lease.
+TEST(ShardStateTest, TheStalenessBoundHoldsExactlyTheWorkerAheadOfIt) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.set_lease(absl::Seconds(10));
+  state.SetStalenessBound(/*max_staleness=*/1, /*num_workers=*/3,
+                          /*batch_size=*/4);
+  ASSERT_TRUE(state.OpenSession(0, 1).ok());
+  ASSERT_TRUE(state.OpenSession(1, 2).ok());
+  ASSERT_TRUE(state.OpenSession(2, 3).ok());
+  // Clocks: rank 0 at 2 steps, rank 1 at 1, rank 2 at 0.
+  state.RecordAppliedSamples(0, 8);
+  state.RecordAppliedSamples(1, 4);
+  int ran0 = 0, ran1 = 0, ran2 = 0;
+  // Rank 0 is 2 ahead of rank 2: it waits; rank 1 (1 ahead) and rank 2
+  // (the slowest) go at once; a pull of no rank (the evaluator) too.
+  EXPECT_NE(state.WhenVersionAtLeast(
+                0, [&] { ++ran0; }, absl::InfiniteFuture(), nullptr,
+                /*clock_rank=*/0),
+            0u);
+  EXPECT_EQ(state.WhenVersionAtLeast(
+                0, [&] { ++ran1; }, absl::InfiniteFuture(), nullptr, 1),
+            0u);
+  EXPECT_EQ(state.WhenVersionAtLeast(
+                0, [&] { ++ran2; }, absl::InfiniteFuture(), nullptr, 2),
+            0u);
+  EXPECT_EQ(state.WhenVersionAtLeast(
+                0, [] {}, absl::InfiniteFuture(), nullptr, -1),
+            0u);
+  EXPECT_EQ(ran0, 0);
+  EXPECT_EQ(ran1, 1);
+  EXPECT_EQ(ran2, 1);
+  EXPECT_THAT(state.DescribeClockWaits(absl::Now()),
+              ElementsAre("rank 0 at step 2 waits for rank 2 at step 0"));
+  // Another push of rank 1 does not release it: rank 2 is still the
+  // slowest.
+  state.RecordAppliedSamples(1, 4);
+  EXPECT_THAT(state.AdvanceVersion(1), IsEmpty());
+  // Rank 2 advances one step: rank 0 is 1 ahead, within the bound.
+  state.RecordAppliedSamples(2, 4);
+  std::vector<ShardState::Waiter> ready = state.AdvanceVersion(2);
+  ASSERT_THAT(ready, SizeIs(1));
+  ready[0]();
+  EXPECT_EQ(ran0, 1);
+  EXPECT_THAT(state.DescribeClockWaits(absl::Now()), IsEmpty());
+}
+
+TEST(ShardStateTest, ASlowWorkerThatLeftOrWentSilentNoLongerHoldsOthers) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.set_lease(absl::Seconds(10));
+  state.SetStalenessBound(/*max_staleness=*/0, /*num_workers=*/2,
+                          /*batch_size=*/4);
+  ASSERT_TRUE(state.OpenSession(0, 1).ok());
+  ASSERT_TRUE(state.OpenSession(1, 2).ok());
+  state.RecordAppliedSamples(0, 4);
+  int ran = 0;
+  ASSERT_NE(state.WhenVersionAtLeast(
+                0, [&] { ++ran; }, absl::InfiniteFuture(), nullptr, 0),
+            0u);
+  // Nothing changed: the ticker lets nothing go.
+  EXPECT_THAT(state.ReleaseWaiters(absl::Now()), IsEmpty());
+  // Rank 1's lease runs out: rank 0 goes.
+  std::vector<ShardState::Waiter> ready =
+      state.ReleaseWaiters(absl::Now() + absl::Seconds(60));
+  ASSERT_THAT(ready, SizeIs(1));
+  ready[0]();
+  EXPECT_EQ(ran, 1);
+  // Rank 1 leaves: rank 0 never waits for it again.
+  state.EndSession(1, 2);
+  state.RecordAppliedSamples(0, 40);
+  EXPECT_EQ(state.WhenVersionAtLeast(
+                0, [&] { ++ran; }, absl::InfiniteFuture(), nullptr, 0),
+            0u);
+  EXPECT_EQ(ran, 2);
+}
+
+// Without a bound, a clock rank changes nothing.
+TEST(ShardStateTest, WithoutABoundNoPullWaitsForClocks) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.RecordAppliedSamples(0, 400);
+  int ran = 0;
+  EXPECT_EQ(state.WhenVersionAtLeast(
+                0, [&] { ++ran; }, absl::InfiniteFuture(), nullptr, 0),
+            0u);
+  EXPECT_EQ(ran, 1);
+}
+
 }  // namespace
 }  // namespace monsoon::server
