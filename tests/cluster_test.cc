@@ -425,6 +425,41 @@ TEST_F(ClusterTest, DownpourWithStalenessBoundZeroKeepsPushesAtMostOneStale) {
   }
 }
 
+// The staleness options compose with 1-bit pushes: onebit with a bound of 2,
+// the staleness-aware rate and delay compensation trains every step, lowers
+// the test loss, and no push is staler than the bound allows: between a
+// worker's pull and its push the other can push at most 2 * 2 + 1 times.
+TEST_F(ClusterTest, OnebitComposesWithEveryStalenessOption) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: ONEBIT batch_size: 20 epochs: 4 "
+      "seed: 3 chunk_bytes: 262144 max_staleness: 2 staleness_lr: true "
+      "delay_compensation: 0.04");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  auto backend = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      auto mlp,
+      worker::Mlp::Create(backend.get(),
+                          common::ModelLayout::FromConfig(config), 200));
+  ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
+  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+                              absl::Now());
+  ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
+  ASSERT_NO_FATAL_FAILURE(Train(config));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+  }
+  ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
+  EXPECT_LT(after.test_loss(), before.test_loss());
+  for (const auto& server : servers_) {
+    const StatsResponse stats = server->state()->Stats();
+    SCOPED_TRACE(stats.shard());
+    EXPECT_EQ(stats.pushes(), kWorkers * 40);
+    EXPECT_LE(stats.staleness_max(), 5);
+    EXPECT_EQ(stats.rejected_pushes(), 0);
+  }
+}
+
 // A shard dies mid-run (no checkpoint at exit, as under SIGKILL) and comes
 // back on its port from its last periodic checkpoint. The workers wait for
 // it and finish their run, and no shard applies any batch twice: the shard
