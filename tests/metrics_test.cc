@@ -166,9 +166,11 @@ TEST(MetricsTest, JsonCountsRepeatsSkipsAndTheRunsEvents) {
   run.config.set_mode(SYNC);
   StatsResponse a = Shard({4}, 0);
   a.set_duplicate_pushes(3);
+  a.set_backup_dropped_pushes(7);
   (*a.mutable_samples_skipped_by_worker())[1] = 128;
   StatsResponse b = Shard({4}, 0);
   b.set_duplicate_pushes(2);
+  b.set_backup_dropped_pushes(7);
   (*b.mutable_samples_skipped_by_worker())[1] = 128;
   run.shard_stats = {a, b};
   run.restarts = 1;
@@ -177,6 +179,8 @@ TEST(MetricsTest, JsonCountsRepeatsSkipsAndTheRunsEvents) {
   // Repeats are counted on every shard; a skipped batch once (shard 0).
   EXPECT_THAT(json, HasSubstr("\"duplicate_pushes\": 5,"));
   EXPECT_THAT(json, HasSubstr("\"samples_skipped\": 128,"));
+  // Backup drops happen on every shard too.
+  EXPECT_THAT(json, HasSubstr("\"backup_dropped_pushes\": 14,"));
   EXPECT_THAT(json, HasSubstr("\"restarts\": 1,"));
   EXPECT_THAT(
       json,

@@ -82,12 +82,13 @@ void AddWorkerPhases(const WorkerReport& report, RunMetrics* run) {
 
 std::string MetricsJson(const RunMetrics& run) {
   int64_t bytes_pushed = 0, bytes_pulled = 0, pushes = 0, rejected = 0,
-          duplicates = 0, skipped = 0;
+          duplicates = 0, skipped = 0, backup_dropped = 0;
   for (const StatsResponse& shard : run.shard_stats) {
     bytes_pushed += shard.bytes_pushed();
     bytes_pulled += shard.bytes_pulled();
     rejected += shard.rejected_pushes();
     duplicates += shard.duplicate_pushes();
+    backup_dropped += shard.backup_dropped_pushes();
   }
   if (!run.shard_stats.empty()) {
     // Every push reaches every shard: shard 0 counts each once.
@@ -126,6 +127,8 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"rejected_pushes\": ", rejected, ",\n");
   absl::StrAppend(&json, "  \"duplicate_pushes\": ", duplicates, ",\n");
   absl::StrAppend(&json, "  \"samples_skipped\": ", skipped, ",\n");
+  absl::StrAppend(&json, "  \"backup_dropped_pushes\": ", backup_dropped,
+                  ",\n");
   absl::StrAppend(&json, "  \"stopped_by_time_limit\": ",
                   run.stopped_by_time_limit ? "true" : "false", ",\n");
   absl::StrAppend(&json, "  \"restarts\": ", run.restarts, ",\n");

@@ -82,6 +82,8 @@ std::string JsonQuoted(const std::string& text);
 // final_test_accuracy, final_test_loss, bytes_pushed,
 // bytes_pulled, pushes, rejected_pushes, duplicate_pushes,
 // samples_skipped (sync steps that closed without a worker),
+// backup_dropped_pushes (sync with backup_workers: late pushes dropped,
+// summed over shards),
 // stopped_by_time_limit, restarts, events [{time_s, what}, ...],
 // staleness {mean, p50, p99, max},
 // staleness_histogram [count of staleness 0, of 1, ...] (MergeStalenessCounts:
