@@ -28,6 +28,9 @@ constexpr uint32_t kPullVersionField = 1;
 constexpr uint32_t kPullOffsetField = 2;
 constexpr uint32_t kPullDataField = 3;
 constexpr uint32_t kPullPushField = 4;
+constexpr uint32_t kPullEncodingField = 5;
+constexpr uint32_t kPullScalesField = 6;
+constexpr uint32_t kPullBaseVersionField = 7;
 
 // Appends protobuf's base-128 varint of `value`.
 void PutVarint(uint64_t value, std::string* out) {
@@ -50,13 +53,15 @@ void PutLengthPrefix(uint32_t field, uint64_t size, std::string* out) {
 
 // The message from its parts: small prefixes copied, payloads borrowed.
 grpc::ByteBuffer Assemble(std::string prefix, const grpc::Slice& data,
-                          std::string middle, const grpc::Slice& scales) {
-  grpc::Slice slices[4];
+                          std::string middle, const grpc::Slice& scales,
+                          std::string tail = {}) {
+  grpc::Slice slices[5];
   size_t n = 0;
   if (!prefix.empty()) slices[n++] = grpc::Slice(prefix);
   if (data.size() > 0) slices[n++] = data;
   if (!middle.empty()) slices[n++] = grpc::Slice(middle);
   if (scales.size() > 0) slices[n++] = scales;
+  if (!tail.empty()) slices[n++] = grpc::Slice(tail);
   return grpc::ByteBuffer(slices, n);
 }
 
@@ -191,7 +196,8 @@ grpc::ByteBuffer PushChunkMessage(const PushHeader* header, uint64_t offset,
 
 grpc::ByteBuffer PullChunkMessage(int64_t version, uint64_t offset,
                                   const grpc::Slice& data,
-                                  const PushResponse* push) {
+                                  const PushResponse* push,
+                                  const PullDelta* delta) {
   std::string prefix;
   if (version != 0) {
     PutTag(kPullVersionField, kVarint, &prefix);
@@ -208,7 +214,21 @@ grpc::ByteBuffer PullChunkMessage(int64_t version, uint64_t offset,
     PutLengthPrefix(kPullPushField, bytes.size(), &after);
     after += bytes;
   }
-  return Assemble(std::move(prefix), data, std::move(after), grpc::Slice());
+  if (delta == nullptr) {
+    return Assemble(std::move(prefix), data, std::move(after), grpc::Slice());
+  }
+  PutTag(kPullEncodingField, kVarint, &after);
+  PutVarint(static_cast<uint64_t>(ENCODING_ONEBIT), &after);
+  if (delta->scales.size() > 0) {
+    PutLengthPrefix(kPullScalesField, delta->scales.size(), &after);
+  }
+  std::string tail;
+  if (delta->base_version != 0) {
+    PutTag(kPullBaseVersionField, kVarint, &tail);
+    PutVarint(static_cast<uint64_t>(delta->base_version), &tail);
+  }
+  return Assemble(std::move(prefix), data, std::move(after), delta->scales,
+                  std::move(tail));
 }
 
 grpc::ByteBuffer SmallMessage(const google::protobuf::MessageLite& message) {
@@ -424,6 +444,24 @@ absl::Status MessageReader::ParsePullChunk(const grpc::ByteBuffer& message,
           return Malformed("PullChunk.push does not parse");
         }
         out->has_push = true;
+        break;
+      case kPullEncodingField:
+        if (field.wire_type != kVarint) {
+          return WrongType("PullChunk", field.number);
+        }
+        // Kept as sent (an enum's unknown values too, as protobuf keeps
+        // them): the receiver refuses what it cannot decode.
+        out->encoding = static_cast<int64_t>(field.varint);
+        break;
+      case kPullScalesField:
+        if (!len) return WrongType("PullChunk", field.number);
+        out->scales = field.bytes;
+        break;
+      case kPullBaseVersionField:
+        if (field.wire_type != kVarint) {
+          return WrongType("PullChunk", field.number);
+        }
+        out->base_version = static_cast<int64_t>(field.varint);
         break;
       default:
         break;

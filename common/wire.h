@@ -128,11 +128,20 @@ grpc::ByteBuffer PushChunkMessage(const PushHeader* header, uint64_t offset,
                                   const grpc::Slice& data,
                                   const grpc::Slice& scales);
 
+// What makes a PullChunk a 1-bit difference (PullChunk.encoding ONEBIT):
+// its chunk's scales, borrowed, and the version it is a difference from.
+struct PullDelta {
+  grpc::Slice scales;
+  int64_t base_version = 0;
+};
+
 // A PullChunk; `push` (the answer to the push of a PushPull call) in the
-// first chunk of such a call only, else null.
+// first chunk of such a call only, else null; `delta` for a 1-bit
+// difference's chunk (then `data` holds its bits), else null.
 grpc::ByteBuffer PullChunkMessage(int64_t version, uint64_t offset,
                                   const grpc::Slice& data,
-                                  const PushResponse* push);
+                                  const PushResponse* push,
+                                  const PullDelta* delta = nullptr);
 
 // A small message (requests, answers), serialized and copied.
 grpc::ByteBuffer SmallMessage(const google::protobuf::MessageLite& message);
@@ -182,6 +191,11 @@ class MessageReader {
     ByteRange data;
     bool has_push = false;
     PushResponse push;
+    // PullChunk.encoding as sent (ENCODING_FLOAT32 when absent), scales and
+    // base_version.
+    int64_t encoding = ENCODING_FLOAT32;
+    ByteRange scales;
+    int64_t base_version = 0;
     uint64_t message_bytes = 0;
   };
 

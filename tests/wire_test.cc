@@ -206,6 +206,48 @@ TEST(WireTest, ReadsAPullChunk) {
   EXPECT_EQ(view.push.staleness(), 2);
 }
 
+// A 1-bit difference's chunk (pull_compression): bits in data, the scales
+// and the version it is a difference from, laid out as protobuf does, and
+// read back across every slice boundary.
+TEST(WireTest, APullDeltaChunkIsProtobufsSerializationAndReadsBack) {
+  const std::string bits = "\x5a\xa5\x0f";
+  const std::string scales = FloatBytes({-0.25f, 0.5f});
+  PushResponse push;
+  push.set_version(7);
+  PullChunk expected;
+  expected.set_version(7);
+  expected.set_offset(1024);
+  expected.set_data(bits);
+  *expected.mutable_push() = push;
+  expected.set_encoding(ENCODING_ONEBIT);
+  expected.set_scales(scales);
+  expected.set_base_version(6);
+  PullDelta delta{grpc::Slice(scales.data(), scales.size()), 6};
+  const std::string bytes = Bytes(PullChunkMessage(
+      7, 1024, grpc::Slice(bits.data(), bits.size()), &push, &delta));
+  EXPECT_EQ(bytes, expected.SerializeAsString());
+  for (size_t cut = 1; cut < bytes.size(); ++cut) {
+    MessageReader reader;
+    MessageReader::PullChunkView view;
+    ASSERT_OK(reader.ParsePullChunk(Sliced(bytes, {cut}), &view));
+    EXPECT_EQ(view.version, 7);
+    EXPECT_EQ(view.offset, 1024u);
+    EXPECT_EQ(view.data.ToString(), bits) << "cut at " << cut;
+    EXPECT_EQ(view.encoding, ENCODING_ONEBIT);
+    EXPECT_EQ(view.scales.ToString(), scales);
+    EXPECT_EQ(view.base_version, 6);
+    EXPECT_TRUE(view.has_push);
+  }
+  // A float32 chunk reads as such.
+  MessageReader reader;
+  MessageReader::PullChunkView view;
+  PullChunk plain;
+  plain.set_data(FloatBytes({1}));
+  ASSERT_OK(reader.ParsePullChunk(Whole(plain.SerializeAsString()), &view));
+  EXPECT_EQ(view.encoding, ENCODING_FLOAT32);
+  EXPECT_TRUE(view.scales.empty());
+}
+
 TEST(WireTest, EmptyMessageIsAnEmptyChunk) {
   MessageReader reader;
   MessageReader::PushChunkView view;
@@ -240,12 +282,14 @@ TEST(WireTest, MalformedMessagesAreInvalidArgument) {
 
 TEST(WireTest, ATagLongerThanFiveBytesIsRefusedAsProtobufRefusesIt) {
   // Field 3 (data, length-delimited), its tag 0x1a padded to 5 and 6 bytes.
-  const std::string five = std::string("\x9a\x80\x80\x80\x00\x02"
-                                        "ab",
-                                        8);
-  const std::string six = std::string("\x9a\x80\x80\x80\x80\x00\x02"
-                                       "ab",
-                                       9);
+  const std::string five = std::string(
+      "\x9a\x80\x80\x80\x00\x02"
+      "ab",
+      8);
+  const std::string six = std::string(
+      "\x9a\x80\x80\x80\x80\x00\x02"
+      "ab",
+      9);
   PushChunk push;
   PullChunk pull;
   ASSERT_TRUE(push.ParseFromString(five));
@@ -269,12 +313,14 @@ TEST(WireTest, ATagLongerThanFiveBytesIsRefusedAsProtobufRefusesIt) {
 
 TEST(WireTest, ALengthLongerThanFiveBytesIsRefusedAsProtobufRefusesIt) {
   // Field 3 (data) of 2 bytes, the length padded to 5 and 6 bytes.
-  const std::string five = std::string("\x1a\x82\x80\x80\x80\x00"
-                                        "ab",
-                                        8);
-  const std::string six = std::string("\x1a\x82\x80\x80\x80\x80\x00"
-                                       "ab",
-                                       9);
+  const std::string five = std::string(
+      "\x1a\x82\x80\x80\x80\x00"
+      "ab",
+      8);
+  const std::string six = std::string(
+      "\x1a\x82\x80\x80\x80\x80\x00"
+      "ab",
+      9);
   PushChunk push;
   PullChunk pull;
   ASSERT_TRUE(push.ParseFromString(five));
