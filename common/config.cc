@@ -255,6 +255,17 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
                      "must be at least 0 (and fewer than the workers)");
     }
   }
+  if (c.pull_compression() == COMPRESSION_ONEBIT && c.mode() != SYNC) {
+    return Invalid("pull_compression",
+                   absl::StrCat("ONEBIT works in sync only so far; ",
+                                ModeName(c.mode()),
+                                "'s per-worker compressed pulls are not built "
+                                "yet"));
+  }
+  if (c.pull_compression() == COMPRESSION_AUTO ||
+      c.pull_compression() == COMPRESSION_NONE) {
+    c.clear_pull_compression();
+  }
   // Off is off however it is spelt: the same fingerprint as unset.
   if (!c.staleness_lr()) c.clear_staleness_lr();
   if (c.delay_compensation() == 0) c.clear_delay_compensation();

@@ -1,6 +1,7 @@
 #include "server/parameter_service.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -31,39 +32,65 @@ grpc::Status Cancelled(const char* what) {
 }
 
 // The messages of one pull: a snapshot's values in chunks, each a slice of
-// the shared Weights (no copy), which the slices keep alive.
+// the shared Weights (no copy), which the slices keep alive; or, for a
+// worker that holds the previous version under pull_compression, the
+// encoded difference (EncodedDelta) in chunks of whole buckets, slices of
+// it kept alive the same way.
 class SnapshotChunks {
  public:
   SnapshotChunks() = default;
-  SnapshotChunks(const WeightsPtr& weights, size_t chunk_values)
-      : chunk_values_(chunk_values),
-        version_(weights->version()),
-        size_(weights->values().size()),
-        whole_(common::SharedSlice(weights->values().data(),
-                                   size_ * sizeof(float), weights)) {}
+  SnapshotChunks(const UpdateRule::PullAnswer& answer, size_t chunk_values,
+                 int bucket_size)
+      : version_(answer.weights->version()),
+        size_(answer.weights->values().size()),
+        plan_(answer.delta != nullptr ? ENCODING_ONEBIT : ENCODING_FLOAT32,
+              size_, bucket_size, chunk_values * sizeof(float)) {
+    if (answer.delta == nullptr) {
+      data_ = common::SharedSlice(answer.weights->values().data(),
+                                  size_ * sizeof(float), answer.weights);
+      return;
+    }
+    const std::shared_ptr<const EncodedDelta>& delta = answer.delta;
+    data_ = common::SharedSlice(delta->bits.data(), delta->bits.size(), delta);
+    scales_ =
+        common::SharedSlice(delta->scales.data(), delta->scales.size(), delta);
+    base_version_ = delta->base_version;
+    onebit_ = true;
+  }
 
   // Shards are never empty (the server refuses more shards than
   // parameters), so every snapshot has a first chunk.
-  bool done() const { return sent_ == size_; }
+  bool done() const { return next_ == plan_.size(); }
 
   // The next chunk's message; `push` (the PushPull answer) goes into the
   // first.
   grpc::ByteBuffer Next(const PushResponse* push) {
-    const size_t n = std::min(chunk_values_, size_ - sent_);
-    grpc::ByteBuffer message = common::PullChunkMessage(
-        version_, sent_,
-        whole_.sub(sent_ * sizeof(float), (sent_ + n) * sizeof(float)),
-        sent_ == 0 ? push : nullptr);
-    sent_ += n;
-    return message;
+    const common::ChunkRange chunk = plan_[next_];
+    const PushResponse* answer = next_ == 0 ? push : nullptr;
+    ++next_;
+    const grpc::Slice data =
+        data_.sub(chunk.data_offset, chunk.data_offset + chunk.data_bytes);
+    if (!onebit_) {
+      return common::PullChunkMessage(version_, chunk.first_value, data,
+                                      answer);
+    }
+    const common::PullDelta delta{
+        scales_.sub(chunk.scales_offset,
+                    chunk.scales_offset + chunk.scales_bytes),
+        base_version_};
+    return common::PullChunkMessage(version_, chunk.first_value, data, answer,
+                                    &delta);
   }
 
  private:
-  size_t chunk_values_ = 0;
   int64_t version_ = 0;
   size_t size_ = 0;
-  size_t sent_ = 0;
-  grpc::Slice whole_;
+  common::ChunkPlan plan_{ENCODING_FLOAT32, 0, 1, 4};
+  size_t next_ = 0;
+  grpc::Slice data_;
+  grpc::Slice scales_;
+  int64_t base_version_ = 0;
+  bool onebit_ = false;
 };
 
 // Waits for a version without a thread, and lets a cancellation end the
@@ -166,6 +193,7 @@ class PushReader {
         return held;
       }
       base_version_ = push->base_version;
+      have_version_ = push->have_version;
       worker_rank_ = push->worker_rank;
       shared_.state->Touch(push->worker_rank);  // renews the rank's lease
     }
@@ -188,6 +216,7 @@ class PushReader {
   }
 
   int64_t base_version() const { return base_version_; }
+  std::optional<int64_t> have_version() const { return have_version_; }
   int worker_rank() const { return worker_rank_; }
   // Apply answered a sync push that the step in progress already holds.
   bool repeat_in_step() const { return repeat_in_step_; }
@@ -196,6 +225,7 @@ class PushReader {
   const Shared& shared_;
   PushDecoder decoder_;
   int64_t base_version_ = 0;
+  std::optional<int64_t> have_version_;
   int worker_rank_ = 0;
   bool repeat_in_step_ = false;
   bool session_checked_ = false;
@@ -275,9 +305,11 @@ grpc::Status WaitExpired(const Shared& shared, const char* what,
 // until it ends. Deletes itself.
 class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(const Shared& shared, int rank, int64_t min_version)
+  PullReactor(const Shared& shared, int rank, int64_t min_version,
+              std::optional<int64_t> have_version)
       : shared_(shared),
         rank_(rank),
+        have_version_(have_version),
         count_bytes_(rank >= 0),
         wait_(shared.state) {
     // May call Ready() at once, on this thread.
@@ -311,9 +343,9 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void Ready() {
-    WeightsPtr weights = shared_.rule->Snapshot();
-    shared_.rule->Pulled(rank_, weights);
-    chunks_ = SnapshotChunks(std::move(weights), shared_.chunk_values);
+    const UpdateRule::PullAnswer answer = shared_.rule->PullFrom(have_version_);
+    shared_.rule->Pulled(rank_, answer.weights);
+    chunks_ = SnapshotChunks(answer, shared_.chunk_values, shared_.bucket_size);
     WriteNext();
   }
 
@@ -328,6 +360,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   const Shared& shared_;
   const int rank_;
+  const std::optional<int64_t> have_version_;
   const bool count_bytes_;
   VersionWait wait_;
   SnapshotChunks chunks_;
@@ -417,9 +450,10 @@ class PushPullReactor
   }
 
   void Ready() {
-    WeightsPtr weights = shared_.rule->Snapshot();
-    shared_.rule->Pulled(reader_.worker_rank(), weights);
-    chunks_ = SnapshotChunks(std::move(weights), shared_.chunk_values);
+    const UpdateRule::PullAnswer answer =
+        shared_.rule->PullFrom(reader_.have_version());
+    shared_.rule->Pulled(reader_.worker_rank(), answer.weights);
+    chunks_ = SnapshotChunks(answer, shared_.chunk_values, shared_.bucket_size);
     WriteNext();
   }
 
@@ -667,7 +701,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
                      " (--max_pulls_per_rank): each holds the version it "
                      "sends until the client reads it")));
   }
-  return new PullReactor(shared_, request.worker_rank(), request.min_version());
+  return new PullReactor(
+      shared_, request.worker_rank(), request.min_version(),
+      request.has_have_version() && request.worker_rank() >= 0
+          ? std::optional<int64_t>(request.have_version())
+          : std::nullopt);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*

@@ -97,6 +97,7 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
     have_header_ = true;
     data_.worker_rank = h.worker_rank();
     data_.base_version = h.base_version();
+    if (h.has_have_version()) data_.have_version = h.have_version();
     data_.samples = h.samples();
     data_.sample_offset = h.sample_offset();
     data_.session = h.session();

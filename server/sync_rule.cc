@@ -14,6 +14,14 @@
 // they come, are dropped (answered as stale, counted in
 // StatsResponse.backup_dropped_pushes): each step waits for the fastest
 // N - b workers only.
+//
+// With pull_compression ONEBIT, each step's update u (the new weights minus
+// the old) is quantized to 1 bit with error feedback kept here (the
+// residual of what earlier steps' encodings lost), and the shard's weights
+// become the old ones plus the decoded update: exactly what a worker holding
+// the old weights gets by adding the same decoding (PullFrom hands out the
+// encoded difference). The optimizer's state (momentum) follows the
+// unquantized gradients.
 
 #include <algorithm>
 #include <deque>
@@ -30,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/onebit.h"
 #include "server/optimizer.h"
 #include "server/update_rule.h"
 
@@ -41,6 +50,8 @@ class SyncRule : public UpdateRule {
   SyncRule(const TrainingConfig& resolved, int num_workers, ShardState* state)
       : num_workers_(num_workers),
         backup_(std::min(resolved.backup_workers(), num_workers - 1)),
+        pull_onebit_(resolved.pull_compression() == COMPRESSION_ONEBIT),
+        bucket_size_(resolved.onebit_bucket_size()),
         state_(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
         weights_(state->InitialWeights()),
@@ -51,6 +62,7 @@ class SyncRule : public UpdateRule {
         step_sessions_(num_workers, 0),
         dropped_(num_workers) {
     weight_bound_.Reset(MaxAbs(weights_->values()));
+    if (pull_onebit_) residual_.assign(state->size(), 0.0f);
   }
 
   absl::StatusOr<PushResult> Apply(const PushData& push) override {
@@ -133,6 +145,17 @@ class SyncRule : public UpdateRule {
     return Weights::Share(weights_);
   }
 
+  PullAnswer PullFrom(std::optional<int64_t> have_version) override {
+    absl::MutexLock lock(&mu_);
+    PullAnswer answer{Weights::Share(weights_), nullptr};
+    if (delta_ != nullptr && have_version.has_value() &&
+        *have_version == delta_->base_version &&
+        delta_->version == weights_->version()) {
+      answer.delta = delta_;
+    }
+    return answer;
+  }
+
   // The last completed step; the partial sum of the step in progress is not
   // part of it (see update_rule.h).
   RuleState SaveState() override {
@@ -156,6 +179,10 @@ class SyncRule : public UpdateRule {
       std::fill(step_samples_.begin(), step_samples_.end(), 0);
       for (auto& offsets : dropped_) offsets.clear();
       count_ = 0;
+      // The residual is not in checkpoints: error feedback starts again,
+      // and the first pulls are full ones.
+      std::fill(residual_.begin(), residual_.end(), 0.0f);
+      delta_.reset();
       ready = state_->AdvanceVersion(weights_->version());
     }
     state_->RunWaiters(std::move(ready));
@@ -188,6 +215,32 @@ class SyncRule : public UpdateRule {
         push.sample_offset, "+", push.samples,
         "); the first push stays in the step. Does another process push "
         "for this rank, or does the worker compute a step twice?"));
+  }
+
+  // pull_compression: replaces the step just written (weights_, from
+  // previous_) by previous_ plus the 1-bit decoding of its update with the
+  // residual, and keeps the encoding for PullFrom.
+  void QuantizeStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t n = state_->size();
+    float* w = weights_->mutable_data();  // not shared yet, or unread
+    update_.resize(n);
+    for (size_t i = 0; i < n; ++i) update_[i] = w[i] - previous_[i];
+    auto delta = std::make_shared<EncodedDelta>();
+    delta->base_version = weights_->version() - 1;
+    delta->version = weights_->version();
+    common::OneBitEncoded encoded;
+    common::OneBitEncode(update_, absl::MakeSpan(residual_), bucket_size_,
+                         &encoded);
+    // Decoding what was just encoded cannot fail: the sizes match and the
+    // scales are means of finite values.
+    common::OneBitDecode(encoded.bits, encoded.scales, bucket_size_,
+                         absl::MakeSpan(update_))
+        .IgnoreError();
+    delta->bits = std::move(encoded.bits);
+    delta->scales = std::move(encoded.scales);
+    for (size_t i = 0; i < n; ++i) w[i] = previous_[i] + update_[i];
+    weight_bound_.Reset(MaxAbs(weights_->values()));
+    delta_ = std::move(delta);
   }
 
   // Whether `push` is one whose step closed without it (backup workers),
@@ -332,6 +385,9 @@ class SyncRule : public UpdateRule {
     const bool refused =
         !bounded && !optimizer_->StaysFinite(mean, weights_->values().data());
     const absl::Time began = state_->BeginApply();
+    if (pull_onebit_) {
+      previous_.assign(weights_->values().begin(), weights_->values().end());
+    }
     WriteNextVersion(state_, &weights_, weights_->version() + 1,
                      [&](const float* in, float* out) {
                        if (!refused) {
@@ -340,6 +396,7 @@ class SyncRule : public UpdateRule {
                          std::copy(in, in + state_->size(), out);
                        }
                      });
+    if (pull_onebit_) QuantizeStep();
     state_->EndApply(began);
     sum_.reset();  // back to the pool
     step_max_abs_ = 0;
@@ -395,6 +452,8 @@ class SyncRule : public UpdateRule {
   // Constant after construction.
   const int num_workers_;
   const int backup_;  // backup_workers, fewer than num_workers_
+  const bool pull_onebit_;
+  const int bucket_size_;
   ShardState* const state_;
 
   absl::Mutex mu_;
@@ -412,6 +471,12 @@ class SyncRule : public UpdateRule {
   // Each arrived push's digest and session (SecondPush).
   std::vector<uint64_t> step_digests_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> step_sessions_ ABSL_GUARDED_BY(mu_);
+  // pull_compression: the error feedback, the last step's encoded update,
+  // and scratch for the step's old weights and its update.
+  std::vector<float> residual_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const EncodedDelta> delta_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> previous_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> update_ ABSL_GUARDED_BY(mu_);
   // Per rank, the steps that closed without it (TakeDropped).
   std::vector<std::deque<int64_t>> dropped_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -43,6 +44,8 @@ namespace monsoon::server {
 struct PushData {
   int worker_rank = 0;
   int64_t base_version = 0;
+  // PushHeader.have_version, when the worker sent it.
+  std::optional<int64_t> have_version;
   int64_t samples = 0;
   int64_t sample_offset = 0;  // see PushHeader.sample_offset
   uint64_t session = 0;       // see PushHeader.session
@@ -61,6 +64,16 @@ struct PushData {
   // take it over instead of copying them (sync keeps a step's first push as
   // the step's sum). Null when the caller owns the values otherwise.
   FloatBufferPool::Buffer* buffer = nullptr;
+};
+
+// A 1-bit difference between two versions of a shard's weights, as
+// common/onebit.h encodes it (pull_compression): adding its decoding to the
+// weights of base_version gives those of `version`, bit for bit.
+struct EncodedDelta {
+  int64_t base_version = 0;
+  int64_t version = 0;
+  std::string bits;
+  std::string scales;
 };
 
 struct PushResult {
@@ -98,6 +111,18 @@ class UpdateRule {
   // The current weights and their version, shared (not copied): valid as
   // long as the pointer is held.
   virtual WeightsPtr Snapshot() = 0;
+
+  // What a pull sends a worker that holds the weights of `have_version`
+  // (if it said so): the current weights, and with pull_compression, where
+  // the rule kept it, the 1-bit difference from have_version's weights to
+  // them (sync keeps the last step's, see sync_rule.cc). Thread-safe.
+  struct PullAnswer {
+    WeightsPtr weights;
+    std::shared_ptr<const EncodedDelta> delta;  // null: send the weights
+  };
+  virtual PullAnswer PullFrom(std::optional<int64_t> have_version) {
+    return {Snapshot(), nullptr};
+  }
 
   // The weights, version and optimizer state (see the file comment).
   virtual RuleState SaveState() = 0;

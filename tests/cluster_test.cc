@@ -141,6 +141,11 @@ class ClusterTest : public testing::Test {
       });
     }
     for (std::thread& thread : threads) thread.join();
+    final_params_.assign(kWorkers, {});
+    for (int w : ranks) {
+      final_params_[w].resize(layout.num_params());
+      ASSERT_OK(workers[w].mlp->GetParams(absl::MakeSpan(final_params_[w])));
+    }
   }
 
   std::vector<StatsResponse> ShardStats() {
@@ -156,6 +161,8 @@ class ClusterTest : public testing::Test {
   std::vector<std::unique_ptr<server::ShardServer>> servers_;
   std::vector<std::string> addresses_;
   std::vector<absl::StatusOr<worker::WorkerResult>> results_;
+  // Each rank's model parameters when its last Train ended.
+  std::vector<std::vector<float>> final_params_;
   // Each rank's counters, over every Train of the test.
   std::array<worker::WorkerCounters, kWorkers> counters_;
 };
@@ -422,6 +429,52 @@ TEST_F(ClusterTest, DownpourWithStalenessBoundZeroKeepsPushesAtMostOneStale) {
     // first pull and its 40 push-pulls.
     EXPECT_EQ(server->state()->staleness_wait_seconds().Read().count,
               static_cast<uint64_t>(kWorkers * 41));
+  }
+}
+
+// Two-way 1-bit sync (push and pull compression): every worker ends with
+// exactly the shards' weights, trained, and pulled a fraction of the bytes
+// of a float32 run.
+TEST_F(ClusterTest, SyncWithPullCompressionKeepsWorkersEqualToTheShards) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
+      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60 "
+      "compression: COMPRESSION_ONEBIT pull_compression: COMPRESSION_ONEBIT "
+      "onebit_bucket_size: 64");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  auto backend = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      auto mlp,
+      worker::Mlp::Create(backend.get(),
+                          common::ModelLayout::FromConfig(config), 200));
+  ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
+  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+                              absl::Now());
+  ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
+  ASSERT_NO_FATAL_FAILURE(Train(config));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+  }
+  ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
+  EXPECT_LT(after.test_loss(), 0.8 * before.test_loss());
+  EXPECT_EQ(after.version(), 40);
+  // The shards' weights, pulled in full.
+  ASSERT_OK_AND_ASSIGN(auto reader, Connect(config, -1));
+  std::vector<float> shards(
+      common::ModelLayout::FromConfig(config).num_params());
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      reader->Pull(40, absl::Seconds(30), absl::MakeSpan(shards), &versions));
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(final_params_[w], shards) << "worker " << w;
+  }
+  // Per worker and shard: one full pull and 40 answers of 1-bit
+  // differences, far less than 41 float32 ones.
+  for (const StatsResponse& stats : ShardStats()) {
+    const int64_t float32_pulls =
+        kWorkers * 41 * static_cast<int64_t>(shards.size() / 2 * sizeof(float));
+    EXPECT_LT(stats.bytes_pulled(), float32_pulls / 4) << stats.shard();
   }
 }
 

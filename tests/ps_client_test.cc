@@ -442,6 +442,90 @@ TEST_F(TwoShardsTest, ShardsTakeNoNewBuffersOncePushesAndPullsAreWarm) {
   }
 }
 
+// pull_compression in sync (one worker, so each push closes its step): the
+// push-pulls' answers are 1-bit differences, added to the worker's weights,
+// which stay exactly the shards' and follow the quantized update with the
+// shard's error feedback (simulated here with the host codec, per shard);
+// the pulled bytes are a fraction of float32's; a pull from weights the
+// shard has no difference for is a full one.
+TEST(PsClientTest, CompressedSyncPullsKeepTheWorkerEqualToTheShards) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 1 "
+      "momentum: 0 chunk_bytes: 262144 pull_compression: COMPRESSION_ONEBIT "
+      "onebit_bucket_size: 8");
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config, 0)));
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      client->Pull(0, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  EXPECT_EQ(params, AllInitialValues(config));
+  const int64_t full_bytes = client->bytes_pulled();
+  std::vector<float> simulated = params;
+  std::vector<float> residual(53, 0.0f);
+  constexpr int kSteps = 10;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<float> grads(53);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads[i] = 0.01f * static_cast<float>((i * 7 + step * 5) % 13) - 0.06f;
+    }
+    const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30),
+                          /*holds_base_versions=*/true};
+    common::BufferLease lease;
+    std::unique_ptr<ShardedPush> push = client->StartPush(
+        {step, step}, 4, /*sample_offset=*/4 * step, &lease, nullptr, &pull);
+    push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
+    push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));
+    ASSERT_OK(push->Wait());
+    EXPECT_THAT(versions, ElementsAre(step + 1, step + 1));
+    // The shard: update u = -grads (SGD, rate 1), quantized per shard from
+    // each shard's first value, with its residual.
+    for (const auto& [begin, end] : {std::pair(0, 26), std::pair(26, 53)}) {
+      std::vector<float> update(end - begin);
+      for (int i = begin; i < end; ++i) {
+        update[i - begin] = (simulated[i] - grads[i]) - simulated[i];
+      }
+      common::OneBitEncoded encoded;
+      common::OneBitEncode(update,
+                           absl::MakeSpan(residual).subspan(begin, end - begin),
+                           8, &encoded);
+      std::vector<float> decoded(end - begin);
+      ASSERT_OK(common::OneBitDecode(encoded.bits, encoded.scales, 8,
+                                     absl::MakeSpan(decoded)));
+      for (int i = begin; i < end; ++i) {
+        simulated[i] = simulated[i] + decoded[i - begin];
+      }
+    }
+    EXPECT_EQ(params, simulated) << "step " << step;
+  }
+  const int64_t compressed_bytes = client->bytes_pulled() - full_bytes;
+  // A full pull of the same weights, from no weights held: equal bit for
+  // bit, and each such pull costs as much as the first.
+  std::vector<float> full(53);
+  std::vector<int64_t> full_versions;
+  ASSERT_OK(client->Pull(kSteps, absl::Seconds(30), absl::MakeSpan(full),
+                         &full_versions));
+  EXPECT_EQ(full, params);
+  // As many bytes as the first, plus each shard's one chunk's version field
+  // (absent for version 0, a tag and a byte for version 10).
+  EXPECT_EQ(client->bytes_pulled() - full_bytes - compressed_bytes,
+            full_bytes + 2 * 2);
+  // Ten 1-bit answers of 53 values in buckets of 8 (7 bytes of bits and 56
+  // of scales per step, plus message overhead) against ten float32 ones.
+  EXPECT_LT(compressed_bytes, kSteps * full_bytes * 3 / 4);
+  // Weights the shards hold no difference from (version 3, long gone):
+  // a full pull, though the client said it holds them.
+  std::vector<int64_t> old_versions = {3, 3};
+  std::vector<float> old = AllInitialValues(config);
+  ASSERT_OK(client->Pull(0, absl::Seconds(30), absl::MakeSpan(old),
+                         &old_versions, /*params_hold_versions=*/true));
+  EXPECT_EQ(old, params);
+  EXPECT_THAT(old_versions, ElementsAre(kSteps, kSteps));
+}
+
 TEST(PsClientTest, SyncPushPullWaitsForTheBarrier) {
   const TrainingConfig config = ResolvedConfig(kSmallConfig);
   std::vector<std::unique_ptr<server::ShardServer>> servers =

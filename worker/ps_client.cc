@@ -19,6 +19,7 @@
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/onebit.h"
 
 namespace monsoon::worker {
 namespace {
@@ -137,12 +138,18 @@ absl::Status Annotate(const absl::Status& status, int shard,
 }
 
 // Takes one shard's weights out of PullChunk messages, straight into the
-// caller's span.
+// caller's span; or, where `have` says which version the span holds, 1-bit
+// differences from it (pull_compression), decoded and added in place.
 class PullReceiver {
  public:
   PullReceiver(absl::Span<float> out, int64_t* version,
-               std::atomic<int64_t>* bytes)
-      : out_(out), version_(version), bytes_(bytes) {}
+               std::atomic<int64_t>* bytes,
+               std::optional<int64_t> have = std::nullopt, int bucket_size = 1)
+      : out_(out),
+        version_(version),
+        bytes_(bytes),
+        have_(have),
+        bucket_size_(bucket_size) {}
 
   // Copies one message's values into place; `push` (if not null) gets the
   // PushPull answer the first chunk carries.
@@ -150,6 +157,16 @@ class PullReceiver {
     absl::Status parsed = reader_.ParsePullChunk(message, &chunk_);
     bytes_->fetch_add(static_cast<int64_t>(chunk_.message_bytes));
     if (!parsed.ok()) return absl::DataLossError(parsed.message());
+    if (chunk_.encoding == ENCODING_ONEBIT) return TakeDelta(push);
+    if (chunk_.encoding != ENCODING_FLOAT32) {
+      return absl::DataLossError(absl::StrCat("pull chunk in encoding ",
+                                              chunk_.encoding,
+                                              ", which this worker "
+                                              "does not know"));
+    }
+    if (delta_) {
+      return absl::DataLossError("pull mixes float32 and 1-bit chunks");
+    }
     const uint64_t n = chunk_.data.size() / sizeof(float);
     if (chunk_.offset != received_ || chunk_.data.size() % 4 != 0 ||
         n > out_.size() - received_) {
@@ -175,6 +192,60 @@ class PullReceiver {
     return absl::OkStatus();
   }
 
+  // A 1-bit difference's chunk: whole buckets from received_ on.
+  absl::Status TakeDelta(PushResponse* push) {
+    if (!have_.has_value()) {
+      return absl::DataLossError(
+          "a 1-bit pull difference for a pull that holds no weights");
+    }
+    if (chunk_.base_version != *have_) {
+      return absl::DataLossError(absl::StrCat(
+          "a 1-bit pull difference from version ", chunk_.base_version,
+          " for weights of version ", *have_));
+    }
+    if (received_ > 0 && !delta_) {
+      return absl::DataLossError("pull mixes float32 and 1-bit chunks");
+    }
+    const uint64_t buckets = chunk_.scales.size() / (2 * sizeof(float));
+    const uint64_t left = out_.size() - received_;
+    const uint64_t n =
+        std::min<uint64_t>(left, buckets * static_cast<uint64_t>(bucket_size_));
+    if (chunk_.offset != received_ || buckets == 0 ||
+        chunk_.scales.size() % (2 * sizeof(float)) != 0 ||
+        common::OneBitBuckets(n, bucket_size_) != buckets) {
+      return absl::DataLossError(
+          absl::StrCat("malformed 1-bit pull chunk at offset ", chunk_.offset,
+                       " with ", chunk_.scales.size(), " bytes of scales (",
+                       received_, " of ", out_.size(), " values received)"));
+    }
+    if (received_ == 0) {
+      *version_ = chunk_.version;
+      if (push != nullptr) {
+        if (!chunk_.has_push) {
+          return absl::DataLossError("push-pull answer without the push's");
+        }
+        *push = chunk_.push;
+      }
+    } else if (chunk_.version != *version_) {
+      return absl::DataLossError("pull chunks of different versions");
+    }
+    decoded_.resize(n);
+    if (absl::Status decoded = common::OneBitDecode(
+            chunk_.data.ToString(), chunk_.scales.ToString(), bucket_size_,
+            absl::MakeSpan(decoded_));
+        !decoded.ok()) {
+      return absl::DataLossError(absl::StrCat("1-bit pull chunk at offset ",
+                                              chunk_.offset, ": ",
+                                              decoded.message()));
+    }
+    float* w = out_.data() + received_;
+    for (uint64_t i = 0; i < n; ++i) w[i] = w[i] + decoded_[i];
+    received_ += n;
+    delta_ = true;
+    reader_.Reset();
+    return absl::OkStatus();
+  }
+
   // The status of a stream that ended: DATA_LOSS if it was short.
   absl::Status Complete() const {
     if (received_ == out_.size()) return absl::OkStatus();
@@ -186,9 +257,13 @@ class PullReceiver {
   const absl::Span<float> out_;
   int64_t* const version_;
   std::atomic<int64_t>* const bytes_;
+  const std::optional<int64_t> have_;
+  const int bucket_size_;
   common::MessageReader reader_;
   common::MessageReader::PullChunkView chunk_;
   uint64_t received_ = 0;
+  bool delta_ = false;  // the chunks so far were 1-bit differences
+  std::vector<float> decoded_;
 };
 
 // Streams one shard's push, built chunk by chunk from borrowed slices; then
@@ -200,7 +275,8 @@ class PushCall : public Bidi {
            const common::ChunkPlan& plan, absl::Duration timeout,
            PushResponse* response, std::atomic<int64_t>* bytes_pushed,
            const PullTarget* pull, absl::Span<float> pull_out,
-           int64_t* pull_version, std::atomic<int64_t>* bytes_pulled)
+           int64_t* pull_version, std::atomic<int64_t>* bytes_pulled,
+           std::optional<int64_t> pull_have = std::nullopt, int bucket_size = 1)
       : calls_(calls),
         index_(index),
         address_(shard.address),
@@ -211,7 +287,8 @@ class PushCall : public Bidi {
         response_(response),
         bytes_pushed_(bytes_pushed) {
     if (pull != nullptr) {
-      receiver_.emplace(pull_out, pull_version, bytes_pulled);
+      receiver_.emplace(pull_out, pull_version, bytes_pulled, pull_have,
+                        bucket_size);
     }
     shard.Prepare(&context_);
     context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -294,11 +371,16 @@ class PullCall : public Bidi {
  public:
   PullCall(const PsClient::Shard& shard, ShardCalls* calls, int index,
            const PullRequest& request, absl::Duration timeout,
-           absl::Span<float> out, std::atomic<int64_t>* bytes, int64_t* version)
+           absl::Span<float> out, std::atomic<int64_t>* bytes, int64_t* version,
+           int bucket_size)
       : calls_(calls),
         index_(index),
         address_(shard.address),
-        receiver_(out, version, bytes) {
+        receiver_(out, version, bytes,
+                  request.has_have_version()
+                      ? std::optional<int64_t>(request.have_version())
+                      : std::nullopt,
+                  bucket_size) {
     shard.Prepare(&context_);
     context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     calls->Cancellable(&context_);
@@ -555,7 +637,14 @@ std::unique_ptr<PendingCall> PsClient::PullAsync(
 
 std::unique_ptr<PendingCall> PsClient::PullAsync(
     const std::vector<int64_t>& min_versions, absl::Duration timeout,
-    absl::Span<float> params, std::vector<int64_t>* versions) {
+    absl::Span<float> params, std::vector<int64_t>* versions,
+    bool params_hold_versions) {
+  // What the shards may send differences from (pull_compression).
+  std::vector<int64_t> held;
+  if (params_hold_versions && pull_onebit() && worker_rank_ >= 0 &&
+      versions->size() == static_cast<size_t>(num_shards())) {
+    held = *versions;
+  }
   auto calls = std::make_unique<ShardCalls>(
       num_shards(), stop_,
       NoteFor(
@@ -574,18 +663,22 @@ std::unique_ptr<PendingCall> PsClient::PullAsync(
     request.set_shard(s);
     request.set_min_version(min_versions[s]);
     if (worker_rank_ >= 0) request.set_session(session_);
+    if (!held.empty()) request.set_have_version(held[s]);
     calls->Own(std::make_unique<PullCall>(
         shards_[s], calls.get(), s, request, timeout,
         params.subspan(ranges_[s].begin, ranges_[s].size()), &bytes_pulled_,
-        &(*versions)[s]));
+        &(*versions)[s], config_.onebit_bucket_size()));
   }
   return calls;
 }
 
 absl::Status PsClient::Pull(int64_t min_version, absl::Duration timeout,
                             absl::Span<float> params,
-                            std::vector<int64_t>* versions) {
-  return PullAsync(min_version, timeout, params, versions)->Wait();
+                            std::vector<int64_t>* versions,
+                            bool params_hold_versions) {
+  return PullAsync(std::vector<int64_t>(num_shards(), min_version), timeout,
+                   params, versions, params_hold_versions)
+      ->Wait();
 }
 
 class ShardedPushImpl : public ShardedPush {
@@ -671,6 +764,13 @@ class ShardedPushImpl : public ShardedPush {
     header.set_session(client_->session_);
     header.set_encoding(encoding);
     if (encoding == ENCODING_ONEBIT) header.set_bucket_size(bucket);
+    // The weights the answer may be a difference from (pull_compression).
+    std::optional<int64_t> have;
+    if (pull_.has_value() && pull_->holds_base_versions &&
+        client_->pull_onebit()) {
+      have = base_versions_[shard];
+      header.set_have_version(*have);
+    }
     // A response slot per shard; a scratch one when the caller wants none.
     PushResponse* response = results_ != nullptr
                                  ? &(*results_)[shard]
@@ -688,7 +788,7 @@ class ShardedPushImpl : public ShardedPush {
         pull_.has_value() ? pull_->params.subspan(range.begin, range.size())
                           : absl::Span<float>(),
         pull_.has_value() ? &(*pull_->versions)[shard] : nullptr,
-        &client_->bytes_pulled_));
+        &client_->bytes_pulled_, have, bucket));
   }
 
   absl::Status Wait() override {

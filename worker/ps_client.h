@@ -81,6 +81,10 @@ struct PullTarget {
   absl::Span<float> params;        // all parameters
   std::vector<int64_t>* versions;  // gets each shard's version
   absl::Duration timeout;          // for the push and the wait together
+  // `params` hold exactly the weights of the push's base versions (sync:
+  // those of the last pull into them), so that under pull_compression a
+  // shard may answer with the 1-bit difference from them.
+  bool holds_base_versions = false;
 };
 
 // A push to every shard, handed over one shard at a time: each shard's RPC
@@ -136,6 +140,11 @@ class PsClient {
   // none is cancelled; each still has its deadline).
   void set_stop(const absl::Notification* stop) { stop_ = stop; }
   const TrainingConfig& config() const { return config_; }
+  // Whether shards may answer pulls with 1-bit differences
+  // (pull_compression ONEBIT).
+  bool pull_onebit() const {
+    return config_.pull_compression() == COMPRESSION_ONEBIT;
+  }
 
   // Fills `params` (all parameters) once every shard's version is at least
   // min_version; versions[s] gets shard s's snapshot version. The call fails
@@ -145,11 +154,17 @@ class PsClient {
                                          absl::Span<float> params,
                                          std::vector<int64_t>* versions);
   // The same, with shard s's version at least min_versions[s].
+  // With `params_hold_versions`, `params` hold exactly the weights of the
+  // versions in *versions (those of the last pull into them): under
+  // pull_compression a shard then sends the 1-bit difference from them,
+  // which is added in place.
   std::unique_ptr<PendingCall> PullAsync(
       const std::vector<int64_t>& min_versions, absl::Duration timeout,
-      absl::Span<float> params, std::vector<int64_t>* versions);
+      absl::Span<float> params, std::vector<int64_t>* versions,
+      bool params_hold_versions = false);
   absl::Status Pull(int64_t min_version, absl::Duration timeout,
-                    absl::Span<float> params, std::vector<int64_t>* versions);
+                    absl::Span<float> params, std::vector<int64_t>* versions,
+                    bool params_hold_versions = false);
 
   // A push computed from base_versions[s] on shard s, summarizing `samples`
   // examples, handed over shard by shard (see ShardedPush). Payload bytes

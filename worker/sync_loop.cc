@@ -48,7 +48,11 @@ class SyncLoop : public TrainingLoop {
     };
     absl::Status status = RidingOut(c, pull, pull);  // a lost shard waited for
     if (!status.ok()) return barrier_error(status);
-    const PullTarget next{params.span(), &versions, timeout};
+    // The weights in `params` are always exactly those of `versions` (sync
+    // has no local steps): under pull_compression the shards may answer
+    // with the 1-bit difference from them.
+    const PullTarget next{params.span(), &versions, timeout,
+                          /*holds_base_versions=*/true};
     ProgressLog progress(c, *batches);
     while (batches->Next()) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
