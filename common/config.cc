@@ -255,12 +255,25 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
                      "must be at least 0 (and fewer than the workers)");
     }
   }
-  if (c.pull_compression() == COMPRESSION_ONEBIT && c.mode() != SYNC) {
-    return Invalid("pull_compression",
-                   absl::StrCat("ONEBIT works in sync only so far; ",
-                                ModeName(c.mode()),
-                                "'s per-worker compressed pulls are not built "
-                                "yet"));
+  if (c.pull_compression() == COMPRESSION_ONEBIT) {
+    if (c.mode() != SYNC && c.mode() != DOWNPOUR && c.mode() != ONEBIT) {
+      return Invalid("pull_compression",
+                     absl::StrCat("ONEBIT works in sync, downpour and onebit; ",
+                                  ModeName(c.mode()),
+                                  "'s compressed pulls are not built"));
+    }
+    if (c.mode() != SYNC && (c.n_fetch() != 1 || c.n_push() != 1)) {
+      return Invalid("pull_compression",
+                     "ONEBIT in downpour and onebit needs n_fetch and n_push "
+                     "1: a worker's local steps between fetches change the "
+                     "copy a compressed pull is a difference from");
+    }
+    if (c.delay_compensation() > 0) {
+      return Invalid("pull_compression",
+                     "ONEBIT and delay_compensation do not work together yet: "
+                     "the compensation would need each worker's compressed "
+                     "copy, not the weights pulled");
+    }
   }
   if (c.pull_compression() == COMPRESSION_AUTO ||
       c.pull_compression() == COMPRESSION_NONE) {

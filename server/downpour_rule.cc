@@ -12,13 +12,23 @@
 //   version the pull sent, not a copy, so the cost is memory, up to one
 //   shard-sized buffer per worker, and every update then writes a new
 //   buffer instead of the weights in place.
+//
+// With pull_compression ONEBIT, the rule keeps, per worker, the copy of the
+// weights that worker holds and the residual of its compressed pulls: a
+// worker that says it holds its copy gets the 1-bit difference from its
+// copy to the current weights (with the residual added, error feedback),
+// and its copy on both sides becomes the old one plus the decoded
+// difference, equal bit for bit. Any other pull is a full one, which resets
+// the copy to the weights sent. Two shard-sized arrays per worker.
 
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/onebit.h"
 #include "server/optimizer.h"
 #include "server/update_rule.h"
 
@@ -31,7 +41,47 @@ class DownpourRule : public SerialRule {
       : SerialRule(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
         staleness_lr_(resolved.staleness_lr()),
-        lambda_(resolved.delay_compensation()) {}
+        lambda_(resolved.delay_compensation()),
+        pull_onebit_(resolved.pull_compression() == COMPRESSION_ONEBIT),
+        bucket_size_(resolved.onebit_bucket_size()) {}
+
+  PullAnswer PullFrom(int worker_rank,
+                      std::optional<int64_t> have_version) override {
+    PullAnswer answer{Snapshot(), nullptr};
+    if (!pull_onebit_ || worker_rank < 0) return answer;
+    const absl::Span<const float> now = answer.weights->values();
+    absl::MutexLock lock(&views_mu_);
+    WorkerView& view = views_[worker_rank];
+    if (!have_version.has_value() || view.values.empty() ||
+        *have_version != view.version) {
+      // A full pull: the worker's copy is the weights sent.
+      view.values.assign(now.begin(), now.end());
+      view.residual.assign(now.size(), 0.0f);
+      view.version = answer.weights->version();
+      return answer;
+    }
+    const size_t n = now.size();
+    scratch_.resize(n);
+    for (size_t i = 0; i < n; ++i) scratch_[i] = now[i] - view.values[i];
+    common::OneBitEncoded encoded;
+    common::OneBitEncode(scratch_, absl::MakeSpan(view.residual), bucket_size_,
+                         &encoded);
+    // Decoding what was just encoded cannot fail (see sync_rule.cc).
+    common::OneBitDecode(encoded.bits, encoded.scales, bucket_size_,
+                         absl::MakeSpan(scratch_))
+        .IgnoreError();
+    for (size_t i = 0; i < n; ++i) {
+      view.values[i] = view.values[i] + scratch_[i];
+    }
+    auto delta = std::make_shared<EncodedDelta>();
+    delta->base_version = view.version;
+    delta->version = answer.weights->version();
+    delta->bits = std::move(encoded.bits);
+    delta->scales = std::move(encoded.scales);
+    view.version = delta->version;
+    answer.delta = std::move(delta);
+    return answer;
+  }
 
   void Pulled(int worker_rank, const WeightsPtr& weights) override {
     if (lambda_ <= 0 || worker_rank < 0) return;
@@ -116,6 +166,19 @@ class DownpourRule : public SerialRule {
 
   absl::Mutex pulled_mu_;
   std::map<int, WeightsPtr> pulled_ ABSL_GUARDED_BY(pulled_mu_);
+
+  // pull_compression: each worker's copy, the version of the answer that
+  // made it, and the residual of its compressed pulls.
+  struct WorkerView {
+    std::vector<float> values;
+    std::vector<float> residual;
+    int64_t version = -1;
+  };
+  const bool pull_onebit_;
+  const int bucket_size_;
+  absl::Mutex views_mu_;
+  std::map<int, WorkerView> views_ ABSL_GUARDED_BY(views_mu_);
+  std::vector<float> scratch_ ABSL_GUARDED_BY(views_mu_);
 };
 
 }  // namespace

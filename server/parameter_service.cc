@@ -343,7 +343,8 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void Ready() {
-    const UpdateRule::PullAnswer answer = shared_.rule->PullFrom(have_version_);
+    const UpdateRule::PullAnswer answer =
+        shared_.rule->PullFrom(rank_, have_version_);
     shared_.rule->Pulled(rank_, answer.weights);
     chunks_ = SnapshotChunks(answer, shared_.chunk_values, shared_.bucket_size);
     WriteNext();
@@ -451,7 +452,7 @@ class PushPullReactor
 
   void Ready() {
     const UpdateRule::PullAnswer answer =
-        shared_.rule->PullFrom(reader_.have_version());
+        shared_.rule->PullFrom(reader_.worker_rank(), reader_.have_version());
     shared_.rule->Pulled(reader_.worker_rank(), answer.weights);
     chunks_ = SnapshotChunks(answer, shared_.chunk_values, shared_.bucket_size);
     WriteNext();

@@ -91,6 +91,21 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      needed >> 20, " MiB, more than this machine's ",
                      memory >> 20, " MiB: use more shards or a smaller model"));
   }
+  // Compressed pulls in downpour and onebit keep each worker's copy and
+  // residual: two shard-sized arrays per worker.
+  if (options.config.pull_compression() == COMPRESSION_ONEBIT &&
+      options.config.mode() != SYNC) {
+    const uint64_t kept = 2 * static_cast<uint64_t>(options.num_workers) *
+                          range.size() * sizeof(float);
+    if (memory > 0 && needed + kept > memory) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "pull_compression keeps each worker's copy and residual: 2 x ",
+          options.num_workers, " x ", range.size(), " parameters = ",
+          kept >> 20, " MiB on shard ", options.shard, ", which with its ",
+          needed >> 20, " MiB does not fit this machine's ", memory >> 20,
+          " MiB: use more shards, fewer workers, or float32 pulls"));
+    }
+  }
   // Delay compensation keeps the version each worker last pulled: up to one
   // more shard-sized buffer per worker.
   if (options.config.delay_compensation() > 0) {

@@ -145,7 +145,8 @@ class SyncRule : public UpdateRule {
     return Weights::Share(weights_);
   }
 
-  PullAnswer PullFrom(std::optional<int64_t> have_version) override {
+  PullAnswer PullFrom(int /*worker_rank*/,
+                      std::optional<int64_t> have_version) override {
     absl::MutexLock lock(&mu_);
     PullAnswer answer{Weights::Share(weights_), nullptr};
     if (delta_ != nullptr && have_version.has_value() &&

@@ -112,15 +112,18 @@ class UpdateRule {
   // long as the pointer is held.
   virtual WeightsPtr Snapshot() = 0;
 
-  // What a pull sends a worker that holds the weights of `have_version`
-  // (if it said so): the current weights, and with pull_compression, where
-  // the rule kept it, the 1-bit difference from have_version's weights to
-  // them (sync keeps the last step's, see sync_rule.cc). Thread-safe.
+  // What a pull of worker `worker_rank` (-1: an evaluator) sends, when the
+  // worker holds the weights of `have_version` (if it said so): the current
+  // weights, and with pull_compression, where the rule can, the 1-bit
+  // difference from what the worker holds (sync keeps the last step's, see
+  // sync_rule.cc; downpour and onebit keep each worker's copy, see
+  // downpour_rule.cc). Thread-safe.
   struct PullAnswer {
     WeightsPtr weights;
     std::shared_ptr<const EncodedDelta> delta;  // null: send the weights
   };
-  virtual PullAnswer PullFrom(std::optional<int64_t> have_version) {
+  virtual PullAnswer PullFrom(int worker_rank,
+                              std::optional<int64_t> have_version) {
     return {Snapshot(), nullptr};
   }
 

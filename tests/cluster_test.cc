@@ -478,6 +478,40 @@ TEST_F(ClusterTest, SyncWithPullCompressionKeepsWorkersEqualToTheShards) {
   }
 }
 
+// Two-way 1-bit onebit: every pull after the first is a difference from the
+// worker's copy; training still lowers the test loss, and the pulled bytes
+// are a fraction of float32 pulls'.
+TEST_F(ClusterTest, OnebitWithPullCompressionTrainsOnCompressedPulls) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] mode: ONEBIT batch_size: 20 epochs: 4 "
+      "seed: 3 chunk_bytes: 262144 pull_compression: COMPRESSION_ONEBIT "
+      "onebit_bucket_size: 64");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  auto backend = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      auto mlp,
+      worker::Mlp::Create(backend.get(),
+                          common::ModelLayout::FromConfig(config), 200));
+  ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
+  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+                              absl::Now());
+  ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
+  ASSERT_NO_FATAL_FAILURE(Train(config));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 40) << "worker " << w;
+  }
+  ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
+  EXPECT_LT(after.test_loss(), 0.8 * before.test_loss());
+  const size_t params = common::ModelLayout::FromConfig(config).num_params();
+  for (const StatsResponse& stats : ShardStats()) {
+    EXPECT_EQ(stats.pushes(), kWorkers * 40);
+    const int64_t float32_pulls =
+        kWorkers * 41 * static_cast<int64_t>(params / 2 * sizeof(float));
+    EXPECT_LT(stats.bytes_pulled(), float32_pulls / 4) << stats.shard();
+  }
+}
+
 // The staleness options compose with 1-bit pushes: onebit with a bound of 2,
 // the staleness-aware rate and delay compensation trains every step, lowers
 // the test loss, and no push is staler than the bound allows: between a

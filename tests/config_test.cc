@@ -209,6 +209,14 @@ TEST(ResolveConfigTest, InvalidValuesAreRefusedNamingTheField) {
       {"mode: DOWNPOUR delay_compensation: nan", "delay_compensation"},
       {"mode: DOWNPOUR backup_workers: 1", "backup_workers"},
       {"mode: SYNC backup_workers: -1", "backup_workers"},
+      {"mode: EASGD pull_compression: COMPRESSION_ONEBIT", "pull_compression"},
+      {"mode: HOGWILD pull_compression: COMPRESSION_ONEBIT",
+       "pull_compression"},
+      {"mode: DOWNPOUR n_fetch: 2 pull_compression: COMPRESSION_ONEBIT",
+       "pull_compression"},
+      {"mode: DOWNPOUR delay_compensation: 0.04 "
+       "pull_compression: COMPRESSION_ONEBIT",
+       "pull_compression"},
   };
   for (const InvalidCase& c : cases) {
     SCOPED_TRACE(c.text);
@@ -322,7 +330,11 @@ TEST(ResolveConfigTest, StalenessOptionsResolveWhereTheyApply) {
         "delay_compensation: 0.04",
         "mode: HOGWILD max_staleness: 2 staleness_lr: true",
         "mode: SYNC backup_workers: 1",
-        "mode: SYNC backup_workers: 1 compression: COMPRESSION_ONEBIT"}) {
+        "mode: SYNC backup_workers: 1 compression: COMPRESSION_ONEBIT",
+        "mode: SYNC compression: COMPRESSION_ONEBIT "
+        "pull_compression: COMPRESSION_ONEBIT",
+        "mode: ONEBIT max_staleness: 2 pull_compression: COMPRESSION_ONEBIT",
+        "mode: DOWNPOUR pull_compression: COMPRESSION_ONEBIT"}) {
     SCOPED_TRACE(text);
     EXPECT_OK(ResolveConfig(Parse(text)).status());
   }

@@ -526,6 +526,71 @@ TEST(PsClientTest, CompressedSyncPullsKeepTheWorkerEqualToTheShards) {
   EXPECT_THAT(old_versions, ElementsAre(kSteps, kSteps));
 }
 
+// pull_compression in downpour: the shard keeps the worker's copy and its
+// residual; each push-pull answers with the 1-bit difference from that copy
+// to the shard's weights (here read in full by an evaluator, whose pulls
+// change nothing), and the worker's weights are that copy, bit for bit.
+TEST(PsClientTest, CompressedDownpourPullsKeepTheWorkersCopyOnBothSides) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [6, 5, 3] mode: DOWNPOUR optimizer: SGD learning_rate: 1 "
+      "chunk_bytes: 262144 pull_compression: COMPRESSION_ONEBIT "
+      "onebit_bucket_size: 8");
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config, 0)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> evaluator,
+                       PsClient::Connect(OptionsFor(servers, config, -1)));
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      client->Pull(0, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  std::vector<float> view = params;
+  std::vector<float> residual(53, 0.0f);
+  for (int step = 0; step < 8; ++step) {
+    std::vector<float> grads(53);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads[i] = 0.02f * static_cast<float>((i * 5 + step * 3) % 11) - 0.1f;
+    }
+    const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30),
+                          /*holds_base_versions=*/true};
+    common::BufferLease lease;
+    std::unique_ptr<ShardedPush> push = client->StartPush(
+        versions, 4, /*sample_offset=*/4 * step, &lease, nullptr, &pull);
+    push->Send(0, Float32(absl::MakeConstSpan(grads).subspan(0, 26)));
+    push->Send(1, Float32(absl::MakeConstSpan(grads).subspan(26)));
+    ASSERT_OK(push->Wait());
+    EXPECT_THAT(versions, ElementsAre(step + 1, step + 1));
+    std::vector<float> now(53);
+    std::vector<int64_t> now_versions;
+    ASSERT_OK(evaluator->Pull(step + 1, absl::Seconds(30), absl::MakeSpan(now),
+                              &now_versions));
+    for (const auto& [begin, end] : {std::pair(0, 26), std::pair(26, 53)}) {
+      std::vector<float> diff(end - begin);
+      for (int i = begin; i < end; ++i) diff[i - begin] = now[i] - view[i];
+      common::OneBitEncoded encoded;
+      common::OneBitEncode(diff,
+                           absl::MakeSpan(residual).subspan(begin, end - begin),
+                           8, &encoded);
+      ASSERT_OK(common::OneBitDecode(encoded.bits, encoded.scales, 8,
+                                     absl::MakeSpan(diff)));
+      for (int i = begin; i < end; ++i) view[i] = view[i] + diff[i - begin];
+    }
+    EXPECT_EQ(params, view) << "step " << step;
+    EXPECT_NE(params, now) << "step " << step;  // a copy, not the weights
+  }
+  // A pull that does not claim the copy is a full one, and the copy
+  // becomes the weights again.
+  ASSERT_OK(
+      client->Pull(0, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  std::vector<float> now(53);
+  std::vector<int64_t> now_versions;
+  ASSERT_OK(evaluator->Pull(8, absl::Seconds(30), absl::MakeSpan(now),
+                            &now_versions));
+  EXPECT_EQ(params, now);
+}
+
 TEST(PsClientTest, SyncPushPullWaitsForTheBarrier) {
   const TrainingConfig config = ResolvedConfig(kSmallConfig);
   std::vector<std::unique_ptr<server::ShardServer>> servers =

@@ -44,7 +44,10 @@ class DownpourLoop : public TrainingLoop {
       return c.client->Pull(0, timeout, params.span(), &versions);
     };
     if (auto s = RidingOut(c, pull, pull); !s.ok()) return s;
-    const PullTarget next{params.span(), &versions, timeout};
+    // No local steps here: `params` hold exactly the weights of `versions`,
+    // so under pull_compression a shard may answer with the difference.
+    const PullTarget next{params.span(), &versions, timeout,
+                          /*holds_base_versions=*/true};
     ProgressLog progress(c, *batches);
     while (batches->Next()) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
