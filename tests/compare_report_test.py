@@ -90,6 +90,13 @@ class CompareReportTest(unittest.TestCase):
         self.assertIn("100mbit,2ms (rate shaped; this kernel has no netem",
                       compare_report.format_summary(results))
 
+    def test_summary_says_when_proxies_made_the_delay(self):
+        results = dict(RESULTS, link="100mbit,2ms", delay_emulated=True,
+                       delay_method="proxy")
+        self.assertIn("100mbit,2ms (rate shaped with tbf, delay added by "
+                      "user-space proxies)",
+                      compare_report.format_summary(results))
+
     def test_faults_get_a_column_counting_each_runs_kills_stops_restarts(self):
         events = [
             {"time_s": 1.5, "what": "kill server 1 (SIGKILL)"},

@@ -134,6 +134,8 @@ def format_summary(results, target=None):
     link = results["link"]
     if link != "loopback" and not results.get("delay_emulated", True):
         link += " (rate shaped; this kernel has no netem, so no delay)"
+    elif results.get("delay_method") == "proxy":
+        link += " (rate shaped with tbf, delay added by user-space proxies)"
     chaos = ""
     if results.get("chaos"):
         chaos = " Faults injected into every run: %s." % results["chaos"]
@@ -167,6 +169,8 @@ def write_plots(results, out_dir):
         title_suffix = " - link " + results["link"]
         if not results.get("delay_emulated", True):
             title_suffix += " (rate only, no delay)"
+        elif results.get("delay_method") == "proxy":
+            title_suffix += " (delay by proxy)"
     paths = []
 
     def line_plot(name, x_of, y_key, xlabel, ylabel, title, events=False):

@@ -107,6 +107,7 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
         if (!created.ok()) return created.status();
         network = *std::move(created);
         result.delay_emulated = network->delay_emulated();
+        result.delay_method = network->delay_method();
       }
       for (Mode mode : options.modes) {
         absl::StatusOr<TrainingConfig> config = options.config_for(mode);
@@ -175,11 +176,12 @@ std::string ResultsJson(const ComparisonOptions& options,
                         const ComparisonResult& result) {
   std::string json = absl::StrFormat(
       "{\n\"target_accuracy\": %g,\n\"link\": \"%s\",\n"
-      "\"chaos\": \"%s\",\n\"delay_emulated\": %s,\n\"runs\": [\n",
+      "\"chaos\": \"%s\",\n\"delay_emulated\": %s,\n"
+      "\"delay_method\": \"%s\",\n\"runs\": [\n",
       options.target_accuracy,
       options.link.has_value() ? options.link->text : "loopback",
       absl::StrReplaceAll(options.chaos, {{"\\", ""}, {"\"", ""}}),
-      result.delay_emulated ? "true" : "false");
+      result.delay_emulated ? "true" : "false", result.delay_method);
   for (size_t i = 0; i < result.runs.size(); ++i) {
     std::string run = MetricsJson(result.runs[i].metrics);
     // Name the run in its object: {"name": "...", ...}.

@@ -48,6 +48,9 @@ struct ComparisonResult {
   std::vector<ComparedRun> runs;
   std::string results_path;
   bool delay_emulated = true;
+  // How the link's delay was made: "netem", "proxy" (user-space delay
+  // proxies, where the kernel has no netem) or "none".
+  std::string delay_method = "none";
 };
 
 // Runs everything; a failed run stops the comparison (its log is kept).
@@ -56,7 +59,8 @@ struct ComparisonResult {
 absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
                                                ProcessSupervisor* supervisor);
 
-// results.json: {"target_accuracy", "link", "delay_emulated", "runs": [each
+// results.json: {"target_accuracy", "link", "delay_emulated",
+// "delay_method", "runs": [each
 // run's MetricsJson plus "name"]}.
 std::string ResultsJson(const ComparisonOptions& options,
                         const ComparisonResult& result);

@@ -179,7 +179,7 @@ absl::Status EmulatedNetwork::Shape(const std::string& netns,
     delay_emulated_ = link.delay_ms == 0;
     common::LogWarning(
         "network: this kernel has no netem qdisc: shaping the rate with tbf%s",
-        link.delay_ms > 0 ? "; the delay CANNOT be emulated here" : "");
+        link.delay_ms > 0 ? "; the delay goes to delay proxies" : "");
   }
   // tbf: the bucket must hold a few full-size (GSO) packets.
   const int64_t burst =
@@ -263,9 +263,22 @@ absl::Status EmulatedNetwork::Build(int servers, int workers,
     placement_.worker_prefix.push_back(
         {kIp, "netns", "exec", namespaces_.back()});
   }
-  common::Log("network: %d hosts on %s0/24, each link %s%s", servers + workers,
-              data_net, link.text,
-              delay_emulated_ ? "" : " (rate only: no netem for the delay)");
+  if (netem_missing_ && link.delay_ms > 0) {
+    // A worker's path to a server crosses two links, each delayed one way.
+    placement_.proxy_delay_ms = 2 * link.delay_ms;
+    delay_emulated_ = true;
+    delay_method_ = "proxy";
+  } else if (!netem_missing_ && link.delay_ms > 0) {
+    delay_method_ = "netem";
+  }
+  common::Log(
+      "network: %d hosts on %s0/24, each link %s%s", servers + workers,
+      data_net, link.text,
+      delay_method_ == "proxy"
+          ? absl::StrCat(" (rate with tbf; no netem, so a delay proxy on each "
+                         "worker's host adds ",
+                         placement_.proxy_delay_ms, " ms each way per server)")
+          : "");
   return absl::OkStatus();
 }
 

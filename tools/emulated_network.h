@@ -47,9 +47,12 @@ class EmulatedNetwork {
   EmulatedNetwork& operator=(const EmulatedNetwork&) = delete;
 
   const HostPlacement& placement() const { return placement_; }
-  // False where the kernel lacks netem: the rate is shaped (tbf), the delay
-  // is not.
+  // Whether the link's delay is emulated: by netem, or where the kernel
+  // lacks it, by delay proxies the launcher starts on the workers' hosts
+  // (placement().proxy_delay_ms).
   bool delay_emulated() const { return delay_emulated_; }
+  // "netem", "proxy", or "none" (no delay asked for).
+  const std::string& delay_method() const { return delay_method_; }
   // The namespaces this network made, for tests and logs.
   const std::vector<std::string>& namespaces() const { return namespaces_; }
 
@@ -68,6 +71,7 @@ class EmulatedNetwork {
   std::vector<std::string> bridges_;
   bool delay_emulated_ = true;
   bool netem_missing_ = false;
+  std::string delay_method_ = "none";
   HostPlacement placement_;
 };
 

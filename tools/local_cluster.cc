@@ -494,6 +494,61 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
              : server_list;
   common::Log("launch: %d servers up at %s", options.servers,
               worker_server_list);
+  // What each worker dials: the servers, or where the kernel cannot delay
+  // the links, a delay proxy per server on the worker's host.
+  std::vector<std::string> worker_lists(options.workers, worker_server_list);
+  if (placed && options.placement->proxy_delay_ms > 0) {
+    std::vector<std::string> proxy_files;
+    std::vector<int> proxies;
+    for (int r = 0; r < options.workers; ++r) {
+      for (int s = 0; s < options.servers; ++s) {
+        proxy_files.push_back(
+            absl::StrCat(options.work_dir, "/proxy-", r, "-", s, ".port"));
+        std::remove(proxy_files.back().c_str());
+        absl::StatusOr<int> id = sup.Start(
+            absl::StrCat("proxy ", r, "-", s),
+            Placed(
+                options.placement->worker_prefix[r],
+                {options.bin_dir + "/tools/delay_proxy", "--listen=127.0.0.1:0",
+                 "--target=" + options.placement->worker_addresses[s],
+                 absl::StrCat("--delay_ms=", options.placement->proxy_delay_ms),
+                 "--port_file=" + proxy_files.back()}));
+        if (!id.ok()) return id.status();
+        proxies.push_back(*id);
+      }
+    }
+    std::vector<std::string> ports(proxies.size());
+    absl::Status proxy_failed;
+    auto proxies_ready = [&] {
+      bool all = true;
+      for (size_t i = 0; i < proxies.size(); ++i) {
+        if (!sup.running(proxies[i])) {
+          proxy_failed = ChildFailed(sup, proxies[i]);
+          return true;
+        }
+        std::string text;
+        int port = 0;
+        if (ports[i].empty() && ReadFile(proxy_files[i], &text) &&
+            absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
+          ports[i] = absl::StrCat("127.0.0.1:", port);
+        }
+        all = all && !ports[i].empty();
+      }
+      return all;
+    };
+    absl::Status status = sup.Pump(proxies_ready, absl::Seconds(30));
+    if (status.ok()) status = proxy_failed;
+    if (!status.ok()) return status;
+    for (int r = 0; r < options.workers; ++r) {
+      worker_lists[r] =
+          absl::StrJoin(ports.begin() + r * options.servers,
+                        ports.begin() + (r + 1) * options.servers, ",");
+    }
+    common::Log(
+        "launch: delay proxies on the workers' hosts add %g ms each "
+        "way",
+        options.placement->proxy_delay_ms);
+  }
 
   // 2. The evaluator and the workers, started together: the curve's time 0
   // is the start of training.
@@ -526,7 +581,7 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
     daemon.argv = {options.bin_dir + "/worker/ps_worker",
                    absl::StrCat("--rank=", r),
                    "--num_workers=" + W,
-                   "--servers=" + worker_server_list,
+                   "--servers=" + worker_lists[r],
                    "--config=" + config_path,
                    "--device=" + options.device,
                    "--report_out=" + daemon.report,

@@ -27,6 +27,10 @@ struct HostPlacement {
   std::vector<std::string> worker_addresses;  // what workers dial, per shard
   // What the evaluator and the launcher (both unplaced) dial, per shard.
   std::vector<std::string> control_addresses;
+  // Where the kernel cannot delay packets (no netem): the one-way delay of
+  // a worker's path to a server, which a delay proxy (tools/delay_proxy.h)
+  // on the worker's host adds in front of each server; 0: none.
+  double proxy_delay_ms = 0;
 };
 
 // This program's path (from /proc/self/exe); empty if it cannot be read.
