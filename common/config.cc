@@ -108,8 +108,15 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
     return Invalid("mode",
                    "must be one of sync, downpour, easgd, hogwild, onebit");
   }
+  // 1-bit pushes take Adagrad, in sync too: SGD with sync's momentum 0.9
+  // on 1-bit gradients diverged (0.30 test accuracy after an epoch, against
+  // 0.848 with Adagrad and 0.838 with momentum 0, 2 servers, 2 workers).
+  const bool sync_onebit =
+      c.mode() == SYNC && c.compression() == COMPRESSION_ONEBIT;
   if (c.optimizer() == OPTIMIZER_AUTO) {
-    c.set_optimizer(c.mode() == DOWNPOUR || c.mode() == ONEBIT ? ADAGRAD : SGD);
+    c.set_optimizer(c.mode() == DOWNPOUR || c.mode() == ONEBIT || sync_onebit
+                        ? ADAGRAD
+                        : SGD);
   }
   if (c.mode() == HOGWILD && c.optimizer() != SGD) {
     return Invalid("optimizer",

@@ -110,6 +110,18 @@ TEST(ResolveConfigTest, EveryModeResolvesWithItsOwnDefaults) {
   EXPECT_EQ(Resolve("").compression(), COMPRESSION_NONE);
 }
 
+// SGD with sync's momentum diverged on 1-bit pushes: sync with them takes
+// Adagrad unless the config names an optimizer.
+TEST(ResolveConfigTest, SyncWithOneBitPushesDefaultsToAdagrad) {
+  EXPECT_EQ(Resolve("mode: SYNC compression: COMPRESSION_ONEBIT").optimizer(),
+            ADAGRAD);
+  EXPECT_EQ(Resolve("mode: SYNC").optimizer(), SGD);
+  EXPECT_EQ(Resolve("mode: SYNC compression: COMPRESSION_ONEBIT optimizer: "
+                    "SGD")
+                .optimizer(),
+            SGD);
+}
+
 TEST(ResolveConfigTest, ExplicitOptimizerKeepsTheModesMomentumDefault) {
   const TrainingConfig sync_adagrad = Resolve("optimizer: ADAGRAD");
   EXPECT_EQ(sync_adagrad.optimizer(), ADAGRAD);
