@@ -71,14 +71,16 @@ class CompareReportTest(unittest.TestCase):
         self.assertEqual(
             lines[0],
             "| run | final test accuracy | time to 0.85 | samples/s | "
-            "pushed MB | pulled MB | staleness mean | staleness p99 |")
+            "pushed MB | pulled MB | total MB | staleness mean | "
+            "staleness p99 |")
         self.assertEqual(
             lines[2],
-            "| sync-s2-w2 | 0.8400 | 6.2 s | 1234 | 2.5 | 12.3 | 0.72 | 3 |")
+            "| sync-s2-w2 | 0.8400 | 6.2 s | 1234 | 2.5 | 12.3 | 14.8 | 0.72 "
+            "| 3 |")
         self.assertEqual(
             lines[3],
             "| onebit-s2-w2 | 0.8000 | not reached | 1234 | 2.5 | 12.3 | "
-            "0.72 | 3 |")
+            "14.8 | 0.72 | 3 |")
 
     def test_a_lower_target_changes_time_to_target(self):
         rows = compare_report.summary_rows(RESULTS, target=0.8)
@@ -118,7 +120,7 @@ class CompareReportTest(unittest.TestCase):
         self.assertEqual(rows[1]["faults"], "")
         lines = compare_report.format_table(rows, 0.85).splitlines()
         self.assertTrue(lines[0].endswith("| staleness p99 | faults |"))
-        self.assertEqual(lines[1], "|" + "---|" * 9)
+        self.assertEqual(lines[1], "|" + "---|" * 10)
         self.assertTrue(lines[2].endswith("| 3 | 2 kills, 1 stop, 2 restarts |"))
         self.assertTrue(lines[3].endswith("| 3 | none |"))
         self.assertIn("Faults injected into every run: kill:server1@1.5s.",

@@ -149,6 +149,7 @@ TEST(MetricsTest, JsonHoldsTheDesignFieldsFromStatsAndCurve) {
   EXPECT_THAT(json, HasSubstr("\"final_test_loss\": 0.25,"));
   EXPECT_THAT(json, HasSubstr("\"bytes_pushed\": 1024,"));
   EXPECT_THAT(json, HasSubstr("\"bytes_pulled\": 305,"));
+  EXPECT_THAT(json, HasSubstr("\"bytes_total\": 1329,"));
   EXPECT_THAT(json, HasSubstr("\"pushes\": 4,"));
   // 8 pushes: 6 x 0, 2 x 1.
   EXPECT_THAT(json, HasSubstr("\"staleness\": {\"mean\": 0.25, \"p50\": 0, "

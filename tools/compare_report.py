@@ -5,7 +5,8 @@
 
 Writes OUT/summary.md (also printed) and, with matplotlib (Debian's
 python3-matplotlib), the plots:
-  accuracy_vs_time.png, accuracy_vs_bytes_pushed.png, loss_vs_samples.png,
+  accuracy_vs_time.png, accuracy_vs_bytes_pushed.png,
+  accuracy_vs_bytes_moved.png, loss_vs_samples.png,
   staleness_distribution.png (when a run has staleness_histogram),
   step_time_by_phase.png (when a run has step_phases), and
   samples_per_s_vs_workers.png when the runs sweep the worker count.
@@ -110,17 +111,18 @@ def format_table(rows, target):
     """The rows as a Markdown table; a faults column when any run had one."""
     faults = any(r["faults"] for r in rows)
     header = ("| run | final test accuracy | time to %.2f | samples/s | "
-              "pushed MB | pulled MB | staleness mean | staleness p99 |" %
-              target)
+              "pushed MB | pulled MB | total MB | staleness mean | "
+              "staleness p99 |" % target)
     if faults:
         header += " faults |"
-    lines = [header, "|" + "---|" * (9 if faults else 8)]
+    lines = [header, "|" + "---|" * (10 if faults else 9)]
     for r in rows:
         reached = r["time_to_target_s"]
-        line = "| %s | %.4f | %s | %.0f | %s | %s | %.2f | %d |" % (
+        line = "| %s | %.4f | %s | %.0f | %s | %s | %s | %.2f | %d |" % (
             r["run"], r["final_test_accuracy"],
             "%.1f s" % reached if reached is not None else "not reached",
             r["samples_per_s"], _mb(r["bytes_pushed"]), _mb(r["bytes_pulled"]),
+            _mb(r["bytes_pushed"] + r["bytes_pulled"]),
             r["staleness_mean"], r["staleness_p99"])
         if faults:
             line += " %s |" % (r["faults"] or "none")
@@ -219,6 +221,10 @@ def write_plots(results, out_dir):
     line_plot("accuracy_vs_bytes_pushed.png", lambda p: p["bytes_pushed"] / 1e6,
               "test_accuracy", "bytes pushed by the workers (MB)",
               "test accuracy", "Test accuracy against bytes pushed")
+    line_plot("accuracy_vs_bytes_moved.png",
+              lambda p: (p["bytes_pushed"] + p.get("bytes_pulled", 0)) / 1e6,
+              "test_accuracy", "bytes pushed and pulled by the workers (MB)",
+              "test accuracy", "Test accuracy against bytes moved both ways")
     line_plot("loss_vs_samples.png", lambda p: p["samples"], "test_loss",
               "training samples seen", "test loss (cross-entropy)",
               "Test loss against samples seen")

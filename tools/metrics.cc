@@ -123,6 +123,8 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"final_test_loss\": ", Number(final_loss), ",\n");
   absl::StrAppend(&json, "  \"bytes_pushed\": ", bytes_pushed, ",\n");
   absl::StrAppend(&json, "  \"bytes_pulled\": ", bytes_pulled, ",\n");
+  absl::StrAppend(&json, "  \"bytes_total\": ", bytes_pushed + bytes_pulled,
+                  ",\n");
   absl::StrAppend(&json, "  \"pushes\": ", pushes, ",\n");
   absl::StrAppend(&json, "  \"rejected_pushes\": ", rejected, ",\n");
   absl::StrAppend(&json, "  \"duplicate_pushes\": ", duplicates, ",\n");
