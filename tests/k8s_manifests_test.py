@@ -31,10 +31,14 @@ Before running anything it checks the rendered objects: every pod non-root
 escalation, every capability dropped, the runtime's seccomp profile and no
 service account token; every daemon given --auth_token_file and, where any
 daemon uses TLS, all three TLS flags; a NetworkPolicy admitting exactly the
-workers and the evaluator to the shards. Then it runs the servers' startup,
+workers and the evaluator to the shards, and a scraper (chosen by namespace
+and pod labels) to the metrics port only. Then it runs the servers' startup,
 readiness and liveness probes (gRPC probes with tools/k8s/health_probe, exec
 probes as they are), checks that a shard with TLS turns away a plaintext
 client and that its certificate holds the name the workers dial, that every
+daemon serves Prometheus metrics on its metrics port (monsoon_build_info of
+its role, its own monsoon_ families and the process metrics; a worker's
+final ones while it lingers, after which SIGTERM ends it), that every
 Job pod exits 0, and that on SIGTERM every server exits 0 within
 terminationGracePeriodSeconds leaving its checkpoint, and that a restarted
 shard resumes from it. Every pod's command line and exit code is logged.
@@ -57,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import yaml
 
@@ -66,6 +71,8 @@ BINARIES = {
     "ps_evaluator": "worker/ps_evaluator",
 }
 PROBE = "health_probe"
+# Where every daemon of the manifests serves its Prometheus metrics.
+METRICS_PORT = 9464
 WORKER_TIMEOUT_S = 240
 
 
@@ -533,6 +540,8 @@ def check_security(objects):
             raise Failure(f"{what}: no NetworkPolicy selects the shards")
         reached = set()
         for policy, rule in allowed:
+            if is_scraper_rule(policy, rule):
+                continue
             if not rule.get("from"):
                 raise Failure(f"NetworkPolicy {policy['metadata']['name']}: "
                               "a rule admits every source")
@@ -559,11 +568,69 @@ def check_security(objects):
                     and selects(p["spec"].get("podSelector", {}), labels)]
         if not applying:
             raise Failure(f"{what}: no NetworkPolicy restricts its ingress")
-        if daemon != "ps_server" and any(p["spec"].get("ingress")
-                                         for p in applying):
+        if daemon != "ps_server" and any(
+                not is_scraper_rule(p, rule)
+                for p in applying for rule in p["spec"].get("ingress", [])):
             raise Failure(f"{what}: a NetworkPolicy admits connections to it")
     log(f"NetworkPolicy: only {sorted({t[0] for t in clients})} reach the "
-        "shards; nothing reaches the other pods")
+        f"shards, and a scraper each pod's metrics port {METRICS_PORT}; "
+        "nothing else reaches any pod")
+
+
+def is_scraper_rule(policy, rule):
+    """Whether `rule` is the rule for a Prometheus: then it must admit only
+    pods chosen by a namespace label and a pod label, on the metrics port
+    (a Failure otherwise)."""
+    peers = rule.get("from") or []
+    if not any("namespaceSelector" in peer for peer in peers):
+        return False
+    name = policy["metadata"]["name"]
+    for peer in peers:
+        if (set(peer) != {"namespaceSelector", "podSelector"} or
+                not peer["namespaceSelector"].get("matchLabels") or
+                not peer["podSelector"].get("matchLabels")):
+            raise Failure(f"NetworkPolicy {name}: admits {peer}; a scraper "
+                          "must be chosen by a namespace and a pod label")
+    ports = rule.get("ports") or []
+    if not ports or any(p.get("port") != METRICS_PORT or
+                        p.get("protocol", "TCP") != "TCP" for p in ports):
+        raise Failure(f"NetworkPolicy {name}: admits a scraper to {ports}, "
+                      f"not only the metrics port {METRICS_PORT}")
+    return True
+
+
+def scrape(pod):
+    """GET /metrics on the pod's metrics port: Prometheus text with the
+    pod's monsoon_build_info and the process metrics, or a Failure."""
+    port = int(flags_of(pod.argv)["metrics_listen"].rsplit(":", 1)[1])
+    url = f"http://{pod.ip}:{port}/metrics"
+    # A daemon serves its metrics once it has started (the evaluator after
+    # it has reached the shards): up to a minute.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                text = answer.read().decode()
+            break
+        except OSError as e:
+            if time.monotonic() > deadline or pod.process.poll() is not None:
+                raise Failure(f"{pod.name}: no metrics at {url}: {e}")
+            time.sleep(0.2)
+    role = {"StatefulSet": "shard", "Job": "worker",
+            "Deployment": "evaluator"}[pod.kind]
+    info = [l for l in text.splitlines()
+            if l.startswith("monsoon_build_info{")]
+    if len(info) != 1 or f'role="{role}"' not in info[0] or \
+            not info[0].endswith(" 1"):
+        raise Failure(f"{pod.name}: {url} has no monsoon_build_info of role "
+                      f"{role}: {info}")
+    for family in ("process_resident_memory_bytes", "process_cpu_seconds_total",
+                   f"monsoon_{role}_"):
+        if f"\n{family}" not in "\n" + text:
+            raise Failure(f"{pod.name}: {url} lacks {family}")
+    log(f"metrics of {pod.name} at {url}: {info[0]}, "
+        f"{sum(1 for l in text.splitlines() if l.startswith('monsoon_'))} "
+        "monsoon_ samples")
 
 
 def check_static(objects):
@@ -645,9 +712,21 @@ def run(objects, bin_dir, probe, make_certs):
             check_tls(cluster, pod)
         for pod in services + workers:
             cluster.start(pod)
+        # Every daemon's metrics, as a Prometheus in the cluster would scrape
+        # them: the shards and the evaluator while they serve, each worker
+        # once it has trained and serves its final figures
+        # (--metrics_linger_s), after which SIGTERM ends it.
+        for pod in servers + services:
+            scrape(pod)
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         failed = []
         for pod in workers:
+            while ("serving the final metrics" not in cluster.tail(pod, 5) and
+                   pod.process.poll() is None and time.monotonic() < deadline):
+                time.sleep(0.2)
+            if pod.process.poll() is None and time.monotonic() < deadline:
+                scrape(pod)
+                pod.process.send_signal(signal.SIGTERM)
             try:
                 code = pod.process.wait(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -23,8 +23,11 @@ docs.forEach((doc, i) => {
     console.error(`${input}: document ${i} has no apiVersion and kind`);
     process.exit(1);
   }
-  // "v1" is the core group; "apps/v1" is group apps.
-  const module = `kubernetes-models/${apiVersion}/${kind}`;
+  // "v1" is the core group; "apps/v1" is group apps. The Prometheus
+  // Operator's kinds (PodMonitor, PrometheusRule) have their own package.
+  const module = apiVersion.startsWith("monitoring.coreos.com/")
+    ? `@kubernetes-models/prometheus-operator/${apiVersion}/${kind}`
+    : `kubernetes-models/${apiVersion}/${kind}`;
   const alias = `${kind}_${apiVersion.replace(/[^A-Za-z0-9]/g, "_")}`;
   imports.set(module, alias);
   const name = (object.metadata && object.metadata.name) || `#${i}`;

@@ -16,7 +16,10 @@
 //   - NetworkPolicies: every pod of the render has its ingress restricted;
 //     the shards admit only pods that the workers' and evaluators' templates
 //     match (and no other pod of the render), on the port they listen on;
-//     the other pods admit nothing.
+//     the other pods admit nothing but a scraper; a scraper (a peer with a
+//     namespaceSelector) must be chosen by both a namespace label and a pod
+//     label, and reaches only the metrics port of a daemon that serves
+//     metrics on all addresses (--metrics_listen=0.0.0.0:PORT).
 // Usage: node policy.js rendered.yaml. Prints one line per violation and
 // exits 1 if there is any.
 "use strict";
@@ -260,9 +263,53 @@ function selects(selector, labels, where) {
     .every(([k, v]) => labels[k] === v);
 }
 
+// The port of a daemon's --metrics_listen, if it serves metrics; a daemon
+// whose metrics listen on loopback only cannot be scraped.
+function metricsPort(d) {
+  if (!d.flags.metrics_listen) return null;
+  const m = /^(.*):(\d+)$/.exec(d.flags.metrics_listen);
+  if (!m || !["0.0.0.0", "[::]"].includes(m[1])) {
+    fail(d.where, `--metrics_listen=${d.flags.metrics_listen}: a Prometheus ` +
+      "in another pod cannot reach it; give --metrics_listen=0.0.0.0:PORT");
+    return null;
+  }
+  return Number(m[2]);
+}
+
+// A rule for a Prometheus: every peer selects pods by labels within
+// namespaces selected by labels (never everything), and every port is the
+// pod's metrics port.
+function checkScraperRule(where, rule, port) {
+  if (port === null) {
+    fail(where, "admits a scraper to a pod whose daemon serves no metrics");
+    return;
+  }
+  for (const peer of rule.from) {
+    const namespaces = (peer.namespaceSelector || {}).matchLabels || {};
+    const scraper = (peer.podSelector || {}).matchLabels || {};
+    if (peer.ipBlock || Object.keys(namespaces).length === 0 ||
+        Object.keys(scraper).length === 0) {
+      fail(where, `admits ${JSON.stringify(peer)}: a scraper must be chosen ` +
+        "by both a namespace label and a pod label");
+    }
+  }
+  if (!rule.ports || rule.ports.length === 0) {
+    fail(where, "an ingress rule without ports admits every port");
+  }
+  for (const p of rule.ports || []) {
+    if ((p.protocol || "TCP") !== "TCP" || p.endPort !== undefined ||
+        p.port !== port) {
+      fail(where, `admits a scraper to port ${JSON.stringify(p)}; only the ` +
+        `metrics port ${port} is for it`);
+    }
+  }
+}
+
 function checkNetworkPolicies(daemons) {
   const shards = daemons.filter((d) => d.daemon === "ps_server");
   if (shards.length === 0) return;
+  const podMetrics = new Map();
+  for (const d of daemons) podMetrics.set(d.pod, metricsPort(d));
   const clients = new Set(daemons.filter((d) => d.daemon !== "ps_server").map((d) => d.pod));
   const shardPods = new Set(shards.map((d) => d.pod));
   const ports = new Set(shards.map((d) => (listenPort(d) || {}).port)
@@ -282,6 +329,10 @@ function checkNetworkPolicies(daemons) {
     for (const policy of applying) {
       const where = `NetworkPolicy ${policy.metadata.name} (for ${pod.where})`;
       for (const rule of policy.spec.ingress || []) {
+        if ((rule.from || []).some((peer) => peer.namespaceSelector)) {
+          checkScraperRule(where, rule, podMetrics.has(pod) ? podMetrics.get(pod) : null);
+          continue;
+        }
         if (!shardPods.has(pod)) {
           fail(where, "admits connections to a pod that serves nothing");
           continue;
@@ -324,7 +375,34 @@ function checkNetworkPolicies(daemons) {
   }
 }
 
+// The Prometheus Operator's PodMonitors: each selects pods of the render,
+// and scrapes a port that every pod it selects names.
+function checkPodMonitors() {
+  for (const monitor of objects.filter((o) => o.kind === "PodMonitor")) {
+    const where = `PodMonitor ${monitor.metadata.name}`;
+    const spec = monitor.spec || {};
+    const selected = pods.filter((p) => selects(spec.selector || {}, p.labels, where));
+    if (selected.length === 0) {
+      fail(where, "selects no pod of the render");
+      continue;
+    }
+    const endpoints = spec.podMetricsEndpoints || [];
+    if (endpoints.length === 0) fail(where, "has no podMetricsEndpoints");
+    for (const endpoint of endpoints) {
+      for (const pod of selected) {
+        const named = pod.spec.containers.some((c) =>
+          (c.ports || []).some((p) => p.name === endpoint.port));
+        if (!named) {
+          fail(where, `scrapes port ${JSON.stringify(endpoint.port)}, which ` +
+            `${pod.where} does not name`);
+        }
+      }
+    }
+  }
+}
+
 pods.forEach(checkPod);
 checkNetworkPolicies(checkDaemons());
+checkPodMonitors();
 errors.forEach((e) => console.error(e));
 process.exitCode = errors.length > 0 ? 1 : 0;
