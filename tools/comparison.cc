@@ -136,6 +136,18 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
         run.placement = network != nullptr ? &network->placement() : nullptr;
         run.max_restarts = options.max_restarts;
         run.tls_dir = options.tls_dir;
+        // Every daemon serves Prometheus metrics, on free loopback ports
+        // listed in the run's metrics_targets.json (not on emulated hosts,
+        // whose addresses this machine does not share).
+        if (network == nullptr) {
+          absl::StatusOr<int> port = FreePortRange(servers + workers + 1);
+          if (port.ok()) {
+            run.metrics_port = *port;
+          } else {
+            common::LogWarning("compare: %s; this run serves no metrics",
+                               port.status().message());
+          }
+        }
         run.on_progress = [&](const RunProgressSample& sample) {
           progress.Sample(sample);
         };
