@@ -99,6 +99,17 @@ class CompareReportTest(unittest.TestCase):
                       "user-space proxies)",
                       compare_report.format_summary(results))
 
+    def test_legends_name_the_runs_where_modes_repeat(self):
+        a = run("sync-s2-w2 float32", "sync", 2, [point(1.0, 0.5)])
+        b = run("sync-s2-w2 two-way 1-bit", "sync", 2, [point(1.0, 0.5)])
+        self.assertEqual(compare_report._label(a, False), "sync")
+        self.assertEqual(compare_report._label(a, False, same_modes=True),
+                         "sync-s2-w2 float32")
+        self.assertEqual(compare_report._label(b, False, same_modes=True),
+                         "sync-s2-w2 two-way 1-bit")
+        self.assertEqual(compare_report._label(a, True),
+                         "sync (2 servers, 2 workers)")
+
     def test_faults_get_a_column_counting_each_runs_kills_stops_restarts(self):
         events = [
             {"time_s": 1.5, "what": "kill server 1 (SIGKILL)"},

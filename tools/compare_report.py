@@ -147,7 +147,11 @@ def format_summary(results, target=None):
              format_table(summary_rows(results, target), target)))
 
 
-def _label(run, many_sizes):
+def _label(run, many_sizes, same_modes=False):
+    """A run's legend entry: its mode, with the counts in a sweep; its name
+    where several runs share a mode (other configs of it)."""
+    if same_modes and run.get("name"):
+        return run["name"]
     if many_sizes:
         return "%s (%d servers, %d workers)" % (run["mode"], run["servers"],
                                                  run["workers"])
@@ -166,6 +170,7 @@ def write_plots(results, out_dir):
         return []
     runs = results["runs"]
     many_sizes = len({(r["servers"], r["workers"]) for r in runs}) > 1
+    same_modes = len({r["mode"] for r in runs}) < len(runs) and not many_sizes
     title_suffix = ""
     if results["link"] != "loopback":
         title_suffix = " - link " + results["link"]
@@ -180,7 +185,7 @@ def write_plots(results, out_dir):
         for run in runs:
             xs = [x_of(p) for p in run["curve"]]
             ys = [p[y_key] for p in run["curve"]]
-            line, = ax.plot(xs, ys, marker=".", label=_label(run, many_sizes))
+            line, = ax.plot(xs, ys, marker=".", label=_label(run, many_sizes, same_modes))
             if not events:
                 continue
             # The run's faults and restarts, in its colour: a dashed line
@@ -248,7 +253,7 @@ def write_plots(results, out_dir):
         fig, ax = plt.subplots(figsize=(8, 5))
         for run, fractions in with_staleness:
             ax.plot(range(len(fractions)), fractions, marker="o",
-                    label=_label(run, many_sizes))
+                    label=_label(run, many_sizes, same_modes))
         longest = max(len(f) for _, f in with_staleness)
         ax.set_xticks(range(longest) if longest <= 20 else
                       range(0, longest, max(1, longest // 10)))
@@ -270,7 +275,7 @@ def write_plots(results, out_dir):
     if with_phases:
         fig, ax = plt.subplots(
             figsize=(8, 2.0 + 0.5 * len(with_phases)))
-        labels = [_label(r, many_sizes) for r, _ in with_phases]
+        labels = [_label(r, many_sizes, same_modes) for r, _ in with_phases]
         names = []
         for _, phases in with_phases:
             names += [n for n, _ in phases if n not in names]
