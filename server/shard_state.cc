@@ -499,9 +499,10 @@ void ShardState::PassOver(int worker_rank, int64_t offset, int64_t samples) {
   AddSaturating(skipped_samples_[worker_rank], samples);
 }
 
-void ShardState::RecordBackupDrop() {
+void ShardState::RecordBackupDrop(int64_t bytes) {
   absl::MutexLock lock(&stats_mu_);
   AddSaturating(backup_dropped_, 1);
+  AddSaturating(bytes_pushed_, bytes);
 }
 
 void ShardState::RecordRefusedUpdate() {

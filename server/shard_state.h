@@ -246,9 +246,9 @@ class ShardState {
   void PassOver(int worker_rank, int64_t offset, int64_t samples);
   // An update refused as one that would overflow (StatsResponse).
   void RecordRefusedUpdate();
-  // A sync push dropped because its step closed without it (backup
-  // workers).
-  void RecordBackupDrop();
+  // A sync push of `bytes` on the wire dropped because its step closed
+  // without it (backup workers): counted, its bytes with the pushed ones.
+  void RecordBackupDrop(int64_t bytes);
   // A push refused with `code`.
   void RecordRejectedPush(absl::StatusCode code);
   void RecordPulledBytes(int64_t bytes);

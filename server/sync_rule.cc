@@ -74,7 +74,7 @@ class SyncRule : public UpdateRule {
       if (push.base_version < version && TakeDropped(push)) {
         // Its step closed without it (backup workers): dropped, and the
         // worker carries on from the current weights.
-        state_->RecordBackupDrop();
+        state_->RecordBackupDrop(push.wire_bytes);
         result.version = version;
         result.stale = true;
         return result;

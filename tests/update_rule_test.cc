@@ -283,6 +283,8 @@ TEST(SyncBackupTest, AStepClosesWithAllButTheBackupsAndDropsTheLatePush) {
   EXPECT_EQ(Weights(*rule), expected);
   StatsResponse stats = state.Stats();
   EXPECT_EQ(stats.backup_dropped_pushes(), 1);
+  // Its bytes crossed the wire: counted with the pushed ones (100 each).
+  EXPECT_EQ(stats.bytes_pushed(), 300);
   EXPECT_EQ(stats.duplicate_pushes(), 0);
   EXPECT_THAT(stats.samples_skipped_by_worker(),
               UnorderedElementsAre(Pair(2, 4)));
