@@ -3,12 +3,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
 #include "worker/dataset.h"
 #include "worker/training_loop.h"
+#include "worker/worker_counters.h"
 
 namespace monsoon::worker {
 namespace {
@@ -70,6 +72,38 @@ TEST(BatchStreamTest, SkippingPastTheEndLeavesNothing) {
       BatchStream::Create(&data, ResolvedConfig(kConfig), 1, 2));
   EXPECT_FALSE(beyond.Skip(10));
   EXPECT_FALSE(beyond.Next());
+}
+
+// A straggler (WorkerContext.slowdown) waits, after each step, slowdown - 1
+// times the compute time that step's compute phase recorded.
+TEST(ProgressLogTest, ASlowdownWaitsItsFactorLessOneOfEachStepsCompute) {
+  const Dataset data = Indexed();
+  WorkerContext context;
+  context.config = ResolvedConfig(kConfig);
+  context.log_interval = absl::ZeroDuration();
+  WorkerCounters counters;
+  context.counters = &counters;
+  context.slowdown = 3;
+  std::vector<absl::Duration> waits;
+  context.sleep = [&](absl::Duration d) { waits.push_back(d); };
+  ASSERT_OK_AND_ASSIGN(BatchStream batches,
+                       BatchStream::Create(&data, context.config, 0, 1));
+  ProgressLog progress(context, batches);
+  auto& compute = counters.phases[static_cast<int>(Phase::kCompute)];
+  compute.Observe(0.25);
+  progress.Step(1.0, 8);
+  compute.Observe(0.125);
+  compute.Observe(0.5);  // two computations in one step (a local step)
+  progress.Step(1.0, 8);
+  progress.Step(1.0, 8);  // nothing computed: no wait
+  EXPECT_THAT(waits, ::testing::ElementsAre(absl::Milliseconds(500),
+                                            absl::Milliseconds(1250)));
+  // Without a slowdown, nothing waits.
+  context.slowdown = 1;
+  ProgressLog plain(context, batches);
+  compute.Observe(0.25);
+  plain.Step(1.0, 8);
+  EXPECT_EQ(waits.size(), 2u);
 }
 
 }  // namespace

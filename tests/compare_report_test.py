@@ -99,6 +99,40 @@ class CompareReportTest(unittest.TestCase):
                       "user-space proxies)",
                       compare_report.format_summary(results))
 
+    def test_medians_over_seeds_per_variant_with_their_spread(self):
+        def seeded(variant, seed, reach, accuracy, rate):
+            curve = [point(1.0, 0.5), point(reach, 0.9)] if reach else [
+                point(1.0, 0.5)]
+            r = run("%s-s2-w2-seed%d" % (variant, seed), "sync", 2, curve,
+                    variant=variant, seed=seed, samples_per_s=rate)
+            r["final_test_accuracy"] = accuracy
+            return r
+        results = dict(RESULTS, runs=[
+            seeded("sync", 1, 10.0, 0.86, 100.0),
+            seeded("sync", 2, 30.0, 0.88, 300.0),
+            seeded("sync", 3, 20.0, 0.87, 200.0),
+            seeded("sync+backup_workers=1", 1, 5.0, 0.85, 400.0),
+            seeded("sync+backup_workers=1", 2, None, 0.84, 500.0),
+        ])
+        rows = compare_report.variant_medians(results, 0.85)
+        self.assertEqual(len(rows), 2)
+        self.assertEqual(rows[0]["variant"], "sync")
+        self.assertEqual(rows[0]["time_to_target_s"], 20.0)
+        self.assertEqual(rows[0]["time_spread"], (10.0, 30.0))
+        self.assertEqual(rows[0]["final_test_accuracy"], 0.87)
+        self.assertEqual(rows[0]["samples_per_s"], 200.0)
+        self.assertEqual((rows[1]["reached"], rows[1]["seeds"]), (1, 2))
+        self.assertEqual(rows[1]["time_to_target_s"], 5.0)
+        self.assertEqual(rows[1]["final_test_accuracy"], 0.845)
+        table = compare_report.format_medians(rows, 0.85).splitlines()
+        self.assertEqual(
+            table[2], "| sync (2 servers, 2 workers) | 3 of 3 | "
+            "20.0 s (10.0-30.0) | 0.8700 (0.8600-0.8800) | 200 |")
+        self.assertIn("## Medians over seeds",
+                      compare_report.format_summary(results, 0.85))
+        # Without seeds, no such table.
+        self.assertEqual(compare_report.variant_medians(RESULTS), [])
+
     def test_legends_name_the_runs_where_modes_repeat(self):
         a = run("sync-s2-w2 float32", "sync", 2, [point(1.0, 0.5)])
         b = run("sync-s2-w2 two-way 1-bit", "sync", 2, [point(1.0, 0.5)])

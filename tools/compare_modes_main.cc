@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
@@ -24,6 +25,19 @@
 
 ABSL_FLAG(std::string, modes, "sync,downpour,easgd,hogwild,onebit",
           "Comma-separated modes to compare, run in this order.");
+ABSL_FLAG(std::string, variants, "",
+          "Instead of --modes: configurations to compare, separated by ';', "
+          "each a mode and config fields set on top, e.g. "
+          "'sync;sync+backup_workers=1;downpour;downpour+max_staleness=4'. "
+          "Runs and plot legends are named by them.");
+ABSL_FLAG(std::string, seeds, "",
+          "Comma-separated seeds: every configuration runs once per seed "
+          "(named ...-seedN), and the summary adds each one's medians over "
+          "seeds with their spread. Empty: the config's seed, once.");
+ABSL_FLAG(std::string, straggler, "",
+          "Stragglers in every run: RANK:FACTOR[,RANK:FACTOR], worker RANK's "
+          "steps taking FACTOR times as long (it waits FACTOR-1 times its "
+          "measured compute time after each step; ps_worker --slowdown).");
 ABSL_FLAG(std::string, servers, "2",
           "Shard counts: one value, or a "
           "comma-separated sweep such as 1,2.");
@@ -141,6 +155,33 @@ int main(int argc, char** argv) {
   if (options.modes.empty()) {
     return Fail(kConfigError, absl::InvalidArgumentError("--modes is empty"));
   }
+  if (const std::string variants = absl::GetFlag(FLAGS_variants);
+      !variants.empty()) {
+    auto parsed = monsoon::tools::ParseVariants(variants);
+    if (!parsed.ok()) return Fail(kConfigError, parsed.status());
+    options.variants = *std::move(parsed);
+    options.modes.clear();
+    for (const auto& variant : options.variants) {
+      options.modes.push_back(variant.mode);
+    }
+  }
+  for (absl::string_view text :
+       absl::StrSplit(absl::GetFlag(FLAGS_seeds), ',', absl::SkipEmpty())) {
+    uint64_t seed = 0;
+    if (!absl::SimpleAtoi(text, &seed)) {
+      return Fail(kConfigError,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "--seeds: '", text, "' is not a non-negative integer")));
+    }
+    options.seeds.push_back(seed);
+  }
+  if (auto stragglers =
+          monsoon::tools::ParseStragglers(absl::GetFlag(FLAGS_straggler));
+      !stragglers.ok()) {
+    return Fail(kConfigError, stragglers.status());
+  } else {
+    options.stragglers = *std::move(stragglers);
+  }
   auto servers = Counts("servers", absl::GetFlag(FLAGS_servers));
   if (!servers.ok()) return Fail(kConfigError, servers.status());
   auto workers = Counts("workers", absl::GetFlag(FLAGS_workers));
@@ -150,12 +191,28 @@ int main(int argc, char** argv) {
   options.config_for = [](monsoon::Mode mode) {
     return monsoon::tools::ConfigFromFlags(mode);
   };
-  // Every mode's config must resolve before anything starts.
+  // Every mode's and variant's config must resolve before anything starts.
   std::string data_dir;
   for (monsoon::Mode mode : options.modes) {
     auto config = options.config_for(mode);
     if (!config.ok()) return Fail(kConfigError, config.status());
     data_dir = config->data_dir();
+  }
+  for (const auto& variant : options.variants) {
+    auto base = options.config_for(variant.mode);
+    if (!base.ok()) return Fail(kConfigError, base.status());
+    auto config = monsoon::tools::ApplyVariant(variant, *base);
+    if (!config.ok()) return Fail(kConfigError, config.status());
+  }
+  for (int w : options.workers) {
+    for (const auto& [rank, factor] : options.stragglers) {
+      if (rank >= w) {
+        return Fail(kConfigError,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "--straggler rank ", rank, " but a run of ", w,
+                        " workers has ranks 0 to ", w - 1)));
+      }
+    }
   }
   if (auto s = monsoon::worker::CheckIdxDatasetFiles(data_dir); !s.ok()) {
     return Fail(kConfigError, s);

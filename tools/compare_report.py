@@ -67,6 +67,62 @@ def summary_rows(results, target=None):
     return rows
 
 
+def _median(values):
+    values = sorted(values)
+    n = len(values)
+    if n == 0:
+        return None
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def variant_medians(results, target=None):
+    """Where runs repeat a configuration over seeds (their "seed" field):
+    one row per variant and counts with the medians over its seeds and
+    their spread (min, max). Time to target counts only the seeds that
+    reached it (`reached` of `seeds`). Empty when no run has a seed."""
+    if target is None:
+        target = results["target_accuracy"]
+    groups = {}
+    for run in results["runs"]:
+        if "seed" not in run:
+            continue
+        key = (run.get("variant", run["mode"]), run["servers"], run["workers"])
+        groups.setdefault(key, []).append(run)
+    rows = []
+    for (variant, servers, workers), runs in groups.items():
+        times = [t for t in (time_to_target(r["curve"], target) for r in runs)
+                 if t is not None]
+        accuracies = [r["final_test_accuracy"] for r in runs]
+        rates = [r["samples_per_s"] for r in runs]
+        rows.append({
+            "variant": variant, "servers": servers, "workers": workers,
+            "seeds": len(runs), "reached": len(times),
+            "time_to_target_s": _median(times),
+            "time_spread": (min(times), max(times)) if times else None,
+            "final_test_accuracy": _median(accuracies),
+            "accuracy_spread": (min(accuracies), max(accuracies)),
+            "samples_per_s": _median(rates),
+        })
+    return rows
+
+
+def format_medians(rows, target):
+    lines = ["| configuration | seeds reaching %.2f | time to %.2f (min-max) | "
+             "final test accuracy (min-max) | samples/s |" % (target, target),
+             "|---|---|---|---|---|"]
+    for r in rows:
+        reached = ("%.1f s (%.1f-%.1f)" % ((r["time_to_target_s"],) +
+                                           r["time_spread"])
+                   if r["time_to_target_s"] is not None else "not reached")
+        lines.append("| %s (%d servers, %d workers) | %d of %d | %s | "
+                     "%.4f (%.4f-%.4f) | %.0f |" % (
+                         r["variant"], r["servers"], r["workers"],
+                         r["reached"], r["seeds"], reached,
+                         r["final_test_accuracy"], r["accuracy_spread"][0],
+                         r["accuracy_spread"][1], r["samples_per_s"]))
+    return "\n".join(lines) + "\n"
+
+
 def staleness_fractions(run):
     """The run's pushes per staleness as fractions of all its pushes
     (index = staleness; the last entry counts every push at least that
@@ -141,10 +197,15 @@ def format_summary(results, target=None):
     chaos = ""
     if results.get("chaos"):
         chaos = " Faults injected into every run: %s." % results["chaos"]
-    return ("# Monsoon mode comparison\n\nNetwork: %s. Time to target: first "
-            "evaluation at or above %.2f test accuracy.%s\n\n%s" %
-            (link, target, chaos,
-             format_table(summary_rows(results, target), target)))
+    summary = ("# Monsoon mode comparison\n\nNetwork: %s. Time to target: "
+               "first evaluation at or above %.2f test accuracy.%s\n\n%s" %
+               (link, target, chaos,
+                format_table(summary_rows(results, target), target)))
+    medians = variant_medians(results, target)
+    if medians:
+        summary += ("\n## Medians over seeds\n\n" +
+                    format_medians(medians, target))
+    return summary
 
 
 def _label(run, many_sizes, same_modes=False):

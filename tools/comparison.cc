@@ -7,9 +7,13 @@
 #include <fstream>
 #include <memory>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/log.h"
@@ -90,6 +94,89 @@ class RunProgress {
 
 }  // namespace
 
+absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view text) {
+  std::vector<Variant> variants;
+  for (absl::string_view spec :
+       absl::StrSplit(text, ';', absl::SkipWhitespace())) {
+    spec = absl::StripAsciiWhitespace(spec);
+    std::vector<absl::string_view> parts = absl::StrSplit(spec, '+');
+    Variant variant;
+    variant.name = std::string(spec);
+    absl::StatusOr<Mode> mode = common::ParseMode(parts[0]);
+    if (!mode.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variant '", spec, "': ", mode.status().message()));
+    }
+    variant.mode = *mode;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const size_t eq = parts[i].find('=');
+      if (eq == absl::string_view::npos || eq == 0 ||
+          eq + 1 == parts[i].size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "variant '", spec, "': '", parts[i],
+            "' is not FIELD=VALUE (e.g. downpour+max_staleness=4)"));
+      }
+      absl::StrAppend(&variant.overrides, parts[i].substr(0, eq), ": ",
+                      parts[i].substr(eq + 1), "\n");
+    }
+    for (const Variant& seen : variants) {
+      if (seen.name == variant.name) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("variant '", spec, "' is given twice"));
+      }
+    }
+    variants.push_back(std::move(variant));
+  }
+  if (variants.empty()) {
+    return absl::InvalidArgumentError("no variant given");
+  }
+  return variants;
+}
+
+absl::StatusOr<TrainingConfig> ApplyVariant(const Variant& variant,
+                                            const TrainingConfig& base) {
+  TrainingConfig config = base;
+  if (!variant.overrides.empty()) {
+    absl::StatusOr<TrainingConfig> overrides =
+        common::ParseConfigText(variant.overrides);
+    if (!overrides.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variant '", variant.name, "': ", overrides.status().message()));
+    }
+    config.MergeFrom(*overrides);
+  }
+  absl::StatusOr<TrainingConfig> resolved = common::ResolveConfig(config);
+  if (!resolved.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "variant '", variant.name, "': ", resolved.status().message()));
+  }
+  return resolved;
+}
+
+absl::StatusOr<std::map<int, double>> ParseStragglers(absl::string_view text) {
+  std::map<int, double> stragglers;
+  for (absl::string_view spec :
+       absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const size_t colon = spec.find(':');
+    int rank = -1;
+    double factor = 0;
+    if (colon == absl::string_view::npos ||
+        !absl::SimpleAtoi(spec.substr(0, colon), &rank) || rank < 0 ||
+        !absl::SimpleAtod(spec.substr(colon + 1), &factor) ||
+        !(factor >= 1 && factor <= 100)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "straggler '", spec,
+          "' is not RANK:FACTOR with a rank of 0 or more and a factor from 1 "
+          "to 100 (e.g. 1:3, worker 1 three times slower)"));
+    }
+    if (!stragglers.emplace(rank, factor).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("straggler rank ", rank, " is given twice"));
+    }
+  }
+  return stragglers;
+}
+
 absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
                                                ProcessSupervisor* supervisor) {
   ComparisonResult result;
@@ -109,72 +196,96 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
         result.delay_emulated = network->delay_emulated();
         result.delay_method = network->delay_method();
       }
-      for (Mode mode : options.modes) {
-        absl::StatusOr<TrainingConfig> config = options.config_for(mode);
-        if (!config.ok()) return config.status();
-        const std::string name =
-            absl::StrCat(common::ModeName(mode), "-s", servers, "-w", workers);
-        const std::string work_dir = runs + "/" + name;
-        mkdir(work_dir.c_str(), 0755);
-        const std::string log_path = logs + "/" + name + ".log";
-        std::FILE* log = std::fopen(log_path.c_str(), "w");
-        if (log == nullptr) {
-          return absl::InternalError("cannot write " + log_path);
+      std::vector<Variant> variants = options.variants;
+      if (variants.empty()) {
+        for (Mode mode : options.modes) {
+          variants.push_back({common::ModeName(mode), mode, ""});
         }
-        RunProgress progress(name, config->epochs(), log);
-        supervisor->set_line_sink([&](int id, const std::string& line) {
-          progress.Line(supervisor->role(id), line);
-        });
-        LocalClusterOptions run;
-        run.config = *config;
-        run.servers = servers;
-        run.workers = workers;
-        run.bin_dir = options.bin_dir;
-        run.work_dir = work_dir;
-        run.eval_interval_s = options.eval_interval_s;
-        run.time_limit_s = options.time_limit_s;
-        run.placement = network != nullptr ? &network->placement() : nullptr;
-        run.max_restarts = options.max_restarts;
-        run.tls_dir = options.tls_dir;
-        // Every daemon serves Prometheus metrics, on free loopback ports
-        // listed in the run's metrics_targets.json (not on emulated hosts,
-        // whose addresses this machine does not share).
-        if (network == nullptr) {
-          absl::StatusOr<int> port = FreePortRange(servers + workers + 1);
-          if (port.ok()) {
-            run.metrics_port = *port;
-          } else {
-            common::LogWarning("compare: %s; this run serves no metrics",
-                               port.status().message());
-          }
-        }
-        run.on_progress = [&](const RunProgressSample& sample) {
-          progress.Sample(sample);
-        };
-        absl::StatusOr<std::vector<Fault>> faults =
-            ParseChaos(options.chaos, servers, workers);
-        if (!faults.ok()) return faults.status();
-        run.faults = *std::move(faults);
-        absl::StatusOr<RunMetrics> metrics = RunLocalCluster(run, supervisor);
-        supervisor->StopAll(absl::Seconds(5));
-        supervisor->set_line_sink(nullptr);
-        std::fclose(log);
-        if (!metrics.ok()) {
-          std::printf("\n");
-          return absl::Status(
-              metrics.status().code(),
-              absl::StrCat(name, ": ", metrics.status().message(),
-                           " (log: ", log_path, ")"));
-        }
-        const auto& curve = metrics->curve;
-        progress.Done(curve.points(curve.points_size() - 1).test_accuracy(),
-                      metrics->train_time_s > 0
-                          ? metrics->trained_samples / metrics->train_time_s
-                          : 0.0,
-                      metrics->stopped_by_time_limit);
-        std::ofstream(work_dir + "/metrics.json") << MetricsJson(*metrics);
-        result.runs.push_back({name, *std::move(metrics)});
       }
+      std::vector<int64_t> seeds(options.seeds.begin(), options.seeds.end());
+      if (seeds.empty()) seeds.push_back(-1);  // the config's
+      for (const auto& [rank, factor] : options.stragglers) {
+        if (rank >= workers) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("straggler rank ", rank, " but a run of ", workers,
+                           " workers has ranks 0 to ", workers - 1));
+        }
+      }
+      for (const Variant& variant : variants)
+        for (int64_t seed : seeds) {
+          absl::StatusOr<TrainingConfig> base =
+              options.config_for(variant.mode);
+          if (!base.ok()) return base.status();
+          if (seed >= 0) base->set_seed(static_cast<uint64_t>(seed));
+          absl::StatusOr<TrainingConfig> config = ApplyVariant(variant, *base);
+          if (!config.ok()) return config.status();
+          const std::string name =
+              absl::StrCat(variant.name, "-s", servers, "-w", workers,
+                           seeds.size() > 1 ? absl::StrCat("-seed", seed) : "");
+          const std::string work_dir = runs + "/" + name;
+          mkdir(work_dir.c_str(), 0755);
+          const std::string log_path = logs + "/" + name + ".log";
+          std::FILE* log = std::fopen(log_path.c_str(), "w");
+          if (log == nullptr) {
+            return absl::InternalError("cannot write " + log_path);
+          }
+          RunProgress progress(name, config->epochs(), log);
+          supervisor->set_line_sink([&](int id, const std::string& line) {
+            progress.Line(supervisor->role(id), line);
+          });
+          LocalClusterOptions run;
+          run.config = *config;
+          run.servers = servers;
+          run.workers = workers;
+          run.bin_dir = options.bin_dir;
+          run.work_dir = work_dir;
+          run.eval_interval_s = options.eval_interval_s;
+          run.time_limit_s = options.time_limit_s;
+          run.placement = network != nullptr ? &network->placement() : nullptr;
+          run.max_restarts = options.max_restarts;
+          run.tls_dir = options.tls_dir;
+          run.slowdown = options.stragglers;
+          // Every daemon serves Prometheus metrics, on free loopback ports
+          // listed in the run's metrics_targets.json (not on emulated hosts,
+          // whose addresses this machine does not share).
+          if (network == nullptr) {
+            absl::StatusOr<int> port = FreePortRange(servers + workers + 1);
+            if (port.ok()) {
+              run.metrics_port = *port;
+            } else {
+              common::LogWarning("compare: %s; this run serves no metrics",
+                                 port.status().message());
+            }
+          }
+          run.on_progress = [&](const RunProgressSample& sample) {
+            progress.Sample(sample);
+          };
+          absl::StatusOr<std::vector<Fault>> faults =
+              ParseChaos(options.chaos, servers, workers);
+          if (!faults.ok()) return faults.status();
+          run.faults = *std::move(faults);
+          absl::StatusOr<RunMetrics> metrics = RunLocalCluster(run, supervisor);
+          supervisor->StopAll(absl::Seconds(5));
+          supervisor->set_line_sink(nullptr);
+          std::fclose(log);
+          if (!metrics.ok()) {
+            std::printf("\n");
+            return absl::Status(
+                metrics.status().code(),
+                absl::StrCat(name, ": ", metrics.status().message(),
+                             " (log: ", log_path, ")"));
+          }
+          const auto& curve = metrics->curve;
+          progress.Done(curve.points(curve.points_size() - 1).test_accuracy(),
+                        metrics->train_time_s > 0
+                            ? metrics->trained_samples / metrics->train_time_s
+                            : 0.0,
+                        metrics->stopped_by_time_limit);
+          std::ofstream(work_dir + "/metrics.json") << MetricsJson(*metrics);
+          result.runs.push_back({name, variant.name,
+                                 seeds.size() > 1 ? seed : -1,
+                                 *std::move(metrics)});
+        }
     }
   }
   result.results_path = options.out_dir + "/results.json";
@@ -197,8 +308,13 @@ std::string ResultsJson(const ComparisonOptions& options,
   for (size_t i = 0; i < result.runs.size(); ++i) {
     std::string run = MetricsJson(result.runs[i].metrics);
     // Name the run in its object: {"name": "...", ...}.
-    run.insert(1,
-               absl::StrFormat("\n  \"name\": \"%s\",", result.runs[i].name));
+    run.insert(1, absl::StrFormat("\n  \"name\": %s,\n  \"variant\": %s,%s",
+                                  JsonQuoted(result.runs[i].name),
+                                  JsonQuoted(result.runs[i].variant),
+                                  result.runs[i].seed >= 0
+                                      ? absl::StrFormat("\n  \"seed\": %d,",
+                                                        result.runs[i].seed)
+                                      : ""));
     if (!run.empty() && run.back() == '\n') run.pop_back();
     absl::StrAppend(&json, run, i + 1 < result.runs.size() ? ",\n" : "\n");
   }

@@ -7,11 +7,13 @@
 #define MONSOON_TOOLS_COMPARISON_H_
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/config.pb.h"
 #include "tools/emulated_network.h"
 #include "tools/metrics.h"
@@ -19,8 +21,38 @@
 
 namespace monsoon::tools {
 
+// One configuration to compare: a mode and config fields set on top of the
+// mode's config ("downpour+max_staleness=4").
+struct Variant {
+  std::string name;  // as given: "downpour+max_staleness=4"
+  Mode mode = MODE_UNSPECIFIED;
+  std::string overrides;  // text format: "max_staleness: 4\n"
+};
+
+// Parses "VARIANT;VARIANT;...", each "MODE[+FIELD=VALUE]..." (any
+// TrainingConfig field, its value as text format writes it).
+// INVALID_ARGUMENT naming the variant for an unknown mode or an empty
+// field; the fields themselves are checked when applied (ApplyVariant).
+absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view text);
+
+// The resolved config of `variant`: `base` (the mode's config) with the
+// overrides set, resolved again. INVALID_ARGUMENT naming the variant for a
+// field that does not exist, a bad value, or an option the mode refuses.
+absl::StatusOr<TrainingConfig> ApplyVariant(const Variant& variant,
+                                            const TrainingConfig& base);
+
+// Parses "RANK:FACTOR[,RANK:FACTOR]..." (--straggler): rank -> slowdown,
+// each factor from 1 to 100, each rank once.
+absl::StatusOr<std::map<int, double>> ParseStragglers(absl::string_view text);
+
 struct ComparisonOptions {
+  // Each mode's config as it is (no variants given), or the variants.
   std::vector<Mode> modes;
+  std::vector<Variant> variants;
+  // Each run once per seed (the config's seed when empty).
+  std::vector<uint64_t> seeds;
+  // Stragglers in every run (LocalClusterOptions.slowdown).
+  std::map<int, double> stragglers;
   std::vector<int> servers;  // one sweep point per count
   std::vector<int> workers;
   // The resolved config for a mode (mode-dependent defaults differ).
@@ -40,7 +72,9 @@ struct ComparisonOptions {
 };
 
 struct ComparedRun {
-  std::string name;  // "downpour-s2-w2"
+  std::string name;  // "downpour-s2-w2", "downpour+max_staleness=4-s2-w2-seed3"
+  std::string variant;  // "downpour+max_staleness=4" (the mode without one)
+  int64_t seed = -1;    // with several seeds, else -1
   RunMetrics metrics;
 };
 

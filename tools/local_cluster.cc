@@ -595,6 +595,9 @@ absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
       }
     }
     if (json_logs) daemon.argv.push_back("--log_format=json");
+    if (auto it = options.slowdown.find(r); it != options.slowdown.end()) {
+      daemon.argv.push_back(absl::StrCat("--slowdown=", it->second));
+    }
     if (placed) {
       daemon.argv = Placed(options.placement->worker_prefix[r], daemon.argv);
     }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,8 @@ struct LocalClusterOptions {
   // WORK_DIR/metrics_targets.json lists them for Prometheus'
   // file_sd_configs (labels role and, for shards and workers, index).
   int metrics_port = 0;
+  // Stragglers: worker rank -> slowdown factor (ps_worker --slowdown).
+  std::map<int, double> slowdown;
   // Workers keep serving their final metrics this long after training
   // (ps_worker --metrics_linger_s); with metrics only.
   double metrics_linger_s = 0;

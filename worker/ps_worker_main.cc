@@ -86,6 +86,10 @@ ABSL_FLAG(double, metrics_linger_s, 0,
           "metrics this many seconds (or until a signal) before exiting, so "
           "that a Prometheus scraping every N s sees them; set it above the "
           "scrape interval (env MONSOON_METRICS_LINGER_S).");
+ABSL_FLAG(double, slowdown, 1,
+          "For experiments with stragglers: after each step wait (FACTOR - 1) "
+          "times that step's compute time, so that this worker's steps take "
+          "about FACTOR times as long (1 to 100; 1: no wait).");
 ABSL_FLAG(bool, resume, true,
           "Start this rank's data after the examples the servers have "
           "already applied from it, so that a restarted worker continues "
@@ -171,6 +175,12 @@ int main(int argc, char** argv) {
     return Fail(kConfigError, absl::InvalidArgumentError(absl::StrFormat(
                                   "--rank=%d must be in [0, --num_workers=%d)",
                                   rank, num_workers)));
+  }
+  if (const double slowdown = absl::GetFlag(FLAGS_slowdown);
+      !(slowdown >= 1 && slowdown <= 100)) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--slowdown must be from 1 to 100, got ", slowdown)));
   }
   if (const double linger = absl::GetFlag(FLAGS_metrics_linger_s);
       !(linger >= 0 && linger <= 3600)) {
@@ -272,6 +282,13 @@ int main(int argc, char** argv) {
             "--shard_lost_timeout_s must be from 0 to 1e6, got ", lost_s)));
   }
   context.shard_lost_timeout = absl::Seconds(lost_s);
+  context.slowdown = absl::GetFlag(FLAGS_slowdown);
+  if (context.slowdown > 1) {
+    monsoon::common::Log(
+        "ps_worker: rank %d: a straggler: each step waits %g times its "
+        "compute time (--slowdown=%g)",
+        rank, context.slowdown - 1, context.slowdown);
+  }
   // SIGTERM or SIGINT stops training between steps.
   context.stop = &termination.terminated();
   monsoon::worker::PlaceWorker(**client, *config, absl::GetFlag(FLAGS_resume),

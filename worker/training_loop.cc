@@ -170,6 +170,20 @@ ProgressLog::ProgressLog(const WorkerContext& context,
       last_log_(start_) {}
 
 void ProgressLog::Step(double loss, int64_t samples) {
+  if (context_.slowdown > 1 && context_.counters != nullptr) {
+    const double computed =
+        context_.counters->phases[static_cast<int>(Phase::kCompute)].Read().sum;
+    const absl::Duration wait =
+        absl::Seconds((context_.slowdown - 1) * (computed - compute_seconds_));
+    compute_seconds_ = computed;
+    if (wait > absl::ZeroDuration()) {
+      if (context_.sleep) {
+        context_.sleep(wait);
+      } else {
+        absl::SleepFor(wait);
+      }
+    }
+  }
   const absl::Time now = absl::Now();
   if (result_.steps == 0) result_.first_step = start_;
   result_.last_step = now;

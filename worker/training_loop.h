@@ -63,6 +63,13 @@ struct WorkerContext {
   // How long a loop waits for a lost shard to come back (RideOut) before
   // it gives up.
   absl::Duration shard_lost_timeout = absl::Minutes(5);
+  // A straggler for experiments (ps_worker --slowdown): after each step the
+  // worker waits (slowdown - 1) times that step's compute time, as measured
+  // by its compute phase (counters needed), so that its steps take about
+  // slowdown times as long as its peers'. 1: none.
+  double slowdown = 1;
+  // How the wait is spent; null: absl::SleepFor (tests record it instead).
+  std::function<void(absl::Duration)> sleep;
 };
 
 // Whether a failed call lost a shard that may come back: UNAVAILABLE (it
@@ -194,6 +201,8 @@ class ProgressLog {
   const absl::Time start_;
   absl::Time last_log_;
   int64_t last_samples_ = 0;
+  // The compute phase's total at the last step (for the slowdown).
+  double compute_seconds_ = 0;
   WorkerResult result_;
   double loss_sum_ = 0;
   int loss_count_ = 0;
