@@ -91,33 +91,40 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      needed >> 20, " MiB, more than this machine's ",
                      memory >> 20, " MiB: use more shards or a smaller model"));
   }
+  // Options that keep shard-sized arrays per worker: refused where they
+  // would not fit, saying what they keep.
+  auto per_worker = [&](int arrays, const std::string& what,
+                        const std::string& instead) -> absl::Status {
+    const uint64_t kept = static_cast<uint64_t>(arrays) *
+                          static_cast<uint64_t>(options.num_workers) *
+                          range.size() * sizeof(float);
+    if (memory == 0 || needed + kept <= memory) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", arrays, " x ", options.num_workers, " x ", range.size(),
+        " parameters = ", kept >> 20, " MiB on shard ", options.shard,
+        ", which with its ", needed >> 20, " MiB does not fit this machine's ",
+        memory >> 20, " MiB: use more shards, fewer workers, or ", instead));
+  };
   // Compressed pulls in downpour and onebit keep each worker's copy and
-  // residual: two shard-sized arrays per worker.
+  // residual.
   if (options.config.pull_compression() == COMPRESSION_ONEBIT &&
       options.config.mode() != SYNC) {
-    const uint64_t kept = 2 * static_cast<uint64_t>(options.num_workers) *
-                          range.size() * sizeof(float);
-    if (memory > 0 && needed + kept > memory) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "pull_compression keeps each worker's copy and residual: 2 x ",
-          options.num_workers, " x ", range.size(), " parameters = ",
-          kept >> 20, " MiB on shard ", options.shard, ", which with its ",
-          needed >> 20, " MiB does not fit this machine's ", memory >> 20,
-          " MiB: use more shards, fewer workers, or float32 pulls"));
+    if (absl::Status fits =
+            per_worker(2,
+                       "pull_compression keeps each worker's copy and "
+                       "residual",
+                       "float32 pulls");
+        !fits.ok()) {
+      return fits;
     }
   }
-  // Delay compensation keeps the version each worker last pulled: up to one
-  // more shard-sized buffer per worker.
+  // Delay compensation keeps the version each worker last pulled.
   if (options.config.delay_compensation() > 0) {
-    const uint64_t kept = static_cast<uint64_t>(options.num_workers) *
-                          range.size() * sizeof(float);
-    if (memory > 0 && needed + kept > memory) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "delay_compensation keeps each worker's last pulled weights: ",
-          options.num_workers, " x ", range.size(), " parameters = ",
-          kept >> 20, " MiB on shard ", options.shard, ", which with its ",
-          needed >> 20, " MiB does not fit this machine's ", memory >> 20,
-          " MiB: use more shards, fewer workers, or no delay_compensation"));
+    if (absl::Status fits = per_worker(
+            1, "delay_compensation keeps each worker's last pulled weights",
+            "no delay_compensation");
+        !fits.ok()) {
+      return fits;
     }
   }
   if (!(options.max_abs_gradient > 0) ||

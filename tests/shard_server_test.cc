@@ -401,6 +401,36 @@ TEST(ShardServerOptionsTest, AShardLargerThanTheMachineIsRefusedFirst) {
                        HasSubstr("use more shards or a smaller model")));
 }
 
+// Options that keep shard-sized arrays per worker are refused where those
+// would not fit, with what they keep: 16.8 million parameters (268 MB of
+// shard state, which fits) times 100000 workers does not.
+TEST(ShardServerOptionsTest, PerWorkerStateThatDoesNotFitIsRefused) {
+  ShardServerOptions options = Options(
+      "layer_sizes: [4096, 4096] mode: DOWNPOUR delay_compensation: 0.04", 0, 1,
+      100000, "");
+  EXPECT_THAT(ShardServer::Start(options),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("delay_compensation keeps each worker's last "
+                                 "pulled weights: 1 x 100000 x 16781312")));
+  options = Options(
+      "layer_sizes: [4096, 4096] mode: ONEBIT "
+      "pull_compression: COMPRESSION_ONEBIT",
+      0, 1, 100000, "");
+  EXPECT_THAT(ShardServer::Start(options),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("pull_compression keeps each worker's copy "
+                                 "and residual: 2 x 100000")));
+}
+
+TEST(ShardServerOptionsTest, BackupWorkersMustBeFewerThanTheWorkers) {
+  EXPECT_THAT(
+      ShardServer::Start(Options(
+          "layer_sizes: [6, 5, 3] mode: SYNC backup_workers: 2", 0, 1, 2, "")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("backup_workers must be fewer than the "
+                         "workers")));
+}
+
 TEST(ShardServerCheckpointTest, SaveWithoutCheckpointDirIsFailedPrecondition) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardServer> server,
                        ShardServer::Start(Options(kSyncConfig, 0, 1, 1, "")));
