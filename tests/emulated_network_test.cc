@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,19 @@ std::string Output(const std::string& command) {
   while (fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
   pclose(pipe);
   return out;
+}
+
+TEST(ParseWorkerRatesTest, RanksAndRatesWithoutDelay) {
+  ASSERT_OK_AND_ASSIGN(auto rates, ParseWorkerRates("1:20mbit,0:500kbit"));
+  EXPECT_EQ(rates, (std::map<int, int64_t>{{0, 500000}, {1, 20000000}}));
+  ASSERT_OK_AND_ASSIGN(auto none, ParseWorkerRates(""));
+  EXPECT_TRUE(none.empty());
+  for (const char* bad :
+       {"1", "x:20mbit", "-1:20mbit", "1:fast", "1:20mbit,1:10mbit"}) {
+    EXPECT_THAT(ParseWorkerRates(bad),
+                testutil::StatusIs(absl::StatusCode::kInvalidArgument))
+        << bad;
+  }
 }
 
 TEST(ParseLinkTest, ReadsRateAndDelay) {

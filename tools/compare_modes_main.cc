@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, straggler, "",
           "Stragglers in every run: RANK:FACTOR[,RANK:FACTOR], worker RANK's "
           "steps taking FACTOR times as long (it waits FACTOR-1 times its "
           "measured compute time after each step; ps_worker --slowdown).");
+ABSL_FLAG(std::string, link_worker, "",
+          "With --link: RANK:RATE[,RANK:RATE], worker RANK's link shaped to "
+          "RATE instead (e.g. 1:20mbit; the delay stays --link's).");
 ABSL_FLAG(std::string, servers, "2",
           "Shard counts: one value, or a "
           "comma-separated sweep such as 1,2.");
@@ -224,6 +227,25 @@ int main(int argc, char** argv) {
       return Fail(kConfigError, s);
     }
     options.link = *link;
+    auto rates =
+        monsoon::tools::ParseWorkerRates(absl::GetFlag(FLAGS_link_worker));
+    if (!rates.ok()) return Fail(kConfigError, rates.status());
+    options.worker_rates = *std::move(rates);
+    for (int w : options.workers) {
+      for (const auto& [rank, rate] : options.worker_rates) {
+        if (rank >= w) {
+          return Fail(kConfigError,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "--link_worker rank ", rank, " but a run of ", w,
+                          " workers has ranks 0 to ", w - 1)));
+        }
+      }
+    }
+  } else if (!absl::GetFlag(FLAGS_link_worker).empty()) {
+    return Fail(kConfigError,
+                absl::InvalidArgumentError(
+                    "--link_worker shapes a worker's emulated link: give "
+                    "--link too"));
   }
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
   if (max_restarts < 0 || max_restarts > 100) {

@@ -190,7 +190,8 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
       std::unique_ptr<EmulatedNetwork> network;
       if (options.link.has_value()) {
         absl::StatusOr<std::unique_ptr<EmulatedNetwork>> created =
-            EmulatedNetwork::Create(servers, workers, *options.link);
+            EmulatedNetwork::Create(servers, workers, *options.link,
+                                    options.worker_rates);
         if (!created.ok()) return created.status();
         network = *std::move(created);
         result.delay_emulated = network->delay_emulated();

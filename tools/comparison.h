@@ -63,6 +63,8 @@ struct ComparisonOptions {
   double eval_interval_s = 0.5;
   double target_accuracy = 0.85;
   std::optional<LinkSpec> link;
+  // With link: worker rank -> its link's rate (--link_worker).
+  std::map<int, int64_t> worker_rates;
   // LocalClusterOptions.max_restarts for every run.
   int max_restarts = 3;
   // --chaos, injected into every run (ParseChaos against its counts).

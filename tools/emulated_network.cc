@@ -138,8 +138,34 @@ absl::Status CheckNetworkPrivileges() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::map<int, int64_t>> ParseWorkerRates(
+    absl::string_view text) {
+  std::map<int, int64_t> rates;
+  for (absl::string_view spec :
+       absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const size_t colon = spec.find(':');
+    int rank = -1;
+    absl::StatusOr<LinkSpec> rate = colon == absl::string_view::npos
+                                        ? absl::InvalidArgumentError("no ':'")
+                                        : ParseLink(spec.substr(colon + 1));
+    if (colon == absl::string_view::npos ||
+        !absl::SimpleAtoi(spec.substr(0, colon), &rank) || rank < 0 ||
+        !rate.ok() || rate->delay_ms > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--link_worker '", spec,
+          "' is not RANK:RATE (e.g. 1:20mbit; the delay is --link's)"));
+    }
+    if (!rates.emplace(rank, rate->rate_bits_per_s).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--link_worker rank ", rank, " is given twice"));
+    }
+  }
+  return rates;
+}
+
 absl::StatusOr<std::unique_ptr<EmulatedNetwork>> EmulatedNetwork::Create(
-    int servers, int workers, const LinkSpec& link) {
+    int servers, int workers, const LinkSpec& link,
+    const std::map<int, int64_t>& worker_rates) {
   if (auto s = CheckNetworkPrivileges(); !s.ok()) return s;
   if (servers > 60 || workers > 120) {
     return absl::InvalidArgumentError(
@@ -147,7 +173,14 @@ absl::StatusOr<std::unique_ptr<EmulatedNetwork>> EmulatedNetwork::Create(
   }
   RemoveStaleNetworks();
   std::unique_ptr<EmulatedNetwork> network(new EmulatedNetwork());
-  absl::Status built = network->Build(servers, workers, link);
+  for (const auto& [rank, rate] : worker_rates) {
+    if (rank >= workers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--link_worker rank ", rank, " but a run of ", workers,
+                       " workers has ranks 0 to ", workers - 1));
+    }
+  }
+  absl::Status built = network->Build(servers, workers, link, worker_rates);
   if (!built.ok()) {
     network->TearDown().IgnoreError();
     return built;
@@ -189,8 +222,9 @@ absl::Status EmulatedNetwork::Shape(const std::string& netns,
   return Run(tc);
 }
 
-absl::Status EmulatedNetwork::Build(int servers, int workers,
-                                    const LinkSpec& link) {
+absl::Status EmulatedNetwork::Build(
+    int servers, int workers, const LinkSpec& link,
+    const std::map<int, int64_t>& worker_rates) {
   prefix_ = absl::StrCat("mon", getpid());
   const int subnet = getpid() % 250 + 1;
   const std::string data_bridge = prefix_ + "d";
@@ -211,7 +245,7 @@ absl::Status EmulatedNetwork::Build(int servers, int workers,
   }
   // One host: a namespace with a shaped link to the data bridge.
   auto add_host = [&](const std::string& role, int index, int host,
-                      bool control) -> absl::Status {
+                      bool control, const LinkSpec& link) -> absl::Status {
     const std::string ns = absl::StrCat(prefix_, "-", role, index);
     if (auto s = Ip({"netns", "add", ns}); !s.ok()) return s;
     namespaces_.push_back(ns);
@@ -245,7 +279,7 @@ absl::Status EmulatedNetwork::Build(int servers, int workers,
   };
   for (int s = 0; s < servers; ++s) {
     const int host = 10 + s;
-    if (auto status = add_host("s", s, host, true); !status.ok()) {
+    if (auto status = add_host("s", s, host, true, link); !status.ok()) {
       return status;
     }
     placement_.server_prefix.push_back(
@@ -257,7 +291,14 @@ absl::Status EmulatedNetwork::Build(int servers, int workers,
         absl::StrCat(control_net, host, ":", kServerPort));
   }
   for (int w = 0; w < workers; ++w) {
-    if (auto status = add_host("w", w, 100 + w, false); !status.ok()) {
+    LinkSpec worker_link = link;
+    if (auto it = worker_rates.find(w); it != worker_rates.end()) {
+      worker_link.rate_bits_per_s = it->second;
+      common::Log("network: worker %d's link shaped to %d bit/s", w,
+                  it->second);
+    }
+    if (auto status = add_host("w", w, 100 + w, false, worker_link);
+        !status.ok()) {
       return status;
     }
     placement_.worker_prefix.push_back(

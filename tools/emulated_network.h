@@ -12,6 +12,7 @@
 #define MONSOON_TOOLS_EMULATED_NETWORK_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,10 +39,18 @@ absl::StatusOr<LinkSpec> ParseLink(absl::string_view text);
 // FAILED_PRECONDITION say what is missing.
 absl::Status CheckNetworkPrivileges();
 
+// Parses "RANK:RATE[,RANK:RATE]..." (--link_worker): worker RANK's link has
+// RATE instead of --link's (the delay stays --link's). INVALID_ARGUMENT for
+// a bad rank or rate, a delay, or a rank given twice.
+absl::StatusOr<std::map<int, int64_t>> ParseWorkerRates(absl::string_view text);
+
 class EmulatedNetwork {
  public:
+  // `worker_rates` (rank -> bits per second) overrides link's rate on those
+  // workers' links.
   static absl::StatusOr<std::unique_ptr<EmulatedNetwork>> Create(
-      int servers, int workers, const LinkSpec& link);
+      int servers, int workers, const LinkSpec& link,
+      const std::map<int, int64_t>& worker_rates = {});
   ~EmulatedNetwork();  // TearDown()
   EmulatedNetwork(const EmulatedNetwork&) = delete;
   EmulatedNetwork& operator=(const EmulatedNetwork&) = delete;
@@ -62,7 +71,8 @@ class EmulatedNetwork {
 
  private:
   EmulatedNetwork() = default;
-  absl::Status Build(int servers, int workers, const LinkSpec& link);
+  absl::Status Build(int servers, int workers, const LinkSpec& link,
+                     const std::map<int, int64_t>& worker_rates);
   absl::Status Shape(const std::string& netns, const std::string& device,
                      const LinkSpec& link);
 
