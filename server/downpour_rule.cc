@@ -19,7 +19,13 @@
 // copy to the current weights (with the residual added, error feedback),
 // and its copy on both sides becomes the old one plus the decoded
 // difference, equal bit for bit. Any other pull is a full one, which resets
-// the copy to the weights sent. Two shard-sized arrays per worker.
+// the copy to the weights sent. Two shard-sized arrays per worker. The copy
+// is named by the shard version of the answer that made it: every answer a
+// worker holds its copy for is a push-pull's, which includes that worker's
+// push, so two such answers never share a version, and an answer that was
+// lost (the shard's copy moved on, the worker's did not) shows at the next
+// pull, which is then a full one; a loop's resync after a lost shard pulls
+// in full too.
 
 #include <algorithm>
 #include <map>
