@@ -7,6 +7,7 @@
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -69,6 +70,22 @@ absl::Status ApplyFlagEnvironmentAndWarn(absl::string_view program) {
         program, variable, program);
   }
   return absl::OkStatus();
+}
+
+void ShowFlagsInHelp(const std::string& main_file,
+                     const std::vector<std::string>& also) {
+  std::vector<std::string> files = also;
+  files.push_back(main_file);
+  files.push_back("common/log.cc");
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [files](absl::string_view path) {
+    for (const std::string& file : files) {
+      if (absl::StrContains(path, file)) return true;
+    }
+    return false;
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
 }
 
 absl::Status CheckFlagNames(int argc, char** argv) {

@@ -32,6 +32,13 @@ absl::Status ApplyFlagEnvironmentAndWarn(absl::string_view program);
 // so that they can exit with code 2 (a configuration error, not retried).
 absl::Status CheckFlagNames(int argc, char** argv);
 
+// Makes --help (and --helpshort) list the flags defined in `main_file` and
+// in the libraries every daemon shares (common/log.cc: --log_format), and
+// in `also` (paths relative to the workspace, such as
+// "tools/config_flags.cc"). Call from main() before parsing.
+void ShowFlagsInHelp(const std::string& main_file,
+                     const std::vector<std::string>& also = {});
+
 }  // namespace monsoon::common
 
 #endif  // MONSOON_COMMON_FLAG_ENV_H_

@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
       !names.ok()) {
     return Fail(kConfigError, names.ToString());
   }
+  monsoon::common::ShowFlagsInHelp("server/ps_server_main.cc");
   absl::ParseCommandLine(argc, argv);
 
   auto config =

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/flag_env.h"
 
 ABSL_FLAG(int, epochs, 0,
           "Passes over each worker's data (0: the config's, "
@@ -88,14 +89,7 @@ absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode) {
 }
 
 void ShowConfigFlagsInHelp(const char* main_file) {
-  absl::FlagsUsageConfig config;
-  const std::string main(main_file);
-  config.contains_help_flags = [main](absl::string_view path) {
-    return absl::StrContains(path, main) ||
-           absl::StrContains(path, "tools/config_flags.cc");
-  };
-  config.contains_helpshort_flags = config.contains_help_flags;
-  absl::SetFlagsUsageConfig(config);
+  common::ShowFlagsInHelp(main_file, {"tools/config_flags.cc"});
 }
 
 }  // namespace monsoon::tools

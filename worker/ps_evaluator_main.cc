@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
       !names.ok()) {
     return Fail(kConfigError, names);
   }
+  monsoon::common::ShowFlagsInHelp("worker/ps_evaluator_main.cc");
   absl::ParseCommandLine(argc, argv);
   const absl::Time start = absl::Now();
 

@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
       !names.ok()) {
     return Fail(kConfigError, names);
   }
+  monsoon::common::ShowFlagsInHelp("worker/ps_worker_main.cc");
   absl::ParseCommandLine(argc, argv);
 
   auto config =
