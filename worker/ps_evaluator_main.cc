@@ -25,6 +25,7 @@
 #include "common/tls.h"
 #include "proto/metrics.pb.h"
 #include "worker/backend_factory.h"
+#include "worker/client_flags.h"
 #include "worker/dataset.h"
 #include "worker/evaluator.h"
 #include "worker/mlp.h"
@@ -48,24 +49,6 @@ ABSL_FLAG(double, interval_s, 2, "Seconds between evaluations.");
 ABSL_FLAG(std::string, curve_out, "",
           "Where to write the curve "
           "(text-format monsoon.EvalCurve); empty: log only.");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA certificate that signed the servers' certificates: turns "
-          "TLS on (env MONSOON_TLS_CA).");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM client certificate (with --tls_key), for servers that require "
-          "one (env MONSOON_TLS_CERT).");
-ABSL_FLAG(std::string, tls_key, "",
-          "PEM private key of --tls_cert (env MONSOON_TLS_KEY).");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the run's secret token, the same as the servers' "
-          "(env MONSOON_AUTH_TOKEN_FILE).");
-ABSL_FLAG(double, peer_timeout_s, 30,
-          "Seconds a shard may stay silent before its connection counts as "
-          "lost (a frozen or partitioned host): pinged after half, dropped "
-          "after the rest (env MONSOON_PEER_TIMEOUT_S).");
-ABSL_FLAG(double, connect_timeout_s, 60,
-          "How long to keep trying to reach "
-          "the servers at start-up.");
 
 namespace {
 
@@ -111,7 +94,8 @@ int main(int argc, char** argv) {
       !names.ok()) {
     return Fail(kConfigError, names);
   }
-  monsoon::common::ShowFlagsInHelp("worker/ps_evaluator_main.cc");
+  monsoon::common::ShowFlagsInHelp("worker/ps_evaluator_main.cc",
+                                   {"worker/client_flags.cc"});
   absl::ParseCommandLine(argc, argv);
   const absl::Time start = absl::Now();
 
@@ -134,29 +118,9 @@ int main(int argc, char** argv) {
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
   options.config = *config;
   options.worker_rank = -1;
-  options.connect_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
-  if (!(absl::GetFlag(FLAGS_peer_timeout_s) >= 2 &&
-        absl::GetFlag(FLAGS_peer_timeout_s) <= 1e6)) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "--peer_timeout_s must be from 2 to 1e6 seconds, got ",
-                    absl::GetFlag(FLAGS_peer_timeout_s))));
-  }
-  options.peer_timeout = absl::Seconds(absl::GetFlag(FLAGS_peer_timeout_s));
-  {
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        monsoon::common::ChannelCredentialsFrom({absl::GetFlag(FLAGS_tls_cert),
-                                                 absl::GetFlag(FLAGS_tls_key),
-                                                 absl::GetFlag(FLAGS_tls_ca)});
-    if (!credentials.ok()) return Fail(kConfigError, credentials.status());
-    options.credentials = *std::move(credentials);
-  }
-  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    absl::StatusOr<std::string> token =
-        monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
-    if (!token.ok()) return Fail(kConfigError, token.status());
-    options.auth_token = *std::move(token);
+  if (absl::Status applied = monsoon::worker::ApplyClientFlags(&options);
+      !applied.ok()) {
+    return Fail(kConfigError, applied);
   }
   options.stop = &termination.terminated();
   options.log_every = absl::Seconds(10);

@@ -1,0 +1,58 @@
+#include "worker/client_flags.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/tls.h"
+
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate that signed the servers' certificates: turns "
+          "TLS on (env MONSOON_TLS_CA).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate (with --tls_key), for servers that require "
+          "one (env MONSOON_TLS_CERT).");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls_cert (env MONSOON_TLS_KEY).");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the run's secret token, the same as the servers' "
+          "(env MONSOON_AUTH_TOKEN_FILE).");
+ABSL_FLAG(double, peer_timeout_s, 30,
+          "Seconds a shard may stay silent before its connection counts as "
+          "lost (a frozen or partitioned host): pinged after half, dropped "
+          "after the rest (env MONSOON_PEER_TIMEOUT_S).");
+ABSL_FLAG(double, connect_timeout_s, 60,
+          "How long to keep trying to reach "
+          "the servers at start-up.");
+
+namespace monsoon::worker {
+
+absl::Status ApplyClientFlags(PsClientOptions* options) {
+  options->connect_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  if (!(absl::GetFlag(FLAGS_peer_timeout_s) >= 2 &&
+        absl::GetFlag(FLAGS_peer_timeout_s) <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer_timeout_s must be from 2 to 1e6 seconds, got ",
+                     absl::GetFlag(FLAGS_peer_timeout_s)));
+  }
+  options->peer_timeout = absl::Seconds(absl::GetFlag(FLAGS_peer_timeout_s));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      common::ChannelCredentialsFrom({absl::GetFlag(FLAGS_tls_cert),
+                                      absl::GetFlag(FLAGS_tls_key),
+                                      absl::GetFlag(FLAGS_tls_ca)});
+  if (!credentials.ok()) return credentials.status();
+  options->credentials = *std::move(credentials);
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    absl::StatusOr<std::string> token =
+        common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
+    if (!token.ok()) return token.status();
+    options->auth_token = *std::move(token);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace monsoon::worker
