@@ -599,6 +599,22 @@ def is_scraper_rule(policy, rule):
     return True
 
 
+def curve_points(pod):
+    """(time_s, samples) of every point of the curve the evaluator pod
+    wrote (its --curve_out, on its volume)."""
+    path = flags_of(pod.argv)["curve_out"]
+    points = []
+    with open(path) as f:
+        for match in re.finditer(
+                r"points \{(.*?)\n\}", f.read(), re.S):
+            body = match.group(1)
+            t = re.search(r"time_s: ([0-9.e+-]+)", body)
+            n = re.search(r"samples: (\d+)", body)
+            points.append((float(t.group(1)) if t else 0.0,
+                           int(n.group(1)) if n else 0))
+    return points
+
+
 def scrape(pod):
     """GET /metrics on the pod's metrics port: Prometheus text with the
     pod's monsoon_build_info and the process metrics, or a Failure."""
@@ -747,6 +763,27 @@ def run(objects, bin_dir, probe, make_certs):
             if code != 0:
                 raise Failure(f"{pod.name}: exit code {code} after SIGTERM\n"
                               f"{cluster.tail(pod)}")
+        # A rescheduled evaluator continues the curve on its volume.
+        for pod in services:
+            curve = curve_points(pod)
+            cluster.start(pod, suffix="-restarted")
+            deadline = time.monotonic() + 60
+            while ("continuing the curve" not in cluster.tail(pod, 20) and
+                   pod.process.poll() is None and
+                   time.monotonic() < deadline):
+                time.sleep(0.2)
+            code = cluster.terminate(pod)
+            after = curve_points(pod)
+            times = [t for t, _ in after]
+            if (code != 0 or len(after) <= len(curve) or
+                    after[:len(curve)] != curve or times != sorted(times)):
+                raise Failure(f"restarted {pod.name}: exit code {code}; the "
+                              f"curve went from {len(curve)} points to "
+                              f"{len(after)} (expected the same points and "
+                              f"more, times not going back)\n"
+                              f"{cluster.tail(pod, 30)}")
+            log(f"restarted {pod.name} continued its curve: {len(curve)} "
+                f"points, then {len(after)}")
         checkpoints = {}
         for pod in servers:
             code = cluster.terminate(pod)

@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -47,8 +49,10 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda.");
 ABSL_FLAG(double, interval_s, 2, "Seconds between evaluations.");
 ABSL_FLAG(std::string, curve_out, "",
-          "Where to write the curve "
-          "(text-format monsoon.EvalCurve); empty: log only.");
+          "Where to write the curve (text-format monsoon.EvalCurve), after "
+          "every point; empty: log only. An evaluator started again with the "
+          "same file continues its curve (a file that does not parse is kept "
+          "as FILE.damaged-<time> and a new curve starts).");
 
 namespace {
 
@@ -57,6 +61,38 @@ constexpr int kConfigError = 2;
 int Fail(int code, const absl::Status& status) {
   monsoon::common::LogError("ps_evaluator: %s", status.ToString());
   return code;
+}
+
+// The curve an earlier evaluator of this run left in `path`, to continue: its
+// points and time 0 (`start`, when the file has it; else its last point
+// counts as now). None when there is no such file. A file that does not
+// parse is kept, renamed to PATH.damaged-<unix time>, with an error logged,
+// and the curve starts afresh.
+std::optional<monsoon::EvalCurve> EarlierCurve(const std::string& path,
+                                               absl::Time* start) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  monsoon::EvalCurve curve;
+  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &curve)) {
+    const std::string kept =
+        absl::StrCat(path, ".damaged-", absl::ToUnixSeconds(absl::Now()));
+    std::rename(path.c_str(), kept.c_str());
+    monsoon::common::LogError(
+        "ps_evaluator: %s does not parse as a curve (text-format "
+        "monsoon.EvalCurve); kept as %s, starting a new curve",
+        path, kept);
+    return std::nullopt;
+  }
+  if (curve.start_unix_s() > 0) {
+    *start =
+        absl::FromUnixMicros(static_cast<int64_t>(curve.start_unix_s() * 1e6));
+  } else if (curve.points_size() > 0) {
+    *start = absl::Now() -
+             absl::Seconds(curve.points(curve.points_size() - 1).time_s());
+  }
+  return curve;
 }
 
 // Replaces `path` atomically, so that a reader never sees half a file.
@@ -97,7 +133,21 @@ int main(int argc, char** argv) {
   monsoon::common::ShowFlagsInHelp("worker/ps_evaluator_main.cc",
                                    {"worker/client_flags.cc"});
   absl::ParseCommandLine(argc, argv);
-  const absl::Time start = absl::Now();
+  absl::Time start = absl::Now();
+  // A restarted evaluator (a rescheduled pod) continues the run's curve.
+  monsoon::EvalCurve curve;
+  if (const std::string path = absl::GetFlag(FLAGS_curve_out); !path.empty()) {
+    if (std::optional<monsoon::EvalCurve> earlier =
+            EarlierCurve(path, &start)) {
+      curve = *std::move(earlier);
+      monsoon::common::Log(
+          "ps_evaluator: continuing the curve in %s (%d points, time 0 %.0f s "
+          "ago)",
+          path, curve.points_size(),
+          absl::ToDoubleSeconds(absl::Now() - start));
+    }
+  }
+  curve.set_start_unix_s(absl::ToDoubleSeconds(start - absl::UnixEpoch()));
 
   auto config =
       monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
@@ -150,7 +200,6 @@ int main(int argc, char** argv) {
     metrics->Add(eval_metrics);
     monsoon::common::Log("ps_evaluator: metrics on port %d", metrics->port());
   }
-  monsoon::EvalCurve curve;
   const absl::Duration interval =
       absl::Seconds(absl::GetFlag(FLAGS_interval_s));
   bool last = false;
