@@ -1,4 +1,4 @@
-#include "worker/idx_reader.h"
+#include "common/idx_reader.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -12,7 +12,7 @@
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
-namespace monsoon::worker {
+namespace monsoon::common {
 namespace {
 
 using ::monsoon::testutil::IdxBytes;
@@ -216,4 +216,4 @@ TEST(ReadIdxFileTest, CorruptGzipIsInvalidNamingTheFile) {
 }
 
 }  // namespace
-}  // namespace monsoon::worker
+}  // namespace monsoon::common

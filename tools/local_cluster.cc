@@ -30,7 +30,7 @@
 #include "common/log.h"
 #include "common/tls.h"
 #include "worker/dataset.h"
-#include "worker/idx_reader.h"
+#include "common/idx_reader.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::tools {
@@ -123,8 +123,8 @@ absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
 int64_t ExamplesPerEpoch(const TrainingConfig& config, int workers) {
   for (const char* name :
        {"/train-labels-idx1-ubyte.gz", "/train-labels-idx1-ubyte"}) {
-    absl::StatusOr<worker::IdxArray> labels =
-        worker::ReadIdxFile(config.data_dir() + name);
+    absl::StatusOr<common::IdxArray> labels =
+        common::ReadIdxFile(config.data_dir() + name);
     if (!labels.ok() || labels->dims.empty()) continue;
     const int64_t batch = std::max(1, config.batch_size());
     return workers *

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model_layout.h"
-#include "worker/idx_reader.h"
+#include "common/idx_reader.h"
 
 namespace monsoon::worker {
 namespace {
@@ -43,9 +43,9 @@ absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir, Split split) {
   absl::StatusOr<std::string> labels_path =
       FindFile(dir, prefix + "-labels-idx1-ubyte");
   if (!labels_path.ok()) return labels_path.status();
-  absl::StatusOr<IdxArray> images = ReadIdxFile(*images_path);
+  absl::StatusOr<common::IdxArray> images = common::ReadIdxFile(*images_path);
   if (!images.ok()) return images.status();
-  absl::StatusOr<IdxArray> labels = ReadIdxFile(*labels_path);
+  absl::StatusOr<common::IdxArray> labels = common::ReadIdxFile(*labels_path);
   if (!labels.ok()) return labels.status();
   if (images->dims.size() < 2 || labels->dims.size() != 1) {
     return absl::InvalidArgumentError(

@@ -1,7 +1,7 @@
 // Reading IDX files (the MNIST family's format), gzip-compressed or plain.
 // Stateless; thread-safe.
-#ifndef MONSOON_WORKER_IDX_READER_H_
-#define MONSOON_WORKER_IDX_READER_H_
+#ifndef MONSOON_COMMON_IDX_READER_H_
+#define MONSOON_COMMON_IDX_READER_H_
 
 #include <cstdint>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace monsoon::worker {
+namespace monsoon::common {
 
 // An IDX array of unsigned bytes: dims[0] items of dims[1]*dims[2]*... each.
 struct IdxArray {
@@ -28,6 +28,6 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes);
 // (the message names the file).
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path);
 
-}  // namespace monsoon::worker
+}  // namespace monsoon::common
 
-#endif  // MONSOON_WORKER_IDX_READER_H_
+#endif  // MONSOON_COMMON_IDX_READER_H_

@@ -1,4 +1,4 @@
-#include "worker/idx_reader.h"
+#include "common/idx_reader.h"
 
 #include <zlib.h>
 
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace monsoon::worker {
+namespace monsoon::common {
 
 uint64_t IdxArray::item_size() const {
   uint64_t size = 1;
@@ -99,4 +99,4 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
   return array;
 }
 
-}  // namespace monsoon::worker
+}  // namespace monsoon::common
