@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/model_config.h"
+#include "common/model_layout.h"
 
 namespace monsoon::common {
 namespace {
@@ -70,14 +72,16 @@ absl::StatusOr<TrainingConfig> LoadConfigFile(const std::string& path) {
   return config;
 }
 
-absl::StatusOr<TrainingConfig> LoadResolvedConfig(const std::string& path) {
+absl::StatusOr<TrainingConfig> LoadResolvedConfig(const std::string& path,
+                                                  const std::string& data_dir) {
   TrainingConfig raw;
   if (!path.empty()) {
     absl::StatusOr<TrainingConfig> loaded = LoadConfigFile(path);
     if (!loaded.ok()) return loaded.status();
     raw = *std::move(loaded);
   }
-  absl::StatusOr<TrainingConfig> resolved = ResolveConfig(raw);
+  if (!data_dir.empty()) raw.set_data_dir(data_dir);
+  absl::StatusOr<TrainingConfig> resolved = ResolveConfigWithData(raw);
   if (!resolved.ok() && !path.empty()) {
     return absl::Status(resolved.status().code(),
                         absl::StrCat(path, ": ", resolved.status().message()));
@@ -85,24 +89,25 @@ absl::StatusOr<TrainingConfig> LoadResolvedConfig(const std::string& path) {
   return resolved;
 }
 
-absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
+absl::StatusOr<TrainingConfig> ResolveConfigWithData(
+    const TrainingConfig& config) {
+  if (!ModelNeedsData(config)) return ResolveConfig(config);
+  absl::StatusOr<DataShape> data = ReadDataShape(config.data_dir());
+  if (!data.ok()) {
+    return absl::Status(
+        data.status().code(),
+        absl::StrCat("the model takes its input shape and classes from the "
+                     "training data, which cannot be read (or set "
+                     "input_shape and num_classes in the config): ",
+                     data.status().message()));
+  }
+  return ResolveConfig(config, &*data);
+}
+
+absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
+                                             const DataShape* data) {
   TrainingConfig c = input;
-  if (c.layer_sizes_size() == 0) {
-    for (int size : {784, 256, 128, 10}) c.add_layer_sizes(size);
-  }
-  if (c.layer_sizes_size() < 2) {
-    return Invalid("layer_sizes", "needs at least an input and an output size");
-  }
-  for (int size : c.layer_sizes()) {
-    if (size <= 0 || size > (1 << 20)) {
-      return Invalid("layer_sizes",
-                     absl::StrCat("has size ", size,
-                                  "; every layer needs 1 to 1048576 units"));
-    }
-  }
-  if (c.layer_sizes(c.layer_sizes_size() - 1) < 2) {
-    return Invalid("layer_sizes", "needs at least 2 classes in the last layer");
-  }
+  if (absl::Status model = ResolveModel(data, &c); !model.ok()) return model;
   c.set_mode(c.mode());
   if (c.mode() == MODE_UNSPECIFIED) {
     return Invalid("mode",
@@ -178,6 +183,15 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input) {
   }
   if (c.batch_size() < 1 || c.batch_size() > 65536) {
     return Invalid("batch_size", "must be in [1, 65536]");
+  }
+  if (const uint64_t largest =
+          ModelLayout::FromConfig(c).LargestBufferPerExample();
+      largest * c.batch_size() >= (uint64_t{1} << 31)) {
+    return Invalid(
+        "batch_size",
+        absl::StrCat("is too large for this model: a batch's "
+                     "largest buffer would hold ",
+                     largest * c.batch_size(), " values, from 2^31 on"));
   }
   if (c.n_fetch() < 1) return Invalid("n_fetch", "must be at least 1");
   if (c.n_push() < 1) return Invalid("n_push", "must be at least 1");

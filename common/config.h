@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/data_shape.h"
 #include "proto/config.pb.h"
 
 namespace monsoon::common {
@@ -20,13 +21,25 @@ absl::StatusOr<TrainingConfig> ParseConfigText(absl::string_view text);
 // Reads and parses a config file. NOT_FOUND when it cannot be read.
 absl::StatusOr<TrainingConfig> LoadConfigFile(const std::string& path);
 
-// Loads `path` (every default when empty) and resolves it.
-absl::StatusOr<TrainingConfig> LoadResolvedConfig(const std::string& path);
+// Loads `path` (every default when empty), sets data_dir when it is not
+// empty (a daemon's --data_dir), and resolves it with ResolveConfigWithData.
+absl::StatusOr<TrainingConfig> LoadResolvedConfig(
+    const std::string& path, const std::string& data_dir = "");
 
 // Fills every default (mode-dependent ones included) so that every field is
 // set explicitly, and validates ranges. INVALID_ARGUMENT says which field is
-// wrong and what is allowed.
-absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& config);
+// wrong and what is allowed. The model's input shape and classes come from
+// `data` where the config leaves them open (common/model_config.h); with
+// `data` null such a config is INVALID_ARGUMENT. Resolving a resolved
+// config changes nothing.
+absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& config,
+                                             const DataShape* data = nullptr);
+
+// ResolveConfig, first reading the training data's shape from data_dir
+// when the model needs it (ModelNeedsData); the data's errors (NOT_FOUND,
+// INVALID_ARGUMENT) say so.
+absl::StatusOr<TrainingConfig> ResolveConfigWithData(
+    const TrainingConfig& config);
 
 // A stable 64-bit hash of everything in a resolved config that must agree
 // between daemons (all but data_dir).

@@ -28,6 +28,11 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes);
 // (the message names the file).
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path);
 
+// Reads only a file's header (gzip or plain): its dimensions. The same
+// errors as ReadIdxFile for what the header shows (the body is not read,
+// so a truncated body is not noticed here).
+absl::StatusOr<std::vector<uint32_t>> ReadIdxDims(const std::string& path);
+
 }  // namespace monsoon::common
 
 #endif  // MONSOON_COMMON_IDX_READER_H_

@@ -1,28 +1,261 @@
 #include "common/model_layout.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace monsoon::common {
 
-ModelLayout::ModelLayout(const std::vector<int>& layer_sizes)
-    : layer_sizes_(layer_sizes) {
-  uint64_t offset = 0;
-  for (size_t l = 0; l + 1 < layer_sizes.size(); ++l) {
-    const uint64_t in = layer_sizes[l];
-    const uint64_t out = layer_sizes[l + 1];
-    tensors_.push_back({absl::StrCat("layer", l, "/weights"), offset, in, out});
-    offset += in * out;
-    tensors_.push_back({absl::StrCat("layer", l, "/bias"), offset, 1, out});
-    offset += out;
+namespace {
+
+// Bounds that keep every index and GEMM dimension of a batch within int
+// (the backends' BLAS calls take ints): a side of an activation, its
+// values, and the parameters.
+constexpr int kMaxSide = 1 << 15;
+constexpr uint64_t kMaxActivation = uint64_t{1} << 24;
+constexpr uint64_t kMaxParams = uint64_t{1} << 31;
+
+absl::Status LayerError(int index, const std::string& what,
+                        const std::string& message) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("layer ", index, " (", what, "): ", message));
+}
+
+}  // namespace
+
+std::string ShapeString(const Shape& shape) {
+  return absl::StrCat(shape.height, "x", shape.width, "x", shape.channels);
+}
+
+std::string LayerString(const LayerSpec& layer) {
+  switch (layer.kind) {
+    case LayerSpec::Kind::kDense:
+      return absl::StrCat("dense ", layer.out.channels);
+    case LayerSpec::Kind::kConv:
+      return absl::StrCat(
+          "conv ", layer.kernel, "x", layer.kernel, "x", layer.out.channels,
+          layer.stride != 1 ? absl::StrCat(" stride ", layer.stride) : "",
+          layer.padding != 0 ? absl::StrCat(" pad ", layer.padding) : "");
+    case LayerSpec::Kind::kMaxPool:
+      return absl::StrCat("max_pool ", layer.kernel,
+                          layer.stride != layer.kernel
+                              ? absl::StrCat(" stride ", layer.stride)
+                              : "");
+    case LayerSpec::Kind::kRelu:
+      return "relu";
   }
-  num_params_ = offset;
+  return "?";
+}
+
+void ModelLayout::AddParameterized(LayerSpec layer, uint64_t fan_in,
+                                   uint64_t units) {
+  const int ordinal = static_cast<int>(tensors_.size() / 2);
+  layer.weights = static_cast<int>(tensors_.size());
+  tensors_.push_back(
+      {absl::StrCat("layer", ordinal, "/weights"), num_params_, fan_in, units});
+  num_params_ += fan_in * units;
+  layer.bias = static_cast<int>(tensors_.size());
+  tensors_.push_back(
+      {absl::StrCat("layer", ordinal, "/bias"), num_params_, 1, units});
+  num_params_ += units;
+  layers_.push_back(layer);
+}
+
+ModelLayout::ModelLayout(const std::vector<int>& layer_sizes) {
+  input_ = {1, 1, layer_sizes.empty() ? 1 : layer_sizes[0]};
+  for (size_t l = 0; l + 1 < layer_sizes.size(); ++l) {
+    LayerSpec dense{LayerSpec::Kind::kDense};
+    dense.in = {1, 1, layer_sizes[l]};
+    dense.out = {1, 1, layer_sizes[l + 1]};
+    AddParameterized(dense, layer_sizes[l], layer_sizes[l + 1]);
+    if (l + 2 < layer_sizes.size()) {
+      LayerSpec relu{LayerSpec::Kind::kRelu};
+      relu.in = relu.out = dense.out;
+      layers_.push_back(relu);
+    }
+  }
+}
+
+absl::StatusOr<ModelLayout> ModelLayout::Create(
+    const Shape& input, absl::Span<const Layer* const> layers) {
+  if (input.height < 1 || input.width < 1 || input.channels < 1 ||
+      input.height > kMaxSide || input.width > kMaxSide ||
+      input.channels > kMaxSide || input.size() > kMaxActivation) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input shape ", ShapeString(input), " must have sides from 1 to ",
+        kMaxSide, " and at most ", kMaxActivation, " values"));
+  }
+  ModelLayout layout;
+  layout.input_ = input;
+  Shape shape = input;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Layer& layer = *layers[i];
+    const int index = static_cast<int>(i) + 1;
+    LayerSpec spec;
+    spec.in = shape;
+    switch (layer.kind_case()) {
+      case Layer::kDense: {
+        const int units = layer.dense().units();
+        if (!layer.dense().has_units() || units < 1 || units > (1 << 20)) {
+          return LayerError(index, "dense", "units must be from 1 to 1048576");
+        }
+        spec.kind = LayerSpec::Kind::kDense;
+        spec.out = {1, 1, units};
+        if (shape.size() * units > kMaxParams) {
+          return LayerError(
+              index, "dense",
+              absl::StrCat(shape.size(), " x ", units,
+                           " weights are too many (at most ", kMaxParams, ")"));
+        }
+        layout.AddParameterized(spec, shape.size(), units);
+        break;
+      }
+      case Layer::kConv: {
+        const Layer::Conv& conv = layer.conv();
+        const std::string what = absl::StrCat(
+            "conv ", conv.kernel(), "x", conv.kernel(), "x", conv.filters());
+        if (conv.filters() < 1 || conv.filters() > kMaxSide) {
+          return LayerError(
+              index, what,
+              absl::StrCat("filters must be from 1 to ", kMaxSide));
+        }
+        if (conv.kernel() < 1 || conv.kernel() > 64) {
+          return LayerError(index, what, "kernel must be from 1 to 64");
+        }
+        if (conv.stride() < 1 || conv.stride() > 64) {
+          return LayerError(index, what, "stride must be from 1 to 64");
+        }
+        if (conv.padding() < 0 || conv.padding() >= conv.kernel()) {
+          return LayerError(index, what,
+                            "padding must be from 0 to kernel - 1");
+        }
+        const int64_t padded_h = shape.height + 2 * conv.padding();
+        const int64_t padded_w = shape.width + 2 * conv.padding();
+        if (padded_h < conv.kernel() || padded_w < conv.kernel()) {
+          return LayerError(
+              index, what,
+              absl::StrCat("its input is ", ShapeString(shape),
+                           ", smaller than the kernel even with padding ",
+                           conv.padding(),
+                           ": use smaller kernels or fewer pooling layers "
+                           "for images this small"));
+        }
+        spec.kind = LayerSpec::Kind::kConv;
+        spec.kernel = conv.kernel();
+        spec.stride = conv.stride();
+        spec.padding = conv.padding();
+        spec.out = {
+            static_cast<int>((padded_h - conv.kernel()) / conv.stride() + 1),
+            static_cast<int>((padded_w - conv.kernel()) / conv.stride() + 1),
+            conv.filters()};
+        const uint64_t fan_in = static_cast<uint64_t>(conv.kernel()) *
+                                conv.kernel() * shape.channels;
+        if (spec.out.size() > kMaxActivation ||
+            spec.out.height * uint64_t(spec.out.width) * fan_in >
+                kMaxActivation * 64) {
+          return LayerError(index, what,
+                            absl::StrCat("its output ", ShapeString(spec.out),
+                                         " or its patches are too large"));
+        }
+        layout.AddParameterized(spec, fan_in, conv.filters());
+        break;
+      }
+      case Layer::kMaxPool: {
+        const Layer::MaxPool& pool = layer.max_pool();
+        const int stride = pool.has_stride() ? pool.stride() : pool.size();
+        const std::string what = absl::StrCat("max_pool ", pool.size());
+        if (pool.size() < 1 || pool.size() > 64) {
+          return LayerError(index, what, "size must be from 1 to 64");
+        }
+        if (stride < 1 || stride > 64) {
+          return LayerError(index, what, "stride must be from 1 to 64");
+        }
+        if (shape.height < pool.size() || shape.width < pool.size()) {
+          return LayerError(
+              index, what,
+              absl::StrCat("its input is ", ShapeString(shape),
+                           ", smaller than the window: use fewer pooling "
+                           "layers for images this small"));
+        }
+        spec.kind = LayerSpec::Kind::kMaxPool;
+        spec.kernel = pool.size();
+        spec.stride = stride;
+        spec.out = {(shape.height - pool.size()) / stride + 1,
+                    (shape.width - pool.size()) / stride + 1, shape.channels};
+        layout.layers_.push_back(spec);
+        break;
+      }
+      case Layer::kRelu:
+        spec.kind = LayerSpec::Kind::kRelu;
+        spec.out = shape;
+        layout.layers_.push_back(spec);
+        break;
+      case Layer::kFlatten:
+        continue;  // nothing changes in memory
+      case Layer::KIND_NOT_SET:
+        return LayerError(index, "empty",
+                          "say which kind: dense, conv, max_pool, relu or "
+                          "flatten");
+    }
+    if (layout.num_params_ > kMaxParams) {
+      return LayerError(
+          index, LayerString(layout.layers_.back()),
+          absl::StrCat("the model has ", layout.num_params_,
+                       " parameters so far, more than ", kMaxParams));
+    }
+    shape = layout.layers_.back().out;
+  }
+  return layout;
 }
 
 ModelLayout ModelLayout::FromConfig(const TrainingConfig& config) {
-  return ModelLayout(std::vector<int>(config.layer_sizes().begin(),
-                                      config.layer_sizes().end()));
+  if (config.layer_sizes_size() > 0) {
+    return ModelLayout(std::vector<int>(config.layer_sizes().begin(),
+                                        config.layer_sizes().end()));
+  }
+  if (config.input_shape_size() != 3) return ModelLayout();
+  std::vector<const Layer*> layers;
+  for (const Layer& layer : config.layers()) layers.push_back(&layer);
+  absl::StatusOr<ModelLayout> layout = Create(
+      {config.input_shape(0), config.input_shape(1), config.input_shape(2)},
+      layers);
+  return layout.ok() ? *std::move(layout) : ModelLayout();
+}
+
+int ModelLayout::num_classes() const {
+  return layers_.empty() ? 0 : layers_.back().out.channels;
+}
+
+uint64_t ModelLayout::ForwardFlops() const {
+  uint64_t flops = 0;
+  for (const LayerSpec& layer : layers_) {
+    if (layer.weights < 0) continue;
+    const TensorSpec& w = tensors_[layer.weights];
+    flops += 2 * w.size() * layer.out.height * layer.out.width;
+  }
+  return flops;
+}
+
+uint64_t ModelLayout::LargestBufferPerExample() const {
+  uint64_t largest = input_.size();
+  for (const LayerSpec& layer : layers_) {
+    largest = std::max(largest, layer.out.size());
+    if (layer.kind == LayerSpec::Kind::kConv) {
+      largest =
+          std::max(largest, static_cast<uint64_t>(layer.out.height) *
+                                layer.out.width * tensors_[layer.weights].rows);
+    }
+  }
+  return largest;
+}
+
+std::string ModelLayout::Describe() const {
+  std::vector<std::string> parts;
+  for (const LayerSpec& layer : layers_) parts.push_back(LayerString(layer));
+  return absl::StrJoin(parts, ", ");
 }
 
 ShardRange ShardRangeFor(uint64_t num_params, int num_shards, int shard) {
@@ -55,8 +288,9 @@ std::vector<float> UniformValues(size_t n, uint64_t seed, float scale) {
 }
 
 float InitialValue(const ModelLayout& layout, uint64_t seed, uint64_t index) {
-  for (int l = 0; l < layout.num_layers(); ++l) {
-    const TensorSpec& w = layout.weights(l);
+  for (const LayerSpec& layer : layout.layers()) {
+    if (layer.weights < 0) continue;
+    const TensorSpec& w = layout.tensors()[layer.weights];
     if (index >= w.offset && index < w.offset + w.size()) {
       const uint64_t bits = SplitMix64(SplitMix64(seed) ^ index);
       // 24 random bits -> uniform in [-1, 1).

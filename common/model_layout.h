@@ -1,6 +1,7 @@
-// The model's flattened parameter vector, how it is split among shards, and
-// its initial values. Both servers and workers derive all of this from the
-// resolved config alone, so they agree without exchanging it.
+// The model's layers and their shapes, its flattened parameter vector, how
+// that vector is split among shards, and its initial values. Both servers
+// and workers derive all of this from the resolved config alone, so they
+// agree without exchanging it.
 // Stateless functions and immutable values; thread-safe.
 #ifndef MONSOON_COMMON_MODEL_LAYOUT_H_
 #define MONSOON_COMMON_MODEL_LAYOUT_H_
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
 
@@ -19,26 +21,89 @@ struct TensorSpec {
   std::string name;  // "layer0/weights", "layer0/bias", ...
   uint64_t offset;   // first index in the flattened vector
   uint64_t rows;     // weights: fan-in; bias: 1
-  uint64_t cols;     // units of the layer
+  uint64_t cols;     // units (dense) or filters (conv)
   uint64_t size() const { return rows * cols; }
 };
 
-// For layer l (l = 0 .. layers-1): weights [in x out] row-major, then bias
-// [out], in layer order.
+// An activation's shape: height x width x channels, channels last (so a
+// batch of them is a row-major [examples * height * width, channels]
+// matrix). A dense layer's output is 1 x 1 x units.
+struct Shape {
+  int height = 1;
+  int width = 1;
+  int channels = 1;
+  uint64_t size() const {
+    return static_cast<uint64_t>(height) * width * channels;
+  }
+  bool operator==(const Shape& other) const {
+    return height == other.height && width == other.width &&
+           channels == other.channels;
+  }
+  bool operator!=(const Shape& other) const { return !(*this == other); }
+};
+std::string ShapeString(const Shape& shape);  // "28x28x1"
+
+// One layer with its shapes resolved.
+struct LayerSpec {
+  enum class Kind { kDense, kConv, kMaxPool, kRelu };
+  Kind kind;
+  Shape in;
+  Shape out;
+  // kConv: the kernel's side; kMaxPool: the window's side.
+  int kernel = 0;
+  int stride = 1;
+  int padding = 0;  // kConv
+  // Indices into ModelLayout::tensors() (kDense and kConv), else -1.
+  // Weights are [fan-in x units] row-major; a conv's fan-in is ordered
+  // (kernel row, kernel column, input channel), as im2col lays out a patch.
+  int weights = -1;
+  int bias = -1;
+};
+std::string LayerString(const LayerSpec& layer);  // "conv 5x5x6 pad 2", ...
+
 class ModelLayout {
  public:
+  // A multilayer perceptron: layer_sizes is input first, classes last; a
+  // dense layer between each pair, with ReLU after all but the last.
+  // Requires at least 2 positive sizes.
   explicit ModelLayout(const std::vector<int>& layer_sizes);
+
+  // The layers of `layers` on examples of shape `input`; Flatten layers are
+  // skipped (they change nothing in memory). INVALID_ARGUMENT names the
+  // layer (1-based) that does not fit its input, has a bad field, or makes
+  // the model too large; a dense layer's units must be set.
+  static absl::StatusOr<ModelLayout> Create(
+      const Shape& input, absl::Span<const Layer* const> layers);
+
+  // The layout of a resolved config (common/config.h's ResolveConfig): its
+  // layer_sizes or its layers. The config must have passed ResolveConfig;
+  // otherwise the layout has no layers and no parameters.
   static ModelLayout FromConfig(const TrainingConfig& config);
 
+  const std::vector<LayerSpec>& layers() const { return layers_; }
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
-  const std::vector<int>& layer_sizes() const { return layer_sizes_; }
-  int num_layers() const { return static_cast<int>(layer_sizes_.size()) - 1; }
+  const Shape& input() const { return input_; }
+  // The last layer's units: the number of classes.
+  int num_classes() const;
   uint64_t num_params() const { return num_params_; }
-  const TensorSpec& weights(int layer) const { return tensors_[2 * layer]; }
-  const TensorSpec& bias(int layer) const { return tensors_[2 * layer + 1]; }
+  // Multiply-adds times 2 of one example's forward pass through the dense
+  // and conv layers (pooling and ReLU, which do no arithmetic worth the
+  // name, are not counted).
+  uint64_t ForwardFlops() const;
+  // The most floats one example needs in any one buffer: an activation, or
+  // a conv layer's patches (output height x width x fan-in). A batch of B
+  // needs B times this, which must stay below 2^31 for the backends' ints.
+  uint64_t LargestBufferPerExample() const;
+  // "conv 5x5x6 pad 2, relu, max_pool 2, ..., dense 10".
+  std::string Describe() const;
 
  private:
-  std::vector<int> layer_sizes_;
+  ModelLayout() = default;
+  // Appends a layer with weights [fan_in x units] and a bias [units].
+  void AddParameterized(LayerSpec layer, uint64_t fan_in, uint64_t units);
+
+  Shape input_;
+  std::vector<LayerSpec> layers_;
   std::vector<TensorSpec> tensors_;
   uint64_t num_params_ = 0;
 };

@@ -79,6 +79,10 @@ ABSL_FLAG(std::string, config, "",
           "Training config, text-format "
           "monsoon.TrainingConfig; empty means every default (env "
           "MONSOON_CONFIG).");
+ABSL_FLAG(std::string, data_dir, "",
+          "Overrides the config's data_dir (env MONSOON_DATA_DIR). A shard "
+          "reads only the training files' shape, and only when the config "
+          "leaves the model's input shape or classes to the data.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write the chosen port to this "
           "file once serving (for launchers that use port 0).");
@@ -139,8 +143,8 @@ int main(int argc, char** argv) {
   monsoon::common::ShowFlagsInHelp("server/ps_server_main.cc");
   absl::ParseCommandLine(argc, argv);
 
-  auto config =
-      monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
+  auto config = monsoon::common::LoadResolvedConfig(
+      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
   if (!config.ok()) return Fail(kConfigError, config.status().ToString());
 
   monsoon::server::ShardServerOptions options;

@@ -1,5 +1,5 @@
 // A whole cluster in one process: two ShardServers on 127.0.0.1:0, two
-// worker threads (each with its own CpuBackend, Mlp, PsClient and
+// worker threads (each with its own CpuBackend, Model, PsClient and
 // TrainingLoop) and an Evaluator, training on a small synthetic data set in
 // each implemented mode.
 #include <array>
@@ -29,7 +29,7 @@
 #include "worker/cpu_backend.h"
 #include "worker/dataset.h"
 #include "worker/evaluator.h"
-#include "worker/mlp.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
 #include "worker/worker_counters.h"
@@ -106,7 +106,7 @@ class ClusterTest : public testing::Test {
     const common::ModelLayout layout = common::ModelLayout::FromConfig(config);
     struct Worker {
       std::unique_ptr<worker::ComputeBackend> backend;
-      std::unique_ptr<worker::Mlp> mlp;
+      std::unique_ptr<worker::Model> model;
       std::unique_ptr<worker::PsClient> client;
       std::unique_ptr<worker::TrainingLoop> loop;
       worker::WorkerContext context;
@@ -116,9 +116,9 @@ class ClusterTest : public testing::Test {
       Worker& worker = workers[w];
       // One OpenBLAS thread; set here, before any worker thread runs.
       worker.backend = worker::MakeCpuBackend(1);
-      ASSERT_OK_AND_ASSIGN(worker.mlp,
-                           worker::Mlp::Create(worker.backend.get(), layout,
-                                               config.batch_size()));
+      ASSERT_OK_AND_ASSIGN(worker.model,
+                           worker::Model::Create(worker.backend.get(), layout,
+                                                 config.batch_size()));
       ASSERT_OK_AND_ASSIGN(worker.client, Connect(config, w));
       worker.loop = worker::MakeTrainingLoop(config.mode());
       ASSERT_NE(worker.loop, nullptr);
@@ -126,7 +126,7 @@ class ClusterTest : public testing::Test {
       worker.context.rank = w;
       worker.context.num_workers = kWorkers;
       worker.context.train = &train_;
-      worker.context.mlp = worker.mlp.get();
+      worker.context.model = worker.model.get();
       worker.context.client = worker.client.get();
       worker.context.log_interval = absl::ZeroDuration();
       worker.context.counters = &counters_[w];
@@ -144,7 +144,7 @@ class ClusterTest : public testing::Test {
     final_params_.assign(kWorkers, {});
     for (int w : ranks) {
       final_params_[w].resize(layout.num_params());
-      ASSERT_OK(workers[w].mlp->GetParams(absl::MakeSpan(final_params_[w])));
+      ASSERT_OK(workers[w].model->GetParams(absl::MakeSpan(final_params_[w])));
     }
   }
 
@@ -187,11 +187,11 @@ TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   auto backend = worker::MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
-      auto mlp,
-      worker::Mlp::Create(backend.get(),
-                          common::ModelLayout::FromConfig(config), 200));
+      auto model,
+      worker::Model::Create(backend.get(),
+                            common::ModelLayout::FromConfig(config), 200));
   ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
-  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+  worker::Evaluator evaluator(eval_client.get(), model.get(), &test_,
                               absl::Now());
   ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
   EXPECT_EQ(before.version(), 0);
@@ -361,11 +361,11 @@ TEST_F(ClusterTest, DownpourTrainingLowersTheTestLossWithoutABarrier) {
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   auto backend = worker::MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
-      auto mlp,
-      worker::Mlp::Create(backend.get(),
-                          common::ModelLayout::FromConfig(config), 200));
+      auto model,
+      worker::Model::Create(backend.get(),
+                            common::ModelLayout::FromConfig(config), 200));
   ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
-  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+  worker::Evaluator evaluator(eval_client.get(), model.get(), &test_,
                               absl::Now());
   ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
 
@@ -444,11 +444,11 @@ TEST_F(ClusterTest, SyncWithPullCompressionKeepsWorkersEqualToTheShards) {
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   auto backend = worker::MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
-      auto mlp,
-      worker::Mlp::Create(backend.get(),
-                          common::ModelLayout::FromConfig(config), 200));
+      auto model,
+      worker::Model::Create(backend.get(),
+                            common::ModelLayout::FromConfig(config), 200));
   ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
-  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+  worker::Evaluator evaluator(eval_client.get(), model.get(), &test_,
                               absl::Now());
   ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
   ASSERT_NO_FATAL_FAILURE(Train(config));
@@ -489,11 +489,11 @@ TEST_F(ClusterTest, OnebitWithPullCompressionTrainsOnCompressedPulls) {
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   auto backend = worker::MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
-      auto mlp,
-      worker::Mlp::Create(backend.get(),
-                          common::ModelLayout::FromConfig(config), 200));
+      auto model,
+      worker::Model::Create(backend.get(),
+                            common::ModelLayout::FromConfig(config), 200));
   ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
-  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+  worker::Evaluator evaluator(eval_client.get(), model.get(), &test_,
                               absl::Now());
   ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
   ASSERT_NO_FATAL_FAILURE(Train(config));
@@ -524,11 +524,11 @@ TEST_F(ClusterTest, OnebitComposesWithEveryStalenessOption) {
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   auto backend = worker::MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
-      auto mlp,
-      worker::Mlp::Create(backend.get(),
-                          common::ModelLayout::FromConfig(config), 200));
+      auto model,
+      worker::Model::Create(backend.get(),
+                            common::ModelLayout::FromConfig(config), 200));
   ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
-  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+  worker::Evaluator evaluator(eval_client.get(), model.get(), &test_,
                               absl::Now());
   ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
   ASSERT_NO_FATAL_FAILURE(Train(config));
@@ -623,11 +623,11 @@ TEST_P(ShardRestartTest, WorkersRideOutAShardRestartWithNoBatchAppliedTwice) {
   // And the model trained as well as without the failure.
   auto backend = worker::MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
-      auto mlp,
-      worker::Mlp::Create(backend.get(),
-                          common::ModelLayout::FromConfig(config), 200));
+      auto model,
+      worker::Model::Create(backend.get(),
+                            common::ModelLayout::FromConfig(config), 200));
   ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
-  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+  worker::Evaluator evaluator(eval_client.get(), model.get(), &test_,
                               absl::Now());
   ASSERT_OK_AND_ASSIGN(EvalPoint after, evaluator.EvaluateNow());
   EXPECT_GE(after.test_accuracy(), 0.85);
@@ -658,11 +658,11 @@ TEST_P(OtherModesTest, TrainingLowersTheTestLoss) {
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   auto backend = worker::MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
-      auto mlp,
-      worker::Mlp::Create(backend.get(),
-                          common::ModelLayout::FromConfig(config), 200));
+      auto model,
+      worker::Model::Create(backend.get(),
+                            common::ModelLayout::FromConfig(config), 200));
   ASSERT_OK_AND_ASSIGN(auto eval_client, Connect(config, -1));
-  worker::Evaluator evaluator(eval_client.get(), mlp.get(), &test_,
+  worker::Evaluator evaluator(eval_client.get(), model.get(), &test_,
                               absl::Now());
   ASSERT_OK_AND_ASSIGN(EvalPoint before, evaluator.EvaluateNow());
 

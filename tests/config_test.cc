@@ -3,15 +3,19 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/model_config.h"
+#include "common/model_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
+#include "tests/test_util.h"
 
 namespace monsoon::common {
 namespace {
@@ -29,8 +33,15 @@ TrainingConfig Parse(const std::string& text) {
   return config.ok() ? *config : TrainingConfig();
 }
 
-TrainingConfig Resolve(const std::string& text) {
-  absl::StatusOr<TrainingConfig> config = ResolveConfig(Parse(text));
+// What Fashion-MNIST's training files say: 28x28 greyscale, 10 classes.
+const DataShape& FashionMnist() {
+  static const DataShape* shape = new DataShape{{28, 28, 1}, 10};
+  return *shape;
+}
+
+TrainingConfig Resolve(const std::string& text,
+                       const DataShape& data = FashionMnist()) {
+  absl::StatusOr<TrainingConfig> config = ResolveConfig(Parse(text), &data);
   EXPECT_TRUE(config.ok()) << config.status();
   return config.ok() ? *config : TrainingConfig();
 }
@@ -174,6 +185,7 @@ TEST(ResolveConfigTest, InvalidValuesAreRefusedNamingTheField) {
       {"layer_sizes: -5 layer_sizes: 10", "layer_sizes"},
       {"layer_sizes: 784 layer_sizes: 2000000 layer_sizes: 10", "layer_sizes"},
       {"mode: MODE_UNSPECIFIED", "mode"},
+      {"batch_size: 65536 layer_sizes: [65536, 10]", "batch_size"},
       {"learning_rate: 0", "learning_rate"},
       {"learning_rate: -0.1", "learning_rate"},
       {"learning_rate: nan", "learning_rate"},
@@ -232,7 +244,7 @@ TEST(ResolveConfigTest, InvalidValuesAreRefusedNamingTheField) {
   };
   for (const InvalidCase& c : cases) {
     SCOPED_TRACE(c.text);
-    EXPECT_THAT(ResolveConfig(Parse(c.text)),
+    EXPECT_THAT(ResolveConfig(Parse(c.text), &FashionMnist()),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(absl::StrCat("'", c.field, "'"))));
   }
@@ -334,6 +346,154 @@ TEST(ConfigFingerprintTest, DiffersWhenTheLearningRateChanges) {
 
 // Each staleness option where it applies, 1-bit compression included; off
 // spelt out is the config without it.
+TEST(ResolveModelTest, TheDefaultMlpKeepsItsFormAndFingerprint) {
+  // The resolved default is exactly what it was before models had layers:
+  // layer_sizes and nothing of the new fields, so the same fingerprint
+  // (and checkpoints written before still resume).
+  const TrainingConfig legacy = Resolve("layer_sizes: [784, 256, 128, 10]");
+  for (const char* text :
+       {"", "model: MLP",
+        "layers { dense { units: 256 } } layers { relu {} } "
+        "layers { dense { units: 128 } } layers { relu {} } "
+        "layers { flatten {} } layers { dense {} }",
+        "model: MLP input_shape: [28, 28, 1] num_classes: 10"}) {
+    SCOPED_TRACE(text);
+    const TrainingConfig c = Resolve(text);
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(c, legacy));
+    EXPECT_FALSE(c.has_model());
+    EXPECT_THAT(c.layers(), IsEmpty());
+    EXPECT_THAT(c.input_shape(), IsEmpty());
+    EXPECT_FALSE(c.has_num_classes());
+  }
+  // Explicit layer sizes need no data at all.
+  EXPECT_OK(ResolveConfig(Parse("layer_sizes: [784, 256, 128, 10]")).status());
+}
+
+TEST(ResolveModelTest, LenetResolvesToItsLayersOnTheDatasShape) {
+  const TrainingConfig c = Resolve("model: LENET");
+  EXPECT_FALSE(c.has_model());
+  EXPECT_THAT(c.layer_sizes(), IsEmpty());
+  EXPECT_THAT(c.input_shape(), ElementsAre(28, 28, 1));
+  EXPECT_EQ(c.num_classes(), 10);
+  ASSERT_EQ(c.layers_size(), 11);
+  EXPECT_EQ(c.layers(0).conv().filters(), 6);
+  EXPECT_EQ(c.layers(0).conv().padding(), 2);
+  EXPECT_EQ(c.layers(0).conv().stride(), 1);  // spelt out
+  EXPECT_EQ(c.layers(2).max_pool().stride(), 2);
+  EXPECT_EQ(c.layers(10).dense().units(), 10);
+  EXPECT_EQ(ModelLayout::FromConfig(c).num_params(), 61706u);
+  // Resolved once, it needs no data again and does not change.
+  EXPECT_FALSE(ModelNeedsData(c));
+  ASSERT_OK_AND_ASSIGN(TrainingConfig twice, ResolveConfig(c));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(c, twice));
+  EXPECT_NE(ConfigFingerprint(c), ConfigFingerprint(Resolve("")));
+}
+
+TEST(ResolveModelTest, ShapesAndClassesComeFromTheData) {
+  const DataShape small{{16, 12, 3}, 4};
+  EXPECT_THAT(Resolve("", small).layer_sizes(), ElementsAre(576, 256, 128, 4));
+  const TrainingConfig lenet = Resolve("model: LENET", small);
+  EXPECT_THAT(lenet.input_shape(), ElementsAre(16, 12, 3));
+  EXPECT_EQ(lenet.num_classes(), 4);
+  // Without the data there is nothing to take them from.
+  EXPECT_TRUE(ModelNeedsData(Parse("")));
+  EXPECT_TRUE(ModelNeedsData(Parse("model: LENET input_shape: [28, 28, 1]")));
+  EXPECT_FALSE(ModelNeedsData(
+      Parse("model: LENET input_shape: [28, 28, 1] num_classes: 10")));
+  EXPECT_FALSE(ModelNeedsData(
+      Parse("layers { dense { units: 3 } } input_shape: [1, 1, 4]")));
+  EXPECT_THAT(ResolveConfig(Parse("model: LENET")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'input_shape' is unset"),
+                             HasSubstr("data_dir"))));
+  EXPECT_THAT(ResolveConfig(Parse("model: LENET input_shape: [28, 28, 1]")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'num_classes' is unset")));
+}
+
+TEST(ResolveModelTest, ConflictsAndBadModelsAreRefusedSayingWhatToDo) {
+  const struct {
+    const char* text;
+    const char* message;
+  } cases[] = {
+      {"model: LENET input_shape: [32, 32, 3]",
+       "is 32x32x3 but the data's examples are 28x28x1"},
+      {"model: LENET num_classes: 5",
+       "is 5 but the training labels go up to 9"},
+      {"model: LENET input_shape: [28, 28]", "give [height, width, channels]"},
+      {"model: LENET layer_sizes: [784, 10]",
+       "describe an MLP, but model is "
+       "lenet"},
+      {"model: MLP layers { dense {} }", "names the preset mlp and layers"},
+      {"layer_sizes: [784, 10] layers { dense {} }", "keep one"},
+      {"layer_sizes: [784, 10] num_classes: 9", "ends with 10"},
+      {"layer_sizes: [784, 10] input_shape: [28, 28, 2]", "has 1568 values"},
+      {"layers { dense { units: 8 } } layers { relu {} }",
+       "must end with a dense layer"},
+      {"layers { dense {} } layers { dense {} }", "without units"},
+      {"layers { dense { units: 7 } }",
+       "dense layer of 7 units, but the training labels go up to 9"},
+      {"layers { dense { units: 7 } } num_classes: 10",
+       "dense layer of 7 units, but the model has 10 classes"},
+      {"layers { conv { filters: 2 kernel: 9 } } layers { max_pool {} } "
+       "layers { conv { filters: 2 kernel: 11 } } layers { dense {} }",
+       "layer 3 (conv 11x11x2): its input is 10x10x2, smaller than the "
+       "kernel"},
+      {"num_classes: 1", "must be from 2"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    EXPECT_THAT(
+        ResolveConfig(Parse(c.text), &FashionMnist()),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+  }
+  // LeNet's first pooling leaves 4x4 of 8x8 images, too small for its
+  // second conv.
+  const DataShape tiny{{8, 8, 1}, 2};
+  EXPECT_THAT(ResolveConfig(Parse("model: LENET"), &tiny),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'model' does not fit 8x8x1 examples"),
+                             HasSubstr("layer 4 (conv 5x5x16): its input is "
+                                       "4x4x6, smaller than the kernel"))));
+}
+
+TEST(ResolveModelTest, ModelNamesParseEitherCase) {
+  EXPECT_THAT(ParseModel("lenet"), IsOkAndHolds(LENET));
+  EXPECT_THAT(ParseModel("MLP"), IsOkAndHolds(MLP));
+  EXPECT_THAT(ParseModel("model_auto"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("use mlp or lenet")));
+  EXPECT_THAT(ParseModel("alexnet"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(ModelName(LENET), "lenet");
+}
+
+TEST(LoadResolvedConfigTest, ReadsTheShapeFromTheDataDirItIsGiven) {
+  const std::string dir = TempPath("other-data");
+  std::filesystem::create_directories(dir);
+  // Five 3x2x2 images with labels up to 4, and a config that leaves both to
+  // the data: another image size and class count with no config change.
+  testutil::WriteGzipFile(
+      dir + "/train-images-idx3-ubyte.gz",
+      testutil::IdxBytes({5, 3, 2, 2}, std::vector<uint8_t>(60, 7)));
+  testutil::WriteFile(dir + "/train-labels-idx1-ubyte",
+                      testutil::IdxBytes({5}, {0, 4, 1, 2, 3}));
+  const std::string path = TempPath("leaves-the-shape.textproto");
+  {
+    std::ofstream out(path);
+    out << "mode: DOWNPOUR\n";
+  }
+  ASSERT_OK_AND_ASSIGN(TrainingConfig config, LoadResolvedConfig(path, dir));
+  EXPECT_EQ(config.data_dir(), dir);
+  EXPECT_THAT(config.layer_sizes(), ElementsAre(12, 256, 128, 5));
+  EXPECT_THAT(LoadResolvedConfig(path, TempPath("no-data-here")),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr(path),
+                             HasSubstr("takes its input shape and classes "
+                                       "from the training data"),
+                             HasSubstr("train-images-idx3-ubyte"))));
+}
+
 TEST(ResolveConfigTest, StalenessOptionsResolveWhereTheyApply) {
   for (const char* text :
        {"mode: DOWNPOUR max_staleness: 4 staleness_lr: true "
@@ -348,7 +508,7 @@ TEST(ResolveConfigTest, StalenessOptionsResolveWhereTheyApply) {
         "mode: ONEBIT max_staleness: 2 pull_compression: COMPRESSION_ONEBIT",
         "mode: DOWNPOUR pull_compression: COMPRESSION_ONEBIT"}) {
     SCOPED_TRACE(text);
-    EXPECT_OK(ResolveConfig(Parse(text)).status());
+    EXPECT_OK(ResolveConfig(Parse(text), &FashionMnist()).status());
   }
   EXPECT_EQ(ConfigFingerprint(Resolve("mode: DOWNPOUR")),
             ConfigFingerprint(Resolve("mode: DOWNPOUR staleness_lr: false "

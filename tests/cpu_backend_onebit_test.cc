@@ -167,6 +167,12 @@ class MinimalBackend : public ComputeBackend {
   void ColumnSums(int, int, const float*, float*) override {}
   void SoftmaxCrossEntropy(int, int, const float*, const int32_t*, float*,
                            float*) override {}
+  void Im2Col(const WindowGeometry&, int, const float*, float*) override {}
+  void Col2Im(const WindowGeometry&, int, const float*, float*) override {}
+  void MaxPool(const WindowGeometry&, int, const float*, float*,
+               int32_t*) override {}
+  void MaxPoolBackward(const WindowGeometry&, int, const float*, const int32_t*,
+                       float*) override {}
   void Axpy(size_t, float, const float*, float*) override {}
   void Scale(size_t, float, float*) override {}
   void Fill(size_t, float, float*) override {}

@@ -1,5 +1,6 @@
 // The CUDA backend against the CPU backend: every operation on random
-// non-zero inputs, and whole training steps through Mlp.
+// non-zero inputs, and whole training steps through Model (an MLP and a
+// small convolutional model).
 //
 // The test reaches the GPU through MakeBackend("cuda"), so this one file
 // builds with and without --config=cuda. Where the build has no CUDA backend
@@ -9,11 +10,12 @@
 // skipping.
 //
 // Tolerances: results that one float32 operation per element produces
-// (copies, AddBias, Relu, ReluBackward, Scale, Fill, 1-bit bits and decode)
-// must be identical; sums and products (Gemm, ColumnSums, the softmax, Axpy,
-// the training steps) must agree to a max-norm relative error
-// max|gpu - cpu| / max|cpu| under 1e-4, since the two backends add in
-// different orders.
+// (copies, AddBias, Relu, ReluBackward, Scale, Fill, 1-bit bits and decode,
+// Im2Col and MaxPool) and the window adjoints (Col2Im, MaxPoolBackward, which
+// add in the CPU's order) must be identical; sums and products (Gemm,
+// ColumnSums, the softmax, Axpy, the training steps) must agree to a max-norm
+// relative error max|gpu - cpu| / max|cpu| under 1e-4, since the two backends
+// add in different orders.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,12 +25,15 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/data_shape.h"
 #include "common/model_layout.h"
 #include "common/onebit.h"
 #include "gmock/gmock.h"
@@ -37,7 +42,7 @@
 #include "worker/backend_factory.h"
 #include "worker/compute_backend.h"
 #include "worker/cpu_backend.h"
-#include "worker/mlp.h"
+#include "worker/model/model.h"
 
 namespace monsoon::worker {
 namespace {
@@ -542,56 +547,158 @@ TEST_F(CudaBackendTest, AutoChoosesTheGpu) {
   EXPECT_EQ(why_no_gpu, "");
 }
 
-// Whole training steps: the same Mlp on both backends, forward, backward
-// and a momentum update, several times over.
-TEST_F(CudaBackendTest, TrainingStepsThroughMlpMatchTheCpu) {
-  const common::ModelLayout layout({61, 47, 33, 10});
+// The geometries of the window tests: odd sides, strides, padding,
+// overlapping and non-overlapping pools, one and several channels.
+std::vector<WindowGeometry> Geometries() {
+  std::vector<WindowGeometry> out;
+  for (const auto& [h, w, c, k, s, pad] :
+       std::vector<std::tuple<int, int, int, int, int, int>>{
+           {28, 28, 1, 5, 1, 2},
+           {10, 10, 6, 5, 1, 0},
+           {7, 5, 3, 3, 2, 1},
+           {9, 6, 2, 2, 2, 0},
+           {6, 9, 4, 3, 1, 0},
+           {5, 5, 1, 1, 1, 0}}) {
+    WindowGeometry g;
+    g.height = h;
+    g.width = w;
+    g.channels = c;
+    g.kernel = k;
+    g.stride = s;
+    g.padding = pad;
+    g.out_height = (h + 2 * pad - k) / s + 1;
+    g.out_width = (w + 2 * pad - k) / s + 1;
+    out.push_back(g);
+  }
+  return out;
+}
+
+TEST_F(CudaBackendTest, Im2ColAndCol2ImMatchTheCpuBitForBit) {
+  constexpr int kBatch = 3;
+  for (const WindowGeometry& g : Geometries()) {
+    SCOPED_TRACE(absl::StrCat(g.height, "x", g.width, "x", g.channels, " k",
+                              g.kernel, " s", g.stride, " p", g.padding));
+    const size_t inputs =
+        static_cast<size_t>(kBatch) * g.height * g.width * g.channels;
+    const size_t patches =
+        static_cast<size_t>(kBatch) * g.out_height * g.out_width * g.patch();
+    const std::vector<float> x = RandomValues(inputs, 41);
+    const std::vector<float> cols = RandomValues(patches, 42);
+    std::vector<float> want_cols(patches), want_dx(inputs);
+    cpu_->Im2Col(g, kBatch, x.data(), want_cols.data());
+    cpu_->Col2Im(g, kBatch, cols.data(), want_dx.data());
+    float* device_cols = Allocate<float>(patches);
+    float* device_dx = Allocate<float>(inputs);
+    gpu_->Im2Col(g, kBatch, Upload(x), device_cols);
+    gpu_->Col2Im(g, kBatch, Upload(cols), device_dx);
+    EXPECT_TRUE(Identical(Download(device_cols, patches), want_cols));
+    EXPECT_TRUE(Identical(Download(device_dx, inputs), want_dx));
+  }
+}
+
+TEST_F(CudaBackendTest, MaxPoolAndItsBackwardMatchTheCpuBitForBit) {
+  constexpr int kBatch = 3;
+  for (WindowGeometry g : Geometries()) {
+    g.padding = 0;  // pooling does not pad
+    g.out_height = (g.height - g.kernel) / g.stride + 1;
+    g.out_width = (g.width - g.kernel) / g.stride + 1;
+    SCOPED_TRACE(absl::StrCat(g.height, "x", g.width, "x", g.channels, " k",
+                              g.kernel, " s", g.stride));
+    const size_t inputs =
+        static_cast<size_t>(kBatch) * g.height * g.width * g.channels;
+    const size_t outputs =
+        static_cast<size_t>(kBatch) * g.out_height * g.out_width * g.channels;
+    std::vector<float> x = RandomValues(inputs, 43);
+    // Ties, which both must break by the first position.
+    for (size_t i = 0; i < inputs; i += 5) x[i] = 0.25f;
+    const std::vector<float> dy = RandomValues(outputs, 44);
+    std::vector<float> want_y(outputs), want_dx(inputs);
+    std::vector<int32_t> want_argmax(outputs);
+    cpu_->MaxPool(g, kBatch, x.data(), want_y.data(), want_argmax.data());
+    cpu_->MaxPoolBackward(g, kBatch, dy.data(), want_argmax.data(),
+                          want_dx.data());
+    float* device_y = Allocate<float>(outputs);
+    int32_t* device_argmax = Allocate<int32_t>(outputs);
+    float* device_dx = Allocate<float>(inputs);
+    gpu_->MaxPool(g, kBatch, Upload(x), device_y, device_argmax);
+    gpu_->MaxPoolBackward(g, kBatch, Upload(dy), device_argmax, device_dx);
+    EXPECT_TRUE(Identical(Download(device_y, outputs), want_y));
+    EXPECT_EQ(Download(device_argmax, outputs), want_argmax);
+    EXPECT_TRUE(Identical(Download(device_dx, inputs), want_dx));
+  }
+}
+
+// Whole training steps: the same Model on both backends, forward,
+// backward and a momentum update, several times over.
+void ExpectStepsMatch(ComputeBackend* gpu, ComputeBackend* cpu,
+                      const common::ModelLayout& layout) {
   constexpr int kBatch = 32;
   constexpr int kSteps = 6;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Mlp> gpu_mlp,
-                       Mlp::Create(gpu_.get(), layout, kBatch));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Mlp> cpu_mlp,
-                       Mlp::Create(cpu_.get(), layout, kBatch));
+  const int inputs = static_cast<int>(layout.input().size());
+  const int classes = layout.num_classes();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> gpu_model,
+                       Model::Create(gpu, layout, kBatch));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> cpu_model,
+                       Model::Create(cpu, layout, kBatch));
   const std::vector<float> params = RandomValues(layout.num_params(), 1, 0.3f);
-  ASSERT_OK(gpu_mlp->SetParams(params));
-  ASSERT_OK(cpu_mlp->SetParams(params));
+  ASSERT_OK(gpu_model->SetParams(params));
+  ASSERT_OK(cpu_model->SetParams(params));
   const size_t p = layout.num_params();
   std::vector<float> gpu_values(p), cpu_values(p);
   for (int step = 0; step < kSteps; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
-    const auto images = RandomValues(kBatch * 61, 100 + step);
-    const auto labels = RandomLabels(kBatch, 10, 200 + step);
+    const auto images = RandomValues(kBatch * inputs, 100 + step);
+    const auto labels = RandomLabels(kBatch, classes, 200 + step);
     ASSERT_OK_AND_ASSIGN(
         BatchResult gpu_result,
-        gpu_mlp->ComputeGradients(images.data(), labels.data(), kBatch));
+        gpu_model->ComputeGradients(images.data(), labels.data(), kBatch));
     ASSERT_OK_AND_ASSIGN(
         BatchResult cpu_result,
-        cpu_mlp->ComputeGradients(images.data(), labels.data(), kBatch));
+        cpu_model->ComputeGradients(images.data(), labels.data(), kBatch));
     EXPECT_NEAR(gpu_result.loss, cpu_result.loss, kTolerance * cpu_result.loss);
     EXPECT_EQ(gpu_result.correct, cpu_result.correct);
     EXPECT_EQ(gpu_result.examples, kBatch);
-    ASSERT_OK(gpu_mlp->GetGradients(absl::MakeSpan(gpu_values)));
-    ASSERT_OK(cpu_mlp->GetGradients(absl::MakeSpan(cpu_values)));
+    ASSERT_OK(gpu_model->GetGradients(absl::MakeSpan(gpu_values)));
+    ASSERT_OK(cpu_model->GetGradients(absl::MakeSpan(cpu_values)));
     EXPECT_TRUE(CloseTo(gpu_values, cpu_values));
 
-    ASSERT_OK(gpu_mlp->ApplyGradients(0.1f, 0.9f));
-    ASSERT_OK(cpu_mlp->ApplyGradients(0.1f, 0.9f));
-    ASSERT_OK(gpu_mlp->GetParams(absl::MakeSpan(gpu_values)));
-    ASSERT_OK(cpu_mlp->GetParams(absl::MakeSpan(cpu_values)));
+    ASSERT_OK(gpu_model->ApplyGradients(0.1f, 0.9f));
+    ASSERT_OK(cpu_model->ApplyGradients(0.1f, 0.9f));
+    ASSERT_OK(gpu_model->GetParams(absl::MakeSpan(gpu_values)));
+    ASSERT_OK(cpu_model->GetParams(absl::MakeSpan(cpu_values)));
     EXPECT_TRUE(CloseTo(gpu_values, cpu_values));
   }
   // Evaluation over more examples than one batch (32 + 32 + 36).
   constexpr int kExamples = 100;
-  const auto images = RandomValues(kExamples * 61, 300);
-  const auto labels = RandomLabels(kExamples, 10, 301);
+  const auto images = RandomValues(kExamples * inputs, 300);
+  const auto labels = RandomLabels(kExamples, classes, 301);
   ASSERT_OK_AND_ASSIGN(
       BatchResult gpu_eval,
-      gpu_mlp->Evaluate(images.data(), labels.data(), kExamples));
+      gpu_model->Evaluate(images.data(), labels.data(), kExamples));
   ASSERT_OK_AND_ASSIGN(
       BatchResult cpu_eval,
-      cpu_mlp->Evaluate(images.data(), labels.data(), kExamples));
+      cpu_model->Evaluate(images.data(), labels.data(), kExamples));
   EXPECT_NEAR(gpu_eval.loss, cpu_eval.loss, kTolerance * cpu_eval.loss);
   EXPECT_EQ(gpu_eval.correct, cpu_eval.correct);
+}
+
+TEST_F(CudaBackendTest, TrainingStepsOfAnMlpMatchTheCpu) {
+  ExpectStepsMatch(gpu_.get(), cpu_.get(),
+                   common::ModelLayout({61, 47, 33, 10}));
+}
+
+TEST_F(CudaBackendTest, TrainingStepsOfAConvModelMatchTheCpu) {
+  // LeNet's layers on 16x14x2 images and 7 classes: padded and unpadded
+  // convs, pooling, dense layers.
+  TrainingConfig config;
+  config.set_model(LENET);
+  common::DataShape data;
+  data.example = {16, 14, 2};
+  data.num_classes = 7;
+  ASSERT_OK_AND_ASSIGN(TrainingConfig resolved,
+                       common::ResolveConfig(config, &data));
+  ExpectStepsMatch(gpu_.get(), cpu_.get(),
+                   common::ModelLayout::FromConfig(resolved));
 }
 
 // Runs in every build: what --device=cuda and auto give here.

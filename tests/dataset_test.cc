@@ -1,5 +1,7 @@
 #include "worker/dataset.h"
 
+#include <google/protobuf/text_format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
@@ -145,7 +148,8 @@ TEST(LoadDatasetForTest, LoadsTheConfigsDataDirAndChecksTheModel) {
   config.set_layer_sizes(2, 2);  // label 2 does not fit
   EXPECT_THAT(LoadDatasetFor(config, Split::kTrain),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("label 2 of example 0")));
+                       HasSubstr("label 2 of example 0 is not one of the "
+                                 "model's 2 classes")));
 }
 
 TEST(LoadDatasetForTest, StandardizesTheInputs) {
@@ -184,20 +188,49 @@ TEST(CheckIdxDatasetFilesTest, NeedsAllFourFiles) {
 TEST(CheckDatasetFitsTest, AcceptsMatchingDataAndRefusesTheRest) {
   Dataset data;
   data.size = 2;
+  data.shape = {1, 3, 1};
   data.dim = 3;
   data.images.assign(6, 0.5f);
   data.labels = {0, 9};
-  EXPECT_OK(CheckDatasetFits(data, 3, 10));
-  EXPECT_THAT(CheckDatasetFits(data, 4, 10),
+  TrainingConfig mlp;
+  for (int size : {3, 10}) mlp.add_layer_sizes(size);
+  EXPECT_OK(CheckDatasetFits(data, mlp));
+  mlp.set_layer_sizes(0, 4);
+  EXPECT_THAT(CheckDatasetFits(data, mlp),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("input layer has 4")));
-  EXPECT_THAT(CheckDatasetFits(data, 3, 9),
+  mlp.set_layer_sizes(0, 3);
+  mlp.set_layer_sizes(1, 9);
+  EXPECT_THAT(CheckDatasetFits(data, mlp),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("label 9 of example 1")));
+                       HasSubstr("label 9 of example 1 is not one of the "
+                                 "model's 9 classes")));
   data.labels = {-1, 0};
   EXPECT_THAT(
-      CheckDatasetFits(data, 3, 10),
+      CheckDatasetFits(data, mlp),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label -1")));
+}
+
+TEST(CheckDatasetFitsTest, AModelWithLayersNeedsTheSameShape) {
+  Dataset data;
+  data.size = 1;
+  data.shape = {4, 4, 1};
+  data.dim = 16;
+  data.images.assign(16, 0.5f);
+  data.labels = {2};
+  TrainingConfig config;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "layers { conv { filters: 2 kernel: 3 } } layers { dense { units: 3 } } "
+      "input_shape: [4, 4, 1] num_classes: 3",
+      &config));
+  ASSERT_OK_AND_ASSIGN(TrainingConfig resolved, common::ResolveConfig(config));
+  EXPECT_OK(CheckDatasetFits(data, resolved));
+  // The same number of values in another shape is not the same image.
+  data.shape = {2, 8, 1};
+  EXPECT_THAT(CheckDatasetFits(data, resolved),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the data's examples are 2x8x1 but the "
+                                 "model's input_shape is 4x4x1")));
 }
 
 TEST(PartitionForTest, CoversEveryExampleExactlyOnce) {

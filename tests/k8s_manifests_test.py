@@ -767,8 +767,12 @@ def run(objects, bin_dir, probe, make_certs):
         for pod in services:
             curve = curve_points(pod)
             cluster.start(pod, suffix="-restarted")
+            # Until it has said it continues the curve and has connected
+            # (its metrics start after the connection): a SIGTERM while it
+            # still waits for the shards ends it without an evaluation.
             deadline = time.monotonic() + 60
-            while ("continuing the curve" not in cluster.tail(pod, 20) and
+            while (not ("continuing the curve" in cluster.tail(pod, 20) and
+                        "metrics on port" in cluster.tail(pod, 20)) and
                    pod.process.poll() is None and
                    time.monotonic() < deadline):
                 time.sleep(0.2)

@@ -1,19 +1,26 @@
 #include "common/model_layout.h"
 
+#include <google/protobuf/text_format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
+#include "tests/status_matchers.h"
 
 namespace monsoon::common {
 namespace {
 
+using ::monsoon::testutil::StatusIs;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 // floor(s * p / n) computed exactly, as the reference for ShardRangeFor.
 uint64_t ExactStart(uint64_t p, int n, int s) {
@@ -75,7 +82,8 @@ TEST(ShardRangeForTest, MatchesTheDefinitionForHugeParameterCounts) {
 
 TEST(ModelLayoutTest, DefaultModelHasTheDocumentedOffsets) {
   const ModelLayout layout({784, 256, 128, 10});
-  EXPECT_EQ(layout.num_layers(), 3);
+  EXPECT_EQ(layout.Describe(), "dense 256, relu, dense 128, relu, dense 10");
+  EXPECT_EQ(layout.num_classes(), 10);
   EXPECT_EQ(layout.num_params(), 235146u);
   ASSERT_EQ(layout.tensors().size(), 6u);
   struct Expected {
@@ -94,26 +102,121 @@ TEST(ModelLayoutTest, DefaultModelHasTheDocumentedOffsets) {
     EXPECT_EQ(layout.tensors()[t].rows, expected[t].rows);
     EXPECT_EQ(layout.tensors()[t].cols, expected[t].cols);
   }
-  EXPECT_EQ(&layout.weights(1), &layout.tensors()[2]);
-  EXPECT_EQ(&layout.bias(2), &layout.tensors()[5]);
-  EXPECT_EQ(layout.bias(2).size(), 10u);
-  EXPECT_EQ(layout.bias(2).offset + layout.bias(2).size(), layout.num_params());
+  EXPECT_EQ(layout.layers()[2].weights, 2);
+  EXPECT_EQ(layout.layers()[4].bias, 5);
+  EXPECT_EQ(layout.layers()[1].weights, -1);  // a ReLU has none
+  EXPECT_EQ(layout.tensors()[5].offset + layout.tensors()[5].size(),
+            layout.num_params());
+  EXPECT_EQ(layout.ForwardFlops(), 2u * (784 * 256 + 256 * 128 + 128 * 10));
+}
+
+// The layers of a text-format config's `layers`.
+std::vector<Layer> Layers(const std::string& text) {
+  TrainingConfig config;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &config));
+  return {config.layers().begin(), config.layers().end()};
+}
+
+absl::StatusOr<ModelLayout> Create(const Shape& input,
+                                   const std::vector<Layer>& layers) {
+  std::vector<const Layer*> pointers;
+  for (const Layer& layer : layers) pointers.push_back(&layer);
+  return ModelLayout::Create(input, pointers);
+}
+
+TEST(ModelLayoutTest, ConvAndPoolingShapesFollowTheirDefinitions) {
+  ASSERT_OK_AND_ASSIGN(
+      ModelLayout layout,
+      Create({9, 7, 3},
+             Layers("layers { conv { filters: 4 kernel: 3 stride: 2 padding: "
+                    "1 } } layers { max_pool { size: 3 stride: 1 } } "
+                    "layers { flatten {} } layers { dense { units: 5 } }")));
+  ASSERT_EQ(layout.layers().size(), 3u);  // the flatten is no layer
+  // (9 + 2 - 3) / 2 + 1 = 5, (7 + 2 - 3) / 2 + 1 = 4; then 3 and 2.
+  EXPECT_EQ(layout.layers()[0].out, (Shape{5, 4, 4}));
+  EXPECT_EQ(layout.layers()[1].out, (Shape{3, 2, 4}));
+  EXPECT_EQ(layout.layers()[2].in, (Shape{3, 2, 4}));
+  ASSERT_EQ(layout.tensors().size(), 4u);
+  // Conv weights: fan-in 3 * 3 * 3 rows, one column per filter.
+  EXPECT_EQ(layout.tensors()[0].name, "layer0/weights");
+  EXPECT_EQ(layout.tensors()[0].rows, 27u);
+  EXPECT_EQ(layout.tensors()[0].cols, 4u);
+  EXPECT_EQ(layout.tensors()[1].offset, 108u);
+  EXPECT_EQ(layout.tensors()[2].name, "layer1/weights");
+  EXPECT_EQ(layout.tensors()[2].offset, 112u);
+  EXPECT_EQ(layout.tensors()[2].rows, 24u);
+  EXPECT_EQ(layout.num_params(), 108u + 4 + 24 * 5 + 5);
+  EXPECT_EQ(layout.ForwardFlops(), 2u * (5 * 4 * 27 * 4 + 24 * 5));
+  // The patches: 5 * 4 positions of 27 values.
+  EXPECT_EQ(layout.LargestBufferPerExample(), 540u);
+  EXPECT_EQ(layout.Describe(),
+            "conv 3x3x4 stride 2 pad 1, max_pool 3 stride 1, dense 5");
+}
+
+TEST(ModelLayoutTest, LayersThatDoNotFitAreRefusedNamingTheLayer) {
+  struct Case {
+    Shape input;
+    const char* layers;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{4, 4, 1},
+       "layers { conv { filters: 2 kernel: 5 } }",
+       "layer 1 (conv 5x5x2): its input is 4x4x1, smaller than the kernel"},
+      {{8, 8, 1},
+       "layers { max_pool { size: 2 } } layers { max_pool { size: 2 } } "
+       "layers { max_pool { size: 2 } } layers { max_pool { size: 2 } }",
+       "layer 4 (max_pool 2): its input is 1x1x1, smaller than the window"},
+      {{8, 8, 1}, "layers { conv { kernel: 3 } }", "filters must be"},
+      {{8, 8, 1},
+       "layers { conv { filters: 1 kernel: 3 padding: 3 } }",
+       "padding must be from 0 to kernel - 1"},
+      {{8, 8, 1}, "layers { conv { filters: 1 stride: 0 } }", "stride"},
+      {{8, 8, 1}, "layers { dense {} }", "units must be"},
+      {{8, 8, 1}, "layers { }", "layer 1 (empty)"},
+      {{1 << 12, 1 << 12, 2}, "layers { relu {} }", "input shape"},
+      {{1 << 10, 1 << 10, 1},
+       "layers { dense { units: 4096 } }",
+       "weights are too many"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(
+        Create(c.input, Layers(c.layers)),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.layers;
+  }
 }
 
 TEST(ModelLayoutTest, FromConfigUsesTheConfigsLayerSizes) {
   TrainingConfig config;
   for (int size : {6, 5, 3}) config.add_layer_sizes(size);
   const ModelLayout layout = ModelLayout::FromConfig(config);
-  EXPECT_THAT(layout.layer_sizes(), ElementsAre(6, 5, 3));
+  EXPECT_EQ(layout.input(), (Shape{1, 1, 6}));
+  EXPECT_EQ(layout.Describe(), "dense 5, relu, dense 3");
   EXPECT_EQ(layout.num_params(), 6u * 5 + 5 + 5 * 3 + 3);
+}
+
+TEST(ModelLayoutTest, FromConfigUsesTheConfigsLayersAndInputShape) {
+  TrainingConfig config;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "layers { conv { filters: 2 kernel: 3 } } layers { dense { units: 3 } } "
+      "input_shape: [5, 5, 1]",
+      &config));
+  const ModelLayout layout = ModelLayout::FromConfig(config);
+  EXPECT_EQ(layout.Describe(), "conv 3x3x2, dense 3");
+  EXPECT_EQ(layout.num_params(), 9u * 2 + 2 + 18 * 3 + 3);
+  // A config that did not resolve has no layout rather than a wrong one.
+  config.clear_input_shape();
+  EXPECT_EQ(ModelLayout::FromConfig(config).num_params(), 0u);
 }
 
 TEST(InitialValueTest, BiasesAreZeroAndWeightsWithinHeUniformLimits) {
   const ModelLayout layout({784, 256, 128, 10});
   std::vector<float> values(layout.num_params());
   InitialValues(layout, /*seed=*/1, 0, absl::MakeSpan(values));
-  for (int l = 0; l < layout.num_layers(); ++l) {
-    const TensorSpec& w = layout.weights(l);
+  for (const LayerSpec& layer : layout.layers()) {
+    if (layer.weights < 0) continue;
+    const TensorSpec& w = layout.tensors()[layer.weights];
     const float limit = static_cast<float>(std::sqrt(6.0 / w.rows));
     float lowest = 0, highest = 0;
     for (uint64_t i = w.offset; i < w.offset + w.size(); ++i) {
@@ -124,7 +227,7 @@ TEST(InitialValueTest, BiasesAreZeroAndWeightsWithinHeUniformLimits) {
     // The values fill the range rather than collapsing near 0.
     EXPECT_LT(lowest, -0.9f * limit) << w.name;
     EXPECT_GT(highest, 0.9f * limit) << w.name;
-    const TensorSpec& b = layout.bias(l);
+    const TensorSpec& b = layout.tensors()[layer.bias];
     for (uint64_t i = b.offset; i < b.offset + b.size(); ++i) {
       ASSERT_EQ(values[i], 0.0f) << "index " << i;
     }

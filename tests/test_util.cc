@@ -19,7 +19,8 @@ TrainingConfig ResolvedConfig(absl::string_view text) {
     ADD_FAILURE() << "test config does not parse: " << parsed.status();
     return TrainingConfig();
   }
-  absl::StatusOr<TrainingConfig> resolved = common::ResolveConfig(*parsed);
+  absl::StatusOr<TrainingConfig> resolved =
+      common::ResolveConfigWithData(*parsed);
   if (!resolved.ok()) {
     ADD_FAILURE() << "test config does not resolve: " << resolved.status();
     return TrainingConfig();

@@ -145,7 +145,8 @@ absl::StatusOr<TrainingConfig> ApplyVariant(const Variant& variant,
     }
     config.MergeFrom(*overrides);
   }
-  absl::StatusOr<TrainingConfig> resolved = common::ResolveConfig(config);
+  absl::StatusOr<TrainingConfig> resolved =
+      common::ResolveConfigWithData(config);
   if (!resolved.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "variant '", variant.name, "': ", resolved.status().message()));

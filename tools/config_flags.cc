@@ -26,8 +26,8 @@ ABSL_FLAG(int, batch_size, 0,
           "Examples per worker step (0: the config's, "
           "default 64).");
 ABSL_FLAG(std::string, hidden, "",
-          "Hidden layer sizes, e.g. 256,128 (empty: "
-          "the config's, default 256,128).");
+          "The MLP's hidden layer sizes, e.g. 256,128 (empty: the config's, "
+          "default 256,128); its input and output sizes come from the data.");
 ABSL_FLAG(int64_t, seed, -1,
           "Seed for initial weights and shuffles (-1: "
           "the config's, default 1).");
@@ -39,7 +39,7 @@ ABSL_FLAG(std::string, data_dir, "",
 
 namespace monsoon::tools {
 
-absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode) {
+absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode, Model model) {
   TrainingConfig config;
   if (!absl::GetFlag(FLAGS_config).empty()) {
     auto loaded = common::LoadConfigFile(absl::GetFlag(FLAGS_config));
@@ -47,6 +47,14 @@ absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode) {
     config = *loaded;
   }
   if (mode != MODE_UNSPECIFIED) config.set_mode(mode);
+  if (model != MODEL_AUTO) {
+    // The preset replaces whatever model the base config describes.
+    config.clear_layers();
+    config.clear_layer_sizes();
+    config.clear_input_shape();
+    config.clear_num_classes();
+    config.set_model(model);
+  }
   if (absl::GetFlag(FLAGS_epochs) != 0) {
     config.set_epochs(absl::GetFlag(FLAGS_epochs));
   }
@@ -77,15 +85,31 @@ absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode) {
       return absl::InvalidArgumentError(
           absl::StrCat("--hidden: ", hidden.status().message()));
     }
-    auto resolved = common::ResolveConfig(config);
-    if (!resolved.ok()) return resolved.status();
-    const auto& sizes = resolved->layer_sizes();
-    config.clear_layer_sizes();
-    config.add_layer_sizes(sizes[0]);
-    for (int h : *hidden) config.add_layer_sizes(h);
-    config.add_layer_sizes(sizes[sizes.size() - 1]);
+    if (config.model() == LENET || config.layers_size() > 0) {
+      return absl::InvalidArgumentError(
+          "--hidden sets an MLP's hidden layer sizes, but the model is not an "
+          "MLP: leave out --hidden or the config's model/layers");
+    }
+    // Hidden sizes between the data's input and classes (or the input and
+    // output sizes of the config's layer_sizes).
+    config.clear_model();
+    if (config.layer_sizes_size() >= 2) {
+      const int input = config.layer_sizes(0);
+      const int output = config.layer_sizes(config.layer_sizes_size() - 1);
+      config.clear_layer_sizes();
+      config.add_layer_sizes(input);
+      for (int h : *hidden) config.add_layer_sizes(h);
+      config.add_layer_sizes(output);
+    } else {
+      config.clear_layer_sizes();
+      for (int h : *hidden) {
+        config.add_layers()->mutable_dense()->set_units(h);
+        config.add_layers()->mutable_relu();
+      }
+      config.add_layers()->mutable_dense();
+    }
   }
-  return common::ResolveConfig(config);
+  return common::ResolveConfigWithData(config);
 }
 
 void ShowConfigFlagsInHelp(const char* main_file) {

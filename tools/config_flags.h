@@ -11,9 +11,12 @@
 namespace monsoon::tools {
 
 // The resolved config: the --config file (or every default), `mode` unless
-// it is MODE_UNSPECIFIED, then the override flags. INVALID_ARGUMENT or
-// NOT_FOUND say which flag or file is wrong.
-absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode);
+// it is MODE_UNSPECIFIED, `model` (a preset replacing the file's model)
+// unless it is MODEL_AUTO, then the override flags; the model's input shape
+// and classes come from the data where the config leaves them open.
+// INVALID_ARGUMENT or NOT_FOUND say which flag or file is wrong.
+absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode,
+                                               Model model = MODEL_AUTO);
 
 // Makes --help list these flags as well as those of `main_file` (a path
 // fragment such as "tools/launch_local_main.cc"). Call before parsing.

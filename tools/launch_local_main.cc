@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/model_layout.h"
 #include "tools/chaos.h"
 #include "tools/config_flags.h"
 #include "tools/local_cluster.h"
@@ -189,11 +190,14 @@ int main(int argc, char** argv) {
                          options.tls_dir);
   }
   monsoon::common::Log(
-      "launch: mode %s, %d servers, %d workers, %d epochs, batch %d, layers "
-      "%s, optimizer %s lr %g; work dir %s",
+      "launch: mode %s, %d servers, %d workers, %d epochs, batch %d, model "
+      "%s on %s examples (%d parameters), optimizer %s lr %g; work dir %s",
       monsoon::common::ModeName(config->mode()), servers, workers,
       config->epochs(), config->batch_size(),
-      absl::StrJoin(config->layer_sizes(), "-"),
+      monsoon::common::ModelLayout::FromConfig(*config).Describe(),
+      monsoon::common::ShapeString(
+          monsoon::common::ModelLayout::FromConfig(*config).input()),
+      monsoon::common::ModelLayout::FromConfig(*config).num_params(),
       monsoon::common::OptimizerName(config->optimizer()),
       config->learning_rate(), options.work_dir);
   if (options.metrics_port != 0) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
+#include "common/model_layout.h"
 
 namespace monsoon::tools {
 namespace {
@@ -106,6 +107,7 @@ std::string MetricsJson(const RunMetrics& run) {
     final_loss = last.test_loss();
   }
   const TrainingConfig& c = run.config;
+  const common::ModelLayout layout = common::ModelLayout::FromConfig(c);
   std::string json = "{\n";
   absl::StrAppend(&json, "  \"mode\": \"", common::ModeName(c.mode()), "\",\n");
   absl::StrAppend(&json, "  \"servers\": ", run.servers, ",\n");
@@ -160,8 +162,12 @@ std::string MetricsJson(const RunMetrics& run) {
   json += "},\n";
   absl::StrAppend(
       &json, "  \"config\": {\"layer_sizes\": [",
-      absl::StrJoin(c.layer_sizes(), ", "), "], \"optimizer\": \"",
-      common::OptimizerName(c.optimizer()),
+      absl::StrJoin(c.layer_sizes(), ", "),
+      "], \"model\": ", JsonQuoted(layout.Describe()),
+      ", \"input_shape\": ", JsonQuoted(common::ShapeString(layout.input())),
+      ", \"parameters\": ", layout.num_params(),
+      ", \"forward_flops_per_example\": ", layout.ForwardFlops(),
+      ", \"optimizer\": \"", common::OptimizerName(c.optimizer()),
       "\", \"learning_rate\": ", Number(c.learning_rate()),
       ", \"momentum\": ", Number(c.momentum()),
       ", \"local_learning_rate\": ", Number(c.local_learning_rate()),

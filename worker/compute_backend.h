@@ -1,6 +1,7 @@
 // ComputeBackend: the one interface between training code and hardware. The
-// MLP (mlp.h) is written once against these operations; cpu_backend.cc runs
-// them with OpenBLAS, and a CUDA backend runs them on a GPU.
+// model's layers (worker/model/) are written once against these operations;
+// cpu_backend.cc runs them with OpenBLAS, and a CUDA backend runs them on a
+// GPU.
 //
 // Every pointer given to an operation comes from the same backend's
 // Allocate* and lives in its device's memory; host memory crosses only
@@ -22,6 +23,23 @@
 #include "absl/status/statusor.h"
 
 namespace monsoon::worker {
+
+// A sliding window over a batch of images stored channels last (example,
+// row, column, channel), for convolutions and pooling: kernel x kernel
+// windows every `stride` values, over an input padded with `padding` zeros
+// on each side, out_height x out_width of them per example.
+struct WindowGeometry {
+  int height = 1;
+  int width = 1;
+  int channels = 1;
+  int kernel = 1;
+  int stride = 1;
+  int padding = 0;
+  int out_height = 1;
+  int out_width = 1;
+  // Values of one patch: kernel * kernel * channels.
+  int patch() const { return kernel * kernel * channels; }
+};
 
 class ComputeBackend {
  public:
@@ -72,6 +90,29 @@ class ComputeBackend {
   virtual void SoftmaxCrossEntropy(int rows, int cols, const float* logits,
                                    const int32_t* labels, float* dlogits,
                                    float* stats) = 0;
+  // Convolution patches (im2col): for each example and output position, in
+  // that order, a row of g.patch() values ordered (kernel row, kernel
+  // column, channel), 0 where the window lies over the padding. x holds
+  // batch images of g.height x g.width x g.channels; cols gets batch *
+  // g.out_height * g.out_width rows.
+  virtual void Im2Col(const WindowGeometry& g, int batch, const float* x,
+                      float* cols) = 0;
+  // The adjoint of Im2Col (col2im): dx (overwritten) gets, at each input
+  // value, the sum of the patch values Im2Col would have copied from it,
+  // added in the order of the output positions.
+  virtual void Col2Im(const WindowGeometry& g, int batch, const float* cols,
+                      float* dx) = 0;
+  // Max pooling (g.padding 0): y[example][oy][ox][c] is the largest value
+  // of its window in channel c, the first in (row, column) order among
+  // equals; argmax gets that value's index in x.
+  virtual void MaxPool(const WindowGeometry& g, int batch, const float* x,
+                       float* y, int32_t* argmax) = 0;
+  // dx (overwritten, batch images of g's input shape) gets each dy value
+  // added at its argmax, in the order of the output positions.
+  virtual void MaxPoolBackward(const WindowGeometry& g, int batch,
+                               const float* dy, const int32_t* argmax,
+                               float* dx) = 0;
+
   // y += alpha * x.
   virtual void Axpy(size_t n, float alpha, const float* x, float* y) = 0;
   // y *= alpha.

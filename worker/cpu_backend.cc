@@ -118,6 +118,110 @@ class CpuBackend : public ComputeBackend {
     stats[1] += static_cast<float>(correct);
   }
 
+  // Im2Col and Col2Im walk the output positions in order; for each kernel
+  // row the window's columns that fall inside the image are one run of
+  // contiguous values (channels last), copied or added at once.
+  void Im2Col(const WindowGeometry& g, int batch, const float* x,
+              float* cols) override {
+    const size_t row_values = static_cast<size_t>(g.width) * g.channels;
+    const size_t image_values = row_values * g.height;
+    float* __restrict out = cols;
+    for (int n = 0; n < batch; ++n) {
+      const float* image = x + n * image_values;
+      for (int oy = 0; oy < g.out_height; ++oy) {
+        for (int ox = 0; ox < g.out_width; ++ox) {
+          const int x0 = ox * g.stride - g.padding;
+          const int first = std::max(0, -x0);                 // kernel cols
+          const int last = std::min(g.kernel, g.width - x0);  // [first, last)
+          for (int ky = 0; ky < g.kernel; ++ky) {
+            const int iy = oy * g.stride - g.padding + ky;
+            float* patch_row =
+                out + static_cast<size_t>(ky) * g.kernel * g.channels;
+            const size_t span = static_cast<size_t>(g.kernel) * g.channels;
+            if (iy < 0 || iy >= g.height || first >= last) {
+              std::fill(patch_row, patch_row + span, 0.0f);
+              continue;
+            }
+            std::fill(patch_row, patch_row + first * g.channels, 0.0f);
+            std::memcpy(patch_row + first * g.channels,
+                        image + iy * row_values +
+                            static_cast<size_t>(x0 + first) * g.channels,
+                        sizeof(float) * (last - first) * g.channels);
+            std::fill(patch_row + last * g.channels, patch_row + span, 0.0f);
+          }
+          out += g.patch();
+        }
+      }
+    }
+  }
+
+  void Col2Im(const WindowGeometry& g, int batch, const float* cols,
+              float* dx) override {
+    const size_t row_values = static_cast<size_t>(g.width) * g.channels;
+    const size_t image_values = row_values * g.height;
+    std::fill(dx, dx + batch * image_values, 0.0f);
+    const float* in = cols;
+    for (int n = 0; n < batch; ++n) {
+      float* image = dx + n * image_values;
+      for (int oy = 0; oy < g.out_height; ++oy) {
+        for (int ox = 0; ox < g.out_width; ++ox) {
+          const int x0 = ox * g.stride - g.padding;
+          const int first = std::max(0, -x0);
+          const int last = std::min(g.kernel, g.width - x0);
+          for (int ky = 0; ky < g.kernel && first < last; ++ky) {
+            const int iy = oy * g.stride - g.padding + ky;
+            if (iy < 0 || iy >= g.height) continue;
+            const float* __restrict from =
+                in + (static_cast<size_t>(ky) * g.kernel + first) * g.channels;
+            float* __restrict to = image + iy * row_values +
+                                   static_cast<size_t>(x0 + first) * g.channels;
+            const int count = (last - first) * g.channels;
+            for (int i = 0; i < count; ++i) to[i] += from[i];
+          }
+          in += g.patch();
+        }
+      }
+    }
+  }
+
+  void MaxPool(const WindowGeometry& g, int batch, const float* x, float* y,
+               int32_t* argmax) override {
+    const size_t row_values = static_cast<size_t>(g.width) * g.channels;
+    const size_t image_values = row_values * g.height;
+    size_t o = 0;
+    for (int n = 0; n < batch; ++n) {
+      const size_t image = n * image_values;
+      for (int oy = 0; oy < g.out_height; ++oy) {
+        for (int ox = 0; ox < g.out_width; ++ox) {
+          const size_t corner = image + oy * g.stride * row_values +
+                                static_cast<size_t>(ox) * g.stride * g.channels;
+          for (int c = 0; c < g.channels; ++c, ++o) {
+            size_t best = corner + c;
+            for (int ky = 0; ky < g.kernel; ++ky) {
+              for (int kx = 0; kx < g.kernel; ++kx) {
+                const size_t i = corner + ky * row_values +
+                                 static_cast<size_t>(kx) * g.channels + c;
+                if (x[i] > x[best]) best = i;
+              }
+            }
+            y[o] = x[best];
+            argmax[o] = static_cast<int32_t>(best);
+          }
+        }
+      }
+    }
+  }
+
+  void MaxPoolBackward(const WindowGeometry& g, int batch, const float* dy,
+                       const int32_t* argmax, float* dx) override {
+    const size_t inputs =
+        static_cast<size_t>(batch) * g.height * g.width * g.channels;
+    std::fill(dx, dx + inputs, 0.0f);
+    const size_t outputs =
+        static_cast<size_t>(batch) * g.out_height * g.out_width * g.channels;
+    for (size_t o = 0; o < outputs; ++o) dx[argmax[o]] += dy[o];
+  }
+
   void Axpy(size_t n, float alpha, const float* x, float* y) override {
     cblas_saxpy(static_cast<int>(n), alpha, x, 1, y, 1);
   }

@@ -239,6 +239,36 @@ class CudaBackend : public ComputeBackend {
                                                   labels, dlogits, stats)));
   }
 
+  void Im2Col(const WindowGeometry& g, int batch, const float* x,
+              float* cols) override {
+    Activate();
+    Record(LaunchStatus("Im2Col", cuda::Im2Col(stream_, sm_count_, ToWindow(g),
+                                               batch, x, cols)));
+  }
+
+  void Col2Im(const WindowGeometry& g, int batch, const float* cols,
+              float* dx) override {
+    Activate();
+    Record(LaunchStatus("Col2Im", cuda::Col2Im(stream_, sm_count_, ToWindow(g),
+                                               batch, cols, dx)));
+  }
+
+  void MaxPool(const WindowGeometry& g, int batch, const float* x, float* y,
+               int32_t* argmax) override {
+    Activate();
+    Record(LaunchStatus(
+        "MaxPool",
+        cuda::MaxPool(stream_, sm_count_, ToWindow(g), batch, x, y, argmax)));
+  }
+
+  void MaxPoolBackward(const WindowGeometry& g, int batch, const float* dy,
+                       const int32_t* argmax, float* dx) override {
+    Activate();
+    Record(LaunchStatus("MaxPoolBackward",
+                        cuda::MaxPoolBackward(stream_, sm_count_, ToWindow(g),
+                                              batch, dy, argmax, dx)));
+  }
+
   void Axpy(size_t n, float alpha, const float* x, float* y) override {
     Activate();
     Record(
@@ -309,6 +339,11 @@ class CudaBackend : public ComputeBackend {
   absl::Status Check(absl::Status status) {
     Record(status);
     return status;
+  }
+
+  static cuda::Window ToWindow(const WindowGeometry& g) {
+    return {g.height, g.width,   g.channels,   g.kernel,
+            g.stride, g.padding, g.out_height, g.out_width};
   }
 
   static absl::Status LaunchStatus(absl::string_view kernel,

@@ -291,6 +291,128 @@ __global__ void OneBitDecodeKernel(const uint8_t* __restrict__ bits,
   }
 }
 
+// Convolution and pooling windows, channels last (cuda_kernels.h's Window).
+// Each thread writes one value, so nothing races and no atomics are
+// needed; the adjoints gather (each input value sums the windows over it,
+// in the order of the output positions), which adds in the CPU backend's
+// order and so matches it bit for bit.
+__global__ void Im2ColKernel(Window g, int batch, const float* __restrict__ x,
+                             float* __restrict__ cols) {
+  const size_t patch = static_cast<size_t>(g.kernel) * g.kernel * g.channels;
+  const size_t n_values =
+      static_cast<size_t>(batch) * g.out_height * g.out_width * patch;
+  for (size_t i = GlobalThread(); i < n_values; i += GlobalStride()) {
+    const size_t row = i / patch;
+    const int k = static_cast<int>(i % patch);
+    const int c = k % g.channels;
+    const int kx = (k / g.channels) % g.kernel;
+    const int ky = k / (g.channels * g.kernel);
+    const int ox = static_cast<int>(row % g.out_width);
+    const int oy = static_cast<int>((row / g.out_width) % g.out_height);
+    const size_t n = row / (static_cast<size_t>(g.out_width) * g.out_height);
+    const int iy = oy * g.stride - g.padding + ky;
+    const int ix = ox * g.stride - g.padding + kx;
+    float v = 0.0f;
+    if (iy >= 0 && iy < g.height && ix >= 0 && ix < g.width) {
+      v = x[((n * g.height + iy) * g.width + ix) * g.channels + c];
+    }
+    cols[i] = v;
+  }
+}
+
+// The output positions whose windows cover input row (or column) i:
+// [*first, *last], empty when first > last.
+__device__ void Covering(int i, int padding, int kernel, int stride, int outs,
+                         int* first, int* last) {
+  const int low = i + padding - kernel + 1;
+  *first = low <= 0 ? 0 : (low + stride - 1) / stride;
+  *last = min(outs - 1, (i + padding) / stride);
+}
+
+__global__ void Col2ImKernel(Window g, int batch,
+                             const float* __restrict__ cols,
+                             float* __restrict__ dx) {
+  const size_t patch = static_cast<size_t>(g.kernel) * g.kernel * g.channels;
+  const size_t n_values =
+      static_cast<size_t>(batch) * g.height * g.width * g.channels;
+  for (size_t i = GlobalThread(); i < n_values; i += GlobalStride()) {
+    const int c = static_cast<int>(i % g.channels);
+    const int ix = static_cast<int>((i / g.channels) % g.width);
+    const int iy = static_cast<int>((i / g.channels / g.width) % g.height);
+    const size_t n = i / (static_cast<size_t>(g.channels) * g.width * g.height);
+    int oy0, oy1, ox0, ox1;
+    Covering(iy, g.padding, g.kernel, g.stride, g.out_height, &oy0, &oy1);
+    Covering(ix, g.padding, g.kernel, g.stride, g.out_width, &ox0, &ox1);
+    float sum = 0.0f;
+    for (int oy = oy0; oy <= oy1; ++oy) {
+      const int ky = iy + g.padding - oy * g.stride;
+      for (int ox = ox0; ox <= ox1; ++ox) {
+        const int kx = ix + g.padding - ox * g.stride;
+        const size_t row = (n * g.out_height + oy) * g.out_width + ox;
+        sum += cols[row * patch +
+                    (static_cast<size_t>(ky) * g.kernel + kx) * g.channels + c];
+      }
+    }
+    dx[i] = sum;
+  }
+}
+
+__global__ void MaxPoolKernel(Window g, int batch, const float* __restrict__ x,
+                              float* __restrict__ y,
+                              int32_t* __restrict__ argmax) {
+  const size_t n_values =
+      static_cast<size_t>(batch) * g.out_height * g.out_width * g.channels;
+  for (size_t o = GlobalThread(); o < n_values; o += GlobalStride()) {
+    const int c = static_cast<int>(o % g.channels);
+    const int ox = static_cast<int>((o / g.channels) % g.out_width);
+    const int oy =
+        static_cast<int>((o / g.channels / g.out_width) % g.out_height);
+    const size_t n =
+        o / (static_cast<size_t>(g.channels) * g.out_width * g.out_height);
+    const size_t corner =
+        ((n * g.height + static_cast<size_t>(oy) * g.stride) * g.width +
+         static_cast<size_t>(ox) * g.stride) *
+            g.channels +
+        c;
+    size_t best = corner;
+    for (int ky = 0; ky < g.kernel; ++ky) {
+      for (int kx = 0; kx < g.kernel; ++kx) {
+        const size_t i =
+            corner + (static_cast<size_t>(ky) * g.width + kx) * g.channels;
+        if (x[i] > x[best]) best = i;
+      }
+    }
+    y[o] = x[best];
+    argmax[o] = static_cast<int32_t>(best);
+  }
+}
+
+__global__ void MaxPoolBackwardKernel(Window g, int batch,
+                                      const float* __restrict__ dy,
+                                      const int32_t* __restrict__ argmax,
+                                      float* __restrict__ dx) {
+  const size_t n_values =
+      static_cast<size_t>(batch) * g.height * g.width * g.channels;
+  for (size_t i = GlobalThread(); i < n_values; i += GlobalStride()) {
+    const int c = static_cast<int>(i % g.channels);
+    const int ix = static_cast<int>((i / g.channels) % g.width);
+    const int iy = static_cast<int>((i / g.channels / g.width) % g.height);
+    const size_t n = i / (static_cast<size_t>(g.channels) * g.width * g.height);
+    int oy0, oy1, ox0, ox1;
+    Covering(iy, 0, g.kernel, g.stride, g.out_height, &oy0, &oy1);
+    Covering(ix, 0, g.kernel, g.stride, g.out_width, &ox0, &ox1);
+    float sum = 0.0f;
+    for (int oy = oy0; oy <= oy1; ++oy) {
+      for (int ox = ox0; ox <= ox1; ++ox) {
+        const size_t o =
+            ((n * g.out_height + oy) * g.out_width + ox) * g.channels + c;
+        if (argmax[o] == static_cast<int32_t>(i)) sum += dy[o];
+      }
+    }
+    dx[i] = sum;
+  }
+}
+
 }  // namespace
 
 cudaError_t CheckKernelsLoad() {
@@ -382,6 +504,45 @@ cudaError_t OneBitDecode(cudaStream_t stream, int sm_count, const uint8_t* bits,
   if (n == 0) return cudaSuccess;
   OneBitDecodeKernel<<<ElementwiseBlocks(sm_count, n), kThreads, 0, stream>>>(
       bits, scales, n, bucket_size, out);
+  return cudaGetLastError();
+}
+
+cudaError_t Im2Col(cudaStream_t stream, int sm_count, const Window& g,
+                   int batch, const float* x, float* cols) {
+  const size_t n = static_cast<size_t>(batch) * g.out_height * g.out_width *
+                   g.kernel * g.kernel * g.channels;
+  if (n == 0) return cudaSuccess;
+  Im2ColKernel<<<ElementwiseBlocks(sm_count, n), kThreads, 0, stream>>>(
+      g, batch, x, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t Col2Im(cudaStream_t stream, int sm_count, const Window& g,
+                   int batch, const float* cols, float* dx) {
+  const size_t n = static_cast<size_t>(batch) * g.height * g.width * g.channels;
+  if (n == 0) return cudaSuccess;
+  Col2ImKernel<<<ElementwiseBlocks(sm_count, n), kThreads, 0, stream>>>(
+      g, batch, cols, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t MaxPool(cudaStream_t stream, int sm_count, const Window& g,
+                    int batch, const float* x, float* y, int32_t* argmax) {
+  const size_t n =
+      static_cast<size_t>(batch) * g.out_height * g.out_width * g.channels;
+  if (n == 0) return cudaSuccess;
+  MaxPoolKernel<<<ElementwiseBlocks(sm_count, n), kThreads, 0, stream>>>(
+      g, batch, x, y, argmax);
+  return cudaGetLastError();
+}
+
+cudaError_t MaxPoolBackward(cudaStream_t stream, int sm_count, const Window& g,
+                            int batch, const float* dy, const int32_t* argmax,
+                            float* dx) {
+  const size_t n = static_cast<size_t>(batch) * g.height * g.width * g.channels;
+  if (n == 0) return cudaSuccess;
+  MaxPoolBackwardKernel<<<ElementwiseBlocks(sm_count, n), kThreads, 0,
+                          stream>>>(g, batch, dy, argmax, dx);
   return cudaGetLastError();
 }
 

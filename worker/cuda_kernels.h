@@ -16,6 +16,14 @@
 
 namespace monsoon::worker::cuda {
 
+// ComputeBackend's WindowGeometry (compute_backend.h), which this header
+// cannot include: images channels last, kernel x kernel windows.
+struct Window {
+  int height, width, channels;
+  int kernel, stride, padding;
+  int out_height, out_width;
+};
+
 // Whether this build's kernels can run on the current device: cudaSuccess,
 // or the error (e.g. cudaErrorNoKernelImageForDevice) that launches would
 // meet. `sm_count` below is the device's multiprocessor count; it sizes grids.
@@ -39,6 +47,18 @@ cudaError_t Scale(cudaStream_t stream, int sm_count, size_t n, float alpha,
                   float* y);
 cudaError_t Fill(cudaStream_t stream, int sm_count, size_t n, float value,
                  float* y);
+// ComputeBackend's Im2Col, Col2Im, MaxPool and MaxPoolBackward; each
+// thread writes one value (the adjoints gather rather than scatter), so the
+// results equal the CPU backend's bit for bit.
+cudaError_t Im2Col(cudaStream_t stream, int sm_count, const Window& g,
+                   int batch, const float* x, float* cols);
+cudaError_t Col2Im(cudaStream_t stream, int sm_count, const Window& g,
+                   int batch, const float* cols, float* dx);
+cudaError_t MaxPool(cudaStream_t stream, int sm_count, const Window& g,
+                    int batch, const float* x, float* y, int32_t* argmax);
+cudaError_t MaxPoolBackward(cudaStream_t stream, int sm_count, const Window& g,
+                            int batch, const float* dy, const int32_t* argmax,
+                            float* dx);
 // common/onebit.h's layout; bucket_size >= 1.
 cudaError_t OneBitEncode(cudaStream_t stream, int sm_count, const float* grad,
                          float* residual, size_t n, int bucket_size,

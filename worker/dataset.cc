@@ -1,47 +1,22 @@
 #include "worker/dataset.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_layout.h"
+#include "common/data_shape.h"
 #include "common/idx_reader.h"
+#include "common/model_config.h"
+#include "common/model_layout.h"
 
 namespace monsoon::worker {
-namespace {
-
-// Finds <dir>/<name>.gz or <dir>/<name>.
-absl::StatusOr<std::string> FindFile(const std::string& dir,
-                                     const std::string& name) {
-  struct stat info;
-  for (const std::string& candidate :
-       {absl::StrCat(dir, "/", name, ".gz"), absl::StrCat(dir, "/", name)}) {
-    if (::stat(candidate.c_str(), &info) == 0) return candidate;
-  }
-  std::string hint =
-      "set data_dir in the config (or --data_dir) to a folder with the IDX "
-      "files";
-  if (dir.find("fashion-mnist") != std::string::npos) {
-    hint = absl::StrCat(
-        "install Debian's package dataset-fashion-mnist (apt-get install "
-        "dataset-fashion-mnist), or ",
-        hint);
-  }
-  return absl::NotFoundError(absl::StrCat("data set file '", dir, "/", name,
-                                          "[.gz]' not found: ", hint));
-}
-
-}  // namespace
-
 absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir, Split split) {
   const std::string prefix = split == Split::kTrain ? "train" : "t10k";
   absl::StatusOr<std::string> images_path =
-      FindFile(dir, prefix + "-images-idx3-ubyte");
+      common::FindIdxFile(dir, prefix + "-images-idx3-ubyte");
   if (!images_path.ok()) return images_path.status();
   absl::StatusOr<std::string> labels_path =
-      FindFile(dir, prefix + "-labels-idx1-ubyte");
+      common::FindIdxFile(dir, prefix + "-labels-idx1-ubyte");
   if (!labels_path.ok()) return labels_path.status();
   absl::StatusOr<common::IdxArray> images = common::ReadIdxFile(*images_path);
   if (!images.ok()) return images.status();
@@ -57,7 +32,14 @@ absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir, Split split) {
         "'", *images_path, "' has ", images->dims[0], " images but '",
         *labels_path, "' has ", labels->dims[0], " labels"));
   }
+  absl::StatusOr<common::Shape> shape =
+      common::ExampleShapeFromIdxDims(images->dims);
+  if (!shape.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", *images_path, "': ", shape.status().message()));
+  }
   Dataset data;
+  data.shape = *shape;
   data.size = images->dims[0];
   data.dim = static_cast<int64_t>(images->item_size());
   data.images.resize(images->data.size());
@@ -72,7 +54,7 @@ absl::Status CheckIdxDatasetFiles(const std::string& dir) {
   for (const char* name :
        {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
-    absl::StatusOr<std::string> path = FindFile(dir, name);
+    absl::StatusOr<std::string> path = common::FindIdxFile(dir, name);
     if (!path.ok()) return path.status();
   }
   return absl::OkStatus();
@@ -82,9 +64,7 @@ absl::StatusOr<Dataset> LoadDatasetFor(const TrainingConfig& config,
                                        Split split) {
   absl::StatusOr<Dataset> data = LoadIdxDataset(config.data_dir(), split);
   if (!data.ok()) return data.status();
-  const auto& sizes = config.layer_sizes();
-  absl::Status fits =
-      CheckDatasetFits(*data, sizes[0], sizes[sizes.size() - 1]);
+  absl::Status fits = CheckDatasetFits(*data, config);
   if (!fits.ok()) return fits;
   const float mean = config.input_mean();
   const float inverse_std = 1.0f / config.input_std();
@@ -92,22 +72,21 @@ absl::StatusOr<Dataset> LoadDatasetFor(const TrainingConfig& config,
   return data;
 }
 
-absl::Status CheckDatasetFits(const Dataset& data, int64_t dim, int classes) {
-  if (data.dim != dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the data has ", data.dim,
-                     " values per example but the model's "
-                     "input layer has ",
-                     dim, ": fix layer_sizes in the config"));
-  }
+absl::Status CheckDatasetFits(const Dataset& data,
+                              const TrainingConfig& config) {
+  const int classes = common::ModelLayout::FromConfig(config).num_classes();
+  int32_t largest = 0;
   for (int64_t i = 0; i < data.size; ++i) {
     if (data.labels[i] < 0 || data.labels[i] >= classes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "label ", data.labels[i], " of example ", i, " is not below the ",
-          classes, " classes of the model's last layer"));
+          "label ", data.labels[i], " of example ", i,
+          " is not one of the model's ", classes,
+          " classes: remove num_classes (or layer_sizes) from the config to "
+          "take the classes from the data"));
     }
+    largest = std::max(largest, data.labels[i]);
   }
-  return absl::OkStatus();
+  return common::CheckDataFitsModel(config, data.shape, largest + 1);
 }
 
 Partition PartitionFor(int64_t size, int num_workers, int rank) {

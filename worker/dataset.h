@@ -9,13 +9,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model_layout.h"
 #include "proto/config.pb.h"
 
 namespace monsoon::worker {
 
 struct Dataset {
   int64_t size = 0;           // examples
-  int64_t dim = 0;            // values per example
+  common::Shape shape;        // of an example (height x width x channels)
+  int64_t dim = 0;            // values per example: shape.size()
   std::vector<float> images;  // size * dim, row-major
   std::vector<int32_t> labels;
 
@@ -38,9 +40,11 @@ absl::Status CheckIdxDatasetFiles(const std::string& dir);
 absl::StatusOr<Dataset> LoadDatasetFor(const TrainingConfig& config,
                                        Split split);
 
-// Checks that the images have `dim` values and every label is below
-// `classes`. INVALID_ARGUMENT otherwise.
-absl::Status CheckDatasetFits(const Dataset& data, int64_t dim, int classes);
+// Checks that the examples have the resolved config's input shape (for an
+// MLP, as many values) and every label is one of its classes.
+// INVALID_ARGUMENT says what differs and what to do.
+absl::Status CheckDatasetFits(const Dataset& data,
+                              const TrainingConfig& config);
 
 // Worker `rank` of `num_workers` owns examples [begin, end): the rank-th
 // contiguous 1/W of the set (integer division).

@@ -24,7 +24,7 @@ class DownpourLoop : public TrainingLoop {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
     absl::StatusOr<std::unique_ptr<GradientPusher>> made =
-        GradientPusher::Create(c.mlp->backend(), c.client, c.config,
+        GradientPusher::Create(c.model->backend(), c.client, c.config,
                                c.counters);
     if (!made.ok()) return made.status();
     if (c.config.n_fetch() == 1 && c.config.n_push() == 1) {
@@ -37,7 +37,7 @@ class DownpourLoop : public TrainingLoop {
   absl::StatusOr<WorkerResult> RunOneRoundTrip(const WorkerContext& c,
                                                BatchStream* batches,
                                                GradientPusher& pusher) {
-    PulledParams params(c.mlp);
+    PulledParams params(c.model);
     std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     auto pull = [&] {
@@ -58,8 +58,8 @@ class DownpourLoop : public TrainingLoop {
         {
           PhaseTimer timer(c.counters, Phase::kCompute);
           if (auto s = params.Commit(); !s.ok()) return s;
-          result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
-                                           batches->batch_size());
+          result = c.model->ComputeGradients(
+              batches->images(), batches->labels(), batches->batch_size());
           if (!result.ok()) return result.status();
         }
         PhaseTimer timer(c.counters, Phase::kPushPull);
@@ -67,7 +67,7 @@ class DownpourLoop : public TrainingLoop {
         // the answer replaces them (and the weights) with the shards' new
         // ones.
         absl::StatusOr<std::unique_ptr<PendingCall>> push =
-            pusher.Push(c.mlp->device_gradients(), versions,
+            pusher.Push(c.model->device_gradients(), versions,
                         batches->batch_size(), batches->sample_offset(), &next);
         if (!push.ok()) return push.status();
         return (*push)->Wait();
@@ -81,7 +81,7 @@ class DownpourLoop : public TrainingLoop {
   absl::StatusOr<WorkerResult> RunOverlapped(const WorkerContext& c,
                                              BatchStream* batches,
                                              GradientPusher& pusher) {
-    PulledParams params(c.mlp);
+    PulledParams params(c.model);
     std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     ProgressLog progress(c, *batches);
@@ -124,8 +124,8 @@ class DownpourLoop : public TrainingLoop {
           fetch = false;
         }
         PhaseTimer compute(c.counters, Phase::kCompute);
-        result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
-                                         batches->batch_size());
+        result = c.model->ComputeGradients(batches->images(), batches->labels(),
+                                           batches->batch_size());
         if (!result.ok()) return result.status();
         if (pusher.accumulated_steps() == 0) {
           first_offset = batches->sample_offset();
@@ -134,17 +134,17 @@ class DownpourLoop : public TrainingLoop {
         // does not change, goes straight to the pusher on a push step.
         if (pusher.accumulated_steps() + 1 == c.config.n_push()) {
           compute.Pause();
-          if (auto s = push(c.config.n_push(), c.mlp->device_gradients());
+          if (auto s = push(c.config.n_push(), c.model->device_gradients());
               !s.ok()) {
             return s;
           }
-        } else if (auto s = pusher.Accumulate(c.mlp->device_gradients());
+        } else if (auto s = pusher.Accumulate(c.model->device_gradients());
                    !s.ok()) {
           return s;
         }
         compute.Resume();  // the local step computes too
-        return c.mlp->ApplyGradients(c.config.local_learning_rate(),
-                                     c.config.local_momentum());
+        return c.model->ApplyGradients(c.config.local_learning_rate(),
+                                       c.config.local_momentum());
       };
       auto resync = [&]() -> absl::Status {
         fetch = true;

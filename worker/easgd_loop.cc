@@ -19,11 +19,11 @@ class EasgdLoop : public TrainingLoop {
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
-    const size_t p = c.mlp->layout().num_params();
+    const size_t p = c.model->layout().num_params();
     const float alpha = c.config.has_alpha()
                             ? c.config.alpha()
                             : 0.9f / static_cast<float>(c.num_workers);
-    ComputeBackend* backend = c.mlp->backend();
+    ComputeBackend* backend = c.model->backend();
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
         GradientPusher::Create(backend, c.client, c.config, c.counters);
     if (!pusher.ok()) return pusher.status();
@@ -45,7 +45,7 @@ class EasgdLoop : public TrainingLoop {
     if (absl::Status status = RidingOut(c, first, first); !status.ok()) {
       return status;
     }
-    if (auto s = c.mlp->SetParams(center); !s.ok()) return s;
+    if (auto s = c.model->SetParams(center); !s.ok()) return s;
 
     ProgressLog progress(c, *batches);
     int since_exchange = 0;
@@ -66,7 +66,7 @@ class EasgdLoop : public TrainingLoop {
       // The elastic step and the push (its transfer and the wait for it).
       PhaseTimer timer(c.counters, Phase::kPush);
       // d = alpha * (x - center), then x -= d, on the device.
-      float* x = c.mlp->device_params();
+      float* x = c.model->device_params();
       if (auto s = backend->CopyToDevice(center.data(), d, p * sizeof(float));
           !s.ok()) {
         return s;
@@ -96,11 +96,11 @@ class EasgdLoop : public TrainingLoop {
       }
       if (since_exchange == 0) window_offset = batches->sample_offset();
       PhaseTimer compute(c.counters, Phase::kCompute);
-      absl::StatusOr<BatchResult> result = c.mlp->ComputeGradients(
+      absl::StatusOr<BatchResult> result = c.model->ComputeGradients(
           batches->images(), batches->labels(), batches->batch_size());
       if (!result.ok()) return result.status();
-      if (auto s = c.mlp->ApplyGradients(c.config.local_learning_rate(),
-                                         c.config.local_momentum());
+      if (auto s = c.model->ApplyGradients(c.config.local_learning_rate(),
+                                           c.config.local_momentum());
           !s.ok()) {
         return s;
       }

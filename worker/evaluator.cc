@@ -2,13 +2,13 @@
 
 namespace monsoon::worker {
 
-Evaluator::Evaluator(PsClient* client, Mlp* mlp, const Dataset* test,
+Evaluator::Evaluator(PsClient* client, Model* model, const Dataset* test,
                      absl::Time start)
     : client_(client),
-      mlp_(mlp),
+      model_(model),
       test_(test),
       start_(start),
-      params_(mlp->layout().num_params()) {}
+      params_(model->layout().num_params()) {}
 
 absl::StatusOr<EvalPoint> Evaluator::EvaluateNow() {
   // Samples first: the weights pulled next include at least these.
@@ -20,9 +20,9 @@ absl::StatusOr<EvalPoint> Evaluator::EvaluateNow() {
       client_->Pull(0, absl::Seconds(30), absl::MakeSpan(params_), &versions);
   if (!status.ok()) return status;
   const double time_s = absl::ToDoubleSeconds(absl::Now() - start_);
-  if (auto s = mlp_->SetParams(params_); !s.ok()) return s;
+  if (auto s = model_->SetParams(params_); !s.ok()) return s;
   absl::StatusOr<BatchResult> result =
-      mlp_->Evaluate(test_->images.data(), test_->labels.data(), test_->size);
+      model_->Evaluate(test_->images.data(), test_->labels.data(), test_->size);
   if (!result.ok()) return result.status();
   EvalPoint point;
   point.set_time_s(time_s);

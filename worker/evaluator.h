@@ -10,7 +10,7 @@
 #include "absl/time/time.h"
 #include "proto/metrics.pb.h"
 #include "worker/dataset.h"
-#include "worker/mlp.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::worker {
@@ -18,14 +18,15 @@ namespace monsoon::worker {
 class Evaluator {
  public:
   // None owned; all must outlive the Evaluator. `client` registered as -1.
-  Evaluator(PsClient* client, Mlp* mlp, const Dataset* test, absl::Time start);
+  Evaluator(PsClient* client, Model* model, const Dataset* test,
+            absl::Time start);
 
   // One point of the curve: pull (no waiting), count samples, evaluate.
   absl::StatusOr<EvalPoint> EvaluateNow();
 
  private:
   PsClient* const client_;
-  Mlp* const mlp_;
+  Model* const model_;
   const Dataset* const test_;
   const absl::Time start_;
   std::vector<float> params_;

@@ -18,10 +18,10 @@ class HogwildLoop : public TrainingLoop {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
-        GradientPusher::Create(c.mlp->backend(), c.client, c.config,
+        GradientPusher::Create(c.model->backend(), c.client, c.config,
                                c.counters);
     if (!pusher.ok()) return pusher.status();
-    PulledParams params(c.mlp);
+    PulledParams params(c.model);
     std::vector<int64_t> versions;
     const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
     ProgressLog progress(c, *batches);
@@ -44,14 +44,14 @@ class HogwildLoop : public TrainingLoop {
         {
           PhaseTimer timer(c.counters, Phase::kCompute);
           if (auto s = params.Commit(); !s.ok()) return s;
-          result = c.mlp->ComputeGradients(batches->images(), batches->labels(),
-                                           batches->batch_size());
+          result = c.model->ComputeGradients(
+              batches->images(), batches->labels(), batches->batch_size());
           if (!result.ok()) return result.status();
         }
         PhaseTimer timer(c.counters, Phase::kPush);
         if (auto s = in_flight.Finish(); !s.ok()) return s;
         absl::StatusOr<std::unique_ptr<PendingCall>> push =
-            (*pusher)->Push(c.mlp->device_gradients(), versions,
+            (*pusher)->Push(c.model->device_gradients(), versions,
                             batches->batch_size(), batches->sample_offset());
         if (!push.ok()) return push.status();
         in_flight.Hold(*std::move(push));

@@ -30,7 +30,7 @@
 #include "worker/client_flags.h"
 #include "worker/dataset.h"
 #include "worker/evaluator.h"
-#include "worker/mlp.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/worker_metrics.h"
 
@@ -149,20 +149,17 @@ int main(int argc, char** argv) {
   }
   curve.set_start_unix_s(absl::ToDoubleSeconds(start - absl::UnixEpoch()));
 
-  auto config =
-      monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
+  auto config = monsoon::common::LoadResolvedConfig(
+      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
   if (!config.ok()) return Fail(kConfigError, config.status());
-  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
-    config->set_data_dir(absl::GetFlag(FLAGS_data_dir));
-  }
   auto test =
       monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTest);
   if (!test.ok()) return Fail(kConfigError, test.status());
   auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device), 1);
   if (!backend.ok()) return Fail(kConfigError, backend.status());
-  auto mlp = monsoon::worker::Mlp::Create(
+  auto model = monsoon::worker::Model::Create(
       backend->get(), monsoon::common::ModelLayout::FromConfig(*config), 500);
-  if (!mlp.ok()) return Fail(1, mlp.status());
+  if (!model.ok()) return Fail(1, model.status());
   monsoon::worker::PsClientOptions options;
   options.server_addresses =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
@@ -187,7 +184,7 @@ int main(int argc, char** argv) {
   // SIGTERM asks for one last evaluation: its calls must not be cancelled by
   // it (each has a deadline).
   (*client)->set_stop(nullptr);
-  monsoon::worker::Evaluator evaluator(client->get(), mlp->get(), &*test,
+  monsoon::worker::Evaluator evaluator(client->get(), model->get(), &*test,
                                        start);
   auto eval_metrics = std::make_shared<monsoon::worker::EvaluatorMetrics>();
   std::unique_ptr<monsoon::common::MetricsExporter> metrics;

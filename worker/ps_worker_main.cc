@@ -26,7 +26,7 @@
 #include "worker/backend_factory.h"
 #include "worker/client_flags.h"
 #include "worker/dataset.h"
-#include "worker/mlp.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
 #include "worker/worker_metrics.h"
@@ -148,12 +148,9 @@ int main(int argc, char** argv) {
                                    {"worker/client_flags.cc"});
   absl::ParseCommandLine(argc, argv);
 
-  auto config =
-      monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
+  auto config = monsoon::common::LoadResolvedConfig(
+      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
   if (!config.ok()) return Fail(kConfigError, config.status());
-  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
-    config->set_data_dir(absl::GetFlag(FLAGS_data_dir));
-  }
   const int rank = absl::GetFlag(FLAGS_rank);
   const int num_workers = absl::GetFlag(FLAGS_num_workers);
   if (num_workers < 1 || rank < 0 || rank >= num_workers) {
@@ -196,9 +193,9 @@ int main(int argc, char** argv) {
   }
   const monsoon::common::ModelLayout layout =
       monsoon::common::ModelLayout::FromConfig(*config);
-  auto mlp = monsoon::worker::Mlp::Create(backend->get(), layout,
-                                          config->batch_size());
-  if (!mlp.ok()) return Fail(1, mlp.status());
+  auto model = monsoon::worker::Model::Create(backend->get(), layout,
+                                              config->batch_size());
+  if (!model.ok()) return Fail(1, model.status());
 
   monsoon::worker::PsClientOptions options;
   options.server_addresses = servers;
@@ -236,7 +233,7 @@ int main(int argc, char** argv) {
   context.rank = rank;
   context.num_workers = num_workers;
   context.train = &*train;
-  context.mlp = mlp->get();
+  context.model = model->get();
   context.client = client->get();
   context.log_interval = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   const double lost_s = absl::GetFlag(FLAGS_shard_lost_timeout_s);

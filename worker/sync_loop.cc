@@ -19,9 +19,9 @@ class SyncLoop : public TrainingLoop {
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
-    PulledParams params(c.mlp);
+    PulledParams params(c.model);
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
-        GradientPusher::Create(c.mlp->backend(), c.client, c.config,
+        GradientPusher::Create(c.model->backend(), c.client, c.config,
                                c.counters);
     if (!pusher.ok()) return pusher.status();
     // versions[s]: the step shard s is collecting, which the weights in
@@ -87,8 +87,8 @@ class SyncLoop : public TrainingLoop {
     {
       PhaseTimer timer(c.counters, Phase::kCompute);
       if (auto s = params->Commit(); !s.ok()) return s;
-      step = c.mlp->ComputeGradients(batches.images(), batches.labels(),
-                                     batches.batch_size());
+      step = c.model->ComputeGradients(batches.images(), batches.labels(),
+                                       batches.batch_size());
       if (!step.ok()) return step.status();
     }
     // Includes the wait at the barrier.
@@ -97,8 +97,8 @@ class SyncLoop : public TrainingLoop {
     // repeating its step after a lost connection) answers it as a
     // duplicate, with the next step's weights all the same (PushPull).
     absl::StatusOr<std::unique_ptr<PendingCall>> push =
-        pusher.Push(c.mlp->device_gradients(), *versions, batches.batch_size(),
-                    batches.sample_offset(), &next);
+        pusher.Push(c.model->device_gradients(), *versions,
+                    batches.batch_size(), batches.sample_offset(), &next);
     if (!push.ok()) return push.status();
     if (absl::Status status = (*push)->Wait(); !status.ok()) return status;
     return step;

@@ -143,10 +143,10 @@ bool BatchStream::Next() {
   return true;
 }
 
-PulledParams::PulledParams(Mlp* mlp) : mlp_(mlp) {
-  const size_t n = mlp->layout().num_params();
-  if (mlp->backend()->HostMemory()) {
-    span_ = absl::MakeSpan(mlp->device_params(), n);
+PulledParams::PulledParams(Model* model) : model_(model) {
+  const size_t n = model->layout().num_params();
+  if (model->backend()->HostMemory()) {
+    span_ = absl::MakeSpan(model->device_params(), n);
   } else {
     host_.resize(n);
     span_ = absl::MakeSpan(host_);
@@ -159,7 +159,7 @@ absl::Status PulledParams::Commit() {
     // a host backend it has finished (loops pull between steps).
     return absl::OkStatus();
   }
-  return mlp_->SetParams(host_);
+  return model_->SetParams(host_);
 }
 
 ProgressLog::ProgressLog(const WorkerContext& context,

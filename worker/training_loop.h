@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "proto/config.pb.h"
 #include "worker/dataset.h"
-#include "worker/mlp.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/worker_counters.h"
 
@@ -41,7 +41,7 @@ struct WorkerContext {
   int rank = 0;
   int num_workers = 1;
   const Dataset* train = nullptr;
-  Mlp* mlp = nullptr;
+  Model* model = nullptr;
   PsClient* client = nullptr;
   // Progress lines every this often (0: never).
   absl::Duration log_interval = absl::Seconds(5);
@@ -174,14 +174,14 @@ class BatchStream {
 // into a host buffer that Commit() uploads. Not thread-safe.
 class PulledParams {
  public:
-  explicit PulledParams(Mlp* mlp);
+  explicit PulledParams(Model* model);
   // All parameters; pull into this.
   absl::Span<float> span() { return span_; }
   // Makes the model train on what was pulled last.
   absl::Status Commit();
 
  private:
-  Mlp* const mlp_;
+  Model* const model_;
   std::vector<float> host_;  // empty when pulls land in the model
   absl::Span<float> span_;
 };

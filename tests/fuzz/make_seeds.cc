@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/data_shape.h"
+#include "common/model_config.h"
 #include "common/onebit.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/service.pb.h"
@@ -63,8 +65,7 @@ monsoon::PushHeader Header(monsoon::PushEncoding encoding) {
   return header;
 }
 
-std::string Floats(const std::vector<float>& values, size_t begin,
-                   size_t end) {
+std::string Floats(const std::vector<float>& values, size_t begin, size_t end) {
   return std::string(reinterpret_cast<const char*>(values.data() + begin),
                      (end - begin) * sizeof(float));
 }
@@ -105,7 +106,8 @@ void OneBitSeeds(const std::vector<float>& g) {
   // Chunks hold whole buckets: 8 buckets (512 values), then the rest.
   monsoon::PushChunk first, second;
   *first.mutable_header() = Header(monsoon::ENCODING_ONEBIT);
-  monsoon::common::OneBitEncoded a = encoded(0, 512), b = encoded(512, kShardSize);
+  monsoon::common::OneBitEncoded a = encoded(0, 512),
+                                 b = encoded(512, kShardSize);
   first.set_data(a.bits);
   first.set_scales(a.scales);
   second.set_offset(512);
@@ -130,6 +132,12 @@ void ConfigSeeds() {
       "onebit_bucket_size: 128",
       "mode: EASGD tau: 4 alpha: 0.5 local_learning_rate: 0.05",
       "mode: HOGWILD chunk_bytes: 262144 seed: 7 sync_timeout_s: 30",
+      "model: LENET mode: DOWNPOUR",
+      "layers { conv { filters: 4 kernel: 3 stride: 2 padding: 1 } } "
+      "layers { relu {} } layers { max_pool { size: 3 stride: 1 } } "
+      "layers { flatten {} } layers { dense {} } input_shape: [9, 7, 2] "
+      "num_classes: 3",
+      "layers { dense { units: 32 } } layers { relu {} } layers { dense {} }",
   };
   int i = 0;
   for (const char* text : texts) {
@@ -140,7 +148,11 @@ void ConfigSeeds() {
       std::exit(1);
     }
     Write("config", "config_" + std::to_string(i++), text);
-    auto resolved = monsoon::common::ResolveConfig(*parsed);
+    monsoon::common::DataShape data;
+    data.example = {28, 28, 1};
+    data.num_classes = 10;
+    auto resolved = monsoon::common::ResolveConfig(
+        *parsed, monsoon::common::ModelNeedsData(*parsed) ? &data : nullptr);
     if (resolved.ok()) {
       Write("config", "resolved_" + std::to_string(i),
             monsoon::common::ConfigToText(*resolved));

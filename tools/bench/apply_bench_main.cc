@@ -120,7 +120,7 @@ int Main() {
   for (const RuleCase& c : cases) {
     absl::StatusOr<TrainingConfig> config =
         common::ParseConfigText(layers + c.config);
-    if (config.ok()) config = common::ResolveConfig(*config);
+    if (config.ok()) config = common::ResolveConfigWithData(*config);
     if (!config.ok()) {
       std::fprintf(stderr, "apply_bench: %s: %s\n", c.name.c_str(),
                    config.status().ToString().c_str());

@@ -417,7 +417,7 @@ int Main() {
     return 1;
   }
   absl::StatusOr<TrainingConfig> config =
-      common::ResolveConfig(TrainingConfig());
+      common::ResolveConfigWithData(TrainingConfig());
   if (!config.ok()) return 1;
   const uint64_t shard_size =
       common::ModelLayout::FromConfig(*config).num_params();

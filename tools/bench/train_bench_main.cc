@@ -158,7 +158,8 @@ absl::StatusOr<double> RunMonsoon(Mode mode, int workers,
   config.set_mode(mode);
   config.set_epochs(absl::GetFlag(FLAGS_epochs));
   config.set_batch_size(absl::GetFlag(FLAGS_batch_size));
-  absl::StatusOr<TrainingConfig> resolved = common::ResolveConfig(config);
+  absl::StatusOr<TrainingConfig> resolved =
+      common::ResolveConfigWithData(config);
   if (!resolved.ok()) return resolved.status();
   char dir[] = "/tmp/monsoon-bench-XXXXXX";
   if (mkdtemp(dir) == nullptr) {

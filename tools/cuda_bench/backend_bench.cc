@@ -16,7 +16,8 @@
 #include "absl/types/span.h"
 #include "common/model_layout.h"
 #include "common/onebit.h"
-#include "worker/mlp.h"
+#include "worker/model/layer.h"
+#include "worker/model/model.h"
 
 namespace monsoon::tools {
 namespace {
@@ -109,10 +110,8 @@ std::string Rate(double flops_per_s) {
 }
 
 absl::Status Validate(const BenchOptions& o) {
-  if (o.layer_sizes.size() < 2 ||
-      *std::min_element(o.layer_sizes.begin(), o.layer_sizes.end()) < 1) {
-    return absl::InvalidArgumentError(
-        "layer sizes: at least two, each at least 1");
+  if (o.layout.layers().empty()) {
+    return absl::InvalidArgumentError("the model has no layers");
   }
   if (o.batch < 1 || o.iterations < 1 || o.warmup < 0 || o.bucket_size < 1 ||
       o.square < 0 || o.square_iterations < 1) {
@@ -122,8 +121,36 @@ absl::Status Validate(const BenchOptions& o) {
         o.batch, o.iterations, o.square_iterations, o.bucket_size, o.warmup,
         o.square));
   }
+  if (o.layout.LargestBufferPerExample() * o.batch >= (uint64_t{1} << 31)) {
+    return absl::InvalidArgumentError("the batch is too large for the model");
+  }
   return absl::OkStatus();
 }
+
+// One layer's matrix products, as its Forward and Backward issue them.
+struct LayerGemms {
+  int m_rows = 0;  // batch rows (times output positions for a conv)
+  int fan_in = 0;  // K: inputs per row (a conv's patch)
+  int units = 0;   // N: outputs per row
+  const float* input = nullptr;  // the rows x fan_in matrix (patches)
+  const float* weights = nullptr;
+  float* output = nullptr;
+  float* dout = nullptr;
+  float* dweights = nullptr;
+  float* dinput = nullptr;  // null for the first layer
+  int calls() const { return dinput != nullptr ? 3 : 2; }
+  double flops() const { return 2.0 * m_rows * fan_in * units * calls(); }
+  void Queue(ComputeBackend* backend) const {
+    backend->Gemm(false, false, m_rows, units, fan_in, 1.0f, input, weights,
+                  0.0f, output);
+    backend->Gemm(true, false, fan_in, units, m_rows, 1.0f, input, dout, 0.0f,
+                  dweights);
+    if (dinput != nullptr) {
+      backend->Gemm(false, true, m_rows, fan_in, units, 1.0f, dout, weights,
+                    0.0f, dinput);
+    }
+  }
+};
 
 }  // namespace
 
@@ -133,16 +160,16 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
   BenchReport report;
   report.backend = backend->Name();
   report.options = options;
-  const common::ModelLayout layout(options.layer_sizes);
-  const std::vector<int>& sizes = layout.layer_sizes();
-  const int layers = layout.num_layers();
+  const common::ModelLayout& layout = options.layout;
+  const std::vector<common::LayerSpec>& specs = layout.layers();
   const int batch = options.batch;
   const size_t p = layout.num_params();
+  const int classes = layout.num_classes();
   report.num_params = static_cast<int64_t>(p);
 
   Buffers buffers(backend);
   // Parameters, gradients, optimizer and 1-bit state, activations and
-  // deltas, as Mlp allocates them.
+  // deltas, as Model allocates them.
   absl::StatusOr<float*> params = buffers.Floats(p);
   absl::StatusOr<float*> grads = buffers.Floats(p);
   absl::StatusOr<float*> velocity = buffers.Floats(p);
@@ -158,28 +185,45 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
         stats.status(), labels.status(), bits.status(), scales.status()}) {
     if (!s.ok()) return s;
   }
-  std::vector<float*> activations(sizes.size(), nullptr);
-  std::vector<float*> deltas(sizes.size(), nullptr);
-  for (size_t l = 0; l < sizes.size(); ++l) {
-    const size_t n = static_cast<size_t>(batch) * sizes[l];
+  std::vector<std::unique_ptr<worker::Layer>> layers;
+  std::vector<float*> activations(specs.size() + 1, nullptr);
+  std::vector<float*> deltas(specs.size() + 1, nullptr);
+  {
+    absl::StatusOr<float*> input =
+        buffers.Floats(static_cast<size_t>(batch) * layout.input().size());
+    if (!input.ok()) return input.status();
+    activations[0] = *input;
+    absl::StatusOr<float*> input_delta =
+        buffers.Floats(static_cast<size_t>(batch) * layout.input().size());
+    if (!input_delta.ok()) return input_delta.status();
+    deltas[0] = *input_delta;
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<worker::Layer>> layer =
+        worker::MakeLayer(backend, layout, specs[i], batch);
+    if (!layer.ok()) return layer.status();
+    layers.push_back(*std::move(layer));
+    if (layers.back()->InPlace()) {
+      activations[i + 1] = activations[i];
+      deltas[i + 1] = deltas[i];
+      continue;
+    }
+    const size_t n = static_cast<size_t>(batch) * specs[i].out.size();
     absl::StatusOr<float*> a = buffers.Floats(n);
     if (!a.ok()) return a.status();
-    activations[l] = *a;
-    if (l > 0) {
-      absl::StatusOr<float*> d = buffers.Floats(n);
-      if (!d.ok()) return d.status();
-      deltas[l] = *d;
-    }
+    activations[i + 1] = *a;
+    absl::StatusOr<float*> d = buffers.Floats(n);
+    if (!d.ok()) return d.status();
+    deltas[i + 1] = *d;
   }
 
   std::vector<float> host_params(p);
   common::InitialValues(layout, /*seed=*/1, 0, absl::MakeSpan(host_params));
-  const std::vector<float> images =
-      common::UniformValues(static_cast<size_t>(batch) * sizes[0], 2);
+  const std::vector<float> images = common::UniformValues(
+      static_cast<size_t>(batch) * layout.input().size(), 2);
   std::vector<int32_t> host_labels(batch);
   for (int i = 0; i < batch; ++i) {
-    host_labels[i] =
-        static_cast<int32_t>(common::SplitMix64(i) % sizes[layers]);
+    host_labels[i] = static_cast<int32_t>(common::SplitMix64(i) % classes);
   }
   if (auto s =
           backend->CopyToDevice(host_params.data(), *params, p * sizeof(float));
@@ -200,8 +244,9 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
     return absl::OkStatus();
   };
 
-  const int64_t upload_bytes = static_cast<int64_t>(batch) *
-                               (sizes[0] * sizeof(float) + sizeof(int32_t));
+  const int64_t upload_bytes =
+      static_cast<int64_t>(batch) *
+      (layout.input().size() * sizeof(float) + sizeof(int32_t));
   if (auto s = run("upload batch (images + labels)", upload_bytes,
                    [&] {
                      if (auto s = backend->CopyToDevice(
@@ -217,46 +262,55 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
     return s;
   }
 
-  // As Mlp::Forward with backward = true.
-  auto forward = [&] {
-    backend->Fill(2, 0.0f, *stats);
-    for (int l = 0; l < layers; ++l) {
-      const float* w = *params + layout.weights(l).offset;
-      const float* b = *params + layout.bias(l).offset;
-      backend->Gemm(false, false, batch, sizes[l + 1], sizes[l], 1.0f,
-                    activations[l], w, 0.0f, activations[l + 1]);
-      backend->AddBias(batch, sizes[l + 1], b, activations[l + 1]);
-      if (l + 1 < layers) {
-        backend->Relu(static_cast<size_t>(batch) * sizes[l + 1],
-                      activations[l + 1]);
-      }
-    }
-    backend->SoftmaxCrossEntropy(batch, sizes[layers], activations[layers],
-                                 *labels, deltas[layers], *stats);
-    return absl::OkStatus();
+  // As Model::ComputeGradients, a layer at a time, after one whole pass so
+  // that every buffer holds what the step would leave there. Repeats are
+  // harmless: ReLU in place is idempotent, and the values a repeat leaves
+  // are as finite as the first pass's.
+  auto layer_name = [&](size_t i) {
+    return absl::StrCat("layer ", i + 1, ": ", common::LayerString(specs[i]));
   };
-  // As the backward half of Mlp::ComputeGradients.
-  auto backward = [&] {
-    for (int l = layers - 1; l >= 0; --l) {
-      backend->Gemm(true, false, sizes[l], sizes[l + 1], batch, 1.0f,
-                    activations[l], deltas[l + 1], 0.0f,
-                    *grads + layout.weights(l).offset);
-      backend->ColumnSums(batch, sizes[l + 1], deltas[l + 1],
-                          *grads + layout.bias(l).offset);
-      if (l > 0) {
-        backend->Gemm(false, true, batch, sizes[l], sizes[l + 1], 1.0f,
-                      deltas[l + 1], *params + layout.weights(l).offset, 0.0f,
-                      deltas[l]);
-        backend->ReluBackward(static_cast<size_t>(batch) * sizes[l],
-                              activations[l], deltas[l]);
-      }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i]->Forward(batch, *params, activations[i], activations[i + 1]);
+  }
+  backend->Fill(2, 0.0f, *stats);
+  backend->SoftmaxCrossEntropy(batch, classes, activations.back(), *labels,
+                               deltas.back(), *stats);
+  if (auto s = backend->Synchronize(); !s.ok()) return s;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (auto s = run(absl::StrCat("forward ", layer_name(i)), 0,
+                     [&] {
+                       layers[i]->Forward(batch, *params, activations[i],
+                                          activations[i + 1]);
+                       return absl::OkStatus();
+                     });
+        !s.ok()) {
+      return s;
     }
-    return absl::OkStatus();
-  };
-  if (auto s = run("forward (with loss gradient)", 0, forward); !s.ok()) {
+  }
+  if (auto s = run("softmax cross-entropy (loss and its gradient)", 0,
+                   [&] {
+                     backend->Fill(2, 0.0f, *stats);
+                     backend->SoftmaxCrossEntropy(batch, classes,
+                                                  activations.back(), *labels,
+                                                  deltas.back(), *stats);
+                     return absl::OkStatus();
+                   });
+      !s.ok()) {
     return s;
   }
-  if (auto s = run("backward", 0, backward); !s.ok()) return s;
+  for (size_t i = layers.size(); i-- > 0;) {
+    float* din = i == 0 && !layers[0]->InPlace() ? nullptr : deltas[i];
+    if (auto s = run(absl::StrCat("backward ", layer_name(i)), 0,
+                     [&] {
+                       layers[i]->Backward(batch, *params, activations[i],
+                                           activations[i + 1], deltas[i + 1],
+                                           din, *grads);
+                       return absl::OkStatus();
+                     });
+        !s.ok()) {
+      return s;
+    }
+  }
 
   std::vector<float> host_grads(p);
   if (auto s = run("gradient download", static_cast<int64_t>(p * sizeof(float)),
@@ -304,7 +358,7 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
     return probe;
   }
 
-  // As Mlp::ApplyGradients with momentum; a tiny rate keeps the weights
+  // As Model::ApplyGradients with momentum; a tiny rate keeps the weights
   // where they are over many iterations.
   if (auto s = run("momentum update", 0,
                    [&] {
@@ -318,53 +372,97 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
   }
 
   {
-    absl::StatusOr<std::unique_ptr<worker::Mlp>> mlp =
-        worker::Mlp::Create(backend, layout, batch);
-    if (!mlp.ok()) return mlp.status();
-    if (auto s = (*mlp)->SetParams(host_params); !s.ok()) return s;
-    if (auto s = run("whole step through Mlp (upload to update)", 0,
+    absl::StatusOr<std::unique_ptr<worker::Model>> model =
+        worker::Model::Create(backend, layout, batch);
+    if (!model.ok()) return model.status();
+    if (auto s = (*model)->SetParams(host_params); !s.ok()) return s;
+    if (auto s = run("whole step through Model (upload to update)", 0,
                      [&]() -> absl::Status {
                        absl::StatusOr<worker::BatchResult> result =
-                           (*mlp)->ComputeGradients(images.data(),
-                                                    host_labels.data(), batch);
+                           (*model)->ComputeGradients(
+                               images.data(), host_labels.data(), batch);
                        if (!result.ok()) return result.status();
-                       return (*mlp)->ApplyGradients(1e-6f, 0.9f);
+                       return (*model)->ApplyGradients(1e-6f, 0.9f);
                      });
         !s.ok()) {
       return s;
     }
   }
 
-  // The step's matrix products alone.
-  for (int l = 0; l < layers; ++l) {
-    const double product = 2.0 * batch * sizes[l] * sizes[l + 1];
-    report.step_gemm_flops += product * (l > 0 ? 3 : 2);
-    report.step_gemms += l > 0 ? 3 : 2;
-  }
-  {
+  // The matrix products alone: each layer's, the conv layers' together and
+  // the step's. A conv layer's products run on its patches' buffer, which
+  // this bench fills by one Im2Col; values do not change the time.
+  std::vector<LayerGemms> all;
+  std::vector<LayerGemms> convs;
+  Buffers gemm_buffers(backend);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const common::LayerSpec& spec = specs[i];
+    if (spec.weights < 0) continue;
+    const common::TensorSpec& w = layout.tensors()[spec.weights];
+    LayerGemms g;
+    g.m_rows = batch * spec.out.height * spec.out.width;
+    g.fan_in = static_cast<int>(w.rows);
+    g.units = static_cast<int>(w.cols);
+    g.weights = *params + w.offset;
+    g.output = activations[i + 1];
+    g.dout = deltas[i + 1];
+    g.dweights = *grads + w.offset;
+    if (spec.kind == common::LayerSpec::Kind::kConv) {
+      absl::StatusOr<float*> patches =
+          gemm_buffers.Floats(static_cast<size_t>(g.m_rows) * g.fan_in);
+      absl::StatusOr<float*> dpatches =
+          gemm_buffers.Floats(static_cast<size_t>(g.m_rows) * g.fan_in);
+      if (!patches.ok()) return patches.status();
+      if (!dpatches.ok()) return dpatches.status();
+      worker::WindowGeometry geometry;
+      geometry.height = spec.in.height;
+      geometry.width = spec.in.width;
+      geometry.channels = spec.in.channels;
+      geometry.kernel = spec.kernel;
+      geometry.stride = spec.stride;
+      geometry.padding = spec.padding;
+      geometry.out_height = spec.out.height;
+      geometry.out_width = spec.out.width;
+      backend->Im2Col(geometry, batch, activations[i], *patches);
+      g.input = *patches;
+      g.dinput = i == 0 ? nullptr : *dpatches;
+    } else {
+      g.input = activations[i];
+      g.dinput = i == 0 ? nullptr : deltas[i];
+    }
+    all.push_back(g);
+    if (spec.kind == common::LayerSpec::Kind::kConv) convs.push_back(g);
     absl::StatusOr<PhaseTiming> timing = Time(
-        backend, "matrix products of one step", 0, options.warmup,
-        options.iterations, [&] {
-          for (int l = 0; l < layers; ++l) {
-            backend->Gemm(false, false, batch, sizes[l + 1], sizes[l], 1.0f,
-                          activations[l], *params + layout.weights(l).offset,
-                          0.0f, activations[l + 1]);
-          }
-          for (int l = layers - 1; l >= 0; --l) {
-            backend->Gemm(true, false, sizes[l], sizes[l + 1], batch, 1.0f,
-                          activations[l], deltas[l + 1], 0.0f,
-                          *grads + layout.weights(l).offset);
-            if (l > 0) {
-              backend->Gemm(false, true, batch, sizes[l], sizes[l + 1], 1.0f,
-                            deltas[l + 1], *params + layout.weights(l).offset,
-                            0.0f, deltas[l]);
-            }
-          }
+        backend, layer_name(i), 0, options.warmup, options.iterations, [&] {
+          g.Queue(backend);
           return absl::OkStatus();
         });
     if (!timing.ok()) return timing.status();
-    report.step_gemm = *std::move(timing);
+    report.gemms.push_back(
+        {layer_name(i), g.calls(), g.flops(), *std::move(timing)});
   }
+  auto group = [&](const std::string& name,
+                   const std::vector<LayerGemms>& members) -> absl::Status {
+    GemmTiming total;
+    total.name = name;
+    for (const LayerGemms& g : members) {
+      total.calls += g.calls();
+      total.flops += g.flops();
+    }
+    absl::StatusOr<PhaseTiming> timing =
+        Time(backend, name, 0, options.warmup, options.iterations, [&] {
+          for (const LayerGemms& g : members) g.Queue(backend);
+          return absl::OkStatus();
+        });
+    if (!timing.ok()) return timing.status();
+    total.timing = *std::move(timing);
+    report.gemms.push_back(std::move(total));
+    return absl::OkStatus();
+  };
+  if (!convs.empty()) {
+    if (auto s = group("all conv layers", convs); !s.ok()) return s;
+  }
+  if (auto s = group("the whole step", all); !s.ok()) return s;
 
   if (options.square > 0) {
     const int n = options.square;
@@ -397,38 +495,50 @@ std::string FormatReport(const BenchReport& report) {
   std::string out = absl::StrFormat("backend: %s\n", report.backend);
   absl::StrAppendFormat(
       &out,
-      "model %s: %d parameters (%s); batch %d; medians of %d runs after %d "
-      "warm-up, each ending in Synchronize\n",
-      absl::StrJoin(o.layer_sizes, "-"), report.num_params,
-      Bytes(report.num_params * 4), o.batch, o.iterations, o.warmup);
-  absl::StrAppendFormat(&out, "  %-42s %10s   %-22s %s\n", "phase", "median",
+      "model %s on %s examples: %s; %d parameters (%s), %.3g MFLOP forward "
+      "per example; batch %d; medians of %d runs after %d warm-up, each "
+      "ending in Synchronize\n",
+      o.model_name, common::ShapeString(o.layout.input()), o.layout.Describe(),
+      report.num_params, Bytes(report.num_params * 4),
+      o.layout.ForwardFlops() / 1e6, o.batch, o.iterations, o.warmup);
+  absl::StrAppendFormat(&out, "  %-52s %10s   %-22s %s\n", "phase", "median",
                         "p10 .. p90", "host link");
   for (const PhaseTiming& t : report.phases) {
     absl::StrAppendFormat(
-        &out, "  %-42s %10s   %-22s %s\n", t.name, Seconds(t.median_s),
+        &out, "  %-52s %10s   %-22s %s\n", t.name, Seconds(t.median_s),
         absl::StrCat(Seconds(t.p10_s), " .. ", Seconds(t.p90_s)),
         t.bytes > 0 ? absl::StrFormat("%s, %.3g GB/s", Bytes(t.bytes),
                                       t.bytes / t.median_s / 1e9)
                     : "");
   }
-  const double step_rate = report.step_gemm_flops / report.step_gemm.median_s;
-  absl::StrAppendFormat(
-      &out,
-      "matrix products of one step: %d sgemm calls, %.4g GFLOP: median %s "
-      "= %s\n",
-      report.step_gemms, report.step_gemm_flops / 1e9,
-      Seconds(report.step_gemm.median_s), Rate(step_rate));
-  if (report.square_flops > 0) {
-    const double square_rate =
-        report.square_flops / report.square_gemm.median_s;
+  const double square_rate =
+      report.square_flops > 0
+          ? report.square_flops / report.square_gemm.median_s
+          : 0;
+  absl::StrAppendFormat(&out,
+                        "matrix products (forward, weight gradient, "
+                        "input gradient):\n");
+  absl::StrAppendFormat(&out, "  %-52s %6s %10s %10s %16s %s\n", "of", "sgemms",
+                        "MFLOP", "median", "rate",
+                        square_rate > 0 ? "of square" : "");
+  for (const GemmTiming& g : report.gemms) {
+    const double rate = g.flops / g.timing.median_s;
+    absl::StrAppendFormat(
+        &out, "  %-52s %6d %10.4g %10s %16s %s\n", g.name, g.calls,
+        g.flops / 1e6, Seconds(g.timing.median_s), Rate(rate),
+        square_rate > 0 ? absl::StrFormat("%.2fx", rate / square_rate) : "");
+  }
+  if (square_rate > 0) {
     absl::StrAppendFormat(
         &out, "%s through the same backend: %.4g GFLOP: median %s = %s\n",
         report.square_gemm.name, report.square_flops / 1e9,
         Seconds(report.square_gemm.median_s), Rate(square_rate));
-    absl::StrAppendFormat(&out,
-                          "roofline ratio: the step's products run at %.3g%% "
-                          "of the square sgemm's rate\n",
-                          100.0 * step_rate / square_rate);
+    const GemmTiming& step = report.gemms.back();
+    absl::StrAppendFormat(
+        &out,
+        "roofline ratio: the step's products run at %.3g%% "
+        "of the square sgemm's rate\n",
+        100.0 * step.flops / step.timing.median_s / square_rate);
   }
   return out;
 }

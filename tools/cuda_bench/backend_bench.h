@@ -1,15 +1,16 @@
 // Times one training step's parts on a ComputeBackend: upload of a batch,
-// forward, backward, gradient download, 1-bit quantization on the device
-// and download of the compressed gradient, the momentum update, and a whole
-// step through Mlp, each over many iterations (medians). Also times the
-// step's matrix products alone and a large square sgemm through the same
-// backend (cuBLAS on a GPU, OpenBLAS on the CPU), whose ratio says how far
-// the model's small products are from the device's sgemm peak (the
-// roofline ratio).
+// each layer's forward and backward pass, the loss, gradient download,
+// 1-bit quantization on the device and download of the compressed
+// gradient, the momentum update, and a whole step through worker::Model,
+// each over many iterations (medians). Also times the matrix products of
+// each dense and conv layer alone (forward, weight gradient, input
+// gradient) and a large square sgemm through the same backend (cuBLAS on a
+// GPU, OpenBLAS on the CPU), whose ratio says how far the model's products
+// are from the device's sgemm peak (the roofline ratio).
 //
-// The forward and backward phases issue the same operations as
-// Mlp::ComputeGradients (worker/mlp.cc), one phase at a time, so that each
-// can be timed alone; the "whole step" phase runs Mlp itself as a check.
+// The layers are worker/model's own (MakeLayer), run one at a time in the
+// order Model::ComputeGradients runs them, so that each can be timed
+// alone; the "whole step" phase runs Model itself as a check.
 // Stateless functions; the backend is used by the calling thread only.
 #ifndef MONSOON_TOOLS_CUDA_BENCH_BACKEND_BENCH_H_
 #define MONSOON_TOOLS_CUDA_BENCH_BACKEND_BENCH_H_
@@ -19,12 +20,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model_layout.h"
 #include "worker/compute_backend.h"
 
 namespace monsoon::tools {
 
 struct BenchOptions {
-  std::vector<int> layer_sizes = {784, 256, 128, 10};
+  // The model: the default MLP on Fashion-MNIST's shape unless set.
+  common::ModelLayout layout = common::ModelLayout({784, 256, 128, 10});
+  std::string model_name = "784-256-128-10";
   int batch = 64;
   int warmup = 10;
   int iterations = 200;
@@ -41,16 +45,23 @@ struct PhaseTiming {
   double p90_s = 0;
 };
 
+// The matrix products of some layers (forward, weight gradient and, but
+// for the first layer, input gradient), issued back to back.
+struct GemmTiming {
+  std::string name;  // "layer 1: conv 5x5x6 pad 2", "all conv layers", ...
+  int calls = 0;
+  double flops = 0;
+  PhaseTiming timing;
+};
+
 struct BenchReport {
   std::string backend;
   BenchOptions options;
   int64_t num_params = 0;
   std::vector<PhaseTiming> phases;
-  // The step's matrix products (forward, weight gradients, input
-  // gradients), issued back to back.
-  int step_gemms = 0;
-  double step_gemm_flops = 0;
-  PhaseTiming step_gemm;
+  // Each dense and conv layer's products, then all conv layers' together
+  // (where there are any), then the whole step's.
+  std::vector<GemmTiming> gemms;
   // The square sgemm (2 * square^3 flops per call); 0 when skipped.
   double square_flops = 0;
   PhaseTiming square_gemm;

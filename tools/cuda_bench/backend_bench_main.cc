@@ -18,7 +18,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/model_config.h"
 #include "tools/cuda_bench/backend_bench.h"
 #include "worker/backend_factory.h"
 
@@ -26,8 +30,15 @@ ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N.");
 ABSL_FLAG(int, cpu_threads, 0,
           "OpenBLAS threads for the CPU backend; 0 keeps OpenBLAS's default "
           "(every core), which is what the CPU's sgemm rate needs.");
-ABSL_FLAG(std::string, layers, "784,256,128,10",
-          "The MLP's layer sizes, input first (the config's default).");
+ABSL_FLAG(std::string, model, "mlp",
+          "The model: mlp (the default 784-256-128-10 on Fashion-MNIST's "
+          "shape) or lenet.");
+ABSL_FLAG(std::string, input_shape, "28,28,1",
+          "The examples' height,width,channels (Fashion-MNIST's by default).");
+ABSL_FLAG(int, classes, 10, "The number of classes.");
+ABSL_FLAG(std::string, layers, "",
+          "An MLP's layer sizes instead of --model, input first, e.g. "
+          "784,256,128,10.");
 ABSL_FLAG(int, batch, 64, "Examples per step (the config's default).");
 ABSL_FLAG(int, iterations, 200, "Timed runs of each phase.");
 ABSL_FLAG(int, warmup, 10, "Untimed runs before them.");
@@ -46,28 +57,60 @@ int Fail(int code, const absl::Status& status) {
   return code;
 }
 
+// The model of --layers, or of --model on --input_shape and --classes,
+// resolved as a training config would be; and its name.
+absl::StatusOr<std::pair<monsoon::common::ModelLayout, std::string>>
+LayoutFromFlags() {
+  monsoon::TrainingConfig config;
+  std::string name;
+  if (!absl::GetFlag(FLAGS_layers).empty()) {
+    auto sizes = monsoon::common::ParseIntList(absl::GetFlag(FLAGS_layers));
+    if (!sizes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--layers: ", sizes.status().message()));
+    }
+    for (int size : *sizes) config.add_layer_sizes(size);
+    name = absl::StrJoin(*sizes, "-");
+  } else {
+    auto model = monsoon::common::ParseModel(absl::GetFlag(FLAGS_model));
+    if (!model.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model: ", model.status().message()));
+    }
+    config.set_model(*model);
+    name = monsoon::common::ModelName(*model);
+  }
+  auto shape = monsoon::common::ParseIntList(absl::GetFlag(FLAGS_input_shape));
+  if (!shape.ok() || shape->size() != 3) {
+    return absl::InvalidArgumentError(
+        "--input_shape: height,width,channels, e.g. 28,28,1");
+  }
+  monsoon::common::DataShape data;
+  data.example = {(*shape)[0], (*shape)[1], (*shape)[2]};
+  data.num_classes = absl::GetFlag(FLAGS_classes);
+  config.set_batch_size(absl::GetFlag(FLAGS_batch));
+  auto resolved = monsoon::common::ResolveConfig(config, &data);
+  if (!resolved.ok()) return resolved.status();
+  return std::make_pair(monsoon::common::ModelLayout::FromConfig(*resolved),
+                        name);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Times a training step's parts on a compute backend (medians) and the "
-      "MLP's matrix products against a large square sgemm on the same "
-      "device.\n\n  backend_bench --device=cuda\n  backend_bench "
-      "--device=cpu --square=2048");
+      "Times a training step's parts on a compute backend (medians), layer "
+      "by layer, and the model's matrix products against a large square "
+      "sgemm on the same device.\n\n  backend_bench --device=cuda\n  "
+      "backend_bench --device=cpu --model=lenet --cpu_threads=1");
   absl::ParseCommandLine(argc, argv);
 
   monsoon::tools::BenchOptions options;
-  options.layer_sizes.clear();
-  for (absl::string_view size :
-       absl::StrSplit(absl::GetFlag(FLAGS_layers), ',')) {
-    int value = 0;
-    if (!absl::SimpleAtoi(size, &value)) {
-      return Fail(kUsageError,
-                  absl::InvalidArgumentError(
-                      "--layers: comma-separated sizes, e.g. 784,256,128,10"));
-    }
-    options.layer_sizes.push_back(value);
-  }
+  absl::StatusOr<std::pair<monsoon::common::ModelLayout, std::string>> model =
+      LayoutFromFlags();
+  if (!model.ok()) return Fail(kUsageError, model.status());
+  options.layout = model->first;
+  options.model_name = model->second;
   options.batch = absl::GetFlag(FLAGS_batch);
   options.iterations = absl::GetFlag(FLAGS_iterations);
   options.warmup = absl::GetFlag(FLAGS_warmup);

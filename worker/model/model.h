@@ -1,10 +1,13 @@
-// Mlp: the multilayer perceptron of ModelLayout (ReLU hidden layers, softmax
-// cross-entropy) on a ComputeBackend. Parameters, gradients and activations
-// stay in the backend's memory, allocated once for the largest batch; host
-// data crosses only in the calls that take or return host spans.
+// Model: a list of layers (layer.h) on a ComputeBackend, from the model of
+// a common::ModelLayout (an MLP, LeNet, or the config's own layers), ending
+// in softmax cross-entropy. Parameters, gradients and activations stay in
+// the backend's memory, allocated once for the largest batch; host data
+// crosses only in the calls that take or return host spans. The parameters
+// and gradients are each one flat vector in the layout's order: what the
+// shards hold and the wire carries.
 // Not thread-safe: one worker thread owns it.
-#ifndef MONSOON_WORKER_MLP_H_
-#define MONSOON_WORKER_MLP_H_
+#ifndef MONSOON_WORKER_MODEL_MODEL_H_
+#define MONSOON_WORKER_MODEL_MODEL_H_
 
 #include <cstdint>
 #include <memory>
@@ -14,6 +17,7 @@
 #include "absl/types/span.h"
 #include "common/model_layout.h"
 #include "worker/compute_backend.h"
+#include "worker/model/layer.h"
 
 namespace monsoon::worker {
 
@@ -23,13 +27,15 @@ struct BatchResult {
   int64_t examples = 0;
 };
 
-class Mlp {
+class Model {
  public:
-  // `backend` is not owned and must outlive the Mlp.
-  static absl::StatusOr<std::unique_ptr<Mlp>> Create(
+  // `backend` is not owned and must outlive the Model. INVALID_ARGUMENT
+  // for a layout without layers or a max_batch whose buffers would not fit
+  // the backends' int indices; RESOURCE_EXHAUSTED when memory runs out.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
       ComputeBackend* backend, const common::ModelLayout& layout,
       int max_batch);
-  ~Mlp();
+  ~Model();
 
   const common::ModelLayout& layout() const { return layout_; }
   ComputeBackend* backend() { return backend_; }
@@ -57,12 +63,13 @@ class Mlp {
                                        const int32_t* labels, int64_t n);
 
  private:
-  Mlp(ComputeBackend* backend, const common::ModelLayout& layout, int max_batch)
+  Model(ComputeBackend* backend, const common::ModelLayout& layout,
+        int max_batch)
       : backend_(backend), layout_(layout), max_batch_(max_batch) {}
   absl::Status Allocate();
-  // Runs the forward pass on the batch in activations_[0] / labels_ and adds
-  // its loss and correct count to stats_; fills deltas for the top layer if
-  // `backward`.
+  // Runs the layers on the batch in activations_[0] / labels_ and adds its
+  // loss and correct count to stats_; with `backward`, the logits'
+  // gradient lands in deltas_.back().
   void Forward(int batch, bool backward);
   absl::StatusOr<BatchResult> ReadStats(int batch);
   absl::Status Upload(const float* images, const int32_t* labels, int batch);
@@ -70,15 +77,21 @@ class Mlp {
   ComputeBackend* const backend_;
   const common::ModelLayout layout_;
   const int max_batch_;
+  std::vector<std::unique_ptr<Layer>> layers_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   float* velocity_ = nullptr;
   float* stats_ = nullptr;
   int32_t* labels_ = nullptr;
-  std::vector<float*> activations_;  // [0] input, [l+1] output of layer l
-  std::vector<float*> deltas_;       // [l+1] dLoss/d(pre-activation of l)
+  // activations_[0] is the input, [i + 1] layer i's output; deltas_[i] is
+  // dLoss/d activations_[i] (null for the input unless the first layer
+  // works in place). An in-place layer's output and delta are its input's
+  // buffers.
+  std::vector<float*> activations_;
+  std::vector<float*> deltas_;
+  std::vector<float*> owned_;  // the distinct buffers above, freed at the end
 };
 
 }  // namespace monsoon::worker
 
-#endif  // MONSOON_WORKER_MLP_H_
+#endif  // MONSOON_WORKER_MODEL_MODEL_H_

@@ -1,0 +1,331 @@
+#include "common/model_config.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace monsoon::common {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("config field '", field, "' ", what));
+}
+
+Layer Dense(int units) {
+  Layer layer;
+  Layer::Dense* dense = layer.mutable_dense();
+  if (units > 0) dense->set_units(units);
+  return layer;
+}
+
+Layer Conv(int filters, int kernel, int padding) {
+  Layer layer;
+  layer.mutable_conv()->set_filters(filters);
+  layer.mutable_conv()->set_kernel(kernel);
+  layer.mutable_conv()->set_padding(padding);
+  return layer;
+}
+
+Layer Pool(int size) {
+  Layer layer;
+  layer.mutable_max_pool()->set_size(size);
+  return layer;
+}
+
+Layer Relu() {
+  Layer layer;
+  layer.mutable_relu();
+  return layer;
+}
+
+// The last layer that is not a Flatten, or null.
+const Layer* LastLayer(const google::protobuf::RepeatedPtrField<Layer>& list) {
+  for (int i = list.size() - 1; i >= 0; --i) {
+    if (!list[i].has_flatten()) return &list[i];
+  }
+  return nullptr;
+}
+
+// The legacy form: layer_sizes describe the whole MLP.
+absl::Status ResolveLayerSizes(TrainingConfig* c) {
+  if (c->layer_sizes_size() < 2) {
+    return Invalid("layer_sizes", "needs at least an input and an output size");
+  }
+  for (int size : c->layer_sizes()) {
+    if (size <= 0 || size > (1 << 20)) {
+      return Invalid("layer_sizes",
+                     absl::StrCat("has size ", size,
+                                  "; every layer needs 1 to 1048576 units"));
+    }
+  }
+  const int classes = c->layer_sizes(c->layer_sizes_size() - 1);
+  if (classes < 2) {
+    return Invalid("layer_sizes", "needs at least 2 classes in the last layer");
+  }
+  if (c->input_shape_size() > 0) {
+    uint64_t values = 1;
+    for (int side : c->input_shape()) values *= side < 0 ? 0 : side;
+    if (values != static_cast<uint64_t>(c->layer_sizes(0))) {
+      return Invalid(
+          "input_shape",
+          absl::StrCat("has ", values, " values, but layer_sizes starts with ",
+                       c->layer_sizes(0), ": keep one of them"));
+    }
+  }
+  if (c->has_num_classes() && c->num_classes() != classes) {
+    return Invalid("num_classes", absl::StrCat("is ", c->num_classes(),
+                                               " but layer_sizes ends with ",
+                                               classes, ": keep one of them"));
+  }
+  c->clear_input_shape();
+  c->clear_num_classes();
+  c->clear_model();
+  return absl::OkStatus();
+}
+
+// Whether `layout` is dense (ReLU dense)*: the MLP that layer_sizes says.
+bool IsMlp(const ModelLayout& layout) {
+  const std::vector<LayerSpec>& layers = layout.layers();
+  if (layers.empty() || layers.size() % 2 == 0) return false;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec::Kind want =
+        i % 2 == 0 ? LayerSpec::Kind::kDense : LayerSpec::Kind::kRelu;
+    if (layers[i].kind != want) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<Layer> PresetLayers(Model model) {
+  if (model == LENET) {
+    return {Conv(6, 5, 2), Relu(), Pool(2),   Conv(16, 5, 0), Relu(),  Pool(2),
+            Dense(120),    Relu(), Dense(84), Relu(),         Dense(0)};
+  }
+  return {Dense(256), Relu(), Dense(128), Relu(), Dense(0)};
+}
+
+std::string ModelName(Model model) {
+  return absl::AsciiStrToLower(Model_Name(model));
+}
+
+absl::StatusOr<Model> ParseModel(absl::string_view name) {
+  Model model;
+  if (!Model_Parse(absl::AsciiStrToUpper(name), &model) ||
+      model == MODEL_AUTO) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown model '", name, "'; use mlp or lenet"));
+  }
+  return model;
+}
+
+bool ModelNeedsData(const TrainingConfig& c) {
+  if (c.layer_sizes_size() > 0) return false;
+  if (c.input_shape_size() == 0) return true;
+  if (c.has_num_classes()) return false;
+  const Layer* last = LastLayer(c.layers());
+  return last == nullptr || !last->has_dense() || !last->dense().has_units();
+}
+
+absl::Status ResolveModel(const DataShape* data, TrainingConfig* config) {
+  TrainingConfig& c = *config;
+  const bool has_layers = c.layers_size() > 0;
+  const bool has_sizes = c.layer_sizes_size() > 0;
+  if (has_layers && has_sizes) {
+    return Invalid("layers",
+                   "and layer_sizes both describe the model: keep one");
+  }
+  if (has_layers && c.model() != MODEL_AUTO) {
+    return Invalid("model",
+                   absl::StrCat("names the preset ", ModelName(c.model()),
+                                " and layers are given too: keep one"));
+  }
+  if (has_sizes && c.model() != MODEL_AUTO && c.model() != MLP) {
+    return Invalid("layer_sizes",
+                   absl::StrCat("describe an MLP, but model is ",
+                                ModelName(c.model()), ": keep one"));
+  }
+  if (has_sizes) return ResolveLayerSizes(config);
+
+  // The examples' shape.
+  Shape input;
+  if (c.input_shape_size() > 0) {
+    if (c.input_shape_size() != 3) {
+      return Invalid("input_shape",
+                     absl::StrCat("has ", c.input_shape_size(),
+                                  " values; give [height, width, channels] "
+                                  "(channels 1 for greyscale), or leave it "
+                                  "unset to take it from the data"));
+    }
+    for (int side : c.input_shape()) {
+      if (side < 1 || side > (1 << 15)) {
+        return Invalid(
+            "input_shape",
+            absl::StrCat("has ", side, "; each side must be from 1 to 32768"));
+      }
+    }
+    input = {c.input_shape(0), c.input_shape(1), c.input_shape(2)};
+    if (data != nullptr && data->example != input) {
+      return Invalid(
+          "input_shape",
+          absl::StrCat("is ", ShapeString(input),
+                       " but the data's examples "
+                       "are ",
+                       ShapeString(data->example),
+                       ": remove input_shape to take it from the data, or "
+                       "point data_dir at the data the model was made for"));
+    }
+  } else if (data != nullptr) {
+    input = data->example;
+  } else {
+    return Invalid("input_shape",
+                   "is unset and the data was not read to take it from: set "
+                   "input_shape and num_classes, or resolve the config where "
+                   "data_dir's training files can be read");
+  }
+
+  // The layers, the output layer last.
+  std::vector<Layer> layers;
+  if (has_layers) {
+    for (const Layer& layer : c.layers()) {
+      if (!layer.has_flatten()) layers.push_back(layer);
+    }
+  } else {
+    layers = PresetLayers(c.model());
+  }
+  if (layers.empty() || !layers.back().has_dense()) {
+    return Invalid("layers",
+                   "must end with a dense layer: the output layer, whose "
+                   "units (left unset: num_classes) feed the softmax");
+  }
+  for (size_t i = 0; i + 1 < layers.size(); ++i) {
+    if (layers[i].has_dense() && !layers[i].dense().has_units()) {
+      return Invalid("layers",
+                     absl::StrCat("layer ", i + 1,
+                                  " is a dense layer without units; only the "
+                                  "output layer may leave them to "
+                                  "num_classes"));
+    }
+  }
+
+  // The classes.
+  Layer::Dense* output = layers.back().mutable_dense();
+  int classes = 0;
+  if (c.has_num_classes()) {
+    classes = c.num_classes();
+  } else if (output->has_units()) {
+    classes = output->units();
+  } else if (data != nullptr) {
+    classes = data->num_classes;
+  } else {
+    return Invalid("num_classes",
+                   "is unset and the data was not read to take it from: set "
+                   "num_classes, or resolve the config where data_dir's "
+                   "training labels can be read");
+  }
+  if (classes < 2 || classes > (1 << 20)) {
+    return Invalid("num_classes",
+                   absl::StrCat("is ", classes, "; must be from 2 to 1048576"));
+  }
+  if (output->has_units() && output->units() != classes) {
+    return Invalid("layers",
+                   absl::StrCat("end with a dense layer of ", output->units(),
+                                " units, but the model has ", classes,
+                                " classes: the output layer needs one unit "
+                                "per class (leave its units unset)"));
+  }
+  if (data != nullptr && data->num_classes > classes) {
+    if (c.has_num_classes()) {
+      return Invalid(
+          "num_classes",
+          absl::StrCat("is ", classes, " but the training labels go up to ",
+                       data->num_classes - 1,
+                       ": remove num_classes to take it from the data"));
+    }
+    return Invalid("layers",
+                   absl::StrCat("end with a dense layer of ", classes,
+                                " units, but the training labels go up to ",
+                                data->num_classes - 1,
+                                ": leave the output layer's units unset to "
+                                "take the classes from the data"));
+  }
+  output->set_units(classes);
+
+  // Every field explicit, so that equal models have equal fingerprints.
+  for (Layer& layer : layers) {
+    if (layer.has_conv()) {
+      Layer::Conv* conv = layer.mutable_conv();
+      conv->set_kernel(conv->kernel());
+      conv->set_stride(conv->stride());
+      conv->set_padding(conv->padding());
+    } else if (layer.has_max_pool()) {
+      Layer::MaxPool* pool = layer.mutable_max_pool();
+      pool->set_size(pool->size());
+      if (!pool->has_stride()) pool->set_stride(pool->size());
+    }
+  }
+  std::vector<const Layer*> pointers;
+  for (const Layer& layer : layers) pointers.push_back(&layer);
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(input, pointers);
+  if (!layout.ok()) {
+    return Invalid(has_layers ? "layers" : "model",
+                   absl::StrCat("does not fit ", ShapeString(input),
+                                " examples: ", layout.status().message()));
+  }
+
+  c.clear_model();
+  c.clear_layers();
+  c.clear_input_shape();
+  c.clear_num_classes();
+  if (IsMlp(*layout)) {
+    // The form configs had before layers, so that an MLP keeps its
+    // fingerprint however it was written.
+    c.add_layer_sizes(static_cast<int>(input.size()));
+    for (const LayerSpec& layer : layout->layers()) {
+      if (layer.kind == LayerSpec::Kind::kDense) {
+        c.add_layer_sizes(layer.out.channels);
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (Layer& layer : layers) *c.add_layers() = std::move(layer);
+  c.add_input_shape(input.height);
+  c.add_input_shape(input.width);
+  c.add_input_shape(input.channels);
+  c.set_num_classes(classes);
+  return absl::OkStatus();
+}
+
+absl::Status CheckDataFitsModel(const TrainingConfig& resolved,
+                                const Shape& example, int classes) {
+  const ModelLayout layout = ModelLayout::FromConfig(resolved);
+  if (resolved.layer_sizes_size() > 0) {
+    if (example.size() != layout.input().size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the data has ", example.size(), " values per example (",
+          ShapeString(example), ") but the model's input layer has ",
+          layout.input().size(),
+          ": fix layer_sizes in the config, or leave the model's sizes to "
+          "the data (model: MLP without layer_sizes)"));
+    }
+  } else if (example != layout.input()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the data's examples are ", ShapeString(example),
+        " but the model's input_shape is ", ShapeString(layout.input()),
+        ": remove input_shape from the config to take it from the data, or "
+        "point data_dir at the data the model was made for"));
+  }
+  if (classes > layout.num_classes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the data's labels go up to ", classes - 1, " but the model has ",
+        layout.num_classes(),
+        " classes: remove num_classes (or the last layer size) from the "
+        "config to take it from the data"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace monsoon::common

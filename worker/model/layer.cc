@@ -1,0 +1,21 @@
+#include "worker/model/layer.h"
+
+namespace monsoon::worker {
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(
+    ComputeBackend* backend, const common::ModelLayout& layout,
+    const common::LayerSpec& spec, int max_batch) {
+  switch (spec.kind) {
+    case common::LayerSpec::Kind::kDense:
+      return MakeDenseLayer(backend, layout, spec);
+    case common::LayerSpec::Kind::kConv:
+      return MakeConvLayer(backend, layout, spec, max_batch);
+    case common::LayerSpec::Kind::kMaxPool:
+      return MakeMaxPoolLayer(backend, spec, max_batch);
+    case common::LayerSpec::Kind::kRelu:
+      return MakeReluLayer(backend, spec);
+  }
+  return absl::InternalError("a layer of an unknown kind");
+}
+
+}  // namespace monsoon::worker
