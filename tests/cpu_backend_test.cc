@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/model_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
@@ -159,6 +160,148 @@ TEST_F(CpuBackendTest, AxpyScaleAndFill) {
   EXPECT_THAT(y, ElementsAre(-1.5f, 0, -2));
   backend_->Fill(2, -7.0f, y.data());
   EXPECT_THAT(y, ElementsAre(-7, -7, -2));
+}
+
+// Window operations against plain loops over their definitions, on odd
+// shapes with strides, padding and overlapping windows.
+WindowGeometry Window(int h, int w, int c, int k, int stride, int pad) {
+  WindowGeometry g;
+  g.height = h;
+  g.width = w;
+  g.channels = c;
+  g.kernel = k;
+  g.stride = stride;
+  g.padding = pad;
+  g.out_height = (h + 2 * pad - k) / stride + 1;
+  g.out_width = (w + 2 * pad - k) / stride + 1;
+  return g;
+}
+
+std::vector<WindowGeometry> ConvWindows() {
+  return {Window(7, 5, 3, 3, 2, 1), Window(6, 9, 2, 4, 1, 3),
+          Window(5, 5, 1, 5, 1, 2), Window(4, 6, 4, 1, 1, 0),
+          Window(8, 3, 2, 3, 3, 0)};
+}
+
+// The value Im2Col should put at (row, k): the definition, one value at a
+// time.
+float PatchValue(const WindowGeometry& g, const std::vector<float>& x,
+                 size_t row, int k) {
+  const int c = k % g.channels;
+  const int kx = (k / g.channels) % g.kernel;
+  const int ky = k / (g.channels * g.kernel);
+  const int ox = static_cast<int>(row % g.out_width);
+  const int oy = static_cast<int>(row / g.out_width % g.out_height);
+  const size_t n = row / (static_cast<size_t>(g.out_width) * g.out_height);
+  const int iy = oy * g.stride - g.padding + ky;
+  const int ix = ox * g.stride - g.padding + kx;
+  if (iy < 0 || iy >= g.height || ix < 0 || ix >= g.width) return 0;
+  return x[((n * g.height + iy) * g.width + ix) * g.channels + c];
+}
+
+TEST_F(CpuBackendTest, Im2ColCopiesEachPatchAndZeroesThePadding) {
+  constexpr int kBatch = 2;
+  for (const WindowGeometry& g : ConvWindows()) {
+    SCOPED_TRACE(testing::Message()
+                 << g.height << "x" << g.width << "x" << g.channels << " k"
+                 << g.kernel << " s" << g.stride << " p" << g.padding);
+    const std::vector<float> x = common::UniformValues(
+        static_cast<size_t>(kBatch) * g.height * g.width * g.channels, 1);
+    const size_t rows =
+        static_cast<size_t>(kBatch) * g.out_height * g.out_width;
+    std::vector<float> cols(rows * g.patch(), -99.0f);
+    backend_->Im2Col(g, kBatch, x.data(), cols.data());
+    for (size_t row = 0; row < rows; ++row) {
+      for (int k = 0; k < g.patch(); ++k) {
+        ASSERT_EQ(cols[row * g.patch() + k], PatchValue(g, x, row, k))
+            << "row " << row << " value " << k;
+      }
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, Col2ImAddsEachPatchValueBackWhereItCameFrom) {
+  constexpr int kBatch = 2;
+  for (const WindowGeometry& g : ConvWindows()) {
+    SCOPED_TRACE(testing::Message()
+                 << g.height << "x" << g.width << "x" << g.channels << " k"
+                 << g.kernel << " s" << g.stride << " p" << g.padding);
+    const size_t inputs =
+        static_cast<size_t>(kBatch) * g.height * g.width * g.channels;
+    const size_t rows =
+        static_cast<size_t>(kBatch) * g.out_height * g.out_width;
+    const std::vector<float> cols = common::UniformValues(rows * g.patch(), 2);
+    // The adjoint of Im2Col by its definition: each input value gets the
+    // patch values that are copies of it, in the order of the rows.
+    std::vector<float> want(inputs, 0.0f);
+    for (size_t row = 0; row < rows; ++row) {
+      for (int k = 0; k < g.patch(); ++k) {
+        std::vector<float> unit(inputs, 0.0f);
+        // Which input Im2Col reads for (row, k): the one whose unit
+        // vector gives a 1 there.
+        for (size_t i = 0; i < inputs; ++i) {
+          unit[i] = 1;
+          if (PatchValue(g, unit, row, k) == 1)
+            want[i] += cols[row * g.patch() + k];
+          unit[i] = 0;
+        }
+      }
+    }
+    std::vector<float> dx(inputs, -99.0f);
+    backend_->Col2Im(g, kBatch, cols.data(), dx.data());
+    EXPECT_EQ(dx, want);
+  }
+}
+
+TEST_F(CpuBackendTest, MaxPoolTakesTheFirstLargestAndRoutesItsGradient) {
+  constexpr int kBatch = 2;
+  for (WindowGeometry g :
+       {Window(7, 5, 3, 2, 2, 0), Window(6, 9, 2, 3, 1, 0),
+        Window(5, 5, 1, 5, 1, 0), Window(9, 6, 4, 3, 2, 0)}) {
+    SCOPED_TRACE(testing::Message()
+                 << g.height << "x" << g.width << "x" << g.channels << " k"
+                 << g.kernel << " s" << g.stride);
+    const size_t inputs =
+        static_cast<size_t>(kBatch) * g.height * g.width * g.channels;
+    const size_t outputs =
+        static_cast<size_t>(kBatch) * g.out_height * g.out_width * g.channels;
+    std::vector<float> x = common::UniformValues(inputs, 3);
+    for (size_t i = 0; i < inputs; i += 3) x[i] = 0.5f;  // ties
+    const std::vector<float> dy = common::UniformValues(outputs, 4);
+    std::vector<float> y(outputs);
+    std::vector<int32_t> argmax(outputs);
+    backend_->MaxPool(g, kBatch, x.data(), y.data(), argmax.data());
+    std::vector<float> want_dx(inputs, 0.0f);
+    size_t o = 0;
+    for (int n = 0; n < kBatch; ++n) {
+      for (int oy = 0; oy < g.out_height; ++oy) {
+        for (int ox = 0; ox < g.out_width; ++ox) {
+          for (int c = 0; c < g.channels; ++c, ++o) {
+            size_t best = 0;
+            bool found = false;
+            for (int ky = 0; ky < g.kernel; ++ky) {
+              for (int kx = 0; kx < g.kernel; ++kx) {
+                const size_t i =
+                    ((static_cast<size_t>(n) * g.height + oy * g.stride + ky) *
+                         g.width +
+                     ox * g.stride + kx) *
+                        g.channels +
+                    c;
+                if (!found || x[i] > x[best]) best = i;
+                found = true;
+              }
+            }
+            ASSERT_EQ(argmax[o], static_cast<int32_t>(best)) << "output " << o;
+            ASSERT_EQ(y[o], x[best]);
+            want_dx[best] += dy[o];
+          }
+        }
+      }
+    }
+    std::vector<float> dx(inputs, -99.0f);
+    backend_->MaxPoolBackward(g, kBatch, dy.data(), argmax.data(), dx.data());
+    EXPECT_EQ(dx, want_dx);
+  }
 }
 
 }  // namespace
