@@ -74,3 +74,61 @@ summary = open(os.path.join(out, "summary.md")).read()
 assert "| 2 kills, 2 restarts |" in summary, summary
 print("compare_modes_test: a run with two processes killed completed OK")
 PY
+
+# Both models on a data set of another image size and class count, with no
+# config: 16x12 images of 3 classes (a bright bar in the top, middle or
+# bottom band, on noise), their shape and classes read from the IDX files.
+bars="${out}-bars-data"
+/usr/bin/python3 - "$bars" <<'PY'
+import gzip, os, random, struct, sys
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+rng = random.Random(7)
+def write(prefix, n):
+    images, labels = bytearray(), bytearray()
+    for _ in range(n):
+        label = rng.randrange(3)
+        for row in range(16):
+            for col in range(12):
+                bright = 5 * label <= row < 5 * label + 5 and 2 <= col < 10
+                images.append(rng.randrange(150, 256) if bright
+                              else rng.randrange(0, 90))
+        labels.append(label)
+    with gzip.open(os.path.join(out, prefix + "-images-idx3-ubyte.gz"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 16, 12) + bytes(images))
+    with gzip.open(os.path.join(out, prefix + "-labels-idx1-ubyte.gz"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(labels))
+write("train", 1536)
+write("t10k", 300)
+PY
+models="${out}-models"
+"$compare" --model=mlp,lenet --modes=downpour --servers=1 --workers=2 \
+  --epochs=2 --data_dir="$bars" --eval_interval_s=0.5 --target=0.9 \
+  --report_script="$report" --out_dir="$models" \
+  > "$models.log" 2>&1 || { cat "$models.log"; exit 1; }
+/usr/bin/python3 - "$models" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+results = json.load(open(os.path.join(out, "results.json")))
+names = [r["name"] for r in results["runs"]]
+assert names == ["mlp-downpour-s1-w2", "lenet-downpour-s1-w2"], names
+mlp, lenet = results["runs"]
+assert mlp["model"] == "mlp" and lenet["model"] == "lenet", results["runs"]
+assert mlp["variant"] == "mlp-downpour", mlp["variant"]
+# The MLP's sizes and LeNet's shape come from the data: 192 values in,
+# 3 classes out.
+assert mlp["config"]["layer_sizes"] == [192, 256, 128, 3], mlp["config"]
+assert mlp["config"]["input_shape"] == "1x1x192", mlp["config"]
+assert lenet["config"]["input_shape"] == "16x12x1", lenet["config"]
+assert lenet["config"]["model"].startswith("conv 5x5x6 pad 2, relu, "
+                                           "max_pool 2"), lenet["config"]
+assert lenet["config"]["model"].endswith("dense 3"), lenet["config"]
+# 16x12 -> conv 16x12x6 -> pool 8x6 -> conv 4x2x16 -> pool 2x1x16 = 32
+# values into dense 120.
+assert lenet["config"]["parameters"] == (
+    156 + 2416 + 32 * 120 + 120 + 120 * 84 + 84 + 84 * 3 + 3), lenet["config"]
+for r in results["runs"]:
+    assert r["final_test_accuracy"] >= 0.9, (r["name"], r["final_test_accuracy"])
+print("compare_modes_test: mlp and lenet trained on 16x12 images of 3 "
+      "classes with no config")
+PY

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/model_config.h"
 #include "tools/chaos.h"
 #include "tools/comparison.h"
 #include "tools/config_flags.h"
@@ -30,6 +31,11 @@ ABSL_FLAG(std::string, variants, "",
           "each a mode and config fields set on top, e.g. "
           "'sync;sync+backup_workers=1;downpour;downpour+max_staleness=4'. "
           "Runs and plot legends are named by them.");
+ABSL_FLAG(std::string, model, "",
+          "Comma-separated model presets to compare the modes on, e.g. "
+          "mlp,lenet: every configuration runs once per model, named after "
+          "it (lenet-downpour-s2-w2). Empty: the config's model (the MLP by "
+          "default).");
 ABSL_FLAG(std::string, seeds, "",
           "Comma-separated seeds: every configuration runs once per seed "
           "(named ...-seedN), and the summary adds each one's medians over "
@@ -135,6 +141,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Compares Monsoon's update modes on the same model, data and hardware.\n"
       "\n  compare_modes --modes=downpour,onebit --workers=1,2,4 "
+      "--out_dir=/tmp/cmp\n  compare_modes --model=mlp,lenet "
       "--out_dir=/tmp/cmp\n  compare_modes --modes=downpour,onebit "
       "--link=100mbit,2ms --out_dir=/tmp/cmp\n\n"
       "Writes results.json (every run's metrics and config), summary.md (the "
@@ -168,6 +175,15 @@ int main(int argc, char** argv) {
       options.modes.push_back(variant.mode);
     }
   }
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
+    auto model = monsoon::common::ParseModel(name);
+    if (!model.ok()) {
+      return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
+                                    "--model: ", model.status().message())));
+    }
+    options.models.push_back(*model);
+  }
   for (absl::string_view text :
        absl::StrSplit(absl::GetFlag(FLAGS_seeds), ',', absl::SkipEmpty())) {
     uint64_t seed = 0;
@@ -191,21 +207,26 @@ int main(int argc, char** argv) {
   if (!workers.ok()) return Fail(kConfigError, workers.status());
   options.servers = *servers;
   options.workers = *workers;
-  options.config_for = [](monsoon::Mode mode) {
-    return monsoon::tools::ConfigFromFlags(mode);
+  options.config_for = [](monsoon::Mode mode, monsoon::Model model) {
+    return monsoon::tools::ConfigFromFlags(mode, model);
   };
-  // Every mode's and variant's config must resolve before anything starts.
+  // Every mode's and variant's config must resolve, on every model, before
+  // anything starts.
   std::string data_dir;
-  for (monsoon::Mode mode : options.modes) {
-    auto config = options.config_for(mode);
-    if (!config.ok()) return Fail(kConfigError, config.status());
-    data_dir = config->data_dir();
-  }
-  for (const auto& variant : options.variants) {
-    auto base = options.config_for(variant.mode);
-    if (!base.ok()) return Fail(kConfigError, base.status());
-    auto config = monsoon::tools::ApplyVariant(variant, *base);
-    if (!config.ok()) return Fail(kConfigError, config.status());
+  std::vector<monsoon::Model> models = options.models;
+  if (models.empty()) models.push_back(monsoon::MODEL_AUTO);
+  for (monsoon::Model model : models) {
+    for (monsoon::Mode mode : options.modes) {
+      auto config = options.config_for(mode, model);
+      if (!config.ok()) return Fail(kConfigError, config.status());
+      data_dir = config->data_dir();
+    }
+    for (const auto& variant : options.variants) {
+      auto base = options.config_for(variant.mode, model);
+      if (!base.ok()) return Fail(kConfigError, base.status());
+      auto config = monsoon::tools::ApplyVariant(variant, *base);
+      if (!config.ok()) return Fail(kConfigError, config.status());
+    }
   }
   for (int w : options.workers) {
     for (const auto& [rank, factor] : options.stragglers) {
@@ -304,9 +325,10 @@ int main(int argc, char** argv) {
     }
   }
   monsoon::common::Log(
-      "compare: %d modes x %d server counts x %d worker counts%s; results in "
-      "%s",
-      options.modes.size(), options.servers.size(), options.workers.size(),
+      "compare: %d models x %d modes x %d server counts x %d worker "
+      "counts%s; results in %s",
+      models.size(), options.modes.size(), options.servers.size(),
+      options.workers.size(),
       options.link.has_value() ? ", link " + options.link->text : "",
       options.out_dir);
 

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/model_config.h"
 #include "tools/local_cluster.h"
 
 namespace monsoon::tools {
@@ -204,6 +205,8 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
           variants.push_back({common::ModeName(mode), mode, ""});
         }
       }
+      std::vector<Model> models = options.models;
+      if (models.empty()) models.push_back(MODEL_AUTO);  // the config's
       std::vector<int64_t> seeds(options.seeds.begin(), options.seeds.end());
       if (seeds.empty()) seeds.push_back(-1);  // the config's
       for (const auto& [rank, factor] : options.stragglers) {
@@ -213,81 +216,91 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
                            " workers has ranks 0 to ", workers - 1));
         }
       }
-      for (const Variant& variant : variants)
-        for (int64_t seed : seeds) {
-          absl::StatusOr<TrainingConfig> base =
-              options.config_for(variant.mode);
-          if (!base.ok()) return base.status();
-          if (seed >= 0) base->set_seed(static_cast<uint64_t>(seed));
-          absl::StatusOr<TrainingConfig> config = ApplyVariant(variant, *base);
-          if (!config.ok()) return config.status();
-          const std::string name =
-              absl::StrCat(variant.name, "-s", servers, "-w", workers,
-                           seeds.size() > 1 ? absl::StrCat("-seed", seed) : "");
-          const std::string work_dir = runs + "/" + name;
-          mkdir(work_dir.c_str(), 0755);
-          const std::string log_path = logs + "/" + name + ".log";
-          std::FILE* log = std::fopen(log_path.c_str(), "w");
-          if (log == nullptr) {
-            return absl::InternalError("cannot write " + log_path);
-          }
-          RunProgress progress(name, config->epochs(), log);
-          supervisor->set_line_sink([&](int id, const std::string& line) {
-            progress.Line(supervisor->role(id), line);
-          });
-          LocalClusterOptions run;
-          run.config = *config;
-          run.servers = servers;
-          run.workers = workers;
-          run.bin_dir = options.bin_dir;
-          run.work_dir = work_dir;
-          run.eval_interval_s = options.eval_interval_s;
-          run.time_limit_s = options.time_limit_s;
-          run.placement = network != nullptr ? &network->placement() : nullptr;
-          run.max_restarts = options.max_restarts;
-          run.tls_dir = options.tls_dir;
-          run.slowdown = options.stragglers;
-          // Every daemon serves Prometheus metrics, on free loopback ports
-          // listed in the run's metrics_targets.json (not on emulated hosts,
-          // whose addresses this machine does not share).
-          if (network == nullptr) {
-            absl::StatusOr<int> port = FreePortRange(servers + workers + 1);
-            if (port.ok()) {
-              run.metrics_port = *port;
-            } else {
-              common::LogWarning("compare: %s; this run serves no metrics",
-                                 port.status().message());
+      for (Model model : models)
+        for (const Variant& variant : variants)
+          for (int64_t seed : seeds) {
+            absl::StatusOr<TrainingConfig> base =
+                options.config_for(variant.mode, model);
+            if (!base.ok()) return base.status();
+            if (seed >= 0) base->set_seed(static_cast<uint64_t>(seed));
+            absl::StatusOr<TrainingConfig> config =
+                ApplyVariant(variant, *base);
+            if (!config.ok()) return config.status();
+            const std::string model_name =
+                model == MODEL_AUTO ? "" : common::ModelName(model);
+            const std::string variant_name =
+                model_name.empty()
+                    ? variant.name
+                    : absl::StrCat(model_name, "-", variant.name);
+            const std::string name = absl::StrCat(
+                variant_name, "-s", servers, "-w", workers,
+                seeds.size() > 1 ? absl::StrCat("-seed", seed) : "");
+            const std::string work_dir = runs + "/" + name;
+            mkdir(work_dir.c_str(), 0755);
+            const std::string log_path = logs + "/" + name + ".log";
+            std::FILE* log = std::fopen(log_path.c_str(), "w");
+            if (log == nullptr) {
+              return absl::InternalError("cannot write " + log_path);
             }
+            RunProgress progress(name, config->epochs(), log);
+            supervisor->set_line_sink([&](int id, const std::string& line) {
+              progress.Line(supervisor->role(id), line);
+            });
+            LocalClusterOptions run;
+            run.config = *config;
+            run.servers = servers;
+            run.workers = workers;
+            run.bin_dir = options.bin_dir;
+            run.work_dir = work_dir;
+            run.eval_interval_s = options.eval_interval_s;
+            run.time_limit_s = options.time_limit_s;
+            run.placement =
+                network != nullptr ? &network->placement() : nullptr;
+            run.max_restarts = options.max_restarts;
+            run.tls_dir = options.tls_dir;
+            run.slowdown = options.stragglers;
+            // Every daemon serves Prometheus metrics, on free loopback ports
+            // listed in the run's metrics_targets.json (not on emulated hosts,
+            // whose addresses this machine does not share).
+            if (network == nullptr) {
+              absl::StatusOr<int> port = FreePortRange(servers + workers + 1);
+              if (port.ok()) {
+                run.metrics_port = *port;
+              } else {
+                common::LogWarning("compare: %s; this run serves no metrics",
+                                   port.status().message());
+              }
+            }
+            run.on_progress = [&](const RunProgressSample& sample) {
+              progress.Sample(sample);
+            };
+            absl::StatusOr<std::vector<Fault>> faults =
+                ParseChaos(options.chaos, servers, workers);
+            if (!faults.ok()) return faults.status();
+            run.faults = *std::move(faults);
+            absl::StatusOr<RunMetrics> metrics =
+                RunLocalCluster(run, supervisor);
+            supervisor->StopAll(absl::Seconds(5));
+            supervisor->set_line_sink(nullptr);
+            std::fclose(log);
+            if (!metrics.ok()) {
+              std::printf("\n");
+              return absl::Status(
+                  metrics.status().code(),
+                  absl::StrCat(name, ": ", metrics.status().message(),
+                               " (log: ", log_path, ")"));
+            }
+            const auto& curve = metrics->curve;
+            progress.Done(curve.points(curve.points_size() - 1).test_accuracy(),
+                          metrics->train_time_s > 0
+                              ? metrics->trained_samples / metrics->train_time_s
+                              : 0.0,
+                          metrics->stopped_by_time_limit);
+            std::ofstream(work_dir + "/metrics.json") << MetricsJson(*metrics);
+            result.runs.push_back({name, variant_name, model_name,
+                                   seeds.size() > 1 ? seed : -1,
+                                   *std::move(metrics)});
           }
-          run.on_progress = [&](const RunProgressSample& sample) {
-            progress.Sample(sample);
-          };
-          absl::StatusOr<std::vector<Fault>> faults =
-              ParseChaos(options.chaos, servers, workers);
-          if (!faults.ok()) return faults.status();
-          run.faults = *std::move(faults);
-          absl::StatusOr<RunMetrics> metrics = RunLocalCluster(run, supervisor);
-          supervisor->StopAll(absl::Seconds(5));
-          supervisor->set_line_sink(nullptr);
-          std::fclose(log);
-          if (!metrics.ok()) {
-            std::printf("\n");
-            return absl::Status(
-                metrics.status().code(),
-                absl::StrCat(name, ": ", metrics.status().message(),
-                             " (log: ", log_path, ")"));
-          }
-          const auto& curve = metrics->curve;
-          progress.Done(curve.points(curve.points_size() - 1).test_accuracy(),
-                        metrics->train_time_s > 0
-                            ? metrics->trained_samples / metrics->train_time_s
-                            : 0.0,
-                        metrics->stopped_by_time_limit);
-          std::ofstream(work_dir + "/metrics.json") << MetricsJson(*metrics);
-          result.runs.push_back({name, variant.name,
-                                 seeds.size() > 1 ? seed : -1,
-                                 *std::move(metrics)});
-        }
     }
   }
   result.results_path = options.out_dir + "/results.json";
@@ -310,13 +323,18 @@ std::string ResultsJson(const ComparisonOptions& options,
   for (size_t i = 0; i < result.runs.size(); ++i) {
     std::string run = MetricsJson(result.runs[i].metrics);
     // Name the run in its object: {"name": "...", ...}.
-    run.insert(1, absl::StrFormat("\n  \"name\": %s,\n  \"variant\": %s,%s",
-                                  JsonQuoted(result.runs[i].name),
-                                  JsonQuoted(result.runs[i].variant),
-                                  result.runs[i].seed >= 0
-                                      ? absl::StrFormat("\n  \"seed\": %d,",
-                                                        result.runs[i].seed)
-                                      : ""));
+    run.insert(
+        1,
+        absl::StrFormat(
+            "\n  \"name\": %s,\n  \"variant\": %s,%s%s",
+            JsonQuoted(result.runs[i].name), JsonQuoted(result.runs[i].variant),
+            result.runs[i].model.empty()
+                ? ""
+                : absl::StrCat(
+                      "\n  \"model\": ", JsonQuoted(result.runs[i].model), ","),
+            result.runs[i].seed >= 0
+                ? absl::StrFormat("\n  \"seed\": %d,", result.runs[i].seed)
+                : ""));
     if (!run.empty() && run.back() == '\n') run.pop_back();
     absl::StrAppend(&json, run, i + 1 < result.runs.size() ? ",\n" : "\n");
   }

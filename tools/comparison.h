@@ -49,14 +49,18 @@ struct ComparisonOptions {
   // Each mode's config as it is (no variants given), or the variants.
   std::vector<Mode> modes;
   std::vector<Variant> variants;
+  // Each configuration once per model preset, the runs and variants named
+  // after it ("lenet-downpour-s2-w2"); empty: the config's model, once.
+  std::vector<Model> models;
   // Each run once per seed (the config's seed when empty).
   std::vector<uint64_t> seeds;
   // Stragglers in every run (LocalClusterOptions.slowdown).
   std::map<int, double> stragglers;
   std::vector<int> servers;  // one sweep point per count
   std::vector<int> workers;
-  // The resolved config for a mode (mode-dependent defaults differ).
-  std::function<absl::StatusOr<TrainingConfig>(Mode)> config_for;
+  // The resolved config for a mode and model preset (MODEL_AUTO: the
+  // config's model); mode-dependent defaults differ.
+  std::function<absl::StatusOr<TrainingConfig>(Mode, Model)> config_for;
   std::string out_dir;  // must exist
   std::string bin_dir;
   double time_limit_s = 0;  // per run; 0: the config's epochs
@@ -75,8 +79,11 @@ struct ComparisonOptions {
 
 struct ComparedRun {
   std::string name;  // "downpour-s2-w2", "downpour+max_staleness=4-s2-w2-seed3"
-  std::string variant;  // "downpour+max_staleness=4" (the mode without one)
-  int64_t seed = -1;    // with several seeds, else -1
+  // "downpour+max_staleness=4" (the mode without one), after the model's
+  // name with several models ("lenet-downpour").
+  std::string variant;
+  std::string model;  // "lenet", with models given; else empty
+  int64_t seed = -1;  // with several seeds, else -1
   RunMetrics metrics;
 };
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/model_config.h"
 #include "common/model_layout.h"
 #include "tools/chaos.h"
 #include "tools/config_flags.h"
@@ -28,6 +29,9 @@ ABSL_FLAG(std::string, mode, "",
           "sync, downpour, easgd, hogwild or onebit "
           "(default: the config's "
           "mode, else sync).");
+ABSL_FLAG(std::string, model, "",
+          "A model preset, mlp or lenet, instead of the config's model "
+          "(default: the config's, the MLP unless it says otherwise).");
 ABSL_FLAG(int, servers, 2, "Parameter-server shards to start.");
 ABSL_FLAG(int, workers, 2, "Worker replicas to start.");
 ABSL_FLAG(std::string, metrics_out, "",
@@ -104,7 +108,16 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) return Fail(kConfigError, parsed.status());
     mode = *parsed;
   }
-  auto config = monsoon::tools::ConfigFromFlags(mode);
+  monsoon::Model model = monsoon::MODEL_AUTO;
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    auto parsed = monsoon::common::ParseModel(absl::GetFlag(FLAGS_model));
+    if (!parsed.ok()) {
+      return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
+                                    "--model: ", parsed.status().message())));
+    }
+    model = *parsed;
+  }
+  auto config = monsoon::tools::ConfigFromFlags(mode, model);
   if (!config.ok()) return Fail(kConfigError, config.status());
   const int servers = absl::GetFlag(FLAGS_servers);
   const int workers = absl::GetFlag(FLAGS_workers);

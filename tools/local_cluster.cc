@@ -27,10 +27,10 @@
 #include "absl/synchronization/notification.h"
 #include "common/auth.h"
 #include "common/config.h"
+#include "common/idx_reader.h"
 #include "common/log.h"
 #include "common/tls.h"
 #include "worker/dataset.h"
-#include "common/idx_reader.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::tools {
