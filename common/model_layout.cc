@@ -51,15 +51,16 @@ std::string LayerString(const LayerSpec& layer) {
 }
 
 void ModelLayout::AddParameterized(LayerSpec layer, uint64_t fan_in,
-                                   uint64_t units) {
+                                   uint64_t units, bool units_major) {
   const int ordinal = static_cast<int>(tensors_.size() / 2);
   layer.weights = static_cast<int>(tensors_.size());
-  tensors_.push_back(
-      {absl::StrCat("layer", ordinal, "/weights"), num_params_, fan_in, units});
+  tensors_.push_back({absl::StrCat("layer", ordinal, "/weights"), num_params_,
+                      units_major ? units : fan_in,
+                      units_major ? fan_in : units, fan_in});
   num_params_ += fan_in * units;
   layer.bias = static_cast<int>(tensors_.size());
   tensors_.push_back(
-      {absl::StrCat("layer", ordinal, "/bias"), num_params_, 1, units});
+      {absl::StrCat("layer", ordinal, "/bias"), num_params_, 1, units, 0});
   num_params_ += units;
   layers_.push_back(layer);
 }
@@ -70,7 +71,8 @@ ModelLayout::ModelLayout(const std::vector<int>& layer_sizes) {
     LayerSpec dense{LayerSpec::Kind::kDense};
     dense.in = {1, 1, layer_sizes[l]};
     dense.out = {1, 1, layer_sizes[l + 1]};
-    AddParameterized(dense, layer_sizes[l], layer_sizes[l + 1]);
+    AddParameterized(dense, layer_sizes[l], layer_sizes[l + 1],
+                     /*units_major=*/false);
     if (l + 2 < layer_sizes.size()) {
       LayerSpec relu{LayerSpec::Kind::kRelu};
       relu.in = relu.out = dense.out;
@@ -110,7 +112,8 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(
               absl::StrCat(shape.size(), " x ", units,
                            " weights are too many (at most ", kMaxParams, ")"));
         }
-        layout.AddParameterized(spec, shape.size(), units);
+        layout.AddParameterized(spec, shape.size(), units,
+                                /*units_major=*/false);
         break;
       }
       case Layer::kConv: {
@@ -160,7 +163,8 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(
                             absl::StrCat("its output ", ShapeString(spec.out),
                                          " or its patches are too large"));
         }
-        layout.AddParameterized(spec, fan_in, conv.filters());
+        layout.AddParameterized(spec, fan_in, conv.filters(),
+                                /*units_major=*/true);
         break;
       }
       case Layer::kMaxPool: {
@@ -244,9 +248,9 @@ uint64_t ModelLayout::LargestBufferPerExample() const {
   for (const LayerSpec& layer : layers_) {
     largest = std::max(largest, layer.out.size());
     if (layer.kind == LayerSpec::Kind::kConv) {
-      largest =
-          std::max(largest, static_cast<uint64_t>(layer.out.height) *
-                                layer.out.width * tensors_[layer.weights].rows);
+      largest = std::max(largest, static_cast<uint64_t>(layer.out.height) *
+                                      layer.out.width *
+                                      tensors_[layer.weights].fan_in);
     }
   }
   return largest;
@@ -295,7 +299,7 @@ float InitialValue(const ModelLayout& layout, uint64_t seed, uint64_t index) {
       const uint64_t bits = SplitMix64(SplitMix64(seed) ^ index);
       // 24 random bits -> uniform in [-1, 1).
       const double u = static_cast<double>(bits >> 40) / (1ull << 23) - 1.0;
-      const double limit = std::sqrt(6.0 / static_cast<double>(w.rows));
+      const double limit = std::sqrt(6.0 / static_cast<double>(w.fan_in));
       return static_cast<float>(u * limit);
     }
   }

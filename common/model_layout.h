@@ -17,11 +17,17 @@
 namespace monsoon::common {
 
 // One named float32 tensor within the flattened parameters.
+// Row-major: a dense layer's weights are fan-in x units, a conv layer's
+// filters x fan-in (one row per filter: the orientation whose products
+// OpenBLAS runs fastest for a conv's few filters), a bias 1 x units.
 struct TensorSpec {
   std::string name;  // "layer0/weights", "layer0/bias", ...
   uint64_t offset;   // first index in the flattened vector
-  uint64_t rows;     // weights: fan-in; bias: 1
-  uint64_t cols;     // units (dense) or filters (conv)
+  uint64_t rows;
+  uint64_t cols;
+  // Weights: the inputs each unit sums (He initialization's fan-in); a
+  // bias: 0.
+  uint64_t fan_in = 0;
   uint64_t size() const { return rows * cols; }
 };
 
@@ -53,9 +59,9 @@ struct LayerSpec {
   int kernel = 0;
   int stride = 1;
   int padding = 0;  // kConv
-  // Indices into ModelLayout::tensors() (kDense and kConv), else -1.
-  // Weights are [fan-in x units] row-major; a conv's fan-in is ordered
-  // (kernel row, kernel column, input channel), as im2col lays out a patch.
+  // Indices into ModelLayout::tensors() (kDense and kConv), else -1. A
+  // conv's fan-in is ordered (kernel row, kernel column, input channel), as
+  // im2col lays out a patch.
   int weights = -1;
   int bias = -1;
 };
@@ -99,8 +105,10 @@ class ModelLayout {
 
  private:
   ModelLayout() = default;
-  // Appends a layer with weights [fan_in x units] and a bias [units].
-  void AddParameterized(LayerSpec layer, uint64_t fan_in, uint64_t units);
+  // Appends a layer with weights (fan_in x units, or units x fan_in with
+  // `units_major`) and a bias of `units`.
+  void AddParameterized(LayerSpec layer, uint64_t fan_in, uint64_t units,
+                        bool units_major);
 
   Shape input_;
   std::vector<LayerSpec> layers_;

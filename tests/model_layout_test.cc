@@ -137,14 +137,18 @@ TEST(ModelLayoutTest, ConvAndPoolingShapesFollowTheirDefinitions) {
   EXPECT_EQ(layout.layers()[1].out, (Shape{3, 2, 4}));
   EXPECT_EQ(layout.layers()[2].in, (Shape{3, 2, 4}));
   ASSERT_EQ(layout.tensors().size(), 4u);
-  // Conv weights: fan-in 3 * 3 * 3 rows, one column per filter.
+  // Conv weights: a row per filter of fan-in 3 * 3 * 3; dense weights a
+  // row per input.
   EXPECT_EQ(layout.tensors()[0].name, "layer0/weights");
-  EXPECT_EQ(layout.tensors()[0].rows, 27u);
-  EXPECT_EQ(layout.tensors()[0].cols, 4u);
+  EXPECT_EQ(layout.tensors()[0].rows, 4u);
+  EXPECT_EQ(layout.tensors()[0].cols, 27u);
+  EXPECT_EQ(layout.tensors()[0].fan_in, 27u);
   EXPECT_EQ(layout.tensors()[1].offset, 108u);
   EXPECT_EQ(layout.tensors()[2].name, "layer1/weights");
   EXPECT_EQ(layout.tensors()[2].offset, 112u);
   EXPECT_EQ(layout.tensors()[2].rows, 24u);
+  EXPECT_EQ(layout.tensors()[2].fan_in, 24u);
+  EXPECT_EQ(layout.tensors()[3].fan_in, 0u);  // a bias
   EXPECT_EQ(layout.num_params(), 108u + 4 + 24 * 5 + 5);
   EXPECT_EQ(layout.ForwardFlops(), 2u * (5 * 4 * 27 * 4 + 24 * 5));
   // The patches: 5 * 4 positions of 27 values.
@@ -217,7 +221,7 @@ TEST(InitialValueTest, BiasesAreZeroAndWeightsWithinHeUniformLimits) {
   for (const LayerSpec& layer : layout.layers()) {
     if (layer.weights < 0) continue;
     const TensorSpec& w = layout.tensors()[layer.weights];
-    const float limit = static_cast<float>(std::sqrt(6.0 / w.rows));
+    const float limit = static_cast<float>(std::sqrt(6.0 / w.fan_in));
     float lowest = 0, highest = 0;
     for (uint64_t i = w.offset; i < w.offset + w.size(); ++i) {
       ASSERT_LE(std::abs(values[i]), limit) << "index " << i;

@@ -82,8 +82,9 @@ Reference Forward(const common::ModelLayout& layout,
                         (static_cast<size_t>(ky) * layer.kernel + kx) *
                             in.channels +
                         c;
+                    // W: a row of the patch's weights per filter.
                     sum += x[at(in, iy, ix, c)] *
-                           params[w.offset + row * w.cols + f];
+                           params[w.offset + f * w.cols + row];
                   }
                 }
               }

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch reference for Monsoon's end-to-end training throughput.
 
-Trains the same MLP (softmax cross-entropy, float32) on the same Fashion-MNIST
+Trains the same model (--model: the MLP, or LeNet as Monsoon's `lenet`
+preset builds it; softmax cross-entropy, float32) on the same Fashion-MNIST
 data, batch size, epoch count and CPU threads as a Monsoon run, in one of
 three ways, and reports training samples per second and the final test
 accuracy:
@@ -178,7 +179,8 @@ def check_setup(args):
     dims = _idx_dims(_data_path(args.data_dir, _DATA_FILES["train_images"]),
                      _IMAGES_MAGIC)
     pixels = dims[1] * dims[2]
-    if pixels != args.layer_sizes[0]:
+    args.image_shape = (dims[1], dims[2])
+    if args.model == "mlp" and pixels != args.layer_sizes[0]:
         raise UsageError(f"images have {pixels} pixels but --layer_sizes "
                          f"starts with {args.layer_sizes[0]}")
     _, _, steps = partition(dims[0], 0, args.workers, args.batch_size)
@@ -231,7 +233,7 @@ def load_split(args, split):
                          f"{labels.shape[0]} labels")
     x = images.reshape(images.shape[0], -1).astype(np.float32) / 255.0
     x = (x - np.float32(args.input_mean)) / np.float32(args.input_std)
-    if x.shape[1] != args.layer_sizes[0]:
+    if args.model == "mlp" and x.shape[1] != args.layer_sizes[0]:
         raise UsageError(f"{split}: images have {x.shape[1]} pixels but "
                          f"--layer_sizes starts with {args.layer_sizes[0]}")
     return (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
@@ -254,9 +256,26 @@ def partition(num_samples, rank, world, batch_size):
 # Model, training loop and evaluation.
 
 
-def build_model(layer_sizes, seed):
-    """MLP with ReLU between layers, torch's default init seeded by `seed`."""
+def build_model(args, seed):
+    """The --model, torch's default init seeded by `seed`: an MLP with ReLU
+    between layers, or LeNet as Monsoon's preset (conv 5x5x6 padding 2,
+    ReLU, max pool 2, conv 5x5x16, ReLU, max pool 2, dense 120, ReLU, dense
+    84, ReLU, dense to the classes) on the flat images reshaped to 1 x H x W.
+    """
     torch.manual_seed(seed)
+    if args.model == "lenet":
+        height, width = args.image_shape
+        flat = 16 * ((height // 2 - 4) // 2) * ((width // 2 - 4) // 2)
+        return torch.nn.Sequential(
+            torch.nn.Unflatten(1, (1, height, width)),
+            torch.nn.Conv2d(1, 6, 5, padding=2), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(6, 16, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(flat, 120), torch.nn.ReLU(),
+            torch.nn.Linear(120, 84), torch.nn.ReLU(),
+            torch.nn.Linear(84, args.layer_sizes[-1]))
+    layer_sizes = args.layer_sizes
     layers = []
     for i in range(len(layer_sizes) - 1):
         if i > 0:
@@ -333,7 +352,7 @@ def run_single(args):
     """Mode single: one process, SGD with momentum on the whole train set."""
     x, y = load_split(args, "train")
     test_set = load_split(args, "t10k")
-    model = build_model(args.layer_sizes, args.seed)
+    model = build_model(args, args.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     start, end, samples = run_steps(x, y, 0, 1, args,
                                     _sgd_step_fn(model, optimizer))
@@ -352,7 +371,7 @@ def _ddp_worker(rank, args, port, results):
         world_size=args.workers,
         timeout=datetime.timedelta(seconds=args.comm_timeout_s))
     try:
-        model = build_model(args.layer_sizes, args.seed)
+        model = build_model(args, args.seed)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
         start, end, samples = run_steps(x, y, rank, args.workers, args,
@@ -440,7 +459,7 @@ def _ps_server(args, port, results):
     global _PS
     from torch.distributed import rpc  # pylint: disable=import-outside-toplevel
     test_set = load_split(args, "t10k")
-    model = build_model(args.layer_sizes, args.seed)
+    model = build_model(args, args.seed)
     _PS = _ParameterServer([p.detach().clone() for p in model.parameters()],
                            args.lr, args.workers)
     rpc.init_rpc(_PS_NAME, rank=0, world_size=args.workers + 1,
@@ -467,7 +486,7 @@ def _ps_trainer(rank, args, port, results):
     """Mode rpc_ps, trainer `rank` (RPC rank rank + 1)."""
     from torch.distributed import rpc  # pylint: disable=import-outside-toplevel
     x, y = load_split(args, "train")
-    model = build_model(args.layer_sizes, args.seed)
+    model = build_model(args, args.seed)
     params = list(model.parameters())
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -639,7 +658,7 @@ def _layer_sizes(text):
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         description="PyTorch reference for Monsoon's training throughput: "
-        "trains an MLP on Fashion-MNIST and reports training samples/s "
+        "trains an MLP or LeNet on Fashion-MNIST and reports training samples/s "
         "(training steps only) and final test accuracy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument(
@@ -662,6 +681,9 @@ def parse_args(argv):
                         help="learning rate")
     parser.add_argument("--seed", type=int, default=1,
                         help="seed for initialization and per-epoch shuffles")
+    parser.add_argument("--model", choices=("mlp", "lenet"), default="mlp",
+                        help="the model: an MLP of --layer_sizes, or LeNet "
+                        "(its classes: --layer_sizes' last)")
     parser.add_argument("--layer_sizes", type=_layer_sizes,
                         default="784,256,128,10",
                         metavar="N,N,...",
@@ -685,7 +707,8 @@ def parse_args(argv):
         "--timeout_s", type=float, default=3600.0,
         help="give up (and stop all processes) if the run takes longer")
     parser.add_argument("--json", action="store_true",
-                        help="print one line of JSON: mode, workers, threads, "
+                        help="print one line of JSON: mode, model, workers, "
+                        "threads, "
                         "batch_size, epochs, samples, train_time_s, "
                         "samples_per_s, test_accuracy, test_loss, "
                         "torch_version")
@@ -731,6 +754,7 @@ def main(argv):
                   min(r["start"] for r in train))
     result = {
         "mode": args.mode,
+        "model": args.model,
         "workers": args.workers,
         "threads": args.threads,
         "batch_size": args.batch_size,

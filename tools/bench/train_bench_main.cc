@@ -38,12 +38,16 @@
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/model_config.h"
 #include "tools/bench/bench_util.h"
 #include "tools/local_cluster.h"
 #include "tools/process_supervisor.h"
 
 ABSL_FLAG(std::string, modes, "sync,downpour,hogwild",
           "Monsoon modes to run, comma-separated.");
+ABSL_FLAG(std::string, model, "mlp",
+          "Model presets, comma-separated (mlp, lenet); every case runs on "
+          "each, and so does its PyTorch reference.");
 ABSL_FLAG(std::string, workers, "2",
           "Worker counts, comma-separated; each mode runs with each (sync "
           "with 1 worker compares with PyTorch in one process).");
@@ -72,12 +76,16 @@ constexpr int kUsageError = 2;
 struct Reference {
   std::string mode;  // torch_reference.py --mode
   int workers = 1;
-  std::string name() const { return absl::StrCat(mode, "-w", workers); }
+  std::string model;  // torch_reference.py --model
+  std::string name() const {
+    return absl::StrCat(model, "-", mode, "-w", workers);
+  }
 };
 
-Reference ReferenceFor(Mode mode, int workers) {
-  if (mode == SYNC) return {workers == 1 ? "single" : "ddp", workers};
-  return {"rpc_ps", workers};
+Reference ReferenceFor(Mode mode, int workers, Model model) {
+  const std::string name = common::ModelName(model);
+  if (mode == SYNC) return {workers == 1 ? "single" : "ddp", workers, name};
+  return {"rpc_ps", workers, name};
 }
 
 // bazel-bin/tools/bench/train_bench -> bazel-bin.
@@ -126,6 +134,7 @@ absl::StatusOr<double> RunReference(const std::string& script,
       absl::GetFlag(FLAGS_python),
       script,
       "--mode=" + reference.mode,
+      "--model=" + reference.model,
       absl::StrCat("--workers=", reference.workers),
       absl::StrCat("--epochs=", absl::GetFlag(FLAGS_epochs)),
       absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
@@ -152,10 +161,11 @@ absl::StatusOr<double> RunReference(const std::string& script,
 }
 
 // One Monsoon run's samples/s.
-absl::StatusOr<double> RunMonsoon(Mode mode, int workers,
+absl::StatusOr<double> RunMonsoon(Mode mode, Model model, int workers,
                                   ProcessSupervisor* supervisor) {
   TrainingConfig config;
   config.set_mode(mode);
+  config.set_model(model);
   config.set_epochs(absl::GetFlag(FLAGS_epochs));
   config.set_batch_size(absl::GetFlag(FLAGS_batch_size));
   absl::StatusOr<TrainingConfig> resolved =
@@ -201,6 +211,13 @@ int Main(ProcessSupervisor* supervisor) {
     if (!mode.ok()) return Fail(kUsageError, mode.status());
     modes.push_back(*mode);
   }
+  std::vector<Model> models;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
+    absl::StatusOr<Model> model = common::ParseModel(name);
+    if (!model.ok()) return Fail(kUsageError, model.status());
+    models.push_back(*model);
+  }
   std::vector<int> worker_counts;
   for (absl::string_view text :
        absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty())) {
@@ -212,7 +229,7 @@ int Main(ProcessSupervisor* supervisor) {
     worker_counts.push_back(workers);
   }
   const int repeats = absl::GetFlag(FLAGS_repeats);
-  if (modes.empty() || worker_counts.empty() || repeats < 1 ||
+  if (modes.empty() || models.empty() || worker_counts.empty() || repeats < 1 ||
       absl::GetFlag(FLAGS_servers) < 1 || absl::GetFlag(FLAGS_epochs) < 1) {
     return Fail(kUsageError,
                 absl::InvalidArgumentError(
@@ -233,38 +250,43 @@ int Main(ProcessSupervisor* supervisor) {
 
   // Runs in turn, repetition by repetition, so that drift hits every case.
   std::map<std::string, std::vector<double>> monsoon, torch;
+  auto case_name = [](Model model, Mode mode, int workers) {
+    return absl::StrCat(common::ModelName(model), "-", common::ModeName(mode),
+                        "-s", absl::GetFlag(FLAGS_servers), "-w", workers);
+  };
   for (int rep = 0; rep < repeats; ++rep) {
-    for (int workers : worker_counts) {
-      std::map<std::string, bool> references_done;
-      for (Mode mode : modes) {
-        const std::string name =
-            absl::StrCat(common::ModeName(mode), "-s",
-                         absl::GetFlag(FLAGS_servers), "-w", workers);
-        common::Log("train_bench: run %d/%d: %s", rep + 1, repeats, name);
-        absl::StatusOr<double> rate = RunMonsoon(mode, workers, supervisor);
-        if (!rate.ok()) {
-          return Fail(
-              rate.status().code() == absl::StatusCode::kCancelled ? 130 : 1,
-              absl::Status(rate.status().code(),
-                           absl::StrCat(name, ": ", rate.status().message())));
+    for (Model model : models)
+      for (int workers : worker_counts) {
+        std::map<std::string, bool> references_done;
+        for (Mode mode : modes) {
+          const std::string name = case_name(model, mode, workers);
+          common::Log("train_bench: run %d/%d: %s", rep + 1, repeats, name);
+          absl::StatusOr<double> rate =
+              RunMonsoon(mode, model, workers, supervisor);
+          if (!rate.ok()) {
+            return Fail(
+                rate.status().code() == absl::StatusCode::kCancelled ? 130 : 1,
+                absl::Status(
+                    rate.status().code(),
+                    absl::StrCat(name, ": ", rate.status().message())));
+          }
+          monsoon[name].push_back(*rate);
+          const Reference reference = ReferenceFor(mode, workers, model);
+          if (!no_reference.empty() || references_done[reference.name()]) {
+            continue;
+          }
+          references_done[reference.name()] = true;
+          common::Log("train_bench: run %d/%d: torch %s", rep + 1, repeats,
+                      reference.name());
+          absl::StatusOr<double> ref = RunReference(script, reference);
+          if (ref.status().code() == absl::StatusCode::kUnavailable) {
+            no_reference = std::string(ref.status().message());
+            continue;
+          }
+          if (!ref.ok()) return Fail(1, ref.status());
+          torch[reference.name()].push_back(*ref);
         }
-        monsoon[name].push_back(*rate);
-        const Reference reference = ReferenceFor(mode, workers);
-        if (!no_reference.empty() || references_done[reference.name()]) {
-          continue;
-        }
-        references_done[reference.name()] = true;
-        common::Log("train_bench: run %d/%d: torch %s", rep + 1, repeats,
-                    reference.name());
-        absl::StatusOr<double> ref = RunReference(script, reference);
-        if (ref.status().code() == absl::StatusCode::kUnavailable) {
-          no_reference = std::string(ref.status().message());
-          continue;
-        }
-        if (!ref.ok()) return Fail(1, ref.status());
-        torch[reference.name()].push_back(*ref);
       }
-    }
   }
 
   const bool json = absl::GetFlag(FLAGS_json);
@@ -276,42 +298,43 @@ int Main(ProcessSupervisor* supervisor) {
     if (!no_reference.empty()) {
       std::printf("no PyTorch reference: %s\n", no_reference.c_str());
     }
-    std::printf("%-18s %12s  %-12s %12s %7s\n", "monsoon run", "samples/s",
+    std::printf("%-24s %12s  %-18s %12s %7s\n", "monsoon run", "samples/s",
                 "pytorch", "samples/s", "ratio");
   }
-  for (int workers : worker_counts) {
-    for (Mode mode : modes) {
-      const std::string name =
-          absl::StrCat(common::ModeName(mode), "-s",
-                       absl::GetFlag(FLAGS_servers), "-w", workers);
-      const Reference reference = ReferenceFor(mode, workers);
-      const Summary ours = Summarize(monsoon[name]);
-      const Summary ref = Summarize(torch[reference.name()]);
-      const bool have_ref = ref.count > 0;
-      if (json) {
-        JsonLine line;
-        line.Add("case", name)
-            .Add("mode", common::ModeName(mode))
-            .Add("servers", absl::GetFlag(FLAGS_servers))
-            .Add("workers", workers)
-            .Add("repeats", repeats)
-            .Add("samples_per_s", ours.p50)
-            .Add("reference", reference.name())
-            .Add("reference_samples_per_s", have_ref ? ref.p50 : 0.0)
-            .Add("ratio", have_ref ? ours.p50 / ref.p50 : 0.0)
-            .Add("runs", absl::StrJoin(monsoon[name], " "))
-            .Add("reference_runs", absl::StrJoin(torch[reference.name()], " "));
-        std::printf("%s\n", line.str().c_str());
-      } else {
-        std::printf("%-18s %12.0f  %-12s %12s %7s\n", name.c_str(), ours.p50,
-                    reference.name().c_str(),
-                    have_ref ? absl::StrFormat("%.0f", ref.p50).c_str() : "-",
-                    have_ref
-                        ? absl::StrFormat("%.2fx", ours.p50 / ref.p50).c_str()
-                        : "-");
+  for (Model model : models)
+    for (int workers : worker_counts) {
+      for (Mode mode : modes) {
+        const std::string name = case_name(model, mode, workers);
+        const Reference reference = ReferenceFor(mode, workers, model);
+        const Summary ours = Summarize(monsoon[name]);
+        const Summary ref = Summarize(torch[reference.name()]);
+        const bool have_ref = ref.count > 0;
+        if (json) {
+          JsonLine line;
+          line.Add("case", name)
+              .Add("mode", common::ModeName(mode))
+              .Add("model", common::ModelName(model))
+              .Add("servers", absl::GetFlag(FLAGS_servers))
+              .Add("workers", workers)
+              .Add("repeats", repeats)
+              .Add("samples_per_s", ours.p50)
+              .Add("reference", reference.name())
+              .Add("reference_samples_per_s", have_ref ? ref.p50 : 0.0)
+              .Add("ratio", have_ref ? ours.p50 / ref.p50 : 0.0)
+              .Add("runs", absl::StrJoin(monsoon[name], " "))
+              .Add("reference_runs",
+                   absl::StrJoin(torch[reference.name()], " "));
+          std::printf("%s\n", line.str().c_str());
+        } else {
+          std::printf("%-24s %12.0f  %-18s %12s %7s\n", name.c_str(), ours.p50,
+                      reference.name().c_str(),
+                      have_ref ? absl::StrFormat("%.0f", ref.p50).c_str() : "-",
+                      have_ref
+                          ? absl::StrFormat("%.2fx", ours.p50 / ref.p50).c_str()
+                          : "-");
+        }
       }
     }
-  }
   return 0;
 }
 
@@ -322,7 +345,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times Monsoon's modes end to end against PyTorch on the same model, "
       "data, batch, epochs and cores (medians of runs in turn).\n\n"
-      "  train_bench\n  train_bench --modes=sync --workers=1,2 --repeats=5");
+      "  train_bench\n  train_bench --modes=sync --workers=1,2 --repeats=5\n"
+      "  train_bench --model=mlp,lenet");
   // Before any thread: the supervisor takes over SIGINT, SIGTERM, SIGCHLD.
   monsoon::tools::ProcessSupervisor supervisor;
   absl::ParseCommandLine(argc, argv);

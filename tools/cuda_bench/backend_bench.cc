@@ -127,11 +127,13 @@ absl::Status Validate(const BenchOptions& o) {
   return absl::OkStatus();
 }
 
-// One layer's matrix products, as its Forward and Backward issue them.
+// One layer's matrix products, as its Forward and Backward issue them
+// (worker/model/dense_layer.cc, conv_layer.cc).
 struct LayerGemms {
-  int m_rows = 0;  // batch rows (times output positions for a conv)
-  int fan_in = 0;  // K: inputs per row (a conv's patch)
-  int units = 0;   // N: outputs per row
+  int m_rows = 0;            // batch rows (times output positions for a conv)
+  int fan_in = 0;            // K: inputs per row (a conv's patch)
+  int units = 0;             // N: outputs per row
+  bool units_major = false;  // W is units x fan_in (a conv's)
   const float* input = nullptr;  // the rows x fan_in matrix (patches)
   const float* weights = nullptr;
   float* output = nullptr;
@@ -141,6 +143,17 @@ struct LayerGemms {
   int calls() const { return dinput != nullptr ? 3 : 2; }
   double flops() const { return 2.0 * m_rows * fan_in * units * calls(); }
   void Queue(ComputeBackend* backend) const {
+    if (units_major) {
+      backend->Gemm(false, true, m_rows, units, fan_in, 1.0f, input, weights,
+                    0.0f, output);
+      backend->Gemm(true, false, units, fan_in, m_rows, 1.0f, dout, input, 0.0f,
+                    dweights);
+      if (dinput != nullptr) {
+        backend->Gemm(false, false, m_rows, fan_in, units, 1.0f, dout, weights,
+                      0.0f, dinput);
+      }
+      return;
+    }
     backend->Gemm(false, false, m_rows, units, fan_in, 1.0f, input, weights,
                   0.0f, output);
     backend->Gemm(true, false, fan_in, units, m_rows, 1.0f, input, dout, 0.0f,
@@ -401,8 +414,9 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
     const common::TensorSpec& w = layout.tensors()[spec.weights];
     LayerGemms g;
     g.m_rows = batch * spec.out.height * spec.out.width;
-    g.fan_in = static_cast<int>(w.rows);
-    g.units = static_cast<int>(w.cols);
+    g.fan_in = static_cast<int>(w.fan_in);
+    g.units = static_cast<int>(w.size() / w.fan_in);
+    g.units_major = spec.kind == common::LayerSpec::Kind::kConv;
     g.weights = *params + w.offset;
     g.output = activations[i + 1];
     g.dout = deltas[i + 1];

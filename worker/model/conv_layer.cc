@@ -1,8 +1,8 @@
 // 2-D convolution as im2col plus one GEMM: the patches of a batch form a
 // (batch * out_height * out_width) x (kernel * kernel * channels) matrix,
-// which times W (that many rows, one column per filter) is the output,
-// channels last. The backward pass reuses the patches for dW and then the
-// same buffer for the patches' gradient, which col2im folds back onto the
+// which times W^T (W has a row of that many weights per filter) is the
+// output, channels last. The backward pass reuses the patches for dW and then
+// the same buffer for the patches' gradient, which col2im folds back onto the
 // input.
 #include "worker/model/layer.h"
 
@@ -34,7 +34,7 @@ class ConvLayer : public Layer {
                float* out) override {
     const int rows = batch * geometry_.out_height * geometry_.out_width;
     backend_->Im2Col(geometry_, batch, in, patches_);
-    backend_->Gemm(false, false, rows, filters_, geometry_.patch(), 1.0f,
+    backend_->Gemm(false, true, rows, filters_, geometry_.patch(), 1.0f,
                    patches_, params + weights_, 0.0f, out);
     backend_->AddBias(rows, filters_, params + bias_, out);
   }
@@ -43,14 +43,14 @@ class ConvLayer : public Layer {
                 const float* /*out*/, float* dout, float* din,
                 float* grads) override {
     const int rows = batch * geometry_.out_height * geometry_.out_width;
-    // dW = patches^T * dout; db = column sums of dout.
-    backend_->Gemm(true, false, geometry_.patch(), filters_, rows, 1.0f,
-                   patches_, dout, 0.0f, grads + weights_);
+    // dW = dout^T * patches; db = column sums of dout.
+    backend_->Gemm(true, false, filters_, geometry_.patch(), rows, 1.0f, dout,
+                   patches_, 0.0f, grads + weights_);
     backend_->ColumnSums(rows, filters_, dout, grads + bias_);
     if (din == nullptr) return;
-    // d(patches) = dout * W^T, into the patches' buffer (no longer needed),
+    // d(patches) = dout * W, into the patches' buffer (no longer needed),
     // then folded back onto the input.
-    backend_->Gemm(false, true, rows, geometry_.patch(), filters_, 1.0f, dout,
+    backend_->Gemm(false, false, rows, geometry_.patch(), filters_, 1.0f, dout,
                    params + weights_, 0.0f, patches_);
     backend_->Col2Im(geometry_, batch, patches_, din);
   }
@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeConvLayer(
   const common::TensorSpec& weights = layout.tensors()[spec.weights];
   absl::StatusOr<float*> patches =
       backend->AllocateFloats(static_cast<size_t>(max_batch) * spec.out.height *
-                              spec.out.width * weights.rows);
+                              spec.out.width * weights.fan_in);
   if (!patches.ok()) return patches.status();
   return std::make_unique<ConvLayer>(backend, spec, weights,
                                      layout.tensors()[spec.bias], *patches);

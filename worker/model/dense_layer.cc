@@ -11,7 +11,7 @@ class DenseLayer : public Layer {
   DenseLayer(ComputeBackend* backend, const common::TensorSpec& weights,
              const common::TensorSpec& bias)
       : backend_(backend),
-        fan_in_(static_cast<int>(weights.rows)),
+        fan_in_(static_cast<int>(weights.fan_in)),
         units_(static_cast<int>(weights.cols)),
         weights_(weights.offset),
         bias_(bias.offset) {}
