@@ -301,8 +301,12 @@ int main(int argc, char** argv) {
                          metrics->port());
   }
   auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
-  // Done or stopping: no sync step should wait for this rank's lease.
-  if (absl::Status left = (*client)->Leave(absl::Seconds(2));
+  // Done or stopping: no sync step should wait for this rank's lease. Done
+  // (every example trained) also counts the rank as finished, which ends
+  // the run once every rank has (tools/k8s/run_finisher).
+  const bool finished =
+      result.ok() && !termination.terminated().HasBeenNotified();
+  if (absl::Status left = (*client)->Leave(absl::Seconds(2), finished);
       !left.ok() && result.ok()) {
     monsoon::common::LogWarning(
         "ps_worker: rank %d: could not tell every shard it is done (%s); a "
