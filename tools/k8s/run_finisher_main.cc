@@ -3,7 +3,9 @@
 // run's metrics (the JSON of launch_local --metrics_out) and closes the run,
 // so that every shard saves its final checkpoint and exits (see
 // tools/k8s/run_finisher.h and tools/k8s/README.md).
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -14,6 +16,7 @@
 #include "common/config.h"
 #include "common/flag_env.h"
 #include "common/log.h"
+#include "common/metrics_exporter.h"
 #include "common/termination.h"
 #include "tools/k8s/run_finisher.h"
 #include "worker/client_flags.h"
@@ -31,6 +34,9 @@ ABSL_FLAG(std::string, metrics_out, "",
           "Where to write the run's metrics, JSON (env MONSOON_METRICS_OUT).");
 ABSL_FLAG(double, poll_s, 5,
           "Seconds between questions to the shards (env MONSOON_POLL_S).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on (GET /metrics: the build "
+          "and the process); empty: none (env MONSOON_METRICS_LISTEN).");
 ABSL_FLAG(double, evaluator_timeout_s, 300,
           "Seconds to wait for the evaluator's final point once every worker "
           "has finished (env MONSOON_EVALUATOR_TIMEOUT_S).");
@@ -92,6 +98,15 @@ int main(int argc, char** argv) {
   finish.poll = absl::Seconds(poll_s);
   finish.evaluator_timeout = absl::Seconds(evaluator_s);
   finish.stop = &termination.terminated();
+  std::unique_ptr<monsoon::common::MetricsExporter> metrics;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+      !listen.empty()) {
+    auto started = monsoon::common::MetricsExporter::Start(
+        listen, monsoon::common::BuildInfoLabels("finisher", *config));
+    if (!started.ok()) return Fail(kConfigError, started.status());
+    metrics = *std::move(started);
+    monsoon::common::Log("run_finisher: metrics on port %d", metrics->port());
+  }
 
   monsoon::worker::PsClientOptions options;
   options.server_addresses =
