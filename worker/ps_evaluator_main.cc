@@ -53,7 +53,9 @@ ABSL_FLAG(bool, until_finished, false,
           "Stop by itself, exit code 0, once every shard reports that every "
           "worker has finished (StatsResponse.workers_finished), after one "
           "last evaluation of the final weights, marked run_finished in "
-          "--curve_out (env MONSOON_UNTIL_FINISHED).");
+          "--curve_out; stopped by a signal before that, exit 128 + the "
+          "signal, so that a Job starts it again (env "
+          "MONSOON_UNTIL_FINISHED).");
 ABSL_FLAG(std::string, curve_out, "",
           "Where to write the curve (text-format monsoon.EvalCurve), after "
           "every point; empty: log only. An evaluator started again with the "
@@ -259,6 +261,14 @@ int main(int argc, char** argv) {
       absl::Status written = WriteCurve(absl::GetFlag(FLAGS_curve_out), curve);
       if (!written.ok()) return Fail(1, written);
     }
+  }
+  if (until_finished && !run_finished) {
+    // Stopped before the run's end (a drained node): not a success, so that
+    // the Job starts another evaluator, which continues the curve.
+    monsoon::common::Log(
+        "ps_evaluator: stopped by signal %d before every worker finished",
+        termination.signal());
+    return 128 + termination.signal();
   }
   return 0;
 }

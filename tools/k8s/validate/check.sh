@@ -10,8 +10,10 @@
 #      read-only root, no privilege escalation, no capabilities, the runtime's
 #      seccomp profile and no service account token; every daemon given the
 #      run's token and (where TLS is on) its certificates from Secrets; the
-#      NetworkPolicies admitting only the workers and the evaluator to the
-#      shards;
+#      NetworkPolicies admitting only the shards' clients (workers,
+#      evaluator, finisher) to the shards; the run's label on every pod
+#      template and every claim; pinned images pulled IfNotPresent; the
+#      shard and worker counts agreeing everywhere;
 #   4. the fixtures under fixtures/ must FAIL those checks, each with the
 #      message its "# expect:" line names, so that the checks are known to
 #      catch them: a FILE.yaml is checked as it is (a misspelt field, a wrong
