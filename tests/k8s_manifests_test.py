@@ -30,15 +30,16 @@ probes) is rewritten to its directory, a name of a pod becomes its address,
 and a --servers pattern (ps-{i}.ps:PORT with --num_shards) is expanded as
 the daemons expand it, since nothing resolves those names here.
 
-Containers (--image=IMAGE): every pod is `podman run` of the image on the
-host network, with the manifests' command (as the entrypoint), args and env
+Containers (--containers): every pod is `podman run` of its container's
+image, as the manifests name it (build it first: tools/k8s/images.sh), on
+the host network, with the manifests' command (as the entrypoint), args and env
 unchanged but for the listen and probe addresses above; its volumes are
 mounted at their mountPaths (Secrets and the ConfigMap read-only, owned by
 the pod's fsGroup as the kubelet makes them), the pod names resolve to the
 pods' addresses (--add-host), and the container runs as the
 securityContext's user and group with the fsGroup, a read-only root, no
 capabilities and no new privileges. Probes are `podman exec` in the
-container. With --gpu_image, the gpu overlay's worker pod runs in that
+container. With --gpu_check, the gpu overlay's worker pod runs in its
 image and must exit 2 saying "no usable GPU" (checked on machines without
 one).
 
@@ -66,7 +67,7 @@ each leaving its checkpoint, and a restarted one resumes from it. Every
 pod's command line and exit code is logged.
 
   tests/k8s_manifests_test.py [--overlay_dir=DIR | --rendered=FILE]
-      [--bin_dir=bazel-bin] [--image=IMAGE [--gpu_image=IMAGE]]
+      [--bin_dir=bazel-bin] [--containers [--gpu_check]]
 
 Under `bazel test` it finds the overlay and the binaries in its runfiles.
 Skips (exit 0, with a message) where kubectl or openssl is absent.
@@ -77,6 +78,7 @@ import json
 import os
 import random
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -167,12 +169,13 @@ class Pod:
 
 
 class Cluster:
-    def __init__(self, objects, bin_dir, probe, work_dir, image=None):
+    def __init__(self, objects, bin_dir, probe, work_dir, containers=False):
         self.objects = objects
         self.bin_dir = bin_dir
         self.probe = probe
         self.work_dir = work_dir
-        self.image = image  # None: local processes; else podman run IMAGE
+        # False: local processes; True: podman run of each pod's image.
+        self.containers = containers
         self.secrets = {}  # Secret name -> {key: bytes}, see make_secrets
         self.config_maps = {o["metadata"]["name"]: o.get("data", {})
                             for o in objects if o["kind"] == "ConfigMap"}
@@ -277,7 +280,7 @@ class Cluster:
     def _writable(self, path):
         """A volume the pods may write, as the kubelet makes it for the
         pods' fsGroup (which every pod of the manifests shares)."""
-        if self.image is None:
+        if not self.containers:
             return
         groups = {p.spec.get("securityContext", {}).get("fsGroup")
                   for p in self.pods} - {None}
@@ -330,7 +333,7 @@ class Cluster:
             # pod's fsGroup.
             os.chmod(local, item.get("mode", source.get("defaultMode", 0o644)))
             group = pod.spec.get("securityContext", {}).get("fsGroup")
-            if self.image is not None and group is not None:
+            if self.containers and group is not None:
                 os.chown(local, 0, group)
         return path
 
@@ -422,7 +425,7 @@ class Cluster:
             r"(?<![\w./-])(" +
             "|".join(re.escape(m) for m in sorted(mounts, key=len,
                                                   reverse=True)) +
-            r")(?=/|$|[^\w.-])") if mounts and self.image is None else None
+            r")(?=/|$|[^\w.-])") if mounts and not self.containers else None
 
         def localize(text, in_pod=False):
             if mount_re:
@@ -431,14 +434,14 @@ class Cluster:
             if in_pod:  # a probe's exec: loopback is the pod's own address
                 text = re.sub(r"(?<![\w.-])(127\.0\.0\.1|localhost):",
                               f"{pod.ip}:", text)
-            if self.image is None:  # in a container, the names resolve
+            if not self.containers:  # in a container, the names resolve
                 for host in sorted(self.hosts, key=len, reverse=True):
                     text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=:)",
                                   self.hosts[host], text)
             return text
 
         pod.localize = localize
-        pod.in_container = self.image is not None
+        pod.in_container = self.containers
 
         argv = [expand(a, env) for a in c.get("command", []) + c.get("args", [])]
         if not argv:
@@ -447,33 +450,34 @@ class Cluster:
         daemon = os.path.basename(argv[0])
         if daemon not in BINARIES:
             raise Failure(f"{pod.name}: command {argv[0]} is not a Monsoon daemon")
-        if self.image is None:
+        if not self.containers:
             argv[0] = os.path.join(self.bin_dir, BINARIES[daemon])
             argv = expand_servers(argv)
         pod.argv = [argv[0]] + [localize(a) for a in argv[1:]]
         pod.env = {k: localize(v) for k, v in env.items()}
 
-    def start(self, pod, suffix="", image=None):
+    def start(self, pod, suffix=""):
         if pod.argv is None:
             self.prepare(pod)
         pod.log_path = os.path.join(self.work_dir, f"{pod.name}{suffix}.log")
         shown_env = " ".join(f"{k}={v}" for k, v in sorted(pod.env.items()))
-        if self.image is None:
+        if not self.containers:
             environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             environment.update(pod.env)
             argv = pod.argv
         else:
-            argv = self.container_argv(pod, suffix, image or self.image)
+            argv = self.container_argv(pod, suffix)
             environment = dict(os.environ)
+        image = pod.spec["containers"][0].get("image")
         log(f"start {pod.name} ({pod.kind} {pod.owner}, {pod.ip}"
-            f"{', image ' + (image or self.image) if self.image else ''}): "
+            f"{', image ' + image if self.containers else ''}): "
             f"{shown_env + ' ' if shown_env else ''}{' '.join(pod.argv)}")
         pod.process = subprocess.Popen(
             argv, env=environment, stdout=open(pod.log_path, "w"),
             stderr=subprocess.STDOUT, start_new_session=True)
 
-    def container_argv(self, pod, suffix, image):
-        """`podman run` of `image` as the kubelet would run the pod: host
+    def container_argv(self, pod, suffix):
+        """`podman run` of the pod's image as the kubelet would run it: host
         network, the securityContext's user, groups and restrictions, the
         volumes at their mount paths, the pod names resolving to the pods'
         addresses."""
@@ -485,9 +489,12 @@ class Cluster:
         group = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
         pod.container = (f"monsoon-test-{self.prefix.replace('.', '-')}-"
                          f"{pod.name}{suffix}")
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         argv = PODMAN + [
             "run", "--rm", "--name", pod.container, "--network=host",
-            "--ulimit=nofile=65536:65536", "--ulimit=nproc=4096:4096",
+            # Explicit limits (the runtime's defaults may exceed what this
+            # host lets it set): this process's own.
+            f"--ulimit=nofile={nofile}:{nofile}", "--ulimit=nproc=4096:4096",
             "--pull=never"]
         if user is not None:
             argv.append(f"--user={user}:{group if group is not None else user}")
@@ -505,7 +512,7 @@ class Cluster:
             argv += ["-e", f"{key}={value}"]
         for local, path, read_only in pod.mounts:
             argv += ["-v", f"{local}:{path}{':ro' if read_only else ''}"]
-        argv += [f"--entrypoint={json.dumps(pod.argv[:1])}", image]
+        argv += [f"--entrypoint={json.dumps(pod.argv[:1])}", c["image"]]
         return argv + pod.argv[1:]
 
     def tail(self, pod, lines=15):
@@ -530,7 +537,7 @@ class Cluster:
                 raise Failure(f"{pod.name}: {name} runs {command[:1]}, not "
                               f"{PROBE} (not emulated)")
             args = [pod.localize(a, in_pod=True) for a in command[1:]]
-            if self.image is not None:
+            if self.containers:
                 return PODMAN + ["exec", pod.container, command[0]] + args
             return [self.probe] + args
         raise Failure(f"{pod.name}: {name} is neither a gRPC nor an exec probe")
@@ -904,9 +911,10 @@ def check_checkpoints(servers, wanted_all=True):
     return found
 
 
-def check_gpu_worker(objects, gpu_image, cluster):
-    """The gpu overlay's worker pod in the GPU image, on a machine without a
-    usable GPU: exit 2 saying so (the Job then fails at once)."""
+def check_gpu_worker(objects, cluster):
+    """The gpu overlay's worker pod in its image (the GPU image), on a
+    machine without a usable GPU: exit 2 saying so (the Job then fails at
+    once)."""
     workers = [o for o in objects if o["kind"] == "Job" and
                os.path.basename(o["spec"]["template"]["spec"]["containers"][0]
                                 .get("command", [""])[0]) == "ps_worker"]
@@ -920,7 +928,8 @@ def check_gpu_worker(objects, gpu_image, cluster):
               cluster._ip(), 30)
     cluster.config_maps.update({o["metadata"]["name"]: o.get("data", {})
                                 for o in objects if o["kind"] == "ConfigMap"})
-    cluster.start(pod, image=gpu_image)
+    cluster.start(pod)
+    gpu_image = pod.spec["containers"][0]["image"]
     code = wait_exit(cluster, pod, time.monotonic() + 120,
                      "120 s after it started in the GPU image")
     text = cluster.tail(pod, 40)
@@ -931,11 +940,11 @@ def check_gpu_worker(objects, gpu_image, cluster):
     log(f"{pod.name} in {gpu_image} without a GPU: exit 2: {line.strip()}")
 
 
-def run(objects, bin_dir, probe, make_certs, image=None, gpu_objects=None,
-        gpu_image=None):
+def run(objects, bin_dir, probe, make_certs, containers=False,
+        gpu_objects=None):
     check_static(objects)
     work_dir = tempfile.mkdtemp(prefix="monsoon-k8s-pods-")
-    cluster = Cluster(objects, bin_dir, probe, work_dir, image)
+    cluster = Cluster(objects, bin_dir, probe, work_dir, containers)
     cluster.plan()
     cluster.make_secrets(make_certs)
     for pod in cluster.pods:
@@ -950,8 +959,8 @@ def run(objects, bin_dir, probe, make_certs, image=None, gpu_objects=None,
     if not servers or not workers:
         raise Failure("the manifests run no shards or no workers")
     try:
-        if gpu_image is not None:
-            check_gpu_worker(gpu_objects, gpu_image, cluster)
+        if gpu_objects is not None:
+            check_gpu_worker(gpu_objects, cluster)
         for pod in servers:
             cluster.start(pod)
         for pod in servers:
@@ -1090,7 +1099,7 @@ def run(objects, bin_dir, probe, make_certs, image=None, gpu_objects=None,
             f"{[l for l in log_text.splitlines() if 'resumed from' in l][0]}")
     finally:
         cluster.kill_all()
-    if image is not None:
+    if containers:
         # Files the containers wrote belong to the pods' user.
         subprocess.run(["chmod", "-R", "u+rwX", work_dir], capture_output=True)
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -1103,11 +1112,13 @@ def main():
     parser.add_argument("--bin_dir")
     parser.add_argument("--probe")
     parser.add_argument("--make_certs", help="tools/make_certs.sh")
-    parser.add_argument("--image", help="run every pod as a container of "
-                        "this image (podman), not as a local process")
-    parser.add_argument("--gpu_image", help="with --image: also run the gpu "
-                        "overlay's worker in this image, which must exit 2 "
-                        "saying there is no usable GPU")
+    parser.add_argument("--containers", action="store_true",
+                        help="run every pod as a podman container of the "
+                        "image its manifest names, not as a local process")
+    parser.add_argument("--gpu_check", action="store_true",
+                        help="with --containers: also run the gpu overlay's "
+                        "worker in its image, which must exit 2 saying there "
+                        "is no usable GPU (on a machine without one)")
     args = parser.parse_args()
     runfiles = os.environ.get("TEST_SRCDIR")
     if runfiles:
@@ -1144,16 +1155,15 @@ def main():
         text = render(overlay)
     objects = [o for o in yaml.safe_load_all(text) if o]
     gpu_objects = None
-    if args.gpu_image:
-        if not args.image:
-            log("FAILED: --gpu_image needs --image")
+    if args.gpu_check:
+        if not args.containers:
+            log("FAILED: --gpu_check needs --containers")
             return 1
         gpu_objects = [o for o in yaml.safe_load_all(render(os.path.join(
             root, "tools/k8s/overlays/gpu"))) if o]
     started = time.monotonic()
     try:
-        run(objects, bin_dir, probe, make_certs, args.image, gpu_objects,
-            args.gpu_image)
+        run(objects, bin_dir, probe, make_certs, args.containers, gpu_objects)
     except Failure as failure:
         log(f"FAILED: {failure}")
         return 1
