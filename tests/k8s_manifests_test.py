@@ -56,8 +56,8 @@ away a plaintext client and its certificate holds the name the workers
 dial; every daemon serves Prometheus metrics on its metrics port
 (monsoon_build_info of its role and the process metrics; a worker's final
 ones while it lingers, after which SIGTERM ends it); an evaluator stopped
-by SIGTERM mid-run exits 143 and its successor continues the curve; every
-worker exits 0; then the run ends by itself: the evaluator measures the
+by SIGTERM before the run's end (before the workers start) exits 143 and
+its successor continues the curve; every worker exits 0; then the run ends by itself: the evaluator measures the
 final weights and exits 0, the finisher writes metrics.json on the results
 claim and exits 0, and every shard writes its final checkpoint and exits 0
 within a minute. A shard started again on that claim (a rerun that forgot
@@ -876,10 +876,14 @@ def check_tls(cluster, pod):
 
 
 def wait_for(pod, text, timeout_s, lines=20):
-    """Until `text` is in the pod's last lines, it exits, or the time is up."""
+    """Until `text` is in the pod's last lines; a Failure if the pod exits or
+    the time is up first."""
     deadline = time.monotonic() + timeout_s
-    while (text not in pod.cluster_tail(lines) and
-           pod.process.poll() is None and time.monotonic() < deadline):
+    while text not in pod.cluster_tail(lines):
+        if pod.process.poll() is not None or time.monotonic() > deadline:
+            raise Failure(f"{pod.name}: no '{text}' in its log "
+                          f"(exit code {pod.process.poll()}):\n"
+                          f"{pod.cluster_tail(30)}")
         time.sleep(0.2)
 
 
@@ -974,16 +978,11 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
                                   f"{cluster.tail(pod)}")
                 cluster.run_probe(pod, c[name], name)
             check_tls(cluster, pod)
-        for pod in evaluators + finishers + workers:
+        for pod in evaluators + finishers:
             cluster.start(pod)
-        # Every daemon's metrics, as a Prometheus in the cluster would scrape
-        # them: the shards, the evaluator and the finisher while they serve,
-        # each worker once it has trained and serves its final figures
-        # (--metrics_linger_s), after which SIGTERM ends it.
-        for pod in servers + evaluators + finishers:
-            scrape(pod)
         # A drained evaluator exits 143 before the run's end; the Job's next
-        # one continues the curve.
+        # one continues the curve. Before any worker starts, so that the
+        # run cannot have ended yet.
         curves = {}
         for pod in evaluators:
             wait_for(pod, "eval: ", 120)
@@ -997,6 +996,14 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
             wait_for(pod, "continuing the curve", 60)
             log(f"restarted {pod.name}: continues a curve of "
                 f"{len(curves[pod.name])} points")
+        for pod in workers:
+            cluster.start(pod)
+        # Every daemon's metrics, as a Prometheus in the cluster would scrape
+        # them: the shards, the evaluator and the finisher while they serve,
+        # each worker once it has trained and serves its final figures
+        # (--metrics_linger_s), after which SIGTERM ends it.
+        for pod in servers + evaluators + finishers:
+            scrape(pod)
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         failed = []
         for pod in workers:

@@ -108,6 +108,20 @@ TEST(RunFinisherTest, AWorkerThatStopsEarlyDoesNotFinishTheRun) {
   }
 }
 
+TEST(RunFinisherTest, AWorkerKnowsWhetherItsRankFinished) {
+  const TrainingConfig config = testutil::ResolvedConfig(kConfig);
+  testutil::LocalCluster cluster(config, /*num_shards=*/2, /*num_workers=*/2);
+  ASSERT_NE(cluster.client, nullptr);
+  EXPECT_THAT(cluster.client->RankFinished(absl::Seconds(5)),
+              testutil::IsOkAndHolds(false));
+  ASSERT_OK(cluster.client->Leave(absl::Seconds(5), /*finished=*/false));
+  EXPECT_THAT(cluster.client->RankFinished(absl::Seconds(5)),
+              testutil::IsOkAndHolds(false));
+  ASSERT_OK(cluster.client->Leave(absl::Seconds(5), /*finished=*/true));
+  EXPECT_THAT(cluster.client->RankFinished(absl::Seconds(5)),
+              testutil::IsOkAndHolds(true));
+}
+
 TEST(RunFinisherTest, OnlyTheFinisherClosesTheRun) {
   const TrainingConfig config = testutil::ResolvedConfig(kConfig);
   testutil::LocalCluster cluster(config, /*num_shards=*/1, /*num_workers=*/1);

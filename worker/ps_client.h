@@ -127,6 +127,11 @@ class PsClient {
   // rank as finished (StatsResponse.finished_ranks).
   absl::Status Leave(absl::Duration timeout, bool finished = false);
 
+  // Whether every shard counts this client's rank as finished
+  // (StatsResponse.finished_ranks): a worker that trained all its examples
+  // and told them so. An error when a shard cannot be asked.
+  absl::StatusOr<bool> RankFinished(absl::Duration timeout);
+
   // For the run's finisher (a client of rank -1): tells every shard that
   // the run's results are collected, so that each saves its final
   // checkpoint and stops (RegisterRequest.finished). FAILED_PRECONDITION

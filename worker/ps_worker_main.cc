@@ -263,6 +263,17 @@ int main(int argc, char** argv) {
     const int64_t total =
         monsoon::worker::SmallestPartition(train->size, num_workers) /
         config->batch_size() * config->epochs();
+    if (context.resume_steps >= total &&
+        (*client)->RankFinished(absl::Seconds(10)).value_or(false)) {
+      // This rank finished and told the shards so: a pod started again
+      // after its worker was done (a drained node) has nothing to do.
+      monsoon::common::Log(
+          "ps_worker: rank %d has already finished its training; nothing "
+          "to do",
+          rank);
+      (*client)->Leave(absl::Seconds(2), /*finished=*/true).IgnoreError();
+      return 0;
+    }
     if (context.resume_steps >= total) {
       (*client)->Leave(absl::Seconds(2)).IgnoreError();
       return Fail(
