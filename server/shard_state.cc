@@ -535,8 +535,9 @@ bool ShardState::FinishRank(int rank) {
   const bool was_complete =
       static_cast<int>(finished_ranks_.size()) >= num_workers_;
   finished_ranks_.insert(rank);
-  const bool complete = num_workers_ > 0 &&
-                        static_cast<int>(finished_ranks_.size()) >= num_workers_;
+  const bool complete =
+      num_workers_ > 0 &&
+      static_cast<int>(finished_ranks_.size()) >= num_workers_;
   if (complete && !was_complete) {
     workers_finished_unix_s_ =
         absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
@@ -553,10 +554,11 @@ absl::Status ShardState::CloseRun() {
       if (finished_ranks_.count(rank) == 0) missing.push_back(rank);
     }
     if (num_workers_ <= 0 || !missing.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shard_, ": the run cannot be closed before every worker "
-          "has finished; rank(s) ", absl::StrJoin(missing, ","),
-          " have not"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", shard_,
+                       ": the run cannot be closed before every worker "
+                       "has finished; rank(s) ",
+                       absl::StrJoin(missing, ","), " have not"));
     }
   }
   if (!run_closed_.HasBeenNotified()) run_closed_.Notify();

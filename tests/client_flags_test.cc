@@ -18,8 +18,8 @@ using ::testing::HasSubstr;
 
 TEST(ExpandServersTest, APatternNamesEveryShardByItsIndex) {
   EXPECT_THAT(ExpandServers({"ps-{i}.ps:5000"}, 3),
-              IsOkAndHolds(ElementsAre("ps-0.ps:5000", "ps-1.ps:5000",
-                                       "ps-2.ps:5000")));
+              IsOkAndHolds(
+                  ElementsAre("ps-0.ps:5000", "ps-1.ps:5000", "ps-2.ps:5000")));
 }
 
 TEST(ExpandServersTest, AListIsKeptAndMayBeCheckedAgainstTheCount) {

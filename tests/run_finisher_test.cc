@@ -126,9 +126,9 @@ TEST(RunFinisherTest, OnlyTheFinisherClosesTheRun) {
   const TrainingConfig config = testutil::ResolvedConfig(kConfig);
   testutil::LocalCluster cluster(config, /*num_shards=*/1, /*num_workers=*/1);
   ASSERT_NE(cluster.client, nullptr);
-  EXPECT_THAT(cluster.client->CloseRun(absl::Seconds(5)),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("rank -1")));
+  EXPECT_THAT(
+      cluster.client->CloseRun(absl::Seconds(5)),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank -1")));
 }
 
 TEST(FinishedRunMetricsTest, TimesRunFromTheFirstPushToTheLastFinish) {
@@ -141,8 +141,8 @@ TEST(FinishedRunMetricsTest, TimesRunFromTheFirstPushToTheLastFinish) {
   shards[1].set_samples(6000);
   shards[1].set_first_push_unix_s(1001);
   shards[1].set_workers_finished_unix_s(1040);
-  const RunMetrics run = FinishedRunMetrics(
-      testutil::ResolvedConfig(kConfig), shards, EvalCurve());
+  const RunMetrics run = FinishedRunMetrics(testutil::ResolvedConfig(kConfig),
+                                            shards, EvalCurve());
   EXPECT_EQ(run.servers, 2);
   EXPECT_EQ(run.workers, 2);
   EXPECT_EQ(run.trained_samples, 6000);

@@ -42,13 +42,14 @@ absl::StatusOr<std::vector<std::string>> ExpandServers(
     const std::vector<std::string>& servers, int num_shards) {
   constexpr absl::string_view kIndex = "{i}";
   if (num_shards < 0 || num_shards > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--num_shards must be from 0 to 4096, got ", num_shards));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num_shards must be from 0 to 4096, got ", num_shards));
   }
   if (servers.size() == 1 && absl::StrContains(servers[0], kIndex)) {
     if (num_shards == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--servers=", servers[0], " names shards by {i}: "
+          absl::StrCat("--servers=", servers[0],
+                       " names shards by {i}: "
                        "give their count with --num_shards"));
     }
     std::vector<std::string> expanded;
@@ -62,7 +63,8 @@ absl::StatusOr<std::vector<std::string>> ExpandServers(
     if (absl::StrContains(server, kIndex)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--servers: {i} stands for every shard only in a single address, "
-          "not in a list (", server, ")"));
+          "not in a list (",
+          server, ")"));
     }
   }
   if (num_shards != 0 && static_cast<int>(servers.size()) != num_shards) {

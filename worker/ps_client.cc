@@ -586,13 +586,12 @@ absl::StatusOr<bool> PsClient::RankFinished(absl::Duration timeout) {
   absl::StatusOr<std::vector<StatsResponse>> stats = Stats(timeout);
   if (!stats.ok()) return stats.status();
   return !stats->empty() &&
-         std::all_of(stats->begin(), stats->end(),
-                     [this](const StatsResponse& shard) {
-                       return std::find(shard.finished_ranks().begin(),
-                                        shard.finished_ranks().end(),
-                                        worker_rank_) !=
-                              shard.finished_ranks().end();
-                     });
+         std::all_of(
+             stats->begin(), stats->end(), [this](const StatsResponse& shard) {
+               return std::find(shard.finished_ranks().begin(),
+                                shard.finished_ranks().end(),
+                                worker_rank_) != shard.finished_ranks().end();
+             });
 }
 
 absl::Status PsClient::CloseRun(absl::Duration timeout) {

@@ -3,7 +3,8 @@
 # (tools/Dockerfile) and the GPU image (tools/Dockerfile.gpu), then prints
 # their sizes. Run from anywhere, as root (rootful Podman).
 #
-#   tools/k8s/images.sh [--tag=TAG] [--cpu-only] [--prebuilt=DIR [--prebuilt-gpu=DIR]]
+#   tools/k8s/images.sh [--tag=TAG] [--cpu-only | --gpu-only]
+#                       [--prebuilt=DIR] [--prebuilt-gpu=DIR] [--cuda-image=IMAGE]
 #
 # What it does where no registry can be reached:
 #   - The base image the Dockerfiles name, debian:bookworm, is made locally
@@ -35,6 +36,7 @@ cd "$(dirname "$0")/../.."
 
 tag=0.14.0
 cpu_only=0
+gpu_only=0
 refresh_base=0
 prebuilt=""
 prebuilt_gpu=""
@@ -44,11 +46,12 @@ for arg in "$@"; do
   case "$arg" in
     --tag=*) tag=${arg#*=} ;;
     --cpu-only) cpu_only=1 ;;
+    --gpu-only) gpu_only=1 ;;
     --refresh-base) refresh_base=1 ;;
     --prebuilt=*) prebuilt=$(realpath "${arg#*=}") ;;
     --prebuilt-gpu=*) prebuilt_gpu=$(realpath "${arg#*=}") ;;
     --cuda-image=*) cuda_image=${arg#*=} ;;
-    -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
     *) echo "images.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -105,14 +108,16 @@ build_prebuilt() {  # dockerfile image bin_dir lib_dir
 
 # 2. The CPU image.
 start=$SECONDS
-if [ -n "$prebuilt" ]; then
+if [ "$gpu_only" -eq 1 ]; then
+  :
+elif [ -n "$prebuilt" ]; then
   say "building monsoon:$tag from the binaries in $prebuilt"
   build_prebuilt tools/Dockerfile "monsoon:$tag" "$prebuilt" ""
 else
   say "building monsoon:$tag from source (tools/Dockerfile)"
   nice -n 10 "${build[@]}" -f tools/Dockerfile -t "monsoon:$tag" . >&2
 fi
-say "monsoon:$tag built in $((SECONDS - start)) s"
+[ "$gpu_only" -eq 1 ] || say "monsoon:$tag built in $((SECONDS - start)) s"
 
 # 3. The GPU image.
 if [ "$cpu_only" -eq 0 ]; then
@@ -147,7 +152,7 @@ if [ "$cpu_only" -eq 0 ]; then
           "$(basename "$real")"/lib/libcudart.so* \
           "$(basename "$real")"/lib/libcublas.so* \
           "$(basename "$real")"/lib/libcublasLt.so* \
-          --transform 's,^,usr/local/,') |
+          --transform 's,^,usr/local/,S') |
           "${podman[@]}" import - "$cuda_image" >/dev/null
       fi
       build_args=(--build-arg "CUDA_IMAGE=$cuda_image" --build-arg "CUDA_VERSION=$version")

@@ -39,8 +39,7 @@ std::optional<EvalCurve> ReadCurve(const std::string& path) {
   return curve;
 }
 
-absl::Status WriteAtomically(const std::string& path,
-                             const std::string& text) {
+absl::Status WriteAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
@@ -139,8 +138,8 @@ absl::Status FinishRun(worker::PsClient* client, const FinishOptions& options) {
   }
   const RunMetrics run =
       FinishedRunMetrics(options.config, stats, curve.value_or(EvalCurve()));
-  if (absl::Status written = WriteAtomically(options.metrics_out,
-                                             MetricsJson(run));
+  if (absl::Status written =
+          WriteAtomically(options.metrics_out, MetricsJson(run));
       !written.ok()) {
     return written;
   }
@@ -154,8 +153,7 @@ absl::Status FinishRun(worker::PsClient* client, const FinishOptions& options) {
       run.curve.points_size());
 
   // 4. Close the run: every shard saves its final checkpoint and stops.
-  if (absl::Status closed = client->CloseRun(absl::Seconds(10));
-      !closed.ok()) {
+  if (absl::Status closed = client->CloseRun(absl::Seconds(10)); !closed.ok()) {
     return closed;
   }
   common::Log("run_finisher: closed the run on every shard");

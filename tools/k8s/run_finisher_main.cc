@@ -89,11 +89,10 @@ int main(int argc, char** argv) {
   const double evaluator_s = absl::GetFlag(FLAGS_evaluator_timeout_s);
   if (!(poll_s >= 0.1 && poll_s <= 3600) ||
       !(evaluator_s >= 0 && evaluator_s <= 86400)) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "--poll_s must be from 0.1 to 3600 and "
-                    "--evaluator_timeout_s from 0 to 86400, got ",
-                    poll_s, " and ", evaluator_s)));
+    return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
+                                  "--poll_s must be from 0.1 to 3600 and "
+                                  "--evaluator_timeout_s from 0 to 86400, got ",
+                                  poll_s, " and ", evaluator_s)));
   }
   finish.poll = absl::Seconds(poll_s);
   finish.evaluator_timeout = absl::Seconds(evaluator_s);
