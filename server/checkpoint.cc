@@ -286,6 +286,8 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
     const size_t from_at = (begin - from.begin) * sizeof(float);
     const size_t bytes = (end - begin) * sizeof(float);
     weights.replace(at, bytes, part.weights(), from_at, bytes);
+    // A finished run stays finished at another shard count.
+    if (part.stats().run_closed()) out.mutable_stats()->set_run_closed(true);
     if (first) {
       out.set_optimizer(part.optimizer());
       if (elementwise) state.assign(range.size() * sizeof(float), '\0');

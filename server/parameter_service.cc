@@ -620,8 +620,25 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
   }
   if (request->worker_rank() >= 0 && request->leaving()) {
     state->EndSession(request->worker_rank(), request->session());
-    common::Log("shard %d: rank %d left (done or stopping)", state->shard(),
-                request->worker_rank());
+    if (request->finished()) {
+      const bool last = state->FinishRank(request->worker_rank());
+      common::Log("shard %d: rank %d finished its training%s", state->shard(),
+                  request->worker_rank(),
+                  last ? "; every worker has finished" : "");
+    } else {
+      common::Log("shard %d: rank %d left (stopping)", state->shard(),
+                  request->worker_rank());
+    }
+  } else if (request->worker_rank() == -1 && request->finished()) {
+    // The finisher: the results are collected, the run is over.
+    if (absl::Status closed = state->CloseRun(); !closed.ok()) {
+      common::LogWarning("shard %d: refused to close the run: %s",
+                         state->shard(), closed.ToString());
+      reactor->Finish(ToGrpcStatus(closed));
+      return reactor;
+    }
+    common::Log("shard %d: the run is closed (results collected)",
+                state->shard());
   } else if (request->worker_rank() >= 0) {
     absl::Status session =
         state->OpenSession(request->worker_rank(), request->session());

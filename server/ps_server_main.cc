@@ -130,9 +130,10 @@ int main(int argc, char** argv) {
       "--listen=0.0.0.0:5000 --config=train.textproto\n\n"
       "Every flag may also come from MONSOON_<FLAG> in the environment; a "
       "flag on the command line wins. Exit codes: 0 after SIGTERM/SIGINT (and "
-      "the checkpoint, with --checkpoint_dir), 2 for a configuration error "
-      "(a bad flag or config, a checkpoint of another config or shard), 1 "
-      "otherwise.");
+      "the checkpoint, with --checkpoint_dir), and after the run's finisher "
+      "closed the run (every worker finished); 2 for a configuration error "
+      "(a bad flag or config, a checkpoint of another config or shard, or "
+      "the final checkpoint of a finished run), 1 otherwise.");
   monsoon::common::TerminationWatcher termination;
   absl::Status env = monsoon::common::ApplyFlagEnvironmentAndWarn("ps_server");
   if (!env.ok()) return Fail(kConfigError, env.ToString());
@@ -285,9 +286,21 @@ int main(int argc, char** argv) {
     }
   }
 
-  termination.terminated().WaitForNotification();
-  monsoon::common::Log("ps_server: shard %d: signal %d, shutting down",
-                       options.shard, termination.signal());
+  // Until SIGTERM, or until the run's finisher closes the run (every worker
+  // finished and the results are collected).
+  while (!termination.terminated().WaitForNotificationWithTimeout(
+             absl::Milliseconds(200)) &&
+         !(*server)->run_closed().HasBeenNotified()) {
+  }
+  if (termination.terminated().HasBeenNotified()) {
+    monsoon::common::Log("ps_server: shard %d: signal %d, shutting down",
+                         options.shard, termination.signal());
+  } else {
+    monsoon::common::Log(
+        "ps_server: shard %d: every worker finished and the run is closed; "
+        "saving the final checkpoint and stopping",
+        options.shard);
+  }
   // Shutdown reports NOT_SERVING first, then stops the calls; after it no
   // push runs, so the checkpoint is consistent.
   (*server)->Shutdown(absl::Seconds(grace_s));

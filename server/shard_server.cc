@@ -151,6 +151,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   server->state_ = std::make_unique<ShardState>(
       layout, options.config.seed(), options.shard, options.num_shards);
   server->state_->set_lease(options.lease);
+  server->state_->SetNumWorkers(options.num_workers);
   if (options.config.has_max_staleness()) {
     server->state_->SetStalenessBound(options.config.max_staleness(),
                                       options.num_workers,
@@ -308,6 +309,18 @@ absl::Status ShardServer::Resume() {
     resharded_ = true;
   }
   const ShardCheckpoint& checkpoint = **read;
+  if (checkpoint.stats().run_closed()) {
+    // Resuming would "train" a finished run for zero steps and look like
+    // success: a new run must be started on purpose.
+    return absl::FailedPreconditionError(absl::StrCat(
+        resharded_ ? checkpoint_dir_ : checkpoint_path_,
+        ": the final checkpoint of a finished run (version ",
+        checkpoint.version(),
+        ", every worker finished and the results were collected); a shard "
+        "does not resume it. To train again, start a new run with an empty "
+        "--checkpoint_dir (in Kubernetes, tools/k8s/README.md, \"A new "
+        "run\"); move the file elsewhere first to keep its weights"));
+  }
   absl::Status matches =
       CheckCheckpointMatches(checkpoint, config_fingerprint_, state_->shard(),
                              state_->num_shards(), state_->size());

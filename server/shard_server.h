@@ -122,6 +122,10 @@ class ShardServer {
   int64_t resumed_version() const { return resumed_version_; }
   // Whether it resumed from the checkpoints of another shard count.
   bool resharded() const { return resharded_; }
+  // Notified when the run's finisher has closed the run (every worker
+  // finished, results collected; RegisterRequest.finished): the daemon then
+  // shuts down and saves its final checkpoint.
+  const absl::Notification& run_closed() const { return state_->run_closed(); }
   // Where SaveCheckpoint writes; empty without a checkpoint_dir.
   const std::string& checkpoint_path() const { return checkpoint_path_; }
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 
 namespace monsoon::server {
@@ -432,6 +433,9 @@ void AddSaturating(int64_t& a, int64_t b) {
 
 void ShardState::RecordPush(int64_t staleness, int64_t samples, int64_t bytes) {
   absl::MutexLock lock(&stats_mu_);
+  if (first_push_unix_s_ == 0) {
+    first_push_unix_s_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  }
   AddSaturating(pushes_, 1);
   AddSaturating(samples_, samples);
   AddSaturating(bytes_pushed_, bytes);
@@ -521,6 +525,46 @@ void ShardState::RecordPulledBytes(int64_t bytes) {
   AddSaturating(bytes_pulled_, bytes);
 }
 
+void ShardState::SetNumWorkers(int num_workers) {
+  absl::MutexLock lock(&stats_mu_);
+  num_workers_ = num_workers;
+}
+
+bool ShardState::FinishRank(int rank) {
+  absl::MutexLock lock(&stats_mu_);
+  const bool was_complete =
+      static_cast<int>(finished_ranks_.size()) >= num_workers_;
+  finished_ranks_.insert(rank);
+  const bool complete =
+      num_workers_ > 0 &&
+      static_cast<int>(finished_ranks_.size()) >= num_workers_;
+  if (complete && !was_complete) {
+    workers_finished_unix_s_ =
+        absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+    return true;
+  }
+  return false;
+}
+
+absl::Status ShardState::CloseRun() {
+  {
+    absl::MutexLock lock(&stats_mu_);
+    std::vector<int> missing;
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (finished_ranks_.count(rank) == 0) missing.push_back(rank);
+    }
+    if (num_workers_ <= 0 || !missing.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", shard_,
+                       ": the run cannot be closed before every worker "
+                       "has finished; rank(s) ",
+                       absl::StrJoin(missing, ","), " have not"));
+    }
+  }
+  if (!run_closed_.HasBeenNotified()) run_closed_.Notify();
+  return absl::OkStatus();
+}
+
 StatsResponse ShardState::Stats() const {
   StatsResponse stats;
   stats.set_shard(shard_);
@@ -548,6 +592,13 @@ StatsResponse ShardState::Stats() const {
   stats.set_duplicate_pushes(duplicate_pushes_);
   stats.set_refused_updates(refused_updates_);
   stats.set_backup_dropped_pushes(backup_dropped_);
+  for (int rank : finished_ranks_) stats.add_finished_ranks(rank);
+  stats.set_workers_finished(num_workers_ > 0 &&
+                             static_cast<int>(finished_ranks_.size()) >=
+                                 num_workers_);
+  stats.set_first_push_unix_s(first_push_unix_s_);
+  stats.set_workers_finished_unix_s(workers_finished_unix_s_);
+  stats.set_run_closed(run_closed_.HasBeenNotified());
   stats.set_staleness_sum(staleness_sum_);
   // Trim trailing zero buckets to keep the message small.
   size_t used = staleness_counts_.size();
@@ -600,6 +651,14 @@ void ShardState::RestoreStats(const StatsResponse& stats) {
     skipped_samples_[rank] = samples;
   }
   duplicate_pushes_ = stats.duplicate_pushes();
+  // Only ranks of this run, so that a damaged or crafted file cannot make
+  // a rank count as finished that never ran.
+  finished_ranks_.clear();
+  for (int rank : stats.finished_ranks()) {
+    if (rank >= 0 && rank < num_workers_) finished_ranks_.insert(rank);
+  }
+  first_push_unix_s_ = std::max(0.0, stats.first_push_unix_s());
+  workers_finished_unix_s_ = std::max(0.0, stats.workers_finished_unix_s());
   backup_dropped_ = std::max<int64_t>(0, stats.backup_dropped_pushes());
   refused_updates_ = stats.refused_updates();
   staleness_sum_ = stats.staleness_sum();

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/histogram.h"
@@ -252,6 +254,18 @@ class ShardState {
   // A push refused with `code`.
   void RecordRejectedPush(absl::StatusCode code);
   void RecordPulledBytes(int64_t bytes);
+  // The end of a run. The worker count is set before serving, constant
+  // after (without it, no rank counts as the last to finish).
+  void SetNumWorkers(int num_workers);
+  // `rank` trained all its examples (RegisterRequest.finished): counted
+  // once, kept in Stats() and so in the checkpoint. True when it was the
+  // last rank of [0, num_workers) to finish.
+  bool FinishRank(int rank);
+  // Closes the run (the finisher collected its results): OK once every
+  // rank has finished, then run_closed() is notified (idempotent);
+  // FAILED_PRECONDITION, saying which ranks have not, before.
+  absl::Status CloseRun();
+  const absl::Notification& run_closed() const { return run_closed_; }
   StatsResponse Stats() const;
   // Replaces the counters with those of an earlier Stats() (from a
   // checkpoint), so that metrics continue across a restart. Ignores its
@@ -338,6 +352,11 @@ class ShardState {
   std::map<int, int64_t> skipped_samples_ ABSL_GUARDED_BY(stats_mu_);
   int64_t duplicate_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t refused_updates_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int num_workers_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  std::set<int> finished_ranks_ ABSL_GUARDED_BY(stats_mu_);
+  double first_push_unix_s_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  double workers_finished_unix_s_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  absl::Notification run_closed_;
   int64_t backup_dropped_ ABSL_GUARDED_BY(stats_mu_) = 0;
   CheckpointStats checkpoints_ ABSL_GUARDED_BY(stats_mu_);
 };

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Runs a rendered Kubernetes overlay as local processes, as a kubelet would.
+"""Runs a rendered Kubernetes overlay as a kubelet would: as local processes,
+or as containers of the built image.
 
 Renders tools/k8s/overlays/<overlay> with `kubectl kustomize`, then starts
-every pod of its StatefulSets, Deployments and Indexed Jobs as a local
-process running exactly the container's command and args, with its env, as
-the kubelet fills them in:
+every pod of its Jobs (Indexed or not), StatefulSets and Deployments running
+exactly the container's command and args, with its env, as the kubelet
+fills them in:
 
   - env values and valueFrom (fieldRef: the pod-index label, the Job's
     completion-index annotation, metadata.name, status.podIP; configMapKeyRef),
@@ -12,48 +13,72 @@ the kubelet fills them in:
   - $(VAR) references in command, args and env, with $$ for a literal $;
   - volumes: a configMap's keys become files in a temporary directory,
     persistentVolumeClaims (also from volumeClaimTemplates) and emptyDirs
-    become temporary directories, and every mountPath in the command, args
-    and env (and in exec probes) is rewritten to its directory;
+    become temporary directories (a claim keeps its directory across pods);
   - Secrets, which the manifests only name: the test makes monsoon-auth (a
     fresh token) and monsoon-tls (certificates from tools/make_certs.sh for
-    the names the workers dial, ps-<i>.ps, plus the loopback addresses they
+    the names the clients dial, ps-<i>.ps, plus the loopback addresses they
     dial here), and a secret volume's items become files with its modes;
   - networking: every pod gets its own loopback address 127.a.b.x; a listen
-    address 0.0.0.0:PORT becomes 127.a.b.x:PORT, and a Service name
-    <pod>.<service>[.<namespace>[.svc[.cluster.local]]] becomes that pod's
-    address;
-  - the image's /usr/local/bin/<daemon> becomes the built binary, and so does
-    /usr/local/bin/health_probe in an exec probe, where 127.0.0.1 and
-    localhost are the pod's own address.
+    address 0.0.0.0:PORT becomes 127.a.b.x:PORT, and in an exec probe
+    127.0.0.1 and localhost are the pod's own address. A pod of a
+    StatefulSet, or of an Indexed Job with a subdomain, is named
+    <pod>.<service>[.<namespace>[.svc[.cluster.local]]].
+
+Processes (the default): the image's /usr/local/bin/<daemon> becomes the
+built binary, every mountPath in the command, args and env (and in exec
+probes) is rewritten to its directory, a name of a pod becomes its address,
+and a --servers pattern (ps-{i}.ps:PORT with --num_shards) is expanded as
+the daemons expand it, since nothing resolves those names here.
+
+Containers (--containers): every pod is `podman run` of its container's
+image, as the manifests name it (build it first: tools/k8s/images.sh), on
+the host network, with the manifests' command (as the entrypoint), args and env
+unchanged but for the listen and probe addresses above; its volumes are
+mounted at their mountPaths (Secrets and the ConfigMap read-only, owned by
+the pod's fsGroup as the kubelet makes them), the pod names resolve to the
+pods' addresses (--add-host), and the container runs as the
+securityContext's user and group with the fsGroup, a read-only root, no
+capabilities and no new privileges. Probes are `podman exec` in the
+container. With --gpu_check, the gpu overlay's worker pod runs in its
+image and must exit 2 saying "no usable GPU" (checked on machines without
+one).
 
 Before running anything it checks the rendered objects: every pod non-root
 (numeric user, group and fsGroup) with a read-only root, no privilege
 escalation, every capability dropped, the runtime's seccomp profile and no
 service account token; every daemon given --auth_token_file and, where any
 daemon uses TLS, all three TLS flags; a NetworkPolicy admitting exactly the
-workers and the evaluator to the shards, and a scraper (chosen by namespace
-and pod labels) to the metrics port only. Then it runs the servers' startup,
-readiness and liveness probes (gRPC probes with tools/k8s/health_probe, exec
-probes as they are), checks that a shard with TLS turns away a plaintext
-client and that its certificate holds the name the workers dial, that every
-daemon serves Prometheus metrics on its metrics port (monsoon_build_info of
-its role, its own monsoon_ families and the process metrics; a worker's
-final ones while it lingers, after which SIGTERM ends it), that every
-Job pod exits 0, and that on SIGTERM every server exits 0 within
-terminationGracePeriodSeconds leaving its checkpoint, and that a restarted
-shard resumes from it. Every pod's command line and exit code is logged.
+shards' clients (workers, evaluator, finisher) to the shards, and a scraper
+(chosen by namespace and pod labels) to the metrics port only. Then a whole
+run: the shards' startup, readiness and liveness probes (gRPC probes with
+tools/k8s/health_probe, exec probes as they are); a shard with TLS turns
+away a plaintext client and its certificate holds the name the workers
+dial; every daemon serves Prometheus metrics on its metrics port
+(monsoon_build_info of its role and the process metrics; a worker's final
+ones while it lingers, after which SIGTERM ends it); an evaluator stopped
+by SIGTERM before the run's end (before the workers start) exits 143 and
+its successor continues the curve; every worker exits 0; then the run ends by itself: the evaluator measures the
+final weights and exits 0, the finisher writes metrics.json on the results
+claim and exits 0, and every shard writes its final checkpoint and exits 0
+within a minute. A shard started again on that claim (a rerun that forgot
+the old volumes) must exit 2 saying the run is finished. Last, shards on
+fresh claims are stopped with SIGTERM within terminationGracePeriodSeconds,
+each leaving its checkpoint, and a restarted one resumes from it. Every
+pod's command line and exit code is logged.
 
   tests/k8s_manifests_test.py [--overlay_dir=DIR | --rendered=FILE]
-      [--bin_dir=bazel-bin]
+      [--bin_dir=bazel-bin] [--containers [--gpu_check]]
 
 Under `bazel test` it finds the overlay and the binaries in its runfiles.
 Skips (exit 0, with a message) where kubectl or openssl is absent.
 """
 
 import argparse
+import json
 import os
 import random
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -69,11 +94,19 @@ BINARIES = {
     "ps_server": "server/ps_server",
     "ps_worker": "worker/ps_worker",
     "ps_evaluator": "worker/ps_evaluator",
+    "run_finisher": "tools/k8s/run_finisher",
 }
+# The role in monsoon_build_info of each daemon.
+ROLES = {"ps_server": "shard", "ps_worker": "worker",
+         "ps_evaluator": "evaluator", "run_finisher": "finisher"}
+PODMAN = ["podman", "--runtime=runc", "--cgroup-manager=cgroupfs"]
 PROBE = "health_probe"
 # Where every daemon of the manifests serves its Prometheus metrics.
 METRICS_PORT = 9464
 WORKER_TIMEOUT_S = 240
+# After the last worker: the evaluator's last point, the finisher's poll,
+# and the shards' final checkpoints.
+END_TIMEOUT_S = 90
 
 
 class Failure(Exception):
@@ -130,14 +163,19 @@ class Pod:
         self.volume_dirs = {}  # volume name -> local directory
         self.dns_name = None  # <pod>.<service> for a StatefulSet's pods
         self.localize = None  # text in the pod -> text here, from prepare()
+        c = spec["containers"][0]
+        self.daemon = os.path.basename((c.get("command") or [""])[0])
+        self.container = None  # the container's name, with --image
 
 
 class Cluster:
-    def __init__(self, objects, bin_dir, probe, work_dir):
+    def __init__(self, objects, bin_dir, probe, work_dir, containers=False):
         self.objects = objects
         self.bin_dir = bin_dir
         self.probe = probe
         self.work_dir = work_dir
+        # False: local processes; True: podman run of each pod's image.
+        self.containers = containers
         self.secrets = {}  # Secret name -> {key: bytes}, see make_secrets
         self.config_maps = {o["metadata"]["name"]: o.get("data", {})
                             for o in objects if o["kind"] == "ConfigMap"}
@@ -148,6 +186,7 @@ class Cluster:
         self.prefix = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
         self.next_ip = 10
         self.claims = {}  # PVC name -> directory (kept across restarts)
+        self.claim_set = 0  # fresh_claims() starts another set
 
     def _ip(self):
         ip = f"{self.prefix}.{self.next_ip}"
@@ -170,9 +209,13 @@ class Cluster:
             elif kind == "Deployment":
                 count = spec.get("replicas", 1)
             else:
-                if spec.get("completionMode") != "Indexed":
-                    raise Failure(f"Job {name}: completionMode is not Indexed")
                 count = spec.get("completions", 1)
+                if spec.get("parallelism", 1) != count:
+                    raise Failure(f"Job {name}: parallelism "
+                                  f"{spec.get('parallelism', 1)} is not its "
+                                  f"completions {count}: not every pod of "
+                                  "the run would run at once")
+            indexed = kind == "Job" and spec.get("completionMode") == "Indexed"
             for i in range(count):
                 pod_labels = dict(labels)
                 annotations = {}
@@ -180,7 +223,8 @@ class Cluster:
                     pod_name = f"{name}-{i}"
                     pod_labels["apps.kubernetes.io/pod-index"] = str(i)
                     pod_labels["statefulset.kubernetes.io/pod-name"] = pod_name
-                elif kind == "Job":
+                elif indexed:
+                    # The pod's hostname is <job>-<index>.
                     pod_name = f"{name}-{i}"
                     annotations["batch.kubernetes.io/job-completion-index"] = str(i)
                     pod_labels["batch.kubernetes.io/job-completion-index"] = str(i)
@@ -188,11 +232,18 @@ class Cluster:
                     pod_name = f"{name}-{i}"
                 pod = Pod(pod_name, kind, name, template["spec"], pod_labels,
                           annotations, self._ip(), grace)
+                service = None
                 if kind == "StatefulSet":
                     service = spec.get("serviceName", "")
                     if service not in services:
                         raise Failure(f"StatefulSet {name}: no Service "
                                       f"'{service}' for serviceName")
+                elif indexed and template["spec"].get("subdomain"):
+                    service = template["spec"]["subdomain"]
+                    if service not in services:
+                        raise Failure(f"Job {name}: no Service '{service}' "
+                                      "for its pods' subdomain")
+                if service is not None:
                     pod.dns_name = f"{pod_name}.{service}"
                     for suffix in ("", ".default", ".default.svc",
                                    ".default.svc.cluster.local"):
@@ -205,10 +256,39 @@ class Cluster:
 
     def _claim(self, name):
         if name not in self.claims:
-            path = os.path.join(self.work_dir, "pvc", name)
+            path = os.path.join(self.work_dir, f"pvc{self.claim_set}", name)
             os.makedirs(path)
+            self._writable(path)
             self.claims[name] = path
         return self.claims[name]
+
+    def fresh_claims(self):
+        """New, empty directories for every claim from now on (pods already
+        prepared keep theirs until prepared again)."""
+        self.claim_set += 1
+        self.claims = {}
+        for pod in self.pods:
+            pod.argv = None
+            pod.volume_dirs = {}
+            spec = next(o["spec"] for o in self.objects
+                        if o["metadata"]["name"] == pod.owner and
+                        o["kind"] == pod.kind)
+            for claim in spec.get("volumeClaimTemplates", []):
+                pod.volume_dirs[claim["metadata"]["name"]] = self._claim(
+                    f"{claim['metadata']['name']}-{pod.name}")
+
+    def _writable(self, path):
+        """A volume the pods may write, as the kubelet makes it for the
+        pods' fsGroup (which every pod of the manifests shares)."""
+        if not self.containers:
+            return
+        groups = {p.spec.get("securityContext", {}).get("fsGroup")
+                  for p in self.pods} - {None}
+        if len(groups) == 1:
+            os.chown(path, 0, groups.pop())
+            os.chmod(path, 0o2775)
+        else:
+            os.chmod(path, 0o1777)
 
     def make_secrets(self, make_certs):
         """The Secrets that tools/k8s/README.md has people make: monsoon-auth
@@ -249,8 +329,12 @@ class Cluster:
             os.makedirs(os.path.dirname(local), exist_ok=True)
             with open(local, "wb") as f:
                 f.write(data[item["key"]])
-            # The kubelet's default is 0644.
+            # The kubelet's default is 0644; it gives the files to the
+            # pod's fsGroup.
             os.chmod(local, item.get("mode", source.get("defaultMode", 0o644)))
+            group = pod.spec.get("securityContext", {}).get("fsGroup")
+            if self.containers and group is not None:
+                os.chown(local, 0, group)
         return path
 
     def _volumes(self, pod):
@@ -272,6 +356,7 @@ class Cluster:
             elif "emptyDir" in volume:
                 path = os.path.join(self.work_dir, "empty", pod.name, vname)
                 os.makedirs(path, exist_ok=True)
+                self._writable(path)
                 pod.volume_dirs[vname] = path
             elif "secret" in volume:
                 pod.volume_dirs[vname] = self._secret_volume(
@@ -304,7 +389,7 @@ class Cluster:
         c = containers[0]
         self._volumes(pod)
         env = {}
-        if pod.kind == "Job":
+        if "batch.kubernetes.io/job-completion-index" in pod.annotations:
             env["JOB_COMPLETION_INDEX"] = pod.annotations[
                 "batch.kubernetes.io/job-completion-index"]
         for source in c.get("envFrom", []):
@@ -330,13 +415,17 @@ class Cluster:
                 env[var["name"]] = ""
         mounts = {m["mountPath"].rstrip("/"): pod.volume_dirs[m["name"]]
                   for m in c.get("volumeMounts", [])}
+        pod.mounts = [(pod.volume_dirs[m["name"]], m["mountPath"],
+                       bool(m.get("readOnly")))
+                      for m in c.get("volumeMounts", [])]
         # One pass, longest first, whole path components only: a local
-        # directory (under /tmp, say) is never rewritten again.
+        # directory (under /tmp, say) is never rewritten again. A container
+        # has its volumes at their mount paths: nothing to rewrite.
         mount_re = re.compile(
             r"(?<![\w./-])(" +
             "|".join(re.escape(m) for m in sorted(mounts, key=len,
                                                   reverse=True)) +
-            r")(?=/|$|[^\w.-])") if mounts else None
+            r")(?=/|$|[^\w.-])") if mounts and not self.containers else None
 
         def localize(text, in_pod=False):
             if mount_re:
@@ -345,12 +434,14 @@ class Cluster:
             if in_pod:  # a probe's exec: loopback is the pod's own address
                 text = re.sub(r"(?<![\w.-])(127\.0\.0\.1|localhost):",
                               f"{pod.ip}:", text)
-            for host in sorted(self.hosts, key=len, reverse=True):
-                text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=:)",
-                              self.hosts[host], text)
+            if not self.containers:  # in a container, the names resolve
+                for host in sorted(self.hosts, key=len, reverse=True):
+                    text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=:)",
+                                  self.hosts[host], text)
             return text
 
         pod.localize = localize
+        pod.in_container = self.containers
 
         argv = [expand(a, env) for a in c.get("command", []) + c.get("args", [])]
         if not argv:
@@ -359,7 +450,9 @@ class Cluster:
         daemon = os.path.basename(argv[0])
         if daemon not in BINARIES:
             raise Failure(f"{pod.name}: command {argv[0]} is not a Monsoon daemon")
-        argv[0] = os.path.join(self.bin_dir, BINARIES[daemon])
+        if not self.containers:
+            argv[0] = os.path.join(self.bin_dir, BINARIES[daemon])
+            argv = expand_servers(argv)
         pod.argv = [argv[0]] + [localize(a) for a in argv[1:]]
         pod.env = {k: localize(v) for k, v in env.items()}
 
@@ -367,14 +460,60 @@ class Cluster:
         if pod.argv is None:
             self.prepare(pod)
         pod.log_path = os.path.join(self.work_dir, f"{pod.name}{suffix}.log")
-        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        environment.update(pod.env)
         shown_env = " ".join(f"{k}={v}" for k, v in sorted(pod.env.items()))
-        log(f"start {pod.name} ({pod.kind} {pod.owner}, {pod.ip}): "
+        if not self.containers:
+            environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            environment.update(pod.env)
+            argv = pod.argv
+        else:
+            argv = self.container_argv(pod, suffix)
+            environment = dict(os.environ)
+        image = pod.spec["containers"][0].get("image")
+        log(f"start {pod.name} ({pod.kind} {pod.owner}, {pod.ip}"
+            f"{', image ' + image if self.containers else ''}): "
             f"{shown_env + ' ' if shown_env else ''}{' '.join(pod.argv)}")
         pod.process = subprocess.Popen(
-            pod.argv, env=environment, stdout=open(pod.log_path, "w"),
+            argv, env=environment, stdout=open(pod.log_path, "w"),
             stderr=subprocess.STDOUT, start_new_session=True)
+
+    def container_argv(self, pod, suffix):
+        """`podman run` of the pod's image as the kubelet would run it: host
+        network, the securityContext's user, groups and restrictions, the
+        volumes at their mount paths, the pod names resolving to the pods'
+        addresses."""
+        spec = pod.spec
+        c = spec["containers"][0]
+        pod_sc = spec.get("securityContext", {})
+        sc = c.get("securityContext", {})
+        user = sc.get("runAsUser", pod_sc.get("runAsUser"))
+        group = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
+        pod.container = (f"monsoon-test-{self.prefix.replace('.', '-')}-"
+                         f"{pod.name}{suffix}")
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        argv = PODMAN + [
+            "run", "--rm", "--name", pod.container, "--network=host",
+            # Explicit limits (the runtime's defaults may exceed what this
+            # host lets it set): this process's own.
+            f"--ulimit=nofile={nofile}:{nofile}", "--ulimit=nproc=4096:4096",
+            "--pull=never"]
+        if user is not None:
+            argv.append(f"--user={user}:{group if group is not None else user}")
+        if pod_sc.get("fsGroup") is not None:
+            argv.append(f"--group-add={pod_sc['fsGroup']}")
+        if sc.get("readOnlyRootFilesystem"):
+            argv.append("--read-only")
+        if sc.get("allowPrivilegeEscalation") is False:
+            argv.append("--security-opt=no-new-privileges")
+        for cap in sc.get("capabilities", {}).get("drop", []):
+            argv.append(f"--cap-drop={cap}")
+        for host, ip in sorted(self.hosts.items()):
+            argv.append(f"--add-host={host}:{ip}")
+        for key, value in sorted(pod.env.items()):
+            argv += ["-e", f"{key}={value}"]
+        for local, path, read_only in pod.mounts:
+            argv += ["-v", f"{local}:{path}{':ro' if read_only else ''}"]
+        argv += [f"--entrypoint={json.dumps(pod.argv[:1])}", c["image"]]
+        return argv + pod.argv[1:]
 
     def tail(self, pod, lines=15):
         try:
@@ -397,8 +536,10 @@ class Cluster:
             if not command or os.path.basename(command[0]) != PROBE:
                 raise Failure(f"{pod.name}: {name} runs {command[:1]}, not "
                               f"{PROBE} (not emulated)")
-            return [self.probe] + [pod.localize(a, in_pod=True)
-                                   for a in command[1:]]
+            args = [pod.localize(a, in_pod=True) for a in command[1:]]
+            if self.containers:
+                return PODMAN + ["exec", pod.container, command[0]] + args
+            return [self.probe] + args
         raise Failure(f"{pod.name}: {name} is neither a gRPC nor an exec probe")
 
     def run_probe(self, pod, probe, name):
@@ -452,8 +593,25 @@ class Cluster:
     def kill_all(self):
         for pod in self.pods:
             if pod.process is not None and pod.process.poll() is None:
+                if pod.container is not None:
+                    subprocess.run(PODMAN + ["rm", "-f", pod.container],
+                                   capture_output=True)
                 pod.process.kill()
                 pod.process.wait()
+
+
+def expand_servers(argv):
+    """A --servers pattern (HOST-{i}:PORT with --num_shards=N) as the daemons
+    expand it (worker/client_flags.h), for processes that cannot resolve the
+    names it makes."""
+    flags = flags_of(argv[1:])
+    servers = flags.get("servers", "")
+    if "{i}" not in servers or "," in servers:
+        return argv
+    count = int(flags.get("num_shards", "0"))
+    listed = ",".join(servers.replace("{i}", str(i)) for i in range(count))
+    return [f"--servers={listed}" if a.startswith("--servers=") else a
+            for a in argv]
 
 
 def flags_of(argv):
@@ -599,10 +757,22 @@ def is_scraper_rule(policy, rule):
     return True
 
 
+def local_path(pod, path):
+    """Where a path of the pod's args is here: its volume's directory (a
+    local process's args already name it)."""
+    if not pod.in_container:
+        return path
+    for local, mount, _ in sorted(pod.mounts, key=lambda m: -len(m[1])):
+        mount = mount.rstrip("/")
+        if path == mount or path.startswith(mount + "/"):
+            return local + path[len(mount):]
+    return path
+
+
 def curve_points(pod):
     """(time_s, samples) of every point of the curve the evaluator pod
     wrote (its --curve_out, on its volume)."""
-    path = flags_of(pod.argv)["curve_out"]
+    path = local_path(pod, flags_of(pod.argv)["curve_out"])
     points = []
     with open(path) as f:
         for match in re.finditer(
@@ -632,16 +802,18 @@ def scrape(pod):
             if time.monotonic() > deadline or pod.process.poll() is not None:
                 raise Failure(f"{pod.name}: no metrics at {url}: {e}")
             time.sleep(0.2)
-    role = {"StatefulSet": "shard", "Job": "worker",
-            "Deployment": "evaluator"}[pod.kind]
+    role = ROLES[pod.daemon]
     info = [l for l in text.splitlines()
             if l.startswith("monsoon_build_info{")]
     if len(info) != 1 or f'role="{role}"' not in info[0] or \
             not info[0].endswith(" 1"):
         raise Failure(f"{pod.name}: {url} has no monsoon_build_info of role "
                       f"{role}: {info}")
-    for family in ("process_resident_memory_bytes", "process_cpu_seconds_total",
-                   f"monsoon_{role}_"):
+    # The finisher has no figures of its own, only its build and process.
+    families = ["process_resident_memory_bytes", "process_cpu_seconds_total"]
+    if role != "finisher":
+        families.append(f"monsoon_{role}_")
+    for family in families:
         if f"\n{family}" not in "\n" + text:
             raise Failure(f"{pod.name}: {url} lacks {family}")
     log(f"metrics of {pod.name} at {url}: {info[0]}, "
@@ -653,11 +825,11 @@ def check_static(objects):
     kinds = {}
     for o in objects:
         kinds.setdefault(o["kind"], []).append(o)
-    for kind in ("StatefulSet", "Service", "Job", "PodDisruptionBudget",
-                 "ConfigMap"):
+    for kind in ("Service", "Job", "PodDisruptionBudget", "ConfigMap",
+                 "PersistentVolumeClaim"):
         if kind not in kinds:
             raise Failure(f"no {kind} in the rendered manifests")
-    for sts in kinds["StatefulSet"]:
+    for sts in kinds.get("StatefulSet", []):
         spec = sts["spec"]
         if spec.get("podManagementPolicy") != "Parallel":
             raise Failure(f"StatefulSet {sts['metadata']['name']}: "
@@ -703,16 +875,96 @@ def check_tls(cluster, pod):
     log(f"{pod.name}: plaintext refused; TLS answers as {pod.dns_name}")
 
 
-def run(objects, bin_dir, probe, make_certs):
+def wait_for(pod, text, timeout_s, lines=20):
+    """Until `text` is in the pod's last lines; a Failure if the pod exits or
+    the time is up first."""
+    deadline = time.monotonic() + timeout_s
+    while text not in pod.cluster_tail(lines):
+        if pod.process.poll() is not None or time.monotonic() > deadline:
+            raise Failure(f"{pod.name}: no '{text}' in its log "
+                          f"(exit code {pod.process.poll()}):\n"
+                          f"{pod.cluster_tail(30)}")
+        time.sleep(0.2)
+
+
+def wait_exit(cluster, pod, deadline, what):
+    """The pod's exit code, once it exits by itself before `deadline`."""
+    try:
+        code = pod.process.wait(timeout=max(1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise Failure(f"{pod.name} still running {what}:\n"
+                      f"{cluster.tail(pod, 30)}")
+    log(f"exit {pod.name}: code {code}")
+    return code
+
+
+def check_checkpoints(servers, wanted_all=True):
+    """{pod name: checkpoint path}: each shard's own file on its volume."""
+    found = {}
+    for pod in servers:
+        flags = flags_of(pod.argv)
+        directory = local_path(pod, flags["checkpoint_dir"])
+        index = flags["shard"]
+        wanted = f"shard-{index}-of-{len(servers)}.ckpt"
+        path = os.path.join(directory, wanted)
+        if not os.path.isfile(path):
+            raise Failure(f"{pod.name}: expected checkpoint {wanted} in its "
+                          f"volume, found {sorted(os.listdir(directory))}")
+        found[pod.name] = path
+        log(f"{pod.name} left {wanted} ({os.path.getsize(path)} bytes)")
+    return found
+
+
+def check_gpu_worker(objects, cluster):
+    """The gpu overlay's worker pod in its image (the GPU image), on a
+    machine without a usable GPU: exit 2 saying so (the Job then fails at
+    once)."""
+    workers = [o for o in objects if o["kind"] == "Job" and
+               os.path.basename(o["spec"]["template"]["spec"]["containers"][0]
+                                .get("command", [""])[0]) == "ps_worker"]
+    if not workers:
+        raise Failure("the gpu overlay has no worker Job")
+    job = workers[0]
+    pod = Pod(f"{job['metadata']['name']}-gpu-0", "Job", job["metadata"]["name"],
+              job["spec"]["template"]["spec"],
+              dict(job["spec"]["template"]["metadata"].get("labels", {})),
+              {"batch.kubernetes.io/job-completion-index": "0"},
+              cluster._ip(), 30)
+    cluster.config_maps.update({o["metadata"]["name"]: o.get("data", {})
+                                for o in objects if o["kind"] == "ConfigMap"})
+    cluster.start(pod)
+    gpu_image = pod.spec["containers"][0]["image"]
+    code = wait_exit(cluster, pod, time.monotonic() + 120,
+                     "120 s after it started in the GPU image")
+    text = cluster.tail(pod, 40)
+    if code != 2 or "no usable GPU" not in text:
+        raise Failure(f"{pod.name} in {gpu_image}: expected exit code 2 and "
+                      f"'no usable GPU', got code {code}:\n{text}")
+    line = [l for l in text.splitlines() if "no usable GPU" in l][0]
+    log(f"{pod.name} in {gpu_image} without a GPU: exit 2: {line.strip()}")
+
+
+def run(objects, bin_dir, probe, make_certs, containers=False,
+        gpu_objects=None):
     check_static(objects)
     work_dir = tempfile.mkdtemp(prefix="monsoon-k8s-pods-")
-    cluster = Cluster(objects, bin_dir, probe, work_dir)
+    cluster = Cluster(objects, bin_dir, probe, work_dir, containers)
     cluster.plan()
     cluster.make_secrets(make_certs)
-    servers = [p for p in cluster.pods if p.kind == "StatefulSet"]
-    services = [p for p in cluster.pods if p.kind == "Deployment"]
-    workers = [p for p in cluster.pods if p.kind == "Job"]
+    for pod in cluster.pods:
+        pod.cluster_tail = lambda lines, pod=pod: cluster.tail(pod, lines)
+    by_daemon = {}
+    for pod in cluster.pods:
+        by_daemon.setdefault(pod.daemon, []).append(pod)
+    servers = by_daemon.get("ps_server", [])
+    workers = by_daemon.get("ps_worker", [])
+    evaluators = by_daemon.get("ps_evaluator", [])
+    finishers = by_daemon.get("run_finisher", [])
+    if not servers or not workers:
+        raise Failure("the manifests run no shards or no workers")
     try:
+        if gpu_objects is not None:
+            check_gpu_worker(gpu_objects, cluster)
         for pod in servers:
             cluster.start(pod)
         for pod in servers:
@@ -726,13 +978,31 @@ def run(objects, bin_dir, probe, make_certs):
                                   f"{cluster.tail(pod)}")
                 cluster.run_probe(pod, c[name], name)
             check_tls(cluster, pod)
-        for pod in services + workers:
+        for pod in evaluators + finishers:
+            cluster.start(pod)
+        # A drained evaluator exits 143 before the run's end; the Job's next
+        # one continues the curve. Before any worker starts, so that the
+        # run cannot have ended yet.
+        curves = {}
+        for pod in evaluators:
+            wait_for(pod, "eval: ", 120)
+            code = cluster.terminate(pod)
+            if code != 128 + signal.SIGTERM:
+                raise Failure(f"{pod.name}: exit code {code} after SIGTERM "
+                              "mid-run, expected 143 (so that its Job starts "
+                              f"another)\n{cluster.tail(pod, 30)}")
+            curves[pod.name] = curve_points(pod)
+            cluster.start(pod, suffix="-restarted")
+            wait_for(pod, "continuing the curve", 60)
+            log(f"restarted {pod.name}: continues a curve of "
+                f"{len(curves[pod.name])} points")
+        for pod in workers:
             cluster.start(pod)
         # Every daemon's metrics, as a Prometheus in the cluster would scrape
-        # them: the shards and the evaluator while they serve, each worker
-        # once it has trained and serves its final figures
+        # them: the shards, the evaluator and the finisher while they serve,
+        # each worker once it has trained and serves its final figures
         # (--metrics_linger_s), after which SIGTERM ends it.
-        for pod in servers + services:
+        for pod in servers + evaluators + finishers:
             scrape(pod)
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         failed = []
@@ -743,69 +1013,88 @@ def run(objects, bin_dir, probe, make_certs):
             if pod.process.poll() is None and time.monotonic() < deadline:
                 scrape(pod)
                 pod.process.send_signal(signal.SIGTERM)
-            try:
-                code = pod.process.wait(timeout=max(1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise Failure(f"{pod.name} still running after "
-                              f"{WORKER_TIMEOUT_S} s:\n{cluster.tail(pod)}")
-            log(f"exit {pod.name}: code {code}")
+            code = wait_exit(cluster, pod, deadline,
+                             f"after {WORKER_TIMEOUT_S} s")
             if code != 0:
                 failed.append(f"{pod.name} exited with code {code}:\n"
                               f"{cluster.tail(pod)}")
-        for pod in servers + services:
-            if pod.process.poll() is not None:
-                failed.append(f"{pod.name} exited early with code "
-                              f"{pod.process.returncode}:\n{cluster.tail(pod)}")
         if failed:
             raise Failure("\n".join(failed))
-        for pod in services:
-            code = cluster.terminate(pod)
+        # The run ends by itself: the evaluator's final point, the
+        # finisher's metrics, the shards' final checkpoints.
+        deadline = time.monotonic() + END_TIMEOUT_S
+        for pod in evaluators + finishers + servers:
+            code = wait_exit(cluster, pod, deadline,
+                             f"{END_TIMEOUT_S} s after the last worker")
             if code != 0:
-                raise Failure(f"{pod.name}: exit code {code} after SIGTERM\n"
-                              f"{cluster.tail(pod)}")
-        # A rescheduled evaluator continues the curve on its volume.
-        for pod in services:
-            curve = curve_points(pod)
-            cluster.start(pod, suffix="-restarted")
-            # Until it has said it continues the curve and has connected
-            # (its metrics start after the connection): a SIGTERM while it
-            # still waits for the shards ends it without an evaluation.
-            deadline = time.monotonic() + 60
-            while (not ("continuing the curve" in cluster.tail(pod, 20) and
-                        "metrics on port" in cluster.tail(pod, 20)) and
-                   pod.process.poll() is None and
-                   time.monotonic() < deadline):
-                time.sleep(0.2)
-            code = cluster.terminate(pod)
+                raise Failure(f"{pod.name}: exit code {code} at the run's "
+                              f"end\n{cluster.tail(pod, 30)}")
+        for pod in evaluators:
             after = curve_points(pod)
+            curve = curves[pod.name]
             times = [t for t, _ in after]
-            if (code != 0 or len(after) <= len(curve) or
-                    after[:len(curve)] != curve or times != sorted(times)):
-                raise Failure(f"restarted {pod.name}: exit code {code}; the "
-                              f"curve went from {len(curve)} points to "
-                              f"{len(after)} (expected the same points and "
-                              f"more, times not going back)\n"
-                              f"{cluster.tail(pod, 30)}")
-            log(f"restarted {pod.name} continued its curve: {len(curve)} "
-                f"points, then {len(after)}")
-        checkpoints = {}
+            with open(local_path(pod, flags_of(pod.argv)["curve_out"])) as f:
+                final = "run_finished: true" in f.read()
+            if (len(after) <= len(curve) or after[:len(curve)] != curve or
+                    times != sorted(times) or not final):
+                raise Failure(f"{pod.name}: the curve went from {len(curve)} "
+                              f"points to {len(after)}, final: {final} "
+                              "(expected the same points and more, times "
+                              "not going back, and run_finished)")
+            log(f"{pod.name} continued its curve to {len(after)} points, the "
+                "last of the final weights")
+        for pod in finishers:
+            path = local_path(pod, flags_of(pod.argv)["metrics_out"])
+            try:
+                with open(path) as f:
+                    metrics = json.load(f)
+            except (OSError, ValueError) as e:
+                raise Failure(f"{pod.name}: no metrics JSON at {path}: {e}")
+            missing = [k for k in ("mode", "servers", "workers", "samples",
+                                   "samples_per_s", "final_test_accuracy",
+                                   "bytes_pushed", "bytes_pulled", "staleness",
+                                   "curve") if k not in metrics]
+            if (missing or metrics["servers"] != len(servers) or
+                    metrics["workers"] != len(workers) or
+                    metrics["samples"] <= 0 or metrics["samples_per_s"] <= 0
+                    or not metrics["curve"]):
+                raise Failure(f"{pod.name}: {path} lacks {missing} or has "
+                              f"wrong figures: {json.dumps(metrics)[:400]}")
+            log(f"{pod.name} wrote metrics.json: {metrics['servers']} shards, "
+                f"{metrics['workers']} workers, {metrics['samples']} samples, "
+                f"{metrics['samples_per_s']:.0f} samples/s, final test "
+                f"accuracy {metrics['final_test_accuracy']:.4f}, "
+                f"{len(metrics['curve'])} curve points")
+        check_checkpoints(servers)
+        # A rerun that forgot the old volumes: the shard refuses the finished
+        # run's checkpoint, with what to do.
+        pod = servers[0]
+        cluster.start(pod, suffix="-rerun")
+        code = wait_exit(cluster, pod, time.monotonic() + 60,
+                         "60 s after it started on a finished run's volume")
+        text = cluster.tail(pod, 20)
+        if code != 2 or "final checkpoint of a finished run" not in text:
+            raise Failure(f"{pod.name} on a finished run's checkpoints: exit "
+                          f"code {code}, expected 2 and 'final checkpoint of a "
+                          f"finished run':\n{text}")
+        log(f"{pod.name} on the finished run's volume refused to resume: "
+            f"exit 2")
+        # SIGTERM on fresh volumes: every shard checkpoints within its grace
+        # period, and a restarted one resumes from its file.
+        cluster.fresh_claims()
+        for pod in servers:
+            cluster.start(pod, suffix="-sigterm")
+        for pod in servers:
+            cluster.run_probe(pod, pod.spec["containers"][0]["startupProbe"],
+                              "startupProbe")
         for pod in servers:
             code = cluster.terminate(pod)
             if code != 0:
                 raise Failure(f"{pod.name}: exit code {code} after SIGTERM\n"
                               f"{cluster.tail(pod)}")
-            found = [os.path.join(d, f) for d in pod.volume_dirs.values()
-                     for f in os.listdir(d) if f.endswith(".ckpt")]
-            index = pod.labels["apps.kubernetes.io/pod-index"]
-            wanted = f"shard-{index}-of-{len(servers)}.ckpt"
-            if [os.path.basename(f) for f in found] != [wanted]:
-                raise Failure(f"{pod.name}: expected checkpoint {wanted}, "
-                              f"found {found}\n{cluster.tail(pod)}")
-            checkpoints[pod.name] = found[0]
-            log(f"{pod.name} left {wanted} ({os.path.getsize(found[0])} bytes)")
-        # A rescheduled shard resumes from its volume.
+        check_checkpoints(servers)
         pod = servers[0]
-        cluster.start(pod, suffix="-restarted")
+        cluster.start(pod, suffix="-resumed")
         cluster.run_probe(pod, pod.spec["containers"][0]["startupProbe"],
                           "startupProbe")
         code = cluster.terminate(pod)
@@ -817,6 +1106,9 @@ def run(objects, bin_dir, probe, make_certs):
             f"{[l for l in log_text.splitlines() if 'resumed from' in l][0]}")
     finally:
         cluster.kill_all()
+    if containers:
+        # Files the containers wrote belong to the pods' user.
+        subprocess.run(["chmod", "-R", "u+rwX", work_dir], capture_output=True)
     shutil.rmtree(work_dir, ignore_errors=True)
 
 
@@ -827,6 +1119,13 @@ def main():
     parser.add_argument("--bin_dir")
     parser.add_argument("--probe")
     parser.add_argument("--make_certs", help="tools/make_certs.sh")
+    parser.add_argument("--containers", action="store_true",
+                        help="run every pod as a podman container of the "
+                        "image its manifest names, not as a local process")
+    parser.add_argument("--gpu_check", action="store_true",
+                        help="with --containers: also run the gpu overlay's "
+                        "worker in its image, which must exit 2 saying there "
+                        "is no usable GPU (on a machine without one)")
     args = parser.parse_args()
     runfiles = os.environ.get("TEST_SRCDIR")
     if runfiles:
@@ -862,9 +1161,16 @@ def main():
             root, "tools/k8s/overlays/cpu-small")
         text = render(overlay)
     objects = [o for o in yaml.safe_load_all(text) if o]
+    gpu_objects = None
+    if args.gpu_check:
+        if not args.containers:
+            log("FAILED: --gpu_check needs --containers")
+            return 1
+        gpu_objects = [o for o in yaml.safe_load_all(render(os.path.join(
+            root, "tools/k8s/overlays/gpu"))) if o]
     started = time.monotonic()
     try:
-        run(objects, bin_dir, probe, make_certs)
+        run(objects, bin_dir, probe, make_certs, args.containers, gpu_objects)
     except Failure as failure:
         log(f"FAILED: {failure}")
         return 1

@@ -235,6 +235,32 @@ TEST(ShardServerCheckpointTest,
                                  "shard 0 of 3")));
 }
 
+TEST(ShardServerCheckpointTest, FinalCheckpointOfAFinishedRunIsRefused) {
+  const std::string dir = NewDir("finished_run");
+  for (int shard : {0, 1}) {
+    absl::StatusOr<std::unique_ptr<ShardServer>> server =
+        ShardServer::Start(Options(kSyncConfig, shard, 2, 1, dir));
+    ASSERT_TRUE(server.ok()) << server.status();
+    (*server)->state()->FinishRank(0);
+    ASSERT_OK((*server)->state()->CloseRun());
+    EXPECT_TRUE((*server)->run_closed().HasBeenNotified());
+    (*server)->Shutdown();
+    ASSERT_OK((*server)->SaveCheckpoint());
+  }
+  EXPECT_THAT(
+      ShardServer::Start(Options(kSyncConfig, 0, 2, 1, dir)),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("the final checkpoint of a finished run (version 0, "
+                         "every worker finished and the results were "
+                         "collected); a shard does not resume it. To train "
+                         "again, start a new run with an empty "
+                         "--checkpoint_dir")));
+  // Nor at another shard count (from the set of both shards' files).
+  EXPECT_THAT(ShardServer::Start(Options(kSyncConfig, 0, 1, 1, dir)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the final checkpoint of a finished run")));
+}
+
 TEST(ShardServerCheckpointTest, CorruptCheckpointIsDataLoss) {
   const std::string dir = NewDir("corrupt");
   testutil::WriteFile(CheckpointPath(dir, 0, 1), "\xff\xff\xff not a proto");

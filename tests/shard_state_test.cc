@@ -353,5 +353,59 @@ TEST(ShardStateTest, WithoutABoundNoPullWaitsForClocks) {
   EXPECT_EQ(ran, 1);
 }
 
+TEST(ShardStateTest, TheRunClosesOnlyOnceEveryRankHasFinished) {
+  ShardState state(Layout(), /*seed=*/3, /*shard=*/0, /*num_shards=*/1);
+  state.SetNumWorkers(2);
+  EXPECT_EQ(state.CloseRun().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(state.FinishRank(1));
+  const absl::Status early = state.CloseRun();
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(early.message(),
+            "shard 0: the run cannot be closed before every worker has "
+            "finished; rank(s) 0 have not");
+  EXPECT_FALSE(state.run_closed().HasBeenNotified());
+  EXPECT_FALSE(state.Stats().workers_finished());
+  EXPECT_EQ(state.Stats().workers_finished_unix_s(), 0);
+
+  EXPECT_TRUE(state.FinishRank(0));   // the last one
+  EXPECT_FALSE(state.FinishRank(0));  // again: already counted
+  const StatsResponse finished = state.Stats();
+  EXPECT_THAT(finished.finished_ranks(), ElementsAre(0, 1));
+  EXPECT_TRUE(finished.workers_finished());
+  EXPECT_GT(finished.workers_finished_unix_s(), 0);
+  EXPECT_FALSE(finished.run_closed());
+
+  EXPECT_TRUE(state.CloseRun().ok());
+  EXPECT_TRUE(state.CloseRun().ok());  // idempotent
+  EXPECT_TRUE(state.run_closed().HasBeenNotified());
+  EXPECT_TRUE(state.Stats().run_closed());
+}
+
+TEST(ShardStateTest, FirstPushTimeIsKeptFromTheFirstPush) {
+  ShardState state(Layout(), /*seed=*/3, /*shard=*/0, /*num_shards=*/1);
+  EXPECT_EQ(state.Stats().first_push_unix_s(), 0);
+  state.RecordPush(/*staleness=*/0, /*samples=*/8, /*bytes=*/100);
+  const double first = state.Stats().first_push_unix_s();
+  EXPECT_GT(first, 0);
+  state.RecordPush(/*staleness=*/0, /*samples=*/8, /*bytes=*/100);
+  EXPECT_EQ(state.Stats().first_push_unix_s(), first);
+}
+
+TEST(ShardStateTest, RestoreKeepsOnlyTheFinishedRanksOfThisRun) {
+  ShardState state(Layout(), /*seed=*/3, /*shard=*/0, /*num_shards=*/1);
+  state.SetNumWorkers(2);
+  StatsResponse saved;
+  for (int rank : {-1, 0, 1, 7}) saved.add_finished_ranks(rank);
+  saved.set_first_push_unix_s(1000);
+  saved.set_workers_finished_unix_s(1040);
+  state.RestoreStats(saved);
+  const StatsResponse restored = state.Stats();
+  EXPECT_THAT(restored.finished_ranks(), ElementsAre(0, 1));
+  EXPECT_TRUE(restored.workers_finished());
+  EXPECT_EQ(restored.first_push_unix_s(), 1000);
+  EXPECT_EQ(restored.workers_finished_unix_s(), 1040);
+  EXPECT_FALSE(restored.run_closed());
+}
+
 }  // namespace
 }  // namespace monsoon::server

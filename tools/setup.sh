@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
 # Installs, from Debian's packages, everything Monsoon's build, tests and demo
 # need. Idempotent: does nothing when all of it is already installed.
+#
+#   tools/setup.sh               the build, the tests and the demo
+#   tools/setup.sh --build-only  only what `bazel build` of the daemons needs
+#                                (the images' build stage, tools/Dockerfile)
 set -euo pipefail
+
+build_only=0
+case "${1:-}" in
+  --build-only) build_only=1 ;;
+  "") ;;
+  *) echo "usage: tools/setup.sh [--build-only]" >&2; exit 2 ;;
+esac
 
 packages=(
   g++
@@ -10,12 +21,15 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler
   libabsl-dev
-  libgtest-dev libgmock-dev
   libopenblas-dev
   zlib1g-dev
   libssl-dev             # constant-time token comparison (libcrypto)
-  openssl                # tools/make_certs.sh
   prometheus-cpp-dev     # /metrics (prometheus-cpp: metric families, HTTP endpoint)
+)
+if [ "$build_only" -eq 0 ]; then
+  packages+=(
+  libgtest-dev libgmock-dev
+  openssl                # tools/make_certs.sh
   prometheus             # tests/prometheus_test.py scrapes a local run
   clang libfuzzer-14-dev pkg-config  # tools/fuzz.sh (libFuzzer targets)
   llvm                   # llvm-symbolizer: sanitizer reports with file:line
@@ -23,12 +37,15 @@ packages=(
   python3 python3-matplotlib  # compare_modes' report and plots
   python3-yaml           # tests/k8s_manifests_test.py reads the rendered manifests
   iproute2               # compare_modes --link (ip, tc)
-)
-
-# Node and npm for tools/k8s/validate (any version from Node 14 on): Debian's
-# unless some are already on the PATH.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  packages+=(nodejs npm)
+  # tests/k8s_containers_test.py and tools/k8s/images.sh: build the images
+  # and run the manifests' pods as containers, with no registry.
+  podman runc debootstrap
+  )
+  # Node and npm for tools/k8s/validate (any version from Node 14 on):
+  # Debian's unless some are already on the PATH.
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    packages+=(nodejs npm)
+  fi
 fi
 
 missing=()

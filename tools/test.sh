@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is needed, then runs every test with Bazel, plus the
-# concurrency tests under ThreadSanitizer, the manifest checks and the fuzz
-# targets (20 s each). Ends with "N passed, N failed".
+# concurrency tests under ThreadSanitizer, the manifest checks, the
+# container test (tools/k8s/container_test.sh) and the fuzz targets (20 s
+# each). Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./tools/setup.sh || exit 1
@@ -22,6 +23,12 @@ else
   echo "//tools/k8s:validate FAILED" >> "$log"
   status=1
 fi
+
+# The container test: both images built from the binaries above, the
+# cpu-small overlay's pods run as containers, the GPU image's worker without
+# a GPU. Skips, saying why, where podman cannot run containers; prints its
+# own PASSED/FAILED line.
+./tools/k8s/container_test.sh 2>&1 | tee -a "$log" || status=1
 
 # The libFuzzer targets, briefly (tools/fuzz.sh SECONDS runs them longer).
 if ./tools/fuzz.sh 20 2>&1 | tee -a "$log"; then

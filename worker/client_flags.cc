@@ -3,9 +3,12 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/auth.h"
 #include "common/tls.h"
 
@@ -24,13 +27,59 @@ ABSL_FLAG(double, peer_timeout_s, 30,
           "Seconds a shard may stay silent before its connection counts as "
           "lost (a frozen or partitioned host): pinged after half, dropped "
           "after the rest (env MONSOON_PEER_TIMEOUT_S).");
+ABSL_FLAG(int, num_shards, 0,
+          "With one --servers address holding {i} (ps-{i}.ps:5000): the "
+          "shard count, and the address of shard i is that with {i} "
+          "replaced by i; with a list: 0, or the list's length "
+          "(env MONSOON_NUM_SHARDS).");
 ABSL_FLAG(double, connect_timeout_s, 60,
           "How long to keep trying to reach "
           "the servers at start-up.");
 
 namespace monsoon::worker {
 
+absl::StatusOr<std::vector<std::string>> ExpandServers(
+    const std::vector<std::string>& servers, int num_shards) {
+  constexpr absl::string_view kIndex = "{i}";
+  if (num_shards < 0 || num_shards > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num_shards must be from 0 to 4096, got ", num_shards));
+  }
+  if (servers.size() == 1 && absl::StrContains(servers[0], kIndex)) {
+    if (num_shards == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--servers=", servers[0],
+                       " names shards by {i}: "
+                       "give their count with --num_shards"));
+    }
+    std::vector<std::string> expanded;
+    for (int i = 0; i < num_shards; ++i) {
+      expanded.push_back(
+          absl::StrReplaceAll(servers[0], {{kIndex, absl::StrCat(i)}}));
+    }
+    return expanded;
+  }
+  for (const std::string& server : servers) {
+    if (absl::StrContains(server, kIndex)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--servers: {i} stands for every shard only in a single address, "
+          "not in a list (",
+          server, ")"));
+    }
+  }
+  if (num_shards != 0 && static_cast<int>(servers.size()) != num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--servers lists ", servers.size(), " shards but --num_shards=",
+        num_shards, ": list every shard, in shard order"));
+  }
+  return servers;
+}
+
 absl::Status ApplyClientFlags(PsClientOptions* options) {
+  absl::StatusOr<std::vector<std::string>> servers =
+      ExpandServers(options->server_addresses, absl::GetFlag(FLAGS_num_shards));
+  if (!servers.ok()) return servers.status();
+  options->server_addresses = *std::move(servers);
   options->connect_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   if (!(absl::GetFlag(FLAGS_peer_timeout_s) >= 2 &&

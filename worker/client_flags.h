@@ -1,18 +1,34 @@
-// The flags with which ps_worker and ps_evaluator reach the shards, defined
-// once: TLS (--tls_ca, --tls_cert, --tls_key), the run's token
-// (--auth_token_file) and the timeouts (--connect_timeout_s,
-// --peer_timeout_s). Each can also come from MONSOON_<NAME> (flag_env.h).
+// The flags with which ps_worker, ps_evaluator and run_finisher reach the
+// shards, defined once: TLS (--tls_ca, --tls_cert, --tls_key), the run's
+// token (--auth_token_file), the timeouts (--connect_timeout_s,
+// --peer_timeout_s) and the shard count (--num_shards, for a --servers
+// pattern). Each can also come from MONSOON_<NAME> (flag_env.h).
 #ifndef MONSOON_WORKER_CLIENT_FLAGS_H_
 #define MONSOON_WORKER_CLIENT_FLAGS_H_
 
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::worker {
 
-// Sets options' credentials, auth_token, connect_timeout and peer_timeout
-// from the flags. INVALID_ARGUMENT (a configuration error) for a timeout
-// out of range, or TLS files or a token file that cannot be read.
+// The shards' addresses in shard order: `servers` itself, or, for a single
+// address holding "{i}", that address for every i from 0 to num_shards - 1
+// ("ps-{i}.ps:5000" and 2: ps-0.ps:5000, ps-1.ps:5000), so that a count is
+// all a deployment changes. INVALID_ARGUMENT for a pattern without a count,
+// {i} in a list, a count outside [0, 4096], or a list whose length is not a
+// nonzero num_shards.
+absl::StatusOr<std::vector<std::string>> ExpandServers(
+    const std::vector<std::string>& servers, int num_shards);
+
+// Sets options' server_addresses (ExpandServers with --num_shards),
+// credentials, auth_token, connect_timeout and peer_timeout from the flags.
+// INVALID_ARGUMENT (a configuration error) for a timeout out of range, a
+// bad --servers/--num_shards pair, or TLS files or a token file that cannot
+// be read.
 absl::Status ApplyClientFlags(PsClientOptions* options);
 
 }  // namespace monsoon::worker

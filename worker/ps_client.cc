@@ -569,7 +569,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   return client;
 }
 
-absl::Status PsClient::Leave(absl::Duration timeout) {
+absl::Status PsClient::Leave(absl::Duration timeout, bool finished) {
   if (worker_rank_ < 0) return absl::OkStatus();
   RegisterRequest request;
   request.set_worker_rank(worker_rank_);
@@ -578,6 +578,39 @@ absl::Status PsClient::Leave(absl::Duration timeout) {
   request.set_num_shards(num_shards());
   request.set_session(session_);
   request.set_leaving(true);
+  request.set_finished(finished);
+  return RegisterEverywhere(request, timeout);
+}
+
+absl::StatusOr<bool> PsClient::RankFinished(absl::Duration timeout) {
+  absl::StatusOr<std::vector<StatsResponse>> stats = Stats(timeout);
+  if (!stats.ok()) return stats.status();
+  return !stats->empty() &&
+         std::all_of(
+             stats->begin(), stats->end(), [this](const StatsResponse& shard) {
+               return std::find(shard.finished_ranks().begin(),
+                                shard.finished_ranks().end(),
+                                worker_rank_) != shard.finished_ranks().end();
+             });
+}
+
+absl::Status PsClient::CloseRun(absl::Duration timeout) {
+  if (worker_rank_ != -1) {
+    return absl::FailedPreconditionError(
+        "only a client of rank -1 (the run's finisher) closes the run");
+  }
+  RegisterRequest request;
+  request.set_worker_rank(-1);
+  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_num_shards(num_shards());
+  request.set_session(session_);
+  request.set_leaving(true);
+  request.set_finished(true);
+  return RegisterEverywhere(request, timeout);
+}
+
+absl::Status PsClient::RegisterEverywhere(RegisterRequest request,
+                                          absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status first;
   for (int s = 0; s < num_shards(); ++s) {

@@ -122,8 +122,22 @@ class PsClient {
   // Tells every shard this worker is done (or stopping): its lease ends now,
   // so that no sync step waits for it and its rank is free at once. One
   // attempt per shard within `timeout`; the first error is returned (a
-  // shard that does not hear it lets the lease run out instead).
-  absl::Status Leave(absl::Duration timeout);
+  // shard that does not hear it lets the lease run out instead). With
+  // `finished`, the worker trained all its examples: the shards count its
+  // rank as finished (StatsResponse.finished_ranks).
+  absl::Status Leave(absl::Duration timeout, bool finished = false);
+
+  // Whether every shard counts this client's rank as finished
+  // (StatsResponse.finished_ranks): a worker that trained all its examples
+  // and told them so. An error when a shard cannot be asked.
+  absl::StatusOr<bool> RankFinished(absl::Duration timeout);
+
+  // For the run's finisher (a client of rank -1): tells every shard that
+  // the run's results are collected, so that each saves its final
+  // checkpoint and stops (RegisterRequest.finished). FAILED_PRECONDITION
+  // from a shard whose workers have not all finished; the first error is
+  // returned, after every shard was asked.
+  absl::Status CloseRun(absl::Duration timeout);
 
   int num_shards() const { return static_cast<int>(shards_.size()); }
   const std::vector<common::ShardRange>& ranges() const { return ranges_; }
@@ -212,6 +226,10 @@ class PsClient {
   // Of two shards' positions for this rank, the one to resume from
   // (applied_samples()).
   int64_t ResumePoint(int64_t a, int64_t b) const;
+  // Sends `request` (its shard set per shard) to every shard, one attempt
+  // each within `timeout`; the first error.
+  absl::Status RegisterEverywhere(RegisterRequest request,
+                                  absl::Duration timeout);
   PsClient() = default;
   // Registers with shard s, retrying with backoff while it is unreachable,
   // until `deadline`; logs the wait every `log_every` (zero: never). `why`

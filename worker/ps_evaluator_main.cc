@@ -4,6 +4,7 @@
 // --curve_out after every point.
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -48,6 +49,13 @@ ABSL_FLAG(std::string, data_dir, "",
           "(env MONSOON_DATA_DIR).");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda.");
 ABSL_FLAG(double, interval_s, 2, "Seconds between evaluations.");
+ABSL_FLAG(bool, until_finished, false,
+          "Stop by itself, exit code 0, once every shard reports that every "
+          "worker has finished (StatsResponse.workers_finished), after one "
+          "last evaluation of the final weights, marked run_finished in "
+          "--curve_out; stopped by a signal before that, exit 128 + the "
+          "signal, so that a Job starts it again (env "
+          "MONSOON_UNTIL_FINISHED).");
 ABSL_FLAG(std::string, curve_out, "",
           "Where to write the curve (text-format monsoon.EvalCurve), after "
           "every point; empty: log only. An evaluator started again with the "
@@ -199,9 +207,27 @@ int main(int argc, char** argv) {
   }
   const absl::Duration interval =
       absl::Seconds(absl::GetFlag(FLAGS_interval_s));
+  const bool until_finished = absl::GetFlag(FLAGS_until_finished);
   bool last = false;
+  bool run_finished = false;
   while (!last) {
     last = termination.terminated().WaitForNotificationWithTimeout(interval);
+    if (until_finished && !last) {
+      // Asked before the evaluation: weights pulled after every shard said
+      // so are the final ones (a worker leaves after its last push).
+      absl::StatusOr<std::vector<monsoon::StatsResponse>> stats =
+          (*client)->Stats(absl::Seconds(10));
+      if (stats.ok() && !stats->empty() &&
+          std::all_of(stats->begin(), stats->end(),
+                      [](const monsoon::StatsResponse& shard) {
+                        return shard.workers_finished();
+                      })) {
+        monsoon::common::Log(
+            "ps_evaluator: every worker has finished; evaluating the final "
+            "weights");
+        last = run_finished = true;
+      }
+    }
     absl::StatusOr<monsoon::EvalPoint> point = evaluator.EvaluateNow();
     if (!point.ok() && last &&
         point.status().code() == absl::StatusCode::kUnavailable) {
@@ -218,9 +244,11 @@ int main(int argc, char** argv) {
     if (!point.ok()) {
       monsoon::common::LogWarning("ps_evaluator: cannot evaluate now: %s",
                                   point.status().ToString());
+      if (run_finished) return Fail(1, point.status());
       continue;
     }
     *curve.add_points() = *point;
+    curve.set_run_finished(run_finished);
     eval_metrics->Record(*point, absl::Now());
     monsoon::common::Log(
         "eval: %.1f s  samples %d  version %d  test accuracy %.4f  loss %.4f%s",
@@ -230,6 +258,14 @@ int main(int argc, char** argv) {
       absl::Status written = WriteCurve(absl::GetFlag(FLAGS_curve_out), curve);
       if (!written.ok()) return Fail(1, written);
     }
+  }
+  if (until_finished && !run_finished) {
+    // Stopped before the run's end (a drained node): not a success, so that
+    // the Job starts another evaluator, which continues the curve.
+    monsoon::common::Log(
+        "ps_evaluator: stopped by signal %d before every worker finished",
+        termination.signal());
+    return 128 + termination.signal();
   }
   return 0;
 }

@@ -260,6 +260,17 @@ int main(int argc, char** argv) {
     const int64_t total =
         monsoon::worker::SmallestPartition(train->size, num_workers) /
         config->batch_size() * config->epochs();
+    if (context.resume_steps >= total &&
+        (*client)->RankFinished(absl::Seconds(10)).value_or(false)) {
+      // This rank finished and told the shards so: a pod started again
+      // after its worker was done (a drained node) has nothing to do.
+      monsoon::common::Log(
+          "ps_worker: rank %d has already finished its training; nothing "
+          "to do",
+          rank);
+      (*client)->Leave(absl::Seconds(2), /*finished=*/true).IgnoreError();
+      return 0;
+    }
     if (context.resume_steps >= total) {
       (*client)->Leave(absl::Seconds(2)).IgnoreError();
       return Fail(
@@ -298,8 +309,12 @@ int main(int argc, char** argv) {
                          metrics->port());
   }
   auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
-  // Done or stopping: no sync step should wait for this rank's lease.
-  if (absl::Status left = (*client)->Leave(absl::Seconds(2));
+  // Done or stopping: no sync step should wait for this rank's lease. Done
+  // (every example trained) also counts the rank as finished, which ends
+  // the run once every rank has (tools/k8s/run_finisher).
+  const bool finished =
+      result.ok() && !termination.terminated().HasBeenNotified();
+  if (absl::Status left = (*client)->Leave(absl::Seconds(2), finished);
       !left.ok() && result.ok()) {
     monsoon::common::LogWarning(
         "ps_worker: rank %d: could not tell every shard it is done (%s); a "

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Offline checks of the Kubernetes manifests (tools/k8s):
-#   1. every overlay renders with `kubectl kustomize`;
+#   1. every overlay (and collect/, the pod that reads a finished run's
+#      claims) renders with `kubectl kustomize`;
 #   2. every rendered object type-checks against the Kubernetes API types of
 #      the pinned kubernetes-models package: generate.js writes each object as
 #      a typed object literal and `tsc --strict` rejects unknown (misspelt)
@@ -10,9 +11,14 @@
 #      read-only root, no privilege escalation, no capabilities, the runtime's
 #      seccomp profile and no service account token; every daemon given the
 #      run's token and (where TLS is on) its certificates from Secrets; the
-#      NetworkPolicies admitting only the workers and the evaluator to the
-#      shards;
-#   4. the fixtures under fixtures/ must FAIL those checks, each with the
+#      NetworkPolicies admitting only the shards' clients (workers,
+#      evaluator, finisher) to the shards; the run's label on every pod
+#      template and every claim; pinned images pulled IfNotPresent; the
+#      shard and worker counts agreeing everywhere;
+#   4. readme.py checks the README's kubectl commands against the renders
+#      (objects, label selectors, kubectl cp paths), and must reject
+#      readme-fixture.md;
+#   5. the fixtures under fixtures/ must FAIL those checks, each with the
 #      message its "# expect:" line names, so that the checks are known to
 #      catch them: a FILE.yaml is checked as it is (a misspelt field, a wrong
 #      type, ...), a DIR/ is a kustomize overlay of ../../../base that breaks
@@ -90,7 +96,7 @@ rejected() {
 }
 
 status=0
-for overlay in "$k8s"/overlays/*/; do
+for overlay in "$k8s"/overlays/*/ "$k8s"/collect/; do
   name=$(basename "$overlay")
   if ! kubectl kustomize "$overlay" > "$work/$name.yaml" 2> "$work/$name.err"; then
     echo "k8s-validate: FAIL: overlay $name does not render:"
@@ -106,6 +112,28 @@ for overlay in "$k8s"/overlays/*/; do
     status=1
   fi
 done
+# The README's kubectl commands against what the overlays and collect/
+# render; and a README with wrong ones must fail.
+renders=("$work"/cpu-small.yaml "$work"/gpu.yaml "$work"/collect.yaml)
+if out=$(python3 "$here/readme.py" "$k8s/README.md" "${renders[@]}" 2>&1); then
+  echo "k8s-validate: ok: $out"
+else
+  echo "k8s-validate: FAIL: tools/k8s/README.md:"
+  echo "$out"
+  status=1
+fi
+expect=$(sed -n 's/^# expect: //p' "$here/readme-fixture.md")
+if out=$(python3 "$here/readme.py" "$here/readme-fixture.md" "${renders[@]}" 2>&1); then
+  echo "k8s-validate: FAIL: validate/readme-fixture.md passed the README check"
+  status=1
+elif ! grep -qF -- "$expect" <<< "$out"; then
+  echo "k8s-validate: FAIL: validate/readme-fixture.md failed, but not with '$expect':"
+  echo "$out"
+  status=1
+else
+  echo "k8s-validate: ok: a README with wrong commands is rejected:"
+  grep -F -- "$expect" <<< "$out"
+fi
 for fixture in "$here"/fixtures/*.yaml; do
   name=$(basename "$fixture" .yaml)
   rejected "$name" "$fixture" "$fixture" || status=1

@@ -20,6 +20,14 @@
 //     namespaceSelector) must be chosen by both a namespace label and a pod
 //     label, and reaches only the metrics port of a daemon that serves
 //     metrics on all addresses (--metrics_listen=0.0.0.0:PORT).
+//   - the run's objects: every pod template and every claim (also a
+//     StatefulSet's volumeClaimTemplates) carries the label
+//     app.kubernetes.io/part-of: monsoon, by which the README's commands
+//     list the pods and delete the claims; every container's image has a
+//     pinned tag (not latest) or a digest, with imagePullPolicy
+//     IfNotPresent; the counts agree: the shards' and the workers' Jobs
+//     run completions = parallelism pods, and every daemon's --num_shards,
+//     --servers and --num_workers say the same counts.
 // Usage: node policy.js rendered.yaml. Prints one line per violation and
 // exits 1 if there is any.
 "use strict";
@@ -27,11 +35,13 @@ const fs = require("fs");
 const path = require("path");
 const YAML = require("yaml");
 
-const DAEMONS = ["ps_server", "ps_worker", "ps_evaluator"];
+const DAEMONS = ["ps_server", "ps_worker", "ps_evaluator", "run_finisher"];
+const RUN_LABEL = "app.kubernetes.io/part-of";
+const RUN_NAME = "monsoon";
 const PROBE = "health_probe";
 // Flags whose value a daemon writes: a directory, or a file in one.
 const WRITES = { checkpoint_dir: "dir", curve_out: "file", report_out: "file",
-  port_file: "file" };
+  port_file: "file", metrics_out: "file" };
 
 const input = process.argv[2];
 const objects = YAML.parseAllDocuments(fs.readFileSync(input, "utf8"))
@@ -54,8 +64,112 @@ for (const o of objects) {
   if (!template || !template.spec) continue;
   const claims = o.kind === "StatefulSet"
     ? (o.spec.volumeClaimTemplates || []).map((c) => c.metadata.name) : [];
-  pods.push({ where, kind: o.kind, spec: template.spec, claims,
+  pods.push({ where, kind: o.kind, spec: template.spec, claims, object: o,
     labels: (template.metadata && template.metadata.labels) || {} });
+}
+
+// Labels: the README lists the run's pods, and deletes its claims, by
+// app.kubernetes.io/part-of=monsoon.
+function checkRunLabels() {
+  for (const pod of pods) {
+    if (pod.labels[RUN_LABEL] !== RUN_NAME) {
+      fail(pod.where, `pod template lacks the label ${RUN_LABEL}: ${RUN_NAME} ` +
+        "(kubectl get pods -l and the NetworkPolicies find the run's pods by it)");
+    }
+  }
+  const claims = objects.filter((o) => o.kind === "PersistentVolumeClaim")
+    .map((o) => [`PersistentVolumeClaim ${o.metadata.name}`, o.metadata]);
+  for (const o of objects.filter((o) => o.kind === "StatefulSet")) {
+    for (const t of (o.spec && o.spec.volumeClaimTemplates) || []) {
+      claims.push([`StatefulSet ${o.metadata.name} volumeClaimTemplate ` +
+        `${t.metadata.name}`, t.metadata]);
+    }
+  }
+  for (const [where, metadata] of claims) {
+    if (((metadata && metadata.labels) || {})[RUN_LABEL] !== RUN_NAME) {
+      fail(where, `lacks the label ${RUN_LABEL}: ${RUN_NAME} (the teardown ` +
+        "deletes the run's claims by it; one left behind holds a finished " +
+        "run's checkpoints)");
+    }
+  }
+}
+
+// Images: a pinned tag or a digest, pulled only when the node lacks it.
+function checkImages() {
+  for (const pod of pods) {
+    for (const c of (pod.spec.initContainers || []).concat(pod.spec.containers || [])) {
+      const where = `${pod.where} container ${c.name}`;
+      const image = String(c.image || "");
+      const name = image.split("@")[0];
+      const slash = name.lastIndexOf("/");
+      const colon = name.lastIndexOf(":");
+      const tag = colon > slash ? name.slice(colon + 1) : "";
+      if (!image.includes("@") && (tag === "" || tag === "latest")) {
+        fail(where, `image ${image || "(none)"} is not pinned: give a tag ` +
+          "other than latest (kustomize images: newTag) or a digest");
+      }
+      if (c.imagePullPolicy !== "IfNotPresent") {
+        fail(where, `imagePullPolicy is ${c.imagePullPolicy || "unset"}; ` +
+          "wants IfNotPresent (a pinned tag never changes)");
+      }
+    }
+  }
+}
+
+// The shards' addresses a client's flags name: its --servers list, or
+// --num_shards of them for a {i} pattern.
+function serverCount(flags) {
+  const servers = (flags.servers || "").split(",").filter((s) => s.trim());
+  if (servers.length === 1 && servers[0].includes("{i}")) {
+    return Number(flags.num_shards || 0);
+  }
+  return servers.length;
+}
+
+// The counts: every place that names the shard or worker count agrees.
+function checkCounts(daemons) {
+  const jobOf = (daemon) => {
+    const d = daemons.find((x) => x.daemon === daemon);
+    return d ? d.pod : null;
+  };
+  const podCount = (pod) => {
+    const spec = pod.object.spec || {};
+    if (pod.kind === "StatefulSet") return spec.replicas === undefined ? 1 : spec.replicas;
+    if (pod.kind === "Job") {
+      const completions = spec.completions === undefined ? 1 : spec.completions;
+      const parallelism = spec.parallelism === undefined ? 1 : spec.parallelism;
+      if (completions !== parallelism) {
+        fail(pod.where, `counts disagree: completions ${completions} but ` +
+          `parallelism ${parallelism} (every index runs at once)`);
+      }
+      return completions;
+    }
+    return null;
+  };
+  const shardPod = jobOf("ps_server");
+  const workerPod = jobOf("ps_worker");
+  const shards = shardPod ? podCount(shardPod) : null;
+  const workers = workerPod ? podCount(workerPod) : null;
+  for (const d of daemons) {
+    const said = [];
+    if (d.daemon === "ps_server") {
+      said.push(["--num_shards", Number(d.flags.num_shards || 1), shards]);
+      said.push(["--num_workers", Number(d.flags.num_workers || 1), workers]);
+    } else {
+      said.push(["--servers", serverCount(d.flags), shards]);
+      if (d.daemon === "ps_worker") {
+        said.push(["--num_workers", Number(d.flags.num_workers || 1), workers]);
+      }
+    }
+    for (const [flag, value, wanted] of said) {
+      if (wanted !== null && value !== wanted) {
+        fail(d.where, `counts disagree: ${flag} says ${value}, but ` +
+          `${flag === "--num_workers" ? workerPod.where : shardPod.where} ` +
+          `runs ${wanted} (set the counts in the overlay's counts.yaml, ` +
+          "with components/counts)");
+      }
+    }
+  }
 }
 
 // --name=value flags and MONSOON_NAME env values of a container (a flag
@@ -402,7 +516,13 @@ function checkPodMonitors() {
 }
 
 pods.forEach(checkPod);
-checkNetworkPolicies(checkDaemons());
+checkRunLabels();
+checkImages();
+{
+  const daemons = checkDaemons();
+  checkNetworkPolicies(daemons);
+  checkCounts(daemons);
+}
 checkPodMonitors();
 errors.forEach((e) => console.error(e));
 process.exitCode = errors.length > 0 ? 1 : 0;

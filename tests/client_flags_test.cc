@@ -1,0 +1,56 @@
+// ExpandServers: the shards' addresses from --servers and --num_shards.
+#include "worker/client_flags.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace monsoon::worker {
+namespace {
+
+using ::monsoon::testutil::IsOkAndHolds;
+using ::monsoon::testutil::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ExpandServersTest, APatternNamesEveryShardByItsIndex) {
+  EXPECT_THAT(ExpandServers({"ps-{i}.ps:5000"}, 3),
+              IsOkAndHolds(
+                  ElementsAre("ps-0.ps:5000", "ps-1.ps:5000", "ps-2.ps:5000")));
+}
+
+TEST(ExpandServersTest, AListIsKeptAndMayBeCheckedAgainstTheCount) {
+  const std::vector<std::string> list = {"a:1", "b:2"};
+  EXPECT_THAT(ExpandServers(list, 0), IsOkAndHolds(ElementsAre("a:1", "b:2")));
+  EXPECT_THAT(ExpandServers(list, 2), IsOkAndHolds(ElementsAre("a:1", "b:2")));
+  EXPECT_THAT(ExpandServers(list, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("lists 2 shards but --num_shards=3")));
+}
+
+TEST(ExpandServersTest, APatternWithoutACountIsRefused) {
+  EXPECT_THAT(ExpandServers({"ps-{i}.ps:5000"}, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("give their count with --num_shards")));
+}
+
+TEST(ExpandServersTest, APatternInsideAListIsRefused) {
+  EXPECT_THAT(ExpandServers({"ps-{i}.ps:5000", "b:2"}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only in a single address")));
+}
+
+TEST(ExpandServersTest, ACountOutOfRangeIsRefused) {
+  EXPECT_THAT(ExpandServers({"ps-{i}.ps:5000"}, -1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("from 0 to 4096")));
+  EXPECT_THAT(ExpandServers({"ps-{i}.ps:5000"}, 5000),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("from 0 to 4096")));
+}
+
+}  // namespace
+}  // namespace monsoon::worker
