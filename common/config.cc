@@ -300,6 +300,10 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
       c.pull_compression() == COMPRESSION_NONE) {
     c.clear_pull_compression();
   }
+  if (!(c.weight_decay() >= 0 && c.weight_decay() < 1)) {
+    return Invalid("weight_decay", "must be in [0, 1)");
+  }
+  if (c.weight_decay() == 0) c.clear_weight_decay();
   // Off is off however it is spelt: the same fingerprint as unset.
   if (!c.staleness_lr()) c.clear_staleness_lr();
   if (c.delay_compensation() == 0) c.clear_delay_compensation();

@@ -185,6 +185,9 @@ TEST(ResolveConfigTest, InvalidValuesAreRefusedNamingTheField) {
       {"layer_sizes: -5 layer_sizes: 10", "layer_sizes"},
       {"layer_sizes: 784 layer_sizes: 2000000 layer_sizes: 10", "layer_sizes"},
       {"mode: MODE_UNSPECIFIED", "mode"},
+      {"weight_decay: -0.001", "weight_decay"},
+      {"weight_decay: 1", "weight_decay"},
+      {"weight_decay: nan", "weight_decay"},
       {"batch_size: 65536 layer_sizes: [65536, 10]", "batch_size"},
       {"learning_rate: 0", "learning_rate"},
       {"learning_rate: -0.1", "learning_rate"},
@@ -329,6 +332,10 @@ TEST(ConfigFingerprintTest, EqualConfigsHaveEqualFingerprints) {
             ConfigFingerprint(
                 Resolve("mode: SYNC optimizer: SGD momentum: 0.9 epochs: 3 "
                         "layer_sizes: [784, 256, 128, 10] batch_size: 64")));
+  EXPECT_EQ(ConfigFingerprint(Resolve("")),
+            ConfigFingerprint(Resolve("weight_decay: 0")));
+  EXPECT_NE(ConfigFingerprint(Resolve("")),
+            ConfigFingerprint(Resolve("weight_decay: 0.0005")));
 }
 
 TEST(ConfigFingerprintTest, DiffersWhenTheLearningRateChanges) {

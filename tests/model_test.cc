@@ -235,6 +235,25 @@ TEST_F(MlpModelTest, ApplyGradientsStepsAgainstTheGradient) {
   EXPECT_EQ(device, grads);
 }
 
+TEST_F(MlpModelTest, WeightDecayAddsItsMultipleOfTheWeights) {
+  std::unique_ptr<Model> model = MakeModel(4);
+  ASSERT_NE(model, nullptr);
+  ASSERT_OK(model->SetParams(params_));
+  const size_t p = layout_.num_params();
+  std::vector<float> plain(p), decayed(p);
+  ASSERT_OK(
+      model->ComputeGradients(images_.data(), labels_.data(), 4).status());
+  ASSERT_OK(model->GetGradients(absl::MakeSpan(plain)));
+  model->set_weight_decay(0.25f);
+  ASSERT_OK(
+      model->ComputeGradients(images_.data(), labels_.data(), 4).status());
+  ASSERT_OK(model->GetGradients(absl::MakeSpan(decayed)));
+  for (size_t i = 0; i < p; ++i) {
+    // OpenBLAS's saxpy: one multiply-add per value.
+    EXPECT_FLOAT_EQ(decayed[i], plain[i] + 0.25f * params_[i]) << i;
+  }
+}
+
 TEST_F(MlpModelTest, ApplyGradientsWithMomentumAccumulatesVelocity) {
   std::unique_ptr<Model> model = MakeModel(4);
   ASSERT_NE(model, nullptr);

@@ -196,6 +196,7 @@ int main(int argc, char** argv) {
   auto model = monsoon::worker::Model::Create(backend->get(), layout,
                                               config->batch_size());
   if (!model.ok()) return Fail(1, model.status());
+  (*model)->set_weight_decay(config->weight_decay());
 
   monsoon::worker::PsClientOptions options;
   options.server_addresses = servers;

@@ -163,6 +163,9 @@ absl::StatusOr<BatchResult> Model::ComputeGradients(const float* images,
     layers_[i]->Backward(batch, params_, activations_[i], activations_[i + 1],
                          deltas_[i + 1], din, grads_);
   }
+  if (weight_decay_ > 0) {
+    backend_->Axpy(layout_.num_params(), weight_decay_, params_, grads_);
+  }
   return ReadStats(batch);
 }
 

@@ -53,6 +53,10 @@ class Model {
   float* device_gradients() { return grads_; }
   float* device_params() { return params_; }
 
+  // From the next ComputeGradients on, the gradients include
+  // weight_decay * params (L2 regularization; config's weight_decay).
+  void set_weight_decay(float weight_decay) { weight_decay_ = weight_decay; }
+
   // params -= learning_rate * gradients, on the device. With momentum > 0:
   // velocity = momentum * velocity + gradients; params -= lr * velocity
   // (velocity starts at 0, allocated on first use).
@@ -77,6 +81,7 @@ class Model {
   ComputeBackend* const backend_;
   const common::ModelLayout layout_;
   const int max_batch_;
+  float weight_decay_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
