@@ -428,16 +428,7 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
           gemm_buffers.Floats(static_cast<size_t>(g.m_rows) * g.fan_in);
       if (!patches.ok()) return patches.status();
       if (!dpatches.ok()) return dpatches.status();
-      worker::WindowGeometry geometry;
-      geometry.height = spec.in.height;
-      geometry.width = spec.in.width;
-      geometry.channels = spec.in.channels;
-      geometry.kernel = spec.kernel;
-      geometry.stride = spec.stride;
-      geometry.padding = spec.padding;
-      geometry.out_height = spec.out.height;
-      geometry.out_width = spec.out.width;
-      backend->Im2Col(geometry, batch, activations[i], *patches);
+      backend->Im2Col(worker::WindowOf(spec), batch, activations[i], *patches);
       g.input = *patches;
       g.dinput = i == 0 ? nullptr : *dpatches;
     } else {

@@ -17,17 +17,9 @@ class ConvLayer : public Layer {
       : backend_(backend),
         weights_(weights.offset),
         bias_(bias.offset),
-        patches_(patches) {
-    geometry_.height = spec.in.height;
-    geometry_.width = spec.in.width;
-    geometry_.channels = spec.in.channels;
-    geometry_.kernel = spec.kernel;
-    geometry_.stride = spec.stride;
-    geometry_.padding = spec.padding;
-    geometry_.out_height = spec.out.height;
-    geometry_.out_width = spec.out.width;
-    filters_ = spec.out.channels;
-  }
+        patches_(patches),
+        geometry_(WindowOf(spec)),
+        filters_(spec.out.channels) {}
   ~ConvLayer() override { backend_->Free(patches_); }
 
   void Forward(int batch, const float* params, const float* in,
@@ -60,8 +52,8 @@ class ConvLayer : public Layer {
   const uint64_t weights_;
   const uint64_t bias_;
   float* const patches_;  // owned
-  WindowGeometry geometry_;
-  int filters_ = 0;
+  const WindowGeometry geometry_;
+  const int filters_;
 };
 
 }  // namespace

@@ -2,6 +2,19 @@
 
 namespace monsoon::worker {
 
+WindowGeometry WindowOf(const common::LayerSpec& spec) {
+  WindowGeometry g;
+  g.height = spec.in.height;
+  g.width = spec.in.width;
+  g.channels = spec.in.channels;
+  g.kernel = spec.kernel;
+  g.stride = spec.stride;
+  g.padding = spec.padding;
+  g.out_height = spec.out.height;
+  g.out_width = spec.out.width;
+  return g;
+}
+
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(
     ComputeBackend* backend, const common::ModelLayout& layout,
     const common::LayerSpec& spec, int max_batch) {

@@ -43,6 +43,9 @@ class Layer {
                         float* grads) = 0;
 };
 
+// The window of a conv or max pooling layer (max pooling pads nothing).
+WindowGeometry WindowOf(const common::LayerSpec& spec);
+
 // The layer of `spec` (one of layout.layers()), with scratch buffers for
 // `max_batch` examples. RESOURCE_EXHAUSTED when the backend cannot hold
 // them.

@@ -9,15 +9,7 @@ class MaxPoolLayer : public Layer {
  public:
   MaxPoolLayer(ComputeBackend* backend, const common::LayerSpec& spec,
                int32_t* argmax)
-      : backend_(backend), argmax_(argmax) {
-    geometry_.height = spec.in.height;
-    geometry_.width = spec.in.width;
-    geometry_.channels = spec.in.channels;
-    geometry_.kernel = spec.kernel;
-    geometry_.stride = spec.stride;
-    geometry_.out_height = spec.out.height;
-    geometry_.out_width = spec.out.width;
-  }
+      : backend_(backend), argmax_(argmax), geometry_(WindowOf(spec)) {}
   ~MaxPoolLayer() override { backend_->Free(argmax_); }
 
   void Forward(int batch, const float* /*params*/, const float* in,
@@ -36,7 +28,7 @@ class MaxPoolLayer : public Layer {
  private:
   ComputeBackend* const backend_;
   int32_t* const argmax_;  // owned
-  WindowGeometry geometry_;
+  const WindowGeometry geometry_;
 };
 
 }  // namespace
