@@ -623,6 +623,53 @@ TEST(PsClientTest, SyncPushPullWaitsForTheBarrier) {
   EXPECT_EQ(params, expected);
 }
 
+// Worker 0 waits at shard 0's barrier, which needs worker 1, after shard 1
+// has answered it; shard 1 then dies (and would come back from a checkpoint
+// without this step, waiting for worker 0 to push it again, while worker 0
+// waits for worker 1 at shard 0). The wait ends UNAVAILABLE naming shard 1,
+// so that worker 0 rides the loss out, rather than at the barrier's timeout.
+TEST(PsClientTest, ASyncWaitEndsWhenAShardThatAnsweredLosesItsConnection) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 2);
+  ASSERT_EQ(servers.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker0,
+                       PsClient::Connect(OptionsFor(servers, config, 0)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker1,
+                       PsClient::Connect(OptionsFor(servers, config, 1)));
+  const std::vector<float> ones(53, 1.0f);
+  common::BufferLease lease1;
+  {
+    // Worker 1 pushes step 0 to shard 1 only.
+    std::vector<PushResponse> answers;
+    std::unique_ptr<ShardedPush> push = worker1->StartPush(
+        {0, 0}, 1, /*sample_offset=*/0, &lease1, &answers, nullptr);
+    push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  std::vector<float> params(53);
+  std::vector<int64_t> versions;
+  const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(60)};
+  common::BufferLease lease;
+  std::unique_ptr<ShardedPush> push = worker0->StartPush(
+      {0, 0}, 1, /*sample_offset=*/0, &lease, nullptr, &pull);
+  push->Send(0, Float32(absl::MakeConstSpan(ones).subspan(0, 26)));
+  push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
+  // Shard 1's step 0 closes and it answers; shard 0's waits for worker 1.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (servers[1]->state()->version() < 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(servers[1]->state()->version(), 1);
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time lost = absl::Now();
+  servers[1].reset();
+  EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kUnavailable,
+                                     HasSubstr("shard 1 at 127.0.0.1:")));
+  // Within a few of the wait's 100 ms ticks, not the pull's 60 s.
+  EXPECT_LT(absl::Now() - lost, absl::Seconds(10));
+}
+
 TEST(PsClientTest, SyncPushPullPastTheTimeoutIsDeadlineExceeded) {
   const TrainingConfig config = ResolvedConfig(kSmallConfig);
   std::vector<std::unique_ptr<server::ShardServer>> servers =

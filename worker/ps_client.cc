@@ -64,6 +64,18 @@ class ShardCalls : public PendingCall {
     done_.notify_all();
   }
 
+  // Watches the shards' connections while others have not answered: a
+  // shard that answered and then lost its connection has most likely died
+  // and will come back from a checkpoint without what it just took, while
+  // this client waits on the others (in sync, on a barrier that needs
+  // another worker, who may in turn be waiting for this one at the lost
+  // shard). Wait() then cancels the calls still running and returns
+  // UNAVAILABLE, so that the caller rides the loss out as if its own call
+  // had failed. Call before Wait(); `shards` outlive it.
+  void WatchConnections(const std::vector<PsClient::Shard>* shards) {
+    shards_ = shards;
+  }
+
   // A shard's call to cancel if the stop notification comes.
   void Cancellable(grpc::ClientContext* context) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -83,6 +95,22 @@ class ShardCalls : public PendingCall {
           cancelled = true;
           for (grpc::ClientContext* context : contexts_) context->TryCancel();
         }
+        if (!cancelled && shards_ != nullptr && pending_ > 0) {
+          for (size_t s = 0; s < answered_.size(); ++s) {
+            if (!answered_[s]) continue;
+            const grpc_connectivity_state state =
+                (*shards_)[s].channel->GetState(/*try_to_connect=*/false);
+            if (state == GRPC_CHANNEL_READY) continue;
+            cancelled = true;
+            lost_ = absl::UnavailableError(absl::StrCat(
+                "shard ", s, " at ", (*shards_)[s].address,
+                " lost its connection after it answered, while other shards "
+                "had not (it may have restarted from a checkpoint without "
+                "this step)"));
+            for (grpc::ClientContext* context : contexts_) context->TryCancel();
+            break;
+          }
+        }
         const absl::Time now = absl::Now();
         if (pending_ > 0 && note_.every > absl::ZeroDuration() &&
             now - last_log >= note_.every) {
@@ -100,6 +128,7 @@ class ShardCalls : public PendingCall {
       waited_ = true;
       calls_.clear();  // every reactor has reached OnDone
     }
+    if (!lost_.ok()) return lost_;
     for (const absl::Status& status : statuses_) {
       if (!status.ok()) return status;
     }
@@ -125,6 +154,8 @@ class ShardCalls : public PendingCall {
   std::vector<grpc::ClientContext*> contexts_;  // guarded by mu_
   const absl::Notification* const stop_;
   const WaitNote note_;
+  const std::vector<PsClient::Shard>* shards_ = nullptr;
+  absl::Status lost_;  // written and read by the waiting thread only
   bool waited_ = false;
   std::vector<std::shared_ptr<void>> calls_;
 };
@@ -534,6 +565,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
       shard.authorization = common::BearerValue(options.auth_token);
     }
     shard.address = address;
+    shard.channel = channel;
     shard.stub = ParameterService::NewStub(channel);
     shard.streams = std::make_unique<grpc::GenericStub>(channel);
   }
@@ -689,6 +721,9 @@ std::unique_ptr<PendingCall> PsClient::PullAsync(
                   ? " (the barrier of that step: the shards log the ranks it "
                     "waits for)"
                   : "")));
+  if (config_.mode() == SYNC && worker_rank_ >= 0) {
+    calls->WatchConnections(&shards_);
+  }
   versions->assign(num_shards(), 0);
   for (int s = 0; s < num_shards(); ++s) {
     PullRequest request;
@@ -740,6 +775,9 @@ class ShardedPushImpl : public ShardedPush {
                              "pushed it: the shards log the ranks it waits for)"
                            : ""))),
         sent_(client->num_shards(), false) {
+    if (client->config_.mode() == SYNC && client->worker_rank_ >= 0) {
+      calls_.WatchConnections(&client->shards_);
+    }
     if (results_ != nullptr) {
       results_->assign(client->num_shards(), PushResponse());
     }

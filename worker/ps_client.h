@@ -216,6 +216,7 @@ class PsClient {
     // Sets the metadata every call to this shard carries (the run's token).
     void Prepare(grpc::ClientContext* context) const;
     std::string authorization;                     // "Bearer <token>", or empty
+    std::shared_ptr<grpc::Channel> channel;        // watched during waits
     std::unique_ptr<ParameterService::Stub> stub;  // Register, Stats
     std::unique_ptr<grpc::GenericStub> streams;    // Push, Pull, PushPull
   };
