@@ -52,5 +52,19 @@ TEST(ExpandServersTest, ACountOutOfRangeIsRefused) {
                        HasSubstr("from 0 to 4096")));
 }
 
+TEST(RefusedForHowItWasStartedTest, OnlyRefusalsThatRetryingCannotFix) {
+  for (const absl::Status& status :
+       {absl::FailedPreconditionError("config"),
+        absl::AlreadyExistsError("rank"), absl::InvalidArgumentError("counts"),
+        absl::UnauthenticatedError("token")}) {
+    EXPECT_TRUE(RefusedForHowItWasStarted(status)) << status;
+  }
+  for (const absl::Status& status :
+       {absl::UnavailableError("down"), absl::DeadlineExceededError("slow"),
+        absl::CancelledError("stopped"), absl::InternalError("bug")}) {
+    EXPECT_FALSE(RefusedForHowItWasStarted(status)) << status;
+  }
+}
+
 }  // namespace
 }  // namespace monsoon::worker

@@ -75,6 +75,14 @@ absl::StatusOr<std::vector<std::string>> ExpandServers(
   return servers;
 }
 
+bool RefusedForHowItWasStarted(const absl::Status& connect) {
+  const absl::StatusCode code = connect.code();
+  return code == absl::StatusCode::kFailedPrecondition ||
+         code == absl::StatusCode::kAlreadyExists ||
+         code == absl::StatusCode::kInvalidArgument ||
+         code == absl::StatusCode::kUnauthenticated;
+}
+
 absl::Status ApplyClientFlags(PsClientOptions* options) {
   absl::StatusOr<std::vector<std::string>> servers =
       ExpandServers(options->server_addresses, absl::GetFlag(FLAGS_num_shards));

@@ -31,6 +31,12 @@ absl::StatusOr<std::vector<std::string>> ExpandServers(
 // be read.
 absl::Status ApplyClientFlags(PsClientOptions* options);
 
+// Whether PsClient::Connect was refused for how the daemon was started (the
+// counts, the config, a rank another live worker holds, the token), a
+// configuration error not to be retried as is (exit code 2), rather than
+// for something that may pass (exit code 1).
+bool RefusedForHowItWasStarted(const absl::Status& connect);
+
 }  // namespace monsoon::worker
 
 #endif  // MONSOON_WORKER_CLIENT_FLAGS_H_

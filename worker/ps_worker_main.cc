@@ -211,14 +211,7 @@ int main(int argc, char** argv) {
   options.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   auto client = monsoon::worker::PsClient::Connect(options);
   if (!client.ok()) {
-    // Refused for how it was started (counts, config, a rank another live
-    // worker holds, the token): a configuration error, not to be retried as
-    // is.
-    const absl::StatusCode code = client.status().code();
-    return Fail(code == absl::StatusCode::kFailedPrecondition ||
-                        code == absl::StatusCode::kAlreadyExists ||
-                        code == absl::StatusCode::kInvalidArgument ||
-                        code == absl::StatusCode::kUnauthenticated
+    return Fail(monsoon::worker::RefusedForHowItWasStarted(client.status())
                     ? kConfigError
                     : 1,
                 client.status());

@@ -120,10 +120,7 @@ int main(int argc, char** argv) {
   options.log_every = absl::Seconds(10);
   auto client = monsoon::worker::PsClient::Connect(options);
   if (!client.ok()) {
-    const absl::StatusCode code = client.status().code();
-    return Fail(code == absl::StatusCode::kFailedPrecondition ||
-                        code == absl::StatusCode::kInvalidArgument ||
-                        code == absl::StatusCode::kUnauthenticated
+    return Fail(monsoon::worker::RefusedForHowItWasStarted(client.status())
                     ? kConfigError
                     : 1,
                 client.status());
