@@ -1,6 +1,5 @@
 #include "common/data_shape.h"
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 namespace monsoon::common {
 namespace {
 
+using ::monsoon::testutil::FreshDir;
 using ::monsoon::testutil::IdxBytes;
 using ::monsoon::testutil::StatusIs;
 using ::monsoon::testutil::TempPath;
@@ -21,13 +21,6 @@ using ::monsoon::testutil::WriteFile;
 using ::monsoon::testutil::WriteGzipFile;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-std::string MakeDir(const std::string& name) {
-  const std::string dir = TempPath(name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 TEST(ExampleShapeFromIdxDimsTest, ReadsHeightWidthAndChannels) {
   EXPECT_EQ(*ExampleShapeFromIdxDims({60000, 28, 28}), (Shape{28, 28, 1}));
@@ -42,7 +35,7 @@ TEST(ExampleShapeFromIdxDimsTest, ReadsHeightWidthAndChannels) {
 }
 
 TEST(ReadIdxDimsTest, ReadsOnlyTheHeaderOfAGzipFile) {
-  const std::string dir = MakeDir("dims");
+  const std::string dir = FreshDir("dims");
   // A header that promises more data than the file has: only the header
   // is read, so this is not noticed here (ReadIdxFile would refuse it).
   WriteGzipFile(dir + "/short.gz", IdxBytes({1000, 9, 7}, {1, 2, 3}));
@@ -57,7 +50,7 @@ TEST(ReadIdxDimsTest, ReadsOnlyTheHeaderOfAGzipFile) {
 }
 
 TEST(ReadDataShapeTest, TakesTheShapeFromTheImagesAndClassesFromTheLabels) {
-  const std::string dir = MakeDir("shape");
+  const std::string dir = FreshDir("shape");
   WriteGzipFile(dir + "/train-images-idx3-ubyte.gz",
                 IdxBytes({4, 5, 3}, std::vector<uint8_t>(60, 1)));
   WriteFile(dir + "/train-labels-idx1-ubyte", IdxBytes({4}, {0, 6, 2, 2}));
@@ -67,7 +60,7 @@ TEST(ReadDataShapeTest, TakesTheShapeFromTheImagesAndClassesFromTheLabels) {
 }
 
 TEST(ReadDataShapeTest, DamagedOrMismatchedFilesAreRefusedNamingThem) {
-  const std::string dir = MakeDir("damaged");
+  const std::string dir = FreshDir("damaged");
   EXPECT_THAT(ReadDataShape(dir),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("train-images-idx3-ubyte[.gz]' not found")));

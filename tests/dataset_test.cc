@@ -20,6 +20,7 @@
 namespace monsoon::worker {
 namespace {
 
+using ::monsoon::testutil::FreshDir;
 using ::monsoon::testutil::IdxBytes;
 using ::monsoon::testutil::StatusIs;
 using ::monsoon::testutil::TempPath;
@@ -30,18 +31,10 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// A fresh folder in the test's scratch space.
-std::string MakeDir(const std::string& name) {
-  const std::string dir = TempPath(name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 // Three 2x2 training images (gzip) with plain labels, and two test images
 // with gzip labels.
 std::string MakeDataDir(const std::string& name) {
-  const std::string dir = MakeDir(name);
+  const std::string dir = FreshDir(name);
   WriteGzipFile(dir + "/train-images-idx3-ubyte.gz",
                 IdxBytes({3, 2, 2}, {0, 255, 51, 102, 1, 2, 3, 4, 5, 6, 7, 8}));
   WriteFile(dir + "/train-labels-idx1-ubyte", IdxBytes({3}, {2, 0, 1}));

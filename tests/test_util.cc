@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -37,6 +38,13 @@ std::string TempDir() {
 
 std::string TempPath(absl::string_view name) {
   return absl::StrCat(TempDir(), "/", name);
+}
+
+std::string FreshDir(absl::string_view name) {
+  const std::string dir = TempPath(name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 void WriteFile(const std::string& path, absl::string_view bytes) {

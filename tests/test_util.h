@@ -22,6 +22,8 @@ TrainingConfig ResolvedConfig(absl::string_view text);
 // slash, and a path inside it.
 std::string TempDir();
 std::string TempPath(absl::string_view name);
+// TempPath(name) as a new, empty folder (whatever was there is removed).
+std::string FreshDir(absl::string_view name);
 
 // Writes `bytes` to `path`, plain or gzip-compressed (zlib's gzwrite).
 // Failures are reported as test failures.
