@@ -202,15 +202,14 @@ int main(int argc, char** argv) {
     monsoon::common::Log("launch: mutual TLS with certificates made in %s",
                          options.tls_dir);
   }
+  const monsoon::common::ModelLayout layout =
+      monsoon::common::ModelLayout::FromConfig(*config);
   monsoon::common::Log(
       "launch: mode %s, %d servers, %d workers, %d epochs, batch %d, model "
       "%s on %s examples (%d parameters), optimizer %s lr %g; work dir %s",
       monsoon::common::ModeName(config->mode()), servers, workers,
-      config->epochs(), config->batch_size(),
-      monsoon::common::ModelLayout::FromConfig(*config).Describe(),
-      monsoon::common::ShapeString(
-          monsoon::common::ModelLayout::FromConfig(*config).input()),
-      monsoon::common::ModelLayout::FromConfig(*config).num_params(),
+      config->epochs(), config->batch_size(), layout.Describe(),
+      monsoon::common::ShapeString(layout.input()), layout.num_params(),
       monsoon::common::OptimizerName(config->optimizer()),
       config->learning_rate(), options.work_dir);
   if (options.metrics_port != 0) {
