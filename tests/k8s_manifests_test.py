@@ -166,6 +166,10 @@ class Pod:
         c = spec["containers"][0]
         self.daemon = os.path.basename((c.get("command") or [""])[0])
         self.container = None  # the container's name, with --image
+        # A Job's failed pods it replaces (backoffLimit; 0 for other owners),
+        # and how many it has replaced.
+        self.backoff_limit = 0
+        self.replaced = 0
 
 
 class Cluster:
@@ -187,6 +191,7 @@ class Cluster:
         self.next_ip = 10
         self.claims = {}  # PVC name -> directory (kept across restarts)
         self.claim_set = 0  # fresh_claims() starts another set
+        self.started_containers = []  # every name given to `podman run`
 
     def _ip(self):
         ip = f"{self.prefix}.{self.next_ip}"
@@ -232,6 +237,8 @@ class Cluster:
                     pod_name = f"{name}-{i}"
                 pod = Pod(pod_name, kind, name, template["spec"], pod_labels,
                           annotations, self._ip(), grace)
+                if kind == "Job" and not indexed:
+                    pod.backoff_limit = spec.get("backoffLimit", 6)
                 service = None
                 if kind == "StatefulSet":
                     service = spec.get("serviceName", "")
@@ -489,6 +496,7 @@ class Cluster:
         group = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
         pod.container = (f"monsoon-test-{self.prefix.replace('.', '-')}-"
                          f"{pod.name}{suffix}")
+        self.started_containers.append(pod.container)
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         argv = PODMAN + [
             "run", "--rm", "--name", pod.container, "--network=host",
@@ -514,6 +522,33 @@ class Cluster:
             argv += ["-v", f"{local}:{path}{':ro' if read_only else ''}"]
         argv += [f"--entrypoint={json.dumps(pod.argv[:1])}", c["image"]]
         return argv + pod.argv[1:]
+
+    def exit_report(self, pod, lines=30):
+        """How the pod ended: its exit code, its container's state (with
+        --containers: the `podman run` client's exit is not always the
+        container's), and the last lines of its log."""
+        text = f"exit code {pod.process.returncode}"
+        if pod.container is not None:
+            state = subprocess.run(
+                PODMAN + ["ps", "-a", "--filter", f"name={pod.container}",
+                          "--format", "{{.Names}} {{.Status}}"],
+                capture_output=True, text=True)
+            text += (f", container: {state.stdout.strip() or 'gone'}"
+                     f"{state.stderr.strip()}")
+        return f"{text}\n{self.tail(pod, lines)}"
+
+    def replace_failed(self, pod, what):
+        """As a Job does with a pod that failed (restartPolicy Never): starts
+        another, while its backoffLimit allows; logs why. False where the
+        pod may not be replaced."""
+        if pod.process.returncode == 0 or pod.replaced >= pod.backoff_limit:
+            return False
+        pod.replaced += 1
+        log(f"{pod.name} failed {what}: {self.exit_report(pod)}")
+        log(f"Job {pod.owner} replaces {pod.name} (replacement "
+            f"{pod.replaced} of backoffLimit {pod.backoff_limit})")
+        self.start(pod, suffix=f"-replaced{pod.replaced}")
+        return True
 
     def tail(self, pod, lines=15):
         try:
@@ -591,11 +626,12 @@ class Cluster:
         return code
 
     def kill_all(self):
+        # Every container, also one whose `podman run` client has gone.
+        if self.started_containers:
+            subprocess.run(PODMAN + ["rm", "-f", "--ignore"] +
+                           self.started_containers, capture_output=True)
         for pod in self.pods:
             if pod.process is not None and pod.process.poll() is None:
-                if pod.container is not None:
-                    subprocess.run(PODMAN + ["rm", "-f", pod.container],
-                                   capture_output=True)
                 pod.process.kill()
                 pod.process.wait()
 
@@ -785,13 +821,14 @@ def curve_points(pod):
     return points
 
 
-def scrape(pod):
+def scrape(cluster, pod):
     """GET /metrics on the pod's metrics port: Prometheus text with the
     pod's monsoon_build_info and the process metrics, or a Failure."""
     port = int(flags_of(pod.argv)["metrics_listen"].rsplit(":", 1)[1])
     url = f"http://{pod.ip}:{port}/metrics"
     # A daemon serves its metrics once it has started (the evaluator after
-    # it has reached the shards): up to a minute.
+    # it has reached the shards): up to a minute. A Job's pod that failed
+    # first is replaced, as Kubernetes would, and its failure logged.
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -799,8 +836,15 @@ def scrape(pod):
                 text = answer.read().decode()
             break
         except OSError as e:
-            if time.monotonic() > deadline or pod.process.poll() is not None:
-                raise Failure(f"{pod.name}: no metrics at {url}: {e}")
+            if pod.process.poll() is not None:
+                if cluster.replace_failed(pod, "before serving its metrics"):
+                    deadline = time.monotonic() + 60
+                    continue
+                raise Failure(f"{pod.name}: no metrics at {url}: {e}; "
+                              f"{cluster.exit_report(pod)}")
+            if time.monotonic() > deadline:
+                raise Failure(f"{pod.name}: no metrics at {url} within 60 s: "
+                              f"{e}\n{cluster.tail(pod)}")
             time.sleep(0.2)
     role = ROLES[pod.daemon]
     info = [l for l in text.splitlines()
@@ -1003,7 +1047,7 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
         # each worker once it has trained and serves its final figures
         # (--metrics_linger_s), after which SIGTERM ends it.
         for pod in servers + evaluators + finishers:
-            scrape(pod)
+            scrape(cluster, pod)
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         failed = []
         for pod in workers:
@@ -1011,7 +1055,7 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
                    pod.process.poll() is None and time.monotonic() < deadline):
                 time.sleep(0.2)
             if pod.process.poll() is None and time.monotonic() < deadline:
-                scrape(pod)
+                scrape(cluster, pod)
                 pod.process.send_signal(signal.SIGTERM)
             code = wait_exit(cluster, pod, deadline,
                              f"after {WORKER_TIMEOUT_S} s")
@@ -1110,6 +1154,7 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
         # Files the containers wrote belong to the pods' user.
         subprocess.run(["chmod", "-R", "u+rwX", work_dir], capture_output=True)
     shutil.rmtree(work_dir, ignore_errors=True)
+    return [f"{p.name} {p.replaced}x" for p in cluster.pods if p.replaced]
 
 
 def main():
@@ -1170,11 +1215,14 @@ def main():
             root, "tools/k8s/overlays/gpu"))) if o]
     started = time.monotonic()
     try:
-        run(objects, bin_dir, probe, make_certs, args.containers, gpu_objects)
+        replaced = run(objects, bin_dir, probe, make_certs, args.containers,
+                       gpu_objects)
     except Failure as failure:
         log(f"FAILED: {failure}")
         return 1
-    log(f"PASSED in {time.monotonic() - started:.1f} s")
+    log(f"PASSED in {time.monotonic() - started:.1f} s" +
+        (f" (failed pods replaced by their Jobs: {', '.join(replaced)}; "
+         "see above)" if replaced else ""))
     return 0
 
 
