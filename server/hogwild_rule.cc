@@ -49,9 +49,7 @@ class HogwildRule : public UpdateRule {
   absl::StatusOr<PushResult> Apply(const PushData& push) override {
     const int64_t now = version_.load();
     if (push.base_version > now) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push computed from version ", push.base_version, " but shard ",
-          state_->shard(), " is only at version ", now));
+      return FutureVersionError(state_->shard(), push.base_version, now);
     }
     // The bound on the weights usually guarantees that the push cannot
     // overflow them; its step is reserved at once, so that pushes running

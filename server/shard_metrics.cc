@@ -72,7 +72,8 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
       "Pushes refused, by the status code they got: INVALID_ARGUMENT "
       "(malformed, out of bounds, an update that would overflow), "
       "PERMISSION_DENIED (another rank's session), RESOURCE_EXHAUSTED (over "
-      "a limit), FAILED_PRECONDITION, ...",
+      "a limit), ABORTED (a closed sync step, or a version the shard went "
+      "back from), FAILED_PRECONDITION, ...",
       "code", rejected));
   families.push_back(Counter(
       "monsoon_shard_refused_updates_total",

@@ -93,9 +93,7 @@ class SyncRule : public UpdateRule {
                          version, ": that step is closed; pull and retry"));
       }
       if (push.base_version > version) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sync push for step ", push.base_version, " but shard ",
-            state_->shard(), " is only at version ", version));
+        return FutureVersionError(state_->shard(), push.base_version, version);
       }
       if (arrived_[push.worker_rank]) return SecondPush(push, version);
       arrived_[push.worker_rank] = true;

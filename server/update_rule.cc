@@ -16,9 +16,7 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
     absl::MutexLock lock(&mu_);
     const int64_t version = weights_->version();
     if (push.base_version > version) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push computed from version ", push.base_version, " but shard ",
-          state_->shard(), " is only at version ", version));
+      return FutureVersionError(state_->shard(), push.base_version, version);
     }
     // Checked before anything changes: a refused push leaves the weights,
     // the optimizer's state and the rank's position as they were. The
@@ -67,6 +65,15 @@ absl::Status NonFiniteUpdateError(int shard, int worker_rank, int64_t version) {
       ": applied, it would make a weight or an optimizer value infinite or "
       "NaN (an overflow); the shard keeps its state. The run diverges: lower "
       "the learning rate, or the shards' --max_abs_gradient"));
+}
+
+absl::Status FutureVersionError(int shard, int64_t base_version,
+                                int64_t version) {
+  return absl::AbortedError(absl::StrCat(
+      "push computed from version ", base_version, " but shard ", shard,
+      " is only at version ", version,
+      ": the shard went back (restored from an older checkpoint); the push "
+      "is not applied: pull and compute again"));
 }
 
 WeightsPtr SerialRule::Snapshot() {

@@ -188,6 +188,14 @@ class WeightBound {
 // shard's state (StaysFinite was false), with what to do about it.
 absl::Status NonFiniteUpdateError(int shard, int worker_rank, int64_t version);
 
+// ABORTED: a push computed from `base_version`, which this shard (at
+// `version`) has not reached. A shard restored from an older checkpoint
+// while the worker held newer weights answers so: the worker pulls again
+// and computes on the shard's weights as they are now (worker/
+// training_loop.h, ShardLost); nothing changes on the shard.
+absl::Status FutureVersionError(int shard, int64_t base_version,
+                                int64_t version);
+
 // Applies `update(in, out)` to `weights` as the next version: in place when
 // no reader holds them (in == out), else into a new pooled buffer that
 // replaces them. Sets the version to `version`.

@@ -402,9 +402,9 @@ TEST_F(SyncRuleTest, StalePushIsAbortedAndLeavesWeightsUnchanged) {
   EXPECT_EQ(state_.version(), 2);
 }
 
-TEST_F(SyncRuleTest, PushFromAFutureVersionIsInvalidAndLeavesWeightsUnchanged) {
+TEST_F(SyncRuleTest, PushFromAFutureVersionIsAbortedAndLeavesWeightsUnchanged) {
   EXPECT_THAT(rule_->Apply(MakePush(0, 5, Filled(100.0f))),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("only at version 0")));
   EXPECT_EQ(Weights(*rule_), initial_);
   EXPECT_EQ(state_.version(), 0);
@@ -650,11 +650,11 @@ TEST(DownpourStalenessTest, ACompensationThatWouldOverflowIsRefused) {
 }
 
 TEST_F(DownpourRuleTest,
-       PushFromAFutureVersionIsInvalidAndLeavesWeightsUnchanged) {
+       PushFromAFutureVersionIsAbortedAndLeavesWeightsUnchanged) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
   const std::vector<float> before = Weights(*rule_);
   EXPECT_THAT(rule_->Apply(MakePush(1, 2, Filled(1.0f))),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("only at version 1")));
   EXPECT_EQ(Weights(*rule_), before);
   EXPECT_EQ(state_.version(), 1);
@@ -807,7 +807,7 @@ TEST_F(EasgdRuleTest, AddsEachElasticDifferenceToTheCenter) {
   EXPECT_EQ(Weights(*rule_), expected);
 
   EXPECT_THAT(rule_->Apply(MakePush(0, 3, Filled(1.0f))),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("only at version 2")));
   EXPECT_EQ(Weights(*rule_), expected);
   EXPECT_THAT(state_.Stats().staleness_counts(), ElementsAre(1, 1));
@@ -851,7 +851,7 @@ TEST_F(HogwildRuleTest, AppliesPlainSgdAtOnce) {
   EXPECT_EQ(Weights(*rule_), expected);
 
   EXPECT_THAT(rule_->Apply(MakePush(1, 2, Filled(1.0f))),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("only at version 1")));
   EXPECT_EQ(Weights(*rule_), expected);
 

@@ -58,7 +58,10 @@ absl::StatusOr<BatchStream> BatchStream::ForWorker(const WorkerContext& c) {
 }
 
 bool ShardLost(const WorkerContext& c, const absl::Status& status) {
-  if (status.code() == absl::StatusCode::kUnavailable) return true;
+  if (status.code() == absl::StatusCode::kUnavailable ||
+      status.code() == absl::StatusCode::kAborted) {
+    return true;
+  }
   return status.code() == absl::StatusCode::kCancelled &&
          !(c.stop != nullptr && c.stop->HasBeenNotified());
 }

@@ -73,8 +73,10 @@ struct WorkerContext {
 };
 
 // Whether a failed call lost a shard that may come back: UNAVAILABLE (it
-// died, restarted, or stayed silent past the peer timeout), or CANCELLED
-// by the shard as it shut down (not by this worker's own stop).
+// died, restarted, or stayed silent past the peer timeout), ABORTED (it
+// came back from an older checkpoint before this worker noticed, and
+// refused a push computed from weights it no longer has), or CANCELLED by
+// the shard as it shut down (not by this worker's own stop).
 bool ShardLost(const WorkerContext& context, const absl::Status& status);
 
 // Waits for a lost shard: logs it, then reconnects to every shard
