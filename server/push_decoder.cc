@@ -101,6 +101,7 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
     data_.samples = h.samples();
     data_.sample_offset = h.sample_offset();
     data_.session = h.session();
+    data_.repeat = h.repeat();
     values_ = buffers_->Take();
   } else if (chunk_.has_header) {
     return absl::InvalidArgumentError(

@@ -191,17 +191,20 @@ class SyncRule : public UpdateRule {
  private:
   // A second push of `push`'s rank for the step in progress. The same push
   // sent again (the same examples and values: a retry after a lost answer),
-  // or the same examples from a new process of the rank (one restarted
-  // mid-step computes them again), is ALREADY_EXISTS: the step has that
-  // gradient, and the first one stays. Anything else is a mistake that
-  // would change the step silently: FAILED_PRECONDITION.
+  // or the same examples computed again, by a new process of the rank (one
+  // restarted mid-step) or by a worker that lost another shard and repeats
+  // the step on the weights the shards have now (PushHeader.repeat), is
+  // ALREADY_EXISTS: the step has that gradient, and the first one stays.
+  // Anything else is a mistake that would change the step silently:
+  // FAILED_PRECONDITION.
   absl::Status SecondPush(const PushData& push, int64_t version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int rank = push.worker_rank;
     const bool same_examples = push.sample_offset == step_offsets_[rank] &&
                                push.samples == step_samples_[rank];
     if (same_examples && (push.digest == step_digests_[rank] ||
-                          push.session != step_sessions_[rank])) {
+                          push.session != step_sessions_[rank] ||
+                          push.repeat)) {
       return absl::AlreadyExistsError(
           absl::StrCat("worker ", rank, " already pushed step ", version,
                        " to shard ", state_->shard()));

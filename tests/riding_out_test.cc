@@ -3,6 +3,7 @@
 // it no longer has (ABORTED), and the worker pulls again and carries on
 // (worker/training_loop.h: ShardLost, RidingOut) instead of exiting.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -10,6 +11,7 @@
 #include "absl/types/span.h"
 #include "common/config.h"
 #include "common/model_layout.h"
+#include "common/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/local_shards.h"
@@ -77,6 +79,66 @@ TEST(RidingOutTest, APushFromWeightsTheShardNoLongerHasIsPulledAgainAndPushed) {
   // The second push, from version 0, applied once: w - 0.5 * g.
   std::vector<float> expected = initial;
   for (float& w : expected) w -= 0.5f;
+  EXPECT_EQ(cluster.Weights(1), expected);
+}
+
+// Float32 `value` in every parameter, pushed by `client` to its one shard as
+// step 0 with examples 0+8 (StartPush: an explicit offset, which
+// PsClient::Push does not take).
+absl::Status PushStepZero(PsClient* client, size_t params, float value) {
+  const std::vector<float> grad(params, value);
+  common::BufferLease lease;
+  absl::Status status;
+  {
+    std::unique_ptr<ShardedPush> push =
+        client->StartPush({0}, 8, /*sample_offset=*/0, &lease, nullptr);
+    ShardPayload payload;
+    payload.values = params;
+    payload.data = absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(grad.data()), params * sizeof(float));
+    push->Send(0, payload);
+    status = push->Wait();
+  }
+  if (!lease.AwaitReleased(absl::Seconds(60))) {
+    return absl::InternalError("gRPC kept the pushed values");
+  }
+  return status;
+}
+
+// A sync worker that lost a shard repeats its step on the weights the shards
+// have now, so its push to a shard that already has the step's examples may
+// carry other values: after Reconnect the push says it is a repeat
+// (PushHeader.repeat) and the shard keeps the first; without it, other
+// values for the same examples are a mistake.
+TEST(RidingOutTest, ASyncStepRepeatedAfterAReconnectKeepsTheFirstPush) {
+  const TrainingConfig config =
+      ResolvedConfig("layer_sizes: [3, 2] mode: SYNC optimizer: SGD "
+                     "learning_rate: 0.5 momentum: 0");
+  testutil::LocalCluster cluster(config, 1, 2);
+  ASSERT_NE(cluster.client, nullptr);
+  const size_t p = common::ModelLayout::FromConfig(config).num_params();
+  const std::vector<float> initial = cluster.Weights(0);
+
+  ASSERT_OK(PushStepZero(cluster.client.get(), p, 2.0f));
+  EXPECT_THAT(PushStepZero(cluster.client.get(), p, 100.0f),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("twice with different values")));
+  ASSERT_OK(cluster.client->Reconnect(absl::Seconds(10), absl::ZeroDuration()));
+  EXPECT_THAT(PushStepZero(cluster.client.get(), p, 100.0f),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("worker 0 already pushed step 0")));
+  // Only the push right after Reconnect is a repeat.
+  EXPECT_THAT(PushStepZero(cluster.client.get(), p, 50.0f),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("twice with different values")));
+
+  absl::StatusOr<std::unique_ptr<PsClient>> other =
+      PsClient::Connect(testutil::ClientOptions(cluster.servers, config, 1));
+  ASSERT_OK(other.status());
+  ASSERT_OK(PushStepZero(other->get(), p, 4.0f));
+  // Step 0 is the mean of the first pushes, 2 and 4: w - 0.5 * 3.
+  std::vector<float> expected = initial;
+  for (float& w : expected) w -= 1.5f;
   EXPECT_EQ(cluster.Weights(1), expected);
 }
 

@@ -374,6 +374,19 @@ TEST_F(SyncRuleTest, ASecondPushWithOtherValuesOrExamplesIsRefused) {
   EXPECT_THAT(rule_->Apply(other_examples),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("twice with different examples")));
+  // Other examples are refused also in a repeat after a lost shard.
+  OwnedPush other_examples_repeat = other_examples;
+  other_examples_repeat.data.repeat = true;
+  EXPECT_THAT(rule_->Apply(other_examples_repeat),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("twice with different examples")));
+  // The same examples computed again by this process after it lost another
+  // shard (PushHeader.repeat), on the weights the shards have now: the step
+  // has them; the first push stays.
+  OwnedPush repeat = other_values;
+  repeat.data.repeat = true;
+  EXPECT_THAT(rule_->Apply(repeat),
+              StatusIs(absl::StatusCode::kAlreadyExists));
   // The same examples from a restarted process (a new session), computed
   // again: the step has them; the first push stays.
   OwnedPush restarted = other_values;

@@ -690,6 +690,8 @@ absl::Status PsClient::Reconnect(absl::Duration timeout,
         s == 0 ? response->samples_applied()
                : ResumePoint(applied_samples_, response->samples_applied());
   }
+  // The loop repeats its step now, on the weights as the shards have them.
+  repeat_next_push_ = true;
   return absl::OkStatus();
 }
 
@@ -774,7 +776,8 @@ class ShardedPushImpl : public ShardedPush {
                            ? " (a sync step closes once every live worker has "
                              "pushed it: the shards log the ranks it waits for)"
                            : ""))),
-        sent_(client->num_shards(), false) {
+        sent_(client->num_shards(), false),
+        repeat_(client->repeat_next_push_.exchange(false)) {
     if (client->config_.mode() == SYNC && client->worker_rank_ >= 0) {
       calls_.WatchConnections(&client->shards_);
     }
@@ -833,6 +836,7 @@ class ShardedPushImpl : public ShardedPush {
     header.set_samples(samples_);
     header.set_sample_offset(sample_offset_);
     header.set_session(client_->session_);
+    header.set_repeat(repeat_);
     header.set_encoding(encoding);
     if (encoding == ENCODING_ONEBIT) header.set_bucket_size(bucket);
     // The weights the answer may be a difference from (pull_compression).
@@ -910,6 +914,7 @@ class ShardedPushImpl : public ShardedPush {
   std::optional<PullTarget> pull_;
   ShardCalls calls_;
   std::vector<bool> sent_;
+  const bool repeat_;  // PushHeader.repeat
   absl::Status misuse_;
 };
 

@@ -116,7 +116,9 @@ class PsClient {
   // initial_versions() and applied_samples() are the shards' current ones
   // (a shard restarted from a checkpoint may be behind). UNAVAILABLE naming
   // the shard that did not come back in time; CANCELLED on stop; a shard
-  // that now refuses the client (another config) gets its error.
+  // that now refuses the client (another config) gets its error. The next
+  // push is marked as the repeat of a step (PushHeader.repeat): a sync shard
+  // that has its examples keeps the first push even if its values differ.
   absl::Status Reconnect(absl::Duration timeout, absl::Duration log_every);
 
   // Tells every shard this worker is done (or stopping): its lease ends now,
@@ -252,6 +254,9 @@ class PsClient {
   int64_t applied_samples_ = 0;
 
   int64_t next_sample_offset_ = 0;  // Push's
+  // Set by Reconnect, taken by the next push: it repeats a step
+  // (PushHeader.repeat).
+  std::atomic<bool> repeat_next_push_{false};
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};
 };

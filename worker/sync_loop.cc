@@ -60,7 +60,9 @@ class SyncLoop : public TrainingLoop {
       }
       // After a lost shard, the step again on every shard's current
       // weights: shards that had applied it answer the repeat as a
-      // duplicate.
+      // duplicate, and shards still collecting it with this worker's first
+      // push keep that one (the repeat is marked: PushHeader.repeat), though
+      // a shard that went back makes the recomputed values differ.
       absl::StatusOr<BatchResult> step;
       status = RidingOut(
           c,
