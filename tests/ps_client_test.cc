@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -591,24 +592,45 @@ TEST(PsClientTest, CompressedDownpourPullsKeepTheWorkersCopyOnBothSides) {
   EXPECT_EQ(params, now);
 }
 
-TEST(PsClientTest, SyncPushPullWaitsForTheBarrier) {
+// Two shards of a sync run for two workers, both connected; worker 0's
+// push-pull of step 0.
+class SyncTwoWorkersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(servers.size(), 2u);
+    ASSERT_OK_AND_ASSIGN(worker0,
+                         PsClient::Connect(OptionsFor(servers, config, 0)));
+    ASSERT_OK_AND_ASSIGN(worker1,
+                         PsClient::Connect(OptionsFor(servers, config, 1)));
+  }
+
+  // Worker 0 pushes ones as step 0 to both shards; the answer's weights go
+  // to params and versions.
+  std::unique_ptr<ShardedPush> Worker0PushesStepZero(absl::Duration timeout) {
+    pull.emplace(PullTarget{absl::MakeSpan(params), &versions, timeout});
+    std::unique_ptr<ShardedPush> push = worker0->StartPush(
+        {0, 0}, 1, /*sample_offset=*/0, &lease, nullptr, &*pull);
+    push->Send(0, Float32(absl::MakeConstSpan(ones).subspan(0, 26)));
+    push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
+    return push;
+  }
+
   const TrainingConfig config = ResolvedConfig(kSmallConfig);
   std::vector<std::unique_ptr<server::ShardServer>> servers =
       StartShards(config, 2, 2);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker0,
-                       PsClient::Connect(OptionsFor(servers, config, 0)));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker1,
-                       PsClient::Connect(OptionsFor(servers, config, 1)));
-  const std::vector<float> ones(53, 1.0f), threes(53, 3.0f);
-  std::vector<float> params(53);
+  std::unique_ptr<PsClient> worker0;
+  std::unique_ptr<PsClient> worker1;
+  const std::vector<float> ones = std::vector<float>(53, 1.0f);
+  std::vector<float> params = std::vector<float>(53);
   std::vector<int64_t> versions;
-  const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
-  common::BufferLease lease;
-  std::unique_ptr<ShardedPush> push = worker0->StartPush(
-      {0, 0}, 1, /*sample_offset=*/0, &lease, nullptr, &pull);
-  push->Send(0, Float32(absl::MakeConstSpan(ones).subspan(0, 26)));
-  push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
+  std::optional<PullTarget> pull;
+  common::BufferLease lease;  // the push's memory, held until it ends
+};
+
+TEST_F(SyncTwoWorkersTest, SyncPushPullWaitsForTheBarrier) {
+  const std::vector<float> threes(53, 3.0f);
+  std::unique_ptr<ShardedPush> push =
+      Worker0PushesStepZero(absl::Seconds(30));
   // Worker 0's answer waits for step 0 to close, which needs worker 1.
   absl::SleepFor(absl::Milliseconds(200));
   ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
@@ -628,16 +650,8 @@ TEST(PsClientTest, SyncPushPullWaitsForTheBarrier) {
 // without this step, waiting for worker 0 to push it again, while worker 0
 // waits for worker 1 at shard 0). The wait ends UNAVAILABLE naming shard 1,
 // so that worker 0 rides the loss out, rather than at the barrier's timeout.
-TEST(PsClientTest, ASyncWaitEndsWhenAShardThatAnsweredLosesItsConnection) {
-  const TrainingConfig config = ResolvedConfig(kSmallConfig);
-  std::vector<std::unique_ptr<server::ShardServer>> servers =
-      StartShards(config, 2, 2);
-  ASSERT_EQ(servers.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker0,
-                       PsClient::Connect(OptionsFor(servers, config, 0)));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker1,
-                       PsClient::Connect(OptionsFor(servers, config, 1)));
-  const std::vector<float> ones(53, 1.0f);
+TEST_F(SyncTwoWorkersTest,
+       ASyncWaitEndsWhenAShardThatAnsweredLosesItsConnection) {
   common::BufferLease lease1;
   {
     // Worker 1 pushes step 0 to shard 1 only.
@@ -647,14 +661,8 @@ TEST(PsClientTest, ASyncWaitEndsWhenAShardThatAnsweredLosesItsConnection) {
     push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
     absl::SleepFor(absl::Milliseconds(200));
   }
-  std::vector<float> params(53);
-  std::vector<int64_t> versions;
-  const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(60)};
-  common::BufferLease lease;
-  std::unique_ptr<ShardedPush> push = worker0->StartPush(
-      {0, 0}, 1, /*sample_offset=*/0, &lease, nullptr, &pull);
-  push->Send(0, Float32(absl::MakeConstSpan(ones).subspan(0, 26)));
-  push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
+  std::unique_ptr<ShardedPush> push =
+      Worker0PushesStepZero(absl::Seconds(60));
   // Shard 1's step 0 closes and it answers; shard 0's waits for worker 1.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (servers[1]->state()->version() < 1 && absl::Now() < deadline) {
