@@ -4,9 +4,11 @@
 // (worker/training_loop.h: ShardLost, RidingOut) instead of exiting.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/config.h"
@@ -28,6 +30,14 @@ using ::monsoon::testutil::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+// `mode` with plain SGD at rate 0.5 on the shards, so that a step's weights
+// are known exactly.
+TrainingConfig PlainSgd(const std::string& mode) {
+  return ResolvedConfig(absl::StrCat("layer_sizes: [3, 2] mode: ", mode,
+                                     " optimizer: SGD learning_rate: 0.5 "
+                                     "momentum: 0"));
+}
+
 TEST(RidingOutTest, AbortedAndUnavailableAreALostShardOtherErrorsAreNot) {
   WorkerContext context;
   EXPECT_TRUE(ShardLost(context, absl::UnavailableError("gone")));
@@ -38,9 +48,7 @@ TEST(RidingOutTest, AbortedAndUnavailableAreALostShardOtherErrorsAreNot) {
 }
 
 TEST(RidingOutTest, APushFromWeightsTheShardNoLongerHasIsPulledAgainAndPushed) {
-  const TrainingConfig config =
-      ResolvedConfig("layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD "
-                     "learning_rate: 0.5 momentum: 0");
+  const TrainingConfig config = PlainSgd("DOWNPOUR");
   testutil::LocalCluster cluster(config, 1, 1);
   ASSERT_NE(cluster.client, nullptr);
   const size_t p = common::ModelLayout::FromConfig(config).num_params();
@@ -82,6 +90,35 @@ TEST(RidingOutTest, APushFromWeightsTheShardNoLongerHasIsPulledAgainAndPushed) {
   EXPECT_EQ(cluster.Weights(1), expected);
 }
 
+// A step refused again and again although each retry follows a pull is not
+// a shard that went back but a loop that pushes from stale versions: it
+// ends, rather than riding out forever.
+TEST(RidingOutTest, AStepAbortedAgainAfterEveryPullEndsInternal) {
+  const TrainingConfig config = PlainSgd("DOWNPOUR");
+  testutil::LocalCluster cluster(config, 1, 1);
+  ASSERT_NE(cluster.client, nullptr);
+  WorkerContext context;
+  context.client = cluster.client.get();
+  context.shard_lost_timeout = absl::Seconds(30);
+  int steps = 0;
+  int resyncs = 0;
+  EXPECT_THAT(
+      RidingOut(
+          context,
+          [&] {
+            ++steps;
+            return absl::AbortedError("shard 0 is only at version 0");
+          },
+          [&] {
+            ++resyncs;
+            return absl::OkStatus();
+          }),
+      StatusIs(absl::StatusCode::kInternal,
+               HasSubstr("refused this worker's step 4 times in a row")));
+  EXPECT_EQ(steps, kMaxAbortedInARow + 1);
+  EXPECT_EQ(resyncs, kMaxAbortedInARow);
+}
+
 // Float32 `value` in every parameter, pushed by `client` to its one shard as
 // step 0 with examples 0+8 (StartPush: an explicit offset, which
 // PsClient::Push does not take).
@@ -111,9 +148,7 @@ absl::Status PushStepZero(PsClient* client, size_t params, float value) {
 // (PushHeader.repeat) and the shard keeps the first; without it, other
 // values for the same examples are a mistake.
 TEST(RidingOutTest, ASyncStepRepeatedAfterAReconnectKeepsTheFirstPush) {
-  const TrainingConfig config =
-      ResolvedConfig("layer_sizes: [3, 2] mode: SYNC optimizer: SGD "
-                     "learning_rate: 0.5 momentum: 0");
+  const TrainingConfig config = PlainSgd("SYNC");
   testutil::LocalCluster cluster(config, 1, 2);
   ASSERT_NE(cluster.client, nullptr);
   const size_t p = common::ModelLayout::FromConfig(config).num_params();

@@ -94,7 +94,21 @@ absl::Status RidingOut(const WorkerContext& c,
                        const std::function<absl::Status()>& step,
                        const std::function<absl::Status()>& resync) {
   absl::Status status = step();
+  // A shard that went back refuses a push from newer weights once; after a
+  // fresh pull the step goes through unless it went back again. Refused
+  // again and again, the loop does not refresh what it pushes from.
+  int aborted_in_a_row = 0;
   while (ShardLost(c, status)) {
+    aborted_in_a_row =
+        status.code() == absl::StatusCode::kAborted ? aborted_in_a_row + 1 : 0;
+    if (aborted_in_a_row > kMaxAbortedInARow) {
+      return absl::InternalError(absl::StrCat(
+          "a shard refused this worker's step ", aborted_in_a_row,
+          " times in a row, though the worker pulled before each retry (",
+          status.message(),
+          "): the worker's versions do not follow the shard's; a bug, "
+          "please report it"));
+    }
     if (absl::Status back = RideOut(c, status); !back.ok()) return back;
     status = resync();
     if (status.ok()) status = step();

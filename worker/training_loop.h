@@ -89,7 +89,9 @@ absl::Status RideOut(const WorkerContext& context, const absl::Status& lost);
 
 // Runs `step` until it is done: when it loses a shard, waits for the shard
 // (RideOut), runs `resync` (a fresh pull) and runs the step again. Any
-// other error ends it.
+// other error ends it, and so does ABORTED more than kMaxAbortedInARow
+// times in a row (INTERNAL: a shard that went back refuses one push).
+inline constexpr int kMaxAbortedInARow = 3;
 absl::Status RidingOut(const WorkerContext& context,
                        const std::function<absl::Status()>& step,
                        const std::function<absl::Status()>& resync);
