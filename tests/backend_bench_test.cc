@@ -97,6 +97,29 @@ TEST(BackendBenchTest, TimesConvLayersAndTheirProductsApart) {
   EXPECT_THAT(FormatReport(report), HasSubstr("forward layer 3: max_pool 2"));
 }
 
+TEST(BackendBenchTest, TimesEachGroupOfProductsOnTheReferenceToo) {
+  std::unique_ptr<worker::ComputeBackend> backend = worker::MakeCpuBackend(1);
+  std::unique_ptr<worker::ComputeBackend> openblas =
+      worker::MakeCpuBackend(1, /*small_gemm_kernels=*/false);
+  BenchOptions options = Small();
+  ASSERT_OK_AND_ASSIGN(BenchReport alone,
+                       RunBackendBench(backend.get(), options));
+  for (const GemmTiming& g : alone.gemms) EXPECT_EQ(g.reference.median_s, 0);
+  EXPECT_THAT(FormatReport(alone), testing::Not(HasSubstr("OpenBLAS alone")));
+
+  options.gemm_reference = openblas.get();
+  options.gemm_reference_name = "OpenBLAS alone";
+  ASSERT_OK_AND_ASSIGN(BenchReport report,
+                       RunBackendBench(backend.get(), options));
+  ASSERT_EQ(report.gemms.size(), 4u);
+  for (const GemmTiming& g : report.gemms) {
+    EXPECT_GT(g.timing.median_s, 0) << g.name;
+    EXPECT_GT(g.reference.median_s, 0) << g.name;
+  }
+  EXPECT_THAT(FormatReport(report),
+              HasSubstr("OpenBLAS alone: median, rate, of square"));
+}
+
 TEST(BackendBenchTest, WithoutTheSquareThereIsNoRatio) {
   std::unique_ptr<worker::ComputeBackend> backend = worker::MakeCpuBackend(1);
   BenchOptions options = Small();

@@ -5,11 +5,13 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/model_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 #include "worker/compute_backend.h"
+#include "worker/cpu_small_gemm.h"
 
 namespace monsoon::worker {
 namespace {
@@ -28,7 +30,13 @@ class CpuBackendTest : public testing::Test {
 };
 
 TEST_F(CpuBackendTest, NamesItself) {
-  EXPECT_THAT(backend_->Name(), HasSubstr("cpu (OpenBLAS, 1 thread)"));
+  EXPECT_THAT(backend_->Name(), HasSubstr("cpu (OpenBLAS, 1 thread"));
+  // Says whether its own kernels take the products with a small side.
+  EXPECT_EQ(absl::StrContains(backend_->Name(),
+                              "AVX2 for products with a side of 16 or less"),
+            SmallGemmSupported());
+  EXPECT_EQ(MakeCpuBackend(1, /*small_gemm_kernels=*/false)->Name(),
+            "cpu (OpenBLAS, 1 thread)");
 }
 
 TEST_F(CpuBackendTest, CopiesRoundTripThroughAllocatedMemory) {
@@ -90,6 +98,71 @@ TEST_F(CpuBackendTest, GemmOfNonSquareShapes) {
   backend_->Gemm(true, false, 3, 3, 2, 1.0f, kA.data(), kA.data(), 0.0f,
                  c.data());
   EXPECT_THAT(c, ElementsAre(17, 22, 27, 22, 29, 36, 27, 36, 45));
+}
+
+// A convolution's products over few filters (its forward pass and weight
+// gradient: 6 filters of 25 values at 1,100 positions), which the backend
+// may give to its own kernels (cpu_small_gemm.h), and the MLP's kind (64
+// rows), which it leaves to OpenBLAS: small integers make every sum exact,
+// so each must equal the plain loops' result whichever runs it.
+TEST_F(CpuBackendTest, GemmOfAConvolutionsShapesIsExact) {
+  auto integers = [](size_t n, int seed) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i)
+      v[i] = static_cast<float>((i * 7 + seed) % 9) - 4;
+    return v;
+  };
+  const int rows = 1100, filters = 6, patch = 25;
+  const std::vector<float> patches =
+      integers(static_cast<size_t>(rows) * patch, 1);
+  const std::vector<float> weights =
+      integers(filters * patch, 2);  // a row per filter
+  const std::vector<float> dout =
+      integers(static_cast<size_t>(rows) * filters, 3);
+  std::vector<float> want_out(static_cast<size_t>(rows) * filters);
+  for (int r = 0; r < rows; ++r) {
+    for (int f = 0; f < filters; ++f) {
+      float sum = 0;
+      for (int i = 0; i < patch; ++i)
+        sum += patches[r * patch + i] * weights[f * patch + i];
+      want_out[r * filters + f] = sum;
+    }
+  }
+  std::vector<float> want_dw(filters * patch);
+  for (int f = 0; f < filters; ++f) {
+    for (int i = 0; i < patch; ++i) {
+      float sum = 0;
+      for (int r = 0; r < rows; ++r)
+        sum += dout[r * filters + f] * patches[r * patch + i];
+      want_dw[f * patch + i] = sum;
+    }
+  }
+  for (bool kernels : {true, false}) {
+    SCOPED_TRACE(kernels ? "small-side kernels where the CPU has them"
+                         : "OpenBLAS alone");
+    std::unique_ptr<ComputeBackend> backend = MakeCpuBackend(1, kernels);
+    std::vector<float> out(want_out.size(), std::nanf(""));
+    backend->Gemm(false, true, rows, filters, patch, 1.0f, patches.data(),
+                  weights.data(), 0.0f, out.data());
+    EXPECT_EQ(out, want_out);
+    std::vector<float> dw(want_dw.size(), std::nanf(""));
+    backend->Gemm(true, false, filters, patch, rows, 1.0f, dout.data(),
+                  patches.data(), 0.0f, dw.data());
+    EXPECT_EQ(dw, want_dw);
+    // The MLP's output layer: 64 rows of 128 inputs to 10 classes.
+    const std::vector<float> x = integers(64 * 128, 4);
+    const std::vector<float> w = integers(128 * 10, 5);
+    std::vector<float> y(64 * 10);
+    backend->Gemm(false, false, 64, 10, 128, 1.0f, x.data(), w.data(), 0.0f,
+                  y.data());
+    for (int r = 0; r < 64; ++r) {
+      for (int j = 0; j < 10; ++j) {
+        float sum = 0;
+        for (int i = 0; i < 128; ++i) sum += x[r * 128 + i] * w[i * 10 + j];
+        ASSERT_EQ(y[r * 10 + j], sum) << "row " << r << " column " << j;
+      }
+    }
+  }
 }
 
 TEST_F(CpuBackendTest, AddBiasAddsToEveryRow) {

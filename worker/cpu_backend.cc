@@ -10,20 +10,26 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/onebit.h"
+#include "worker/cpu_small_gemm.h"
 
 namespace monsoon::worker {
 namespace {
 
 class CpuBackend : public ComputeBackend {
  public:
-  explicit CpuBackend(int threads) {
+  CpuBackend(int threads, bool small_gemm) {
     if (threads > 0) openblas_set_num_threads(threads);
     threads_ = openblas_get_num_threads();
+    // The kernels run on the calling thread: with more threads OpenBLAS
+    // spreads even these products over the cores.
+    small_gemm_ = small_gemm && threads_ == 1 && SmallGemmSupported();
   }
 
   std::string Name() const override {
-    return absl::StrCat("cpu (OpenBLAS, ", threads_, " thread",
-                        threads_ == 1 ? "" : "s", ")");
+    return absl::StrCat(
+        "cpu (OpenBLAS, ", threads_, " thread", threads_ == 1 ? "" : "s",
+        small_gemm_ ? "; AVX2 for products with a side of 16 or less" : "",
+        ")");
   }
 
   bool HostMemory() const override { return true; }
@@ -53,6 +59,20 @@ class CpuBackend : public ComputeBackend {
 
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
             const float* a, const float* b, float beta, float* c) override {
+    // A convolution over at most 16 filters: its forward product has few
+    // columns, its weight gradient few rows, and both run over all of the
+    // batch's output positions (cpu_small_gemm.h). Products over fewer
+    // rows, the MLP's among them (a batch of 64), stay with OpenBLAS.
+    if (small_gemm_ && !trans_a && n <= kSmallGemmSide &&
+        m >= kSmallGemmMinRows && k <= kSmallGemmMaxInner) {
+      GemmFewColumns(m, n, k, alpha, a, b, trans_b, beta, c);
+      return;
+    }
+    if (small_gemm_ && trans_a && !trans_b && m <= kSmallGemmSide &&
+        k >= kSmallGemmMinRows && n <= kSmallGemmMaxColumns) {
+      GemmFewRows(m, n, k, alpha, a, b, beta, c);
+      return;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
                 trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
@@ -278,12 +298,18 @@ class CpuBackend : public ComputeBackend {
   }
 
   int threads_ = 1;
+  bool small_gemm_ = false;
+  // The small-side kernels take products over at least this many rows
+  // (examples x output positions: LeNet's convolutions have 64 x 784 and
+  // 64 x 100).
+  static constexpr int kSmallGemmMinRows = 1024;
 };
 
 }  // namespace
 
-std::unique_ptr<ComputeBackend> MakeCpuBackend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<ComputeBackend> MakeCpuBackend(int threads,
+                                               bool small_gemm_kernels) {
+  return std::make_unique<CpuBackend>(threads, small_gemm_kernels);
 }
 
 }  // namespace monsoon::worker

@@ -170,6 +170,13 @@ struct LayerGemms {
 absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
                                             const BenchOptions& options) {
   if (auto s = Validate(options); !s.ok()) return s;
+  if (options.gemm_reference != nullptr &&
+      !(backend->HostMemory() && options.gemm_reference->HostMemory())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the products' reference backend (", options.gemm_reference->Name(),
+        ") runs on the measured backend's buffers, so both need host memory (",
+        backend->Name(), ")"));
+  }
   BenchReport report;
   report.backend = backend->Name();
   report.options = options;
@@ -437,15 +444,9 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
     }
     all.push_back(g);
     if (spec.kind == common::LayerSpec::Kind::kConv) convs.push_back(g);
-    absl::StatusOr<PhaseTiming> timing = Time(
-        backend, layer_name(i), 0, options.warmup, options.iterations, [&] {
-          g.Queue(backend);
-          return absl::OkStatus();
-        });
-    if (!timing.ok()) return timing.status();
-    report.gemms.push_back(
-        {layer_name(i), g.calls(), g.flops(), *std::move(timing)});
   }
+  // Each layer's products, the conv layers' together and the step's, on
+  // the backend and then on the reference (if any), group by group.
   auto group = [&](const std::string& name,
                    const std::vector<LayerGemms>& members) -> absl::Status {
     GemmTiming total;
@@ -454,16 +455,23 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
       total.calls += g.calls();
       total.flops += g.flops();
     }
-    absl::StatusOr<PhaseTiming> timing =
-        Time(backend, name, 0, options.warmup, options.iterations, [&] {
-          for (const LayerGemms& g : members) g.Queue(backend);
-          return absl::OkStatus();
-        });
-    if (!timing.ok()) return timing.status();
-    total.timing = *std::move(timing);
+    for (ComputeBackend* on : {backend, options.gemm_reference}) {
+      if (on == nullptr) continue;
+      absl::StatusOr<PhaseTiming> timing =
+          Time(on, name, 0, options.warmup, options.iterations, [&] {
+            for (const LayerGemms& g : members) g.Queue(on);
+            return absl::OkStatus();
+          });
+      if (!timing.ok()) return timing.status();
+      (on == backend ? total.timing : total.reference) = *std::move(timing);
+    }
     report.gemms.push_back(std::move(total));
     return absl::OkStatus();
   };
+  for (size_t g = 0, i = 0; i < specs.size(); ++i) {
+    if (specs[i].weights < 0) continue;
+    if (auto s = group(layer_name(i), {all[g++]}); !s.ok()) return s;
+  }
   if (!convs.empty()) {
     if (auto s = group("all conv layers", convs); !s.ok()) return s;
   }
@@ -523,15 +531,30 @@ std::string FormatReport(const BenchReport& report) {
   absl::StrAppendFormat(&out,
                         "matrix products (forward, weight gradient, "
                         "input gradient):\n");
-  absl::StrAppendFormat(&out, "  %-52s %6s %10s %10s %16s %s\n", "of", "sgemms",
-                        "MFLOP", "median", "rate",
-                        square_rate > 0 ? "of square" : "");
+  const bool reference = o.gemm_reference != nullptr;
+  // "0.61x" of the square sgemm's rate, where it was measured.
+  auto of_square = [&](double rate) {
+    return square_rate > 0 ? absl::StrFormat("%.2fx", rate / square_rate)
+                           : std::string();
+  };
+  absl::StrAppendFormat(&out, "  %-52s %6s %10s %10s %16s %9s%s\n", "of",
+                        "sgemms", "MFLOP", "median", "rate",
+                        square_rate > 0 ? "of square" : "",
+                        reference ? absl::StrCat("   ", o.gemm_reference_name,
+                                                 ": median, rate, of square")
+                                  : "");
   for (const GemmTiming& g : report.gemms) {
     const double rate = g.flops / g.timing.median_s;
-    absl::StrAppendFormat(
-        &out, "  %-52s %6d %10.4g %10s %16s %s\n", g.name, g.calls,
-        g.flops / 1e6, Seconds(g.timing.median_s), Rate(rate),
-        square_rate > 0 ? absl::StrFormat("%.2fx", rate / square_rate) : "");
+    std::string line = absl::StrFormat(
+        "  %-52s %6d %10.4g %10s %16s %9s", g.name, g.calls, g.flops / 1e6,
+        Seconds(g.timing.median_s), Rate(rate), of_square(rate));
+    if (reference) {
+      const double reference_rate = g.flops / g.reference.median_s;
+      absl::StrAppendFormat(&line, "   %10s %16s %9s",
+                            Seconds(g.reference.median_s), Rate(reference_rate),
+                            of_square(reference_rate));
+    }
+    absl::StrAppend(&out, line, "\n");
   }
   if (square_rate > 0) {
     absl::StrAppendFormat(

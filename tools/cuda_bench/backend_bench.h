@@ -35,6 +35,12 @@ struct BenchOptions {
   int bucket_size = 512;  // 1-bit buckets
   int square = 8192;      // the square sgemm's size; 0 skips it
   int square_iterations = 5;
+  // Where set, each group of matrix products is timed on this backend too,
+  // on the same buffers (so both backends must have host memory): the CPU
+  // backend with every product left to OpenBLAS, beside the one whose
+  // narrow products run on kernels of its own.
+  worker::ComputeBackend* gemm_reference = nullptr;
+  std::string gemm_reference_name;  // its column's heading
 };
 
 struct PhaseTiming {
@@ -52,6 +58,7 @@ struct GemmTiming {
   int calls = 0;
   double flops = 0;
   PhaseTiming timing;
+  PhaseTiming reference;  // on options.gemm_reference; 0 without one
 };
 
 struct BenchReport {
@@ -67,8 +74,9 @@ struct BenchReport {
   PhaseTiming square_gemm;
 };
 
-// Runs every measurement. INVALID_ARGUMENT for options out of range;
-// otherwise the first error the backend reports.
+// Runs every measurement. INVALID_ARGUMENT for options out of range, or a
+// reference backend where either backend has memory of its own; otherwise
+// the first error the backend reports.
 absl::StatusOr<BenchReport> RunBackendBench(worker::ComputeBackend* backend,
                                             const BenchOptions& options);
 

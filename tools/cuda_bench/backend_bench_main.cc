@@ -25,6 +25,7 @@
 #include "common/model_config.h"
 #include "tools/cuda_bench/backend_bench.h"
 #include "worker/backend_factory.h"
+#include "worker/cpu_backend.h"
 
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N.");
 ABSL_FLAG(int, cpu_threads, 0,
@@ -47,6 +48,11 @@ ABSL_FLAG(int, square, -1,
           "Size n of the n^3 sgemm that gives the device's rate: -1 picks "
           "8192 on a GPU and 2048 on the CPU; 0 skips it.");
 ABSL_FLAG(int, square_iterations, 5, "Timed runs of the square sgemm.");
+ABSL_FLAG(bool, small_gemm_kernels, true,
+          "On the CPU with one thread: run products with a side of 16 or less "
+          "(a convolution over few filters) on the backend's AVX2 kernels, "
+          "and time every product group with OpenBLAS alone beside them. "
+          "false leaves every product to OpenBLAS.");
 
 namespace {
 
@@ -118,9 +124,14 @@ int main(int argc, char** argv) {
   options.square_iterations = absl::GetFlag(FLAGS_square_iterations);
 
   const std::string device = absl::GetFlag(FLAGS_device);
+  const int cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   std::string why_no_gpu;
-  auto backend = monsoon::worker::MakeBackend(
-      device, absl::GetFlag(FLAGS_cpu_threads), &why_no_gpu);
+  absl::StatusOr<std::unique_ptr<monsoon::worker::ComputeBackend>> backend =
+      monsoon::worker::MakeBackend(device, cpu_threads, &why_no_gpu);
+  if (backend.ok() && !absl::StartsWith((*backend)->Name(), "cuda")) {
+    backend = monsoon::worker::MakeCpuBackend(
+        cpu_threads, absl::GetFlag(FLAGS_small_gemm_kernels));
+  }
   if (!backend.ok()) {
     return Fail(backend.status().code() == absl::StatusCode::kResourceExhausted
                     ? 1
@@ -142,6 +153,13 @@ int main(int argc, char** argv) {
     } else {
       std::printf("NO GPU: %s\n", std::string(gpu.status().message()).c_str());
     }
+  }
+  // The CPU backend's own kernels, timed against OpenBLAS alone.
+  std::unique_ptr<monsoon::worker::ComputeBackend> openblas_alone;
+  if (!on_gpu && absl::StrContains((*backend)->Name(), "AVX2")) {
+    openblas_alone = monsoon::worker::MakeCpuBackend(cpu_threads, false);
+    options.gemm_reference = openblas_alone.get();
+    options.gemm_reference_name = "OpenBLAS alone";
   }
   int square = absl::GetFlag(FLAGS_square);
   if (square < 0) square = on_gpu ? 8192 : 2048;

@@ -1,0 +1,205 @@
+#include "worker/cpu_small_gemm.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace monsoon::worker {
+namespace {
+
+// Small integers, so that every product and sum below is exact in float32
+// whatever the order of the additions: the kernels must match the
+// reference bit for bit.
+std::vector<float> Integers(size_t n, uint64_t seed) {
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    values[i] = static_cast<float>(static_cast<int>((seed >> 33) % 9) - 4);
+  }
+  return values;
+}
+
+// C = alpha * op(A) * op(B) + beta * C over doubles (exact here), with
+// op(A) m x k and op(B) k x n; beta 0 ignores C.
+std::vector<float> Reference(bool trans_a, bool trans_b, int m, int n, int k,
+                             float alpha, const std::vector<float>& a,
+                             const std::vector<float>& b, float beta,
+                             std::vector<float> c) {
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int p = 0; p < k; ++p) {
+        const double x = trans_a ? a[static_cast<size_t>(p) * m + i]
+                                 : a[static_cast<size_t>(i) * k + p];
+        const double y = trans_b ? b[static_cast<size_t>(j) * k + p]
+                                 : b[static_cast<size_t>(p) * n + j];
+        sum += x * y;
+      }
+      float& out = c[static_cast<size_t>(i) * n + j];
+      out = static_cast<float>(beta == 0 ? alpha * sum
+                                         : alpha * sum + beta * double{out});
+    }
+  }
+  return c;
+}
+
+class CpuSmallGemmTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!SmallGemmSupported()) {
+      GTEST_SKIP() << "this CPU has no AVX2 and FMA, which the kernels need "
+                      "(the CPU backend uses OpenBLAS for every product here)";
+    }
+  }
+};
+
+TEST_F(CpuSmallGemmTest, FewColumnsMatchesTheReferenceOnOddShapes) {
+  for (bool trans_b : {false, true}) {
+    for (int m : {1, 5, 11, 12, 13, 25, 100}) {
+      for (int n : {1, 6, 8, 9, 15, 16}) {
+        for (int k : {1, 2, 11, 25, 150}) {
+          SCOPED_TRACE(absl::StrCat("m ", m, " n ", n, " k ", k,
+                                    trans_b ? " B transposed" : ""));
+          const std::vector<float> a = Integers(static_cast<size_t>(m) * k, 1);
+          const std::vector<float> b = Integers(static_cast<size_t>(k) * n, 2);
+          const std::vector<float> c0 = Integers(static_cast<size_t>(m) * n, 3);
+          std::vector<float> c = c0;
+          GemmFewColumns(m, n, k, 2.0f, a.data(), b.data(), trans_b, 0.5f,
+                         c.data());
+          EXPECT_EQ(c,
+                    Reference(false, trans_b, m, n, k, 2.0f, a, b, 0.5f, c0));
+          // beta 0: C's old values, NaN here, are not read.
+          std::vector<float> fresh(static_cast<size_t>(m) * n, std::nanf(""));
+          GemmFewColumns(m, n, k, 1.0f, a.data(), b.data(), trans_b, 0.0f,
+                         fresh.data());
+          EXPECT_EQ(fresh,
+                    Reference(false, trans_b, m, n, k, 1.0f, a, b, 0.0f, c0));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CpuSmallGemmTest, FewRowsMatchesTheReferenceOnOddShapes) {
+  for (int m : {1, 3, 6, 8, 9, 16}) {
+    for (int n : {1, 6, 13, 14, 25, 27, 150}) {
+      for (int k : {1, 2, 7, 130, 300}) {
+        SCOPED_TRACE(absl::StrCat("m ", m, " n ", n, " k ", k));
+        // A is stored k x m (op(A) = A^T), B k x n.
+        const std::vector<float> a = Integers(static_cast<size_t>(k) * m, 4);
+        const std::vector<float> b = Integers(static_cast<size_t>(k) * n, 5);
+        const std::vector<float> c0 = Integers(static_cast<size_t>(m) * n, 6);
+        std::vector<float> c = c0;
+        GemmFewRows(m, n, k, 2.0f, a.data(), b.data(), 0.5f, c.data());
+        EXPECT_EQ(c, Reference(true, false, m, n, k, 2.0f, a, b, 0.5f, c0));
+        std::vector<float> fresh(static_cast<size_t>(m) * n, std::nanf(""));
+        GemmFewRows(m, n, k, 1.0f, a.data(), b.data(), 0.0f, fresh.data());
+        EXPECT_EQ(fresh, Reference(true, false, m, n, k, 1.0f, a, b, 0.0f, c0));
+      }
+    }
+  }
+}
+
+TEST_F(CpuSmallGemmTest, TakesTheLargestInnerSizeAndColumnCount) {
+  const int m = 20, k = kSmallGemmMaxInner, n = kSmallGemmSide;
+  const std::vector<float> a = Integers(static_cast<size_t>(m) * k, 7);
+  const std::vector<float> b = Integers(static_cast<size_t>(k) * n, 8);
+  std::vector<float> c(static_cast<size_t>(m) * n);
+  GemmFewColumns(m, n, k, 1.0f, a.data(), b.data(), true, 0.0f, c.data());
+  EXPECT_EQ(c, Reference(false, true, m, n, k, 1.0f, a, b, 0.0f, c));
+
+  const int rows = 40, columns = kSmallGemmMaxColumns, side = kSmallGemmSide;
+  const std::vector<float> x = Integers(static_cast<size_t>(rows) * side, 9);
+  const std::vector<float> y =
+      Integers(static_cast<size_t>(rows) * columns, 10);
+  std::vector<float> z(static_cast<size_t>(side) * columns);
+  GemmFewRows(side, columns, rows, 1.0f, x.data(), y.data(), 0.0f, z.data());
+  EXPECT_EQ(z,
+            Reference(true, false, side, columns, rows, 1.0f, x, y, 0.0f, z));
+}
+
+// Pages whose last bytes hold a matrix, followed by a page that may not be
+// touched: a kernel that reads or writes past the matrix's end crashes the
+// test instead of passing by luck.
+class GuardedFloats {
+ public:
+  explicit GuardedFloats(const std::vector<float>& values) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t bytes = values.size() * sizeof(float);
+    data_pages_ = (bytes + page - 1) / page;
+    length_ = (data_pages_ + 1) * page;
+    void* p = mmap(nullptr, length_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    base_ = static_cast<char*>(p);
+    if (mprotect(base_ + data_pages_ * page, page, PROT_NONE) != 0) return;
+    data_ = reinterpret_cast<float*>(base_ + data_pages_ * page - bytes);
+    for (size_t i = 0; i < values.size(); ++i) data_[i] = values[i];
+  }
+  GuardedFloats(const GuardedFloats&) = delete;
+  GuardedFloats& operator=(const GuardedFloats&) = delete;
+  ~GuardedFloats() {
+    if (base_ != nullptr) munmap(base_, length_);
+  }
+  float* data() const { return data_; }  // null if the mapping failed
+
+ private:
+  char* base_ = nullptr;
+  size_t data_pages_ = 0;
+  size_t length_ = 0;
+  float* data_ = nullptr;
+};
+
+TEST_F(CpuSmallGemmTest, TouchesNothingPastTheEndOfItsMatrices) {
+  for (int side : {1, 3, 6, 7, 9, 15}) {
+    SCOPED_TRACE(absl::StrCat("small side ", side));
+    const int rows = 37, inner = 5;
+    // Few columns: A rows x inner, B side x inner (transposed), C rows x side.
+    const std::vector<float> a =
+        Integers(static_cast<size_t>(rows) * inner, 11);
+    const std::vector<float> b =
+        Integers(static_cast<size_t>(side) * inner, 12);
+    GuardedFloats guarded_a(a), guarded_b(b),
+        guarded_c(std::vector<float>(static_cast<size_t>(rows) * side));
+    ASSERT_NE(guarded_a.data(), nullptr);
+    ASSERT_NE(guarded_b.data(), nullptr);
+    ASSERT_NE(guarded_c.data(), nullptr);
+    GemmFewColumns(rows, side, inner, 1.0f, guarded_a.data(), guarded_b.data(),
+                   true, 0.0f, guarded_c.data());
+    const std::vector<float> want =
+        Reference(false, true, rows, side, inner, 1.0f, a, b, 0.0f,
+                  std::vector<float>(static_cast<size_t>(rows) * side));
+    EXPECT_EQ(
+        std::vector<float>(guarded_c.data(), guarded_c.data() + want.size()),
+        want);
+
+    // Few rows: A rows x side (its rows are what the kernels read 8 or 16
+    // values of at a time), B rows x inner, C side x inner.
+    const std::vector<float> x = Integers(static_cast<size_t>(rows) * side, 13);
+    const std::vector<float> y =
+        Integers(static_cast<size_t>(rows) * inner, 14);
+    GuardedFloats guarded_x(x), guarded_y(y),
+        guarded_z(std::vector<float>(static_cast<size_t>(side) * inner));
+    ASSERT_NE(guarded_x.data(), nullptr);
+    ASSERT_NE(guarded_y.data(), nullptr);
+    ASSERT_NE(guarded_z.data(), nullptr);
+    GemmFewRows(side, inner, rows, 1.0f, guarded_x.data(), guarded_y.data(),
+                0.0f, guarded_z.data());
+    const std::vector<float> want_z =
+        Reference(true, false, side, inner, rows, 1.0f, x, y, 0.0f,
+                  std::vector<float>(static_cast<size_t>(side) * inner));
+    EXPECT_EQ(
+        std::vector<float>(guarded_z.data(), guarded_z.data() + want_z.size()),
+        want_z);
+  }
+}
+
+}  // namespace
+}  // namespace monsoon::worker

@@ -1,0 +1,329 @@
+#include "worker/cpu_small_gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <utility>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define MONSOON_SMALL_GEMM_X86 1
+#else
+#define MONSOON_SMALL_GEMM_X86 0
+#endif
+
+namespace monsoon::worker {
+namespace {
+
+constexpr int kLanes = 8;  // floats in an AVX2 register
+
+// C = alpha * sum + beta * C, not reading C where beta is 0 (as BLAS).
+inline float Scaled(float alpha, float sum, float beta, float c) {
+  return beta == 0.0f ? alpha * sum : alpha * sum + beta * c;
+}
+
+}  // namespace
+
+#if MONSOON_SMALL_GEMM_X86
+namespace {
+
+// Compiled for AVX2 and FMA whatever the build's flags; called only where
+// SmallGemmSupported().
+#define MONSOON_AVX2 __attribute__((target("avx2,fma")))
+
+// The small side takes kRegs registers of 8 lanes (1 or 2); lanes past it
+// hold zeros.
+
+// GemmFewColumns: row r of C is the sum over i of A[r][i] times row i of
+// op(B) (kRegs registers). kRows rows of C are summed at once, so that
+// each row of op(B), loaded once, serves kRows broadcasts of A[r][i], and
+// kRows * kRegs independent sums hide the FMA's latency: 12 sums, the row
+// of op(B) and a broadcast fit AVX2's 16 registers.
+template <int kRegs>
+constexpr int kRowsInFlight = 12 / kRegs;
+
+// Rows [r, r + kRows) of C from A's rows there; b_rows is op(B), a row of
+// kRegs * 8 values per i.
+template <int kRegs, int kRows>
+MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
+                                 const float* a, const float* b_rows,
+                                 float beta, float* c) {
+  __m256 acc[kRows][kRegs];
+#pragma GCC unroll 16
+  for (int q = 0; q < kRows; ++q) {
+#pragma GCC unroll 2
+    for (int v = 0; v < kRegs; ++v) acc[q][v] = _mm256_setzero_ps();
+  }
+  const float* rows = a + static_cast<size_t>(r) * k;
+  // The next call's rows of A, which a conv layer's product reads from L3
+  // or memory: the hardware's prefetcher alone left the kernel waiting.
+  if (r + 2 * kRows <= m) {
+    const char* next = reinterpret_cast<const char*>(rows + kRows * k);
+    for (int byte = 0; byte < kRows * k * 4; byte += 64) {
+      _mm_prefetch(next + byte, _MM_HINT_T0);
+    }
+  }
+  for (int i = 0; i < k; ++i) {
+    __m256 b[kRegs];
+#pragma GCC unroll 2
+    for (int v = 0; v < kRegs; ++v) {
+      b[v] = _mm256_load_ps(b_rows + (i * kRegs + v) * kLanes);
+    }
+#pragma GCC unroll 16
+    for (int q = 0; q < kRows; ++q) {
+      const __m256 x = _mm256_broadcast_ss(rows + q * k + i);
+#pragma GCC unroll 2
+      for (int v = 0; v < kRegs; ++v) {
+        acc[q][v] = _mm256_fmadd_ps(x, b[v], acc[q][v]);
+      }
+    }
+  }
+  const __m256 scale = _mm256_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int q = 0; q < kRows; ++q) {
+    float* out = c + static_cast<size_t>(r + q) * n;
+    // Whole registers where C's row fills them, or where C goes on past
+    // the register: the lanes past n (zeros) land on the next rows' first
+    // values, which their own stores, later, overwrite.
+    if (beta == 0.0f &&
+        (n == kRegs * kLanes ||
+         (kRegs == 1 && static_cast<size_t>(r + q) * n + kLanes <=
+                            static_cast<size_t>(m) * n))) {
+#pragma GCC unroll 2
+      for (int v = 0; v < kRegs; ++v) {
+        _mm256_storeu_ps(out + v * kLanes, _mm256_mul_ps(scale, acc[q][v]));
+      }
+      continue;
+    }
+    alignas(32) float sums[kRegs * kLanes];
+#pragma GCC unroll 2
+    for (int v = 0; v < kRegs; ++v) {
+      _mm256_store_ps(sums + v * kLanes, acc[q][v]);
+    }
+    for (int j = 0; j < n; ++j) out[j] = Scaled(alpha, sums[j], beta, out[j]);
+  }
+}
+
+template <int kRegs>
+void FewColumns(int m, int n, int k, float alpha, const float* a,
+                const float* b, bool trans_b, float beta, float* c) {
+  // Row i of op(B), zero past n.
+  alignas(32) float b_rows[kSmallGemmMaxInner * kRegs * kLanes];
+  for (int i = 0; i < k; ++i) {
+    for (int j = 0; j < kRegs * kLanes; ++j) {
+      b_rows[i * kRegs * kLanes + j] =
+          j >= n ? 0.0f
+                 : (trans_b ? b[static_cast<size_t>(j) * k + i]
+                            : b[static_cast<size_t>(i) * n + j]);
+    }
+  }
+  constexpr int kRows = kRowsInFlight<kRegs>;
+  int r = 0;
+  for (; r + kRows <= m; r += kRows) {
+    FewColumnsRows<kRegs, kRows>(m, r, n, k, alpha, a, b_rows, beta, c);
+  }
+  for (; r < m; ++r) {
+    FewColumnsRows<kRegs, 1>(m, r, n, k, alpha, a, b_rows, beta, c);
+  }
+}
+
+// GemmFewRows: column j of C (m values: kRegs registers) is the sum over
+// rows r of B[r][j] times row r of A. A block of kSumBlock rows is walked
+// once per chunk of at most kColumnChunk<kRegs> columns, whose sums stay in
+// registers (13 or 6 x 2 sums, A's row and a broadcast of B[r][j]); the
+// block's rows of B stay in L1 from one chunk to the next.
+template <int kRegs>
+constexpr int kColumnChunk = kRegs == 1 ? 13 : 6;
+constexpr int kSumBlock = 128;
+
+// B's rows are prefetched this many rows ahead in a block's first chunk:
+// with rows of a few hundred bytes, of which a chunk reads a few, the
+// hardware's prefetcher alone left the kernel waiting on L3 or memory.
+constexpr int kPrefetchRows = 2;
+
+// sums[j] += sum over r < rows of b[r * ldb + j] * a[r * m .. + m), for j <
+// kChunk. Reads kRegs * 8 values at each a + r * m: the caller makes sure
+// they exist; lanes past m are masked to 0. Where `b_rows` (B's rows from
+// b on) is not 0, streams them ahead into L1: a block's first chunk does,
+// the others find them there.
+template <int kRegs, int kChunk>
+MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const float* b,
+                               int ldb, float* sums, int b_rows) {
+  __m256 mask[kRegs];
+#pragma GCC unroll 2
+  for (int v = 0; v < kRegs; ++v) {
+    mask[v] = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(m - v * kLanes),
+                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  }
+  __m256 acc[kChunk][kRegs];
+#pragma GCC unroll 16
+  for (int j = 0; j < kChunk; ++j) {
+#pragma GCC unroll 2
+    for (int v = 0; v < kRegs; ++v) {
+      acc[j][v] = _mm256_load_ps(sums + (j * kRegs + v) * kLanes);
+    }
+  }
+  const char* next = reinterpret_cast<const char*>(b);
+  for (int r = 0; r < rows; ++r) {
+    __m256 row[kRegs];
+#pragma GCC unroll 2
+    for (int v = 0; v < kRegs; ++v) {
+      row[v] = _mm256_and_ps(
+          _mm256_loadu_ps(a + static_cast<size_t>(r) * m + v * kLanes),
+          mask[v]);
+    }
+    const float* b_row = b + static_cast<size_t>(r) * ldb;
+    if (b_rows > 0) {
+      const int ahead = std::min(r + kPrefetchRows + 1, b_rows);
+      const char* end =
+          reinterpret_cast<const char*>(b + static_cast<size_t>(ahead) * ldb);
+      for (; next < end; next += 64) _mm_prefetch(next, _MM_HINT_T0);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < kChunk; ++j) {
+      const __m256 x = _mm256_broadcast_ss(b_row + j);
+#pragma GCC unroll 2
+      for (int v = 0; v < kRegs; ++v) {
+        acc[j][v] = _mm256_fmadd_ps(x, row[v], acc[j][v]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < kChunk; ++j) {
+#pragma GCC unroll 2
+    for (int v = 0; v < kRegs; ++v) {
+      _mm256_store_ps(sums + (j * kRegs + v) * kLanes, acc[j][v]);
+    }
+  }
+}
+
+#undef MONSOON_AVX2
+
+// FewRowsChunk by chunk size: FewRowsChunks<kRegs>[s - 1] sums chunks of s.
+using FewRowsChunkFn = void (*)(int, const float*, int, const float*, int,
+                                float*, int);
+template <int kRegs, int... kSizes>
+constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> FewRowsTable(
+    std::integer_sequence<int, kSizes...>) {
+  return {&FewRowsChunk<kRegs, kSizes + 1>...};
+}
+template <int kRegs>
+constexpr std::array<FewRowsChunkFn, kColumnChunk<kRegs>> kFewRowsChunks =
+    FewRowsTable<kRegs>(std::make_integer_sequence<int, kColumnChunk<kRegs>>());
+
+// Cuts `total` into the fewest chunks of at most `largest`, of nearly equal
+// sizes (27 by 13: 9, 9 and 9 rather than 13, 13 and 1), calling
+// visit(begin, size) for each.
+template <typename Visit>
+void ForEachChunk(int total, int largest, Visit visit) {
+  const int count = (total + largest - 1) / largest;
+  for (int chunk = 0, begin = 0; chunk < count; ++chunk) {
+    const int size = (total - begin) / (count - chunk);
+    visit(begin, size);
+    begin += size;
+  }
+}
+
+template <int kRegs>
+void FewRows(int m, int n, int k, float alpha, const float* a, const float* b,
+             float beta, float* c) {
+  constexpr int kWidth = kRegs * kLanes;
+  alignas(32) float sums[kSmallGemmMaxColumns * kWidth];
+  std::fill(sums, sums + n * kWidth, 0.0f);
+  // B's rows [r0, r0 + rows), with their rows of A at a_rows.
+  auto sum_rows = [&](int r0, int rows, const float* a_rows) {
+    const float* b_rows = b + static_cast<size_t>(r0) * n;
+    ForEachChunk(n, kColumnChunk<kRegs>, [&](int begin, int size) {
+      kFewRowsChunks<kRegs>[size - 1](rows, a_rows, m, b_rows + begin, n,
+                                      sums + begin * kWidth,
+                                      begin == 0 ? k - r0 : 0);
+    });
+  };
+  // The kernels read kWidth values from each row of A: its last rows, where
+  // that would run past A's end, are read from a padded copy.
+  const int tail = std::min(k, (kWidth + m - 1) / m - 1);
+  const int body = k - tail;
+  for (int r0 = 0; r0 < body; r0 += kSumBlock) {
+    sum_rows(r0, std::min(kSumBlock, body - r0),
+             a + static_cast<size_t>(r0) * m);
+  }
+  if (tail > 0) {
+    // tail * m < kWidth values (tail < ceil(kWidth / m)), plus one row's
+    // read past them.
+    alignas(32) float padded[2 * kWidth] = {};
+    std::memcpy(padded, a + static_cast<size_t>(body) * m,
+                sizeof(float) * tail * m);
+    sum_rows(body, tail, padded);
+  }
+  for (int i = 0; i < m; ++i) {
+    float* row = c + static_cast<size_t>(i) * n;
+    for (int j = 0; j < n; ++j) {
+      row[j] = Scaled(alpha, sums[j * kWidth + i], beta, row[j]);
+    }
+  }
+}
+
+}  // namespace
+
+bool SmallGemmSupported() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
+                    const float* b, bool trans_b, float beta, float* c) {
+  if (n <= kLanes) {
+    FewColumns<1>(m, n, k, alpha, a, b, trans_b, beta, c);
+  } else {
+    FewColumns<2>(m, n, k, alpha, a, b, trans_b, beta, c);
+  }
+}
+
+void GemmFewRows(int m, int n, int k, float alpha, const float* a,
+                 const float* b, float beta, float* c) {
+  if (m <= kLanes) {
+    FewRows<1>(m, n, k, alpha, a, b, beta, c);
+  } else {
+    FewRows<2>(m, n, k, alpha, a, b, beta, c);
+  }
+}
+
+#else  // !MONSOON_SMALL_GEMM_X86: the backend never calls these.
+
+bool SmallGemmSupported() { return false; }
+
+void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
+                    const float* b, bool trans_b, float beta, float* c) {
+  for (int r = 0; r < m; ++r) {
+    for (int j = 0; j < n; ++j) {
+      float sum = 0;
+      for (int i = 0; i < k; ++i) {
+        sum += a[static_cast<size_t>(r) * k + i] *
+               (trans_b ? b[static_cast<size_t>(j) * k + i]
+                        : b[static_cast<size_t>(i) * n + j]);
+      }
+      float& out = c[static_cast<size_t>(r) * n + j];
+      out = Scaled(alpha, sum, beta, out);
+    }
+  }
+}
+
+void GemmFewRows(int m, int n, int k, float alpha, const float* a,
+                 const float* b, float beta, float* c) {
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      float sum = 0;
+      for (int r = 0; r < k; ++r) {
+        sum += a[static_cast<size_t>(r) * m + i] *
+               b[static_cast<size_t>(r) * n + j];
+      }
+      float& out = c[static_cast<size_t>(i) * n + j];
+      out = Scaled(alpha, sum, beta, out);
+    }
+  }
+}
+
+#endif  // MONSOON_SMALL_GEMM_X86
+
+}  // namespace monsoon::worker

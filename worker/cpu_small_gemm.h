@@ -1,0 +1,49 @@
+// Matrix products with one small side, for the CPU backend (cpu_backend.cc).
+//
+// OpenBLAS's sgemm computes C in tiles of several rows by several columns.
+// When C has only a few columns (a convolution's forward pass over few
+// filters, whose rows are examples x output positions) or only a few rows
+// (the same layer's weight gradient, summed over those rows), most of each
+// tile is empty: LeNet's first convolution (6 filters of 25 values over
+// 50,176 positions) ran at 0.26-0.33x of a large square sgemm's rate. These
+// kernels put the small side in the lanes of one or two AVX2 registers
+// instead, and keep enough independent sums in flight to keep both FMA
+// units busy.
+//
+// Plain functions of their arguments: safe to call from any thread on
+// buffers no other thread writes. They need a CPU with AVX2 and FMA
+// (SmallGemmSupported()); the backend uses OpenBLAS elsewhere. Sums run in a
+// fixed order, so a product is the same bits on every run, but not the same
+// bits as OpenBLAS's.
+#ifndef MONSOON_WORKER_CPU_SMALL_GEMM_H_
+#define MONSOON_WORKER_CPU_SMALL_GEMM_H_
+
+namespace monsoon::worker {
+
+// The small side's largest size: two AVX2 registers of floats.
+inline constexpr int kSmallGemmSide = 16;
+// Limits of the kernels' stack buffers: GemmFewColumns' k and GemmFewRows'
+// n.
+inline constexpr int kSmallGemmMaxInner = 512;
+inline constexpr int kSmallGemmMaxColumns = 512;
+
+// True where this CPU has AVX2 and FMA, which the kernels below need.
+bool SmallGemmSupported();
+
+// C[m x n] = alpha * A * op(B) + beta * C for 1 <= n <= kSmallGemmSide and
+// 1 <= k <= kSmallGemmMaxInner: A is m x k, and op(B) is k x n where B is
+// stored n x k (trans_b) or k x n. Every matrix is row-major and contiguous.
+// C is not read where beta is 0. Each value of C sums over k in order.
+void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
+                    const float* b, bool trans_b, float beta, float* c);
+
+// C[m x n] = alpha * A^T * B + beta * C for 1 <= m <= kSmallGemmSide and
+// 1 <= n <= kSmallGemmMaxColumns: A is stored k x m, B is k x n, row-major
+// and contiguous, so each value of C is a sum over k rows (in order). C is
+// not read where beta is 0.
+void GemmFewRows(int m, int n, int k, float alpha, const float* a,
+                 const float* b, float beta, float* c);
+
+}  // namespace monsoon::worker
+
+#endif  // MONSOON_WORKER_CPU_SMALL_GEMM_H_
