@@ -250,10 +250,15 @@ WindowGeometry Window(int h, int w, int c, int k, int stride, int pad) {
   return g;
 }
 
+// Their kernel rows (kernel x channels values, which Im2Col copies in one
+// run) are 3, 4, 5, 6, 8, 9, 12 and 18 values long; the padded windows
+// come in both orders of size, so that the backend's zero-bordered copy of
+// an image is reused for a smaller one.
 std::vector<WindowGeometry> ConvWindows() {
   return {Window(7, 5, 3, 3, 2, 1), Window(6, 9, 2, 4, 1, 3),
           Window(5, 5, 1, 5, 1, 2), Window(4, 6, 4, 1, 1, 0),
-          Window(8, 3, 2, 3, 3, 0)};
+          Window(8, 3, 2, 3, 3, 0), Window(6, 7, 1, 3, 1, 1),
+          Window(9, 7, 3, 4, 2, 1), Window(5, 6, 6, 3, 1, 1)};
 }
 
 // The value Im2Col should put at (row, k): the definition, one value at a
