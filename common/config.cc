@@ -304,6 +304,24 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
     return Invalid("weight_decay", "must be in [0, 1)");
   }
   if (c.weight_decay() == 0) c.clear_weight_decay();
+  if (c.lr_decay_epochs() < 0) {
+    return Invalid("lr_decay_epochs", "must be 0 (no schedule) or more");
+  }
+  if (c.has_lr_decay_factor() &&
+      !(c.lr_decay_factor() > 0 && c.lr_decay_factor() <= 1)) {
+    return Invalid("lr_decay_factor", "must be in (0, 1]");
+  }
+  if (c.has_lr_decay_factor() && c.lr_decay_epochs() == 0) {
+    return Invalid("lr_decay_factor",
+                   "is set but lr_decay_epochs is not: set lr_decay_epochs "
+                   "to the epochs between decays, or remove lr_decay_factor");
+  }
+  if (c.lr_decay_epochs() == 0 || c.lr_decay_factor() == 1) {
+    c.clear_lr_decay_epochs();
+    c.clear_lr_decay_factor();
+  } else if (!c.has_lr_decay_factor()) {
+    c.set_lr_decay_factor(0.1f);
+  }
   // Off is off however it is spelt: the same fingerprint as unset.
   if (!c.staleness_lr()) c.clear_staleness_lr();
   if (c.delay_compensation() == 0) c.clear_delay_compensation();

@@ -188,6 +188,11 @@ TEST(ResolveConfigTest, InvalidValuesAreRefusedNamingTheField) {
       {"weight_decay: -0.001", "weight_decay"},
       {"weight_decay: 1", "weight_decay"},
       {"weight_decay: nan", "weight_decay"},
+      {"lr_decay_epochs: -1", "lr_decay_epochs"},
+      {"lr_decay_epochs: 5 lr_decay_factor: 0", "lr_decay_factor"},
+      {"lr_decay_epochs: 5 lr_decay_factor: 1.5", "lr_decay_factor"},
+      {"lr_decay_epochs: 5 lr_decay_factor: nan", "lr_decay_factor"},
+      {"lr_decay_factor: 0.5", "lr_decay_factor"},
       {"batch_size: 65536 layer_sizes: [65536, 10]", "batch_size"},
       {"learning_rate: 0", "learning_rate"},
       {"learning_rate: -0.1", "learning_rate"},
@@ -336,6 +341,19 @@ TEST(ConfigFingerprintTest, EqualConfigsHaveEqualFingerprints) {
             ConfigFingerprint(Resolve("weight_decay: 0")));
   EXPECT_NE(ConfigFingerprint(Resolve("")),
             ConfigFingerprint(Resolve("weight_decay: 0.0005")));
+  // No learning-rate schedule however it is spelt; the factor's default.
+  EXPECT_EQ(ConfigFingerprint(Resolve("")),
+            ConfigFingerprint(Resolve("lr_decay_epochs: 0")));
+  EXPECT_EQ(
+      ConfigFingerprint(Resolve("")),
+      ConfigFingerprint(Resolve("lr_decay_epochs: 10 lr_decay_factor: 1")));
+  EXPECT_EQ(
+      ConfigFingerprint(Resolve("lr_decay_epochs: 10")),
+      ConfigFingerprint(Resolve("lr_decay_epochs: 10 lr_decay_factor: 0.1")));
+  EXPECT_NE(ConfigFingerprint(Resolve("")),
+            ConfigFingerprint(Resolve("lr_decay_epochs: 10")));
+  EXPECT_NE(ConfigFingerprint(Resolve("lr_decay_epochs: 10")),
+            ConfigFingerprint(Resolve("lr_decay_epochs: 5")));
 }
 
 TEST(ConfigFingerprintTest, DiffersWhenTheLearningRateChanges) {

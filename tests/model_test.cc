@@ -254,6 +254,26 @@ TEST_F(MlpModelTest, WeightDecayAddsItsMultipleOfTheWeights) {
   }
 }
 
+TEST_F(MlpModelTest, GradientScaleMultipliesTheGradientsWeightDecayIncluded) {
+  std::unique_ptr<Model> model = MakeModel(4);
+  ASSERT_NE(model, nullptr);
+  ASSERT_OK(model->SetParams(params_));
+  model->set_weight_decay(0.25f);
+  const size_t p = layout_.num_params();
+  std::vector<float> plain(p), scaled(p);
+  ASSERT_OK(
+      model->ComputeGradients(images_.data(), labels_.data(), 4).status());
+  ASSERT_OK(model->GetGradients(absl::MakeSpan(plain)));
+  model->set_gradient_scale(0.25f);
+  ASSERT_OK(
+      model->ComputeGradients(images_.data(), labels_.data(), 4).status());
+  ASSERT_OK(model->GetGradients(absl::MakeSpan(scaled)));
+  for (size_t i = 0; i < p; ++i) {
+    // A power of two: exact.
+    EXPECT_EQ(scaled[i], 0.25f * plain[i]) << i;
+  }
+}
+
 TEST_F(MlpModelTest, ApplyGradientsWithMomentumAccumulatesVelocity) {
   std::unique_ptr<Model> model = MakeModel(4);
   ASSERT_NE(model, nullptr);

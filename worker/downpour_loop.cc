@@ -58,8 +58,7 @@ class DownpourLoop : public TrainingLoop {
         {
           PhaseTimer timer(c.counters, Phase::kCompute);
           if (auto s = params.Commit(); !s.ok()) return s;
-          result = c.model->ComputeGradients(
-              batches->images(), batches->labels(), batches->batch_size());
+          result = ComputeBatchGradients(c, *batches);
           if (!result.ok()) return result.status();
         }
         PhaseTimer timer(c.counters, Phase::kPushPull);
@@ -124,8 +123,7 @@ class DownpourLoop : public TrainingLoop {
           fetch = false;
         }
         PhaseTimer compute(c.counters, Phase::kCompute);
-        result = c.model->ComputeGradients(batches->images(), batches->labels(),
-                                           batches->batch_size());
+        result = ComputeBatchGradients(c, *batches);
         if (!result.ok()) return result.status();
         if (pusher.accumulated_steps() == 0) {
           first_offset = batches->sample_offset();

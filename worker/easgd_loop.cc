@@ -96,8 +96,7 @@ class EasgdLoop : public TrainingLoop {
       }
       if (since_exchange == 0) window_offset = batches->sample_offset();
       PhaseTimer compute(c.counters, Phase::kCompute);
-      absl::StatusOr<BatchResult> result = c.model->ComputeGradients(
-          batches->images(), batches->labels(), batches->batch_size());
+      absl::StatusOr<BatchResult> result = ComputeBatchGradients(c, *batches);
       if (!result.ok()) return result.status();
       if (auto s = c.model->ApplyGradients(c.config.local_learning_rate(),
                                            c.config.local_momentum());

@@ -44,8 +44,7 @@ class HogwildLoop : public TrainingLoop {
         {
           PhaseTimer timer(c.counters, Phase::kCompute);
           if (auto s = params.Commit(); !s.ok()) return s;
-          result = c.model->ComputeGradients(
-              batches->images(), batches->labels(), batches->batch_size());
+          result = ComputeBatchGradients(c, *batches);
           if (!result.ok()) return result.status();
         }
         PhaseTimer timer(c.counters, Phase::kPush);

@@ -89,8 +89,7 @@ class SyncLoop : public TrainingLoop {
     {
       PhaseTimer timer(c.counters, Phase::kCompute);
       if (auto s = params->Commit(); !s.ok()) return s;
-      step = c.model->ComputeGradients(batches.images(), batches.labels(),
-                                       batches.batch_size());
+      step = ComputeBatchGradients(c, batches);
       if (!step.ok()) return step.status();
     }
     // Includes the wait at the barrier.

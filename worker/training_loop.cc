@@ -1,9 +1,11 @@
 #include "worker/training_loop.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 
 namespace monsoon::worker {
@@ -160,6 +162,22 @@ bool BatchStream::Next() {
   return true;
 }
 
+float LearningRateScale(const TrainingConfig& config, int epoch) {
+  if (config.lr_decay_epochs() <= 0 || epoch < config.lr_decay_epochs()) {
+    return 1;
+  }
+  return static_cast<float>(std::pow(double{config.lr_decay_factor()},
+                                     epoch / config.lr_decay_epochs()));
+}
+
+absl::StatusOr<BatchResult> ComputeBatchGradients(const WorkerContext& context,
+                                                  const BatchStream& batches) {
+  context.model->set_gradient_scale(
+      LearningRateScale(context.config, batches.epoch()));
+  return context.model->ComputeGradients(batches.images(), batches.labels(),
+                                         batches.batch_size());
+}
+
 PulledParams::PulledParams(Model* model) : model_(model) {
   const size_t n = model->layout().num_params();
   if (model->backend()->HostMemory()) {
@@ -222,14 +240,17 @@ void ProgressLog::Step(double loss, int64_t samples) {
     return;
   }
   const double seconds = absl::ToDoubleSeconds(now - last_log_);
+  // Where the learning-rate schedule has taken the rates down.
+  const float scale = LearningRateScale(context_.config, batches_.epoch());
   common::Log(
       "worker %d: epoch %d/%d step %d/%d loss %.4f samples/s %.0f pushed "
-      "%.1f MB pulled %.1f MB",
+      "%.1f MB pulled %.1f MB%s",
       context_.rank, batches_.epoch() + 1, context_.config.epochs(),
       batches_.step_in_epoch(), batches_.steps_per_epoch(),
       loss_sum_ / loss_count_, (result_.samples - last_samples_) / seconds,
       context_.client->bytes_pushed() / 1e6,
-      context_.client->bytes_pulled() / 1e6);
+      context_.client->bytes_pulled() / 1e6,
+      scale == 1 ? "" : absl::StrFormat(" lr x%g", scale));
   last_log_ = now;
   last_samples_ = result_.samples;
   loss_sum_ = 0;

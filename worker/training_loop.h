@@ -173,6 +173,16 @@ class BatchStream {
   std::vector<int32_t> labels_;
 };
 
+// The config's learning-rate schedule at `epoch` (0-based):
+// lr_decay_factor ^ floor(epoch / lr_decay_epochs), 1 without a schedule.
+float LearningRateScale(const TrainingConfig& config, int epoch);
+
+// The gradients of the stream's current batch, on the context's model,
+// scaled for the batch's epoch by the config's learning-rate schedule: the
+// one way every loop computes a step's gradients.
+absl::StatusOr<BatchResult> ComputeBatchGradients(const WorkerContext& context,
+                                                  const BatchStream& batches);
+
 // Where a loop's pulls put the weights: straight into the model's own
 // parameters where the backend keeps them in host memory (no copy), else
 // into a host buffer that Commit() uploads. Not thread-safe.

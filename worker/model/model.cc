@@ -166,6 +166,9 @@ absl::StatusOr<BatchResult> Model::ComputeGradients(const float* images,
   if (weight_decay_ > 0) {
     backend_->Axpy(layout_.num_params(), weight_decay_, params_, grads_);
   }
+  if (gradient_scale_ != 1) {
+    backend_->Scale(layout_.num_params(), gradient_scale_, grads_);
+  }
   return ReadStats(batch);
 }
 

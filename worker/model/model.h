@@ -56,6 +56,10 @@ class Model {
   // From the next ComputeGradients on, the gradients include
   // weight_decay * params (L2 regularization; config's weight_decay).
   void set_weight_decay(float weight_decay) { weight_decay_ = weight_decay; }
+  // From the next ComputeGradients on, the gradients (weight decay
+  // included) are multiplied by `scale` (the config's learning-rate
+  // schedule; see LearningRateScale).
+  void set_gradient_scale(float scale) { gradient_scale_ = scale; }
 
   // params -= learning_rate * gradients, on the device. With momentum > 0:
   // velocity = momentum * velocity + gradients; params -= lr * velocity
@@ -82,6 +86,7 @@ class Model {
   const common::ModelLayout layout_;
   const int max_batch_;
   float weight_decay_ = 0;
+  float gradient_scale_ = 1;
   std::vector<std::unique_ptr<Layer>> layers_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
