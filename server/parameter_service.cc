@@ -619,6 +619,16 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
     return reactor;
   }
   if (request->worker_rank() >= 0 && request->leaving()) {
+    // Only the rank's holder (or a worker of a rank this shard has not seen
+    // register, as after the shard's restart) may end it or finish it.
+    if (absl::Status held =
+            state->CheckSession(request->worker_rank(), request->session());
+        !held.ok()) {
+      common::LogWarning("shard %d: refused a leave: %s", state->shard(),
+                         held.ToString());
+      reactor->Finish(ToGrpcStatus(held));
+      return reactor;
+    }
     state->EndSession(request->worker_rank(), request->session());
     if (request->finished()) {
       const bool last = state->FinishRank(request->worker_rank());

@@ -307,10 +307,19 @@ absl::Duration ShardState::lease() const {
 }
 
 absl::Status ShardState::OpenSession(int rank, uint64_t session) {
+  if (session == 0) {
+    // 0 stands for "no session" (an unregistered rank, a call that carries
+    // none): a registration with it would unbind the rank's holder and let
+    // any caller act for the rank.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a registration of rank ", rank,
+        " without a session id (RegisterRequest.session is 0): a worker "
+        "draws a non-zero id at start and sends it with every call"));
+  }
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&sessions_mu_);
   Session& held = sessions_[rank];
-  if (held.id != 0 && held.id != session && session != 0 &&
+  if (held.id != 0 && held.id != session &&
       now - held.last_contact < lease_) {
     const absl::Duration since =
         absl::Trunc(now - held.last_contact, absl::Milliseconds(100));

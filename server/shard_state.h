@@ -164,8 +164,9 @@ class ShardState {
   void set_lease(absl::Duration lease);
   absl::Duration lease() const;
   // Registration of `rank` by the process that drew `session`: OK (and the
-  // lease renewed), or ALREADY_EXISTS when another session holds the rank
-  // and called within the lease.
+  // lease renewed), ALREADY_EXISTS when another session holds the rank
+  // and called within the lease, INVALID_ARGUMENT for session 0 (no
+  // session: it would unbind the holder).
   absl::Status OpenSession(int rank, uint64_t session);
   // `rank`'s process, if it holds the session `session`, is done: it
   // counts as gone from now on (not Alive), and another session may take

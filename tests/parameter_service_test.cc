@@ -213,6 +213,7 @@ TEST_F(ParameterServiceTest, RegisterDescribesTheShardsSlice) {
     request.set_worker_rank(rank);
     request.set_shard(1);
     request.set_config_fingerprint(common::ConfigFingerprint(config_));
+    if (rank >= 0) request.set_session(100 + rank);
     RegisterResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, absl::Seconds(30));
@@ -712,6 +713,65 @@ TEST(RankBindingTest, CallsForARegisteredRankNeedItsSession) {
               HasCode(grpc::StatusCode::PERMISSION_DENIED));
   EXPECT_THAT(RawPull(stub.get(), -1, 0, 0).status,
               HasCode(grpc::StatusCode::OK));
+}
+
+// The attack a session 0 once allowed: a client holding the run's token
+// registered a live worker's rank with session 0, which unbound the worker,
+// then pushed into the rank's sync step without any session, and the
+// worker's own push for the step was refused. Now a registration without a
+// session is refused, the holder keeps the rank, and nothing changes.
+TEST(RankBindingTest, ARegistrationWithoutASessionCannotTakeARank) {
+  const TrainingConfig config = ResolvedConfig(kSyncConfig);
+  std::unique_ptr<ShardServer> server = StartShard(config, 0, 2);
+  ASSERT_NE(server, nullptr);
+  auto stub = StubFor(*server);
+  auto register_rank = [&](int rank, uint64_t session, bool leaving = false,
+                           bool finished = false) {
+    grpc::ClientContext context;
+    RegisterRequest request;
+    request.set_worker_rank(rank);
+    request.set_config_fingerprint(common::ConfigFingerprint(config));
+    request.set_session(session);
+    request.set_leaving(leaving);
+    request.set_finished(finished);
+    RegisterResponse response;
+    return stub->Register(&context, request, &response);
+  };
+  ASSERT_THAT(register_rank(0, 7), HasCode(grpc::StatusCode::OK));
+  ASSERT_THAT(register_rank(1, 9), HasCode(grpc::StatusCode::OK));
+
+  // The attacker's registration: refused, naming what is missing.
+  EXPECT_THAT(register_rank(0, 0),
+              HasCodeAndMessage(grpc::StatusCode::INVALID_ARGUMENT,
+                                HasSubstr("without a session id")));
+  // Nor may it end or finish the rank for its holder.
+  EXPECT_THAT(register_rank(0, 0, /*leaving=*/true, /*finished=*/true),
+              HasCode(grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_THAT(register_rank(0, 8, /*leaving=*/true),
+              HasCode(grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_FALSE(server->state()->HasLeft(0));
+  EXPECT_THAT(server->state()->Stats().finished_ranks(), testing::IsEmpty());
+  // Its push into rank 0's step 0 without a session is refused...
+  PushChunk forged = OneChunkPush(0, 0, 0, Filled(26, 100.0f));
+  EXPECT_THAT(RawPush(stub.get(), {forged}),
+              HasCode(grpc::StatusCode::PERMISSION_DENIED));
+  // ...and the holder's own pushes close the step as if nothing happened.
+  PushChunk own = OneChunkPush(0, 0, 0, Filled(26, 1.0f));
+  own.mutable_header()->set_session(7);
+  PushChunk other = OneChunkPush(1, 0, 0, Filled(26, 3.0f));
+  other.mutable_header()->set_session(9);
+  std::thread rank0([&] {
+    EXPECT_THAT(RawPush(stub.get(), {own}), HasCode(grpc::StatusCode::OK));
+  });
+  EXPECT_THAT(RawPush(stub.get(), {other}), HasCode(grpc::StatusCode::OK));
+  rank0.join();
+  EXPECT_EQ(server->state()->version(), 1);
+  const std::vector<float> initial = InitialWeights(config, 0, 26);
+  const Pulled pulled = RawPull(stub.get(), -1, 0, 1);
+  ASSERT_THAT(pulled.status, HasCode(grpc::StatusCode::OK));
+  ASSERT_EQ(pulled.values.size(), 26u);
+  // SGD at rate 0.5 on the mean of 1 and 3.
+  EXPECT_EQ(pulled.values[0], initial[0] - 0.5f * 2.0f);
 }
 
 // Finite values that would poison the model, and claims that would
