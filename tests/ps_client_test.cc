@@ -6,8 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -896,6 +901,119 @@ TEST_F(TwoShardsTest, ASecondClientForALiveRankIsAlreadyExists) {
   // Once the first stops calling for the lease, a restart takes the rank.
   options.connect_timeout = 20 * testutil::kTestLease;
   ASSERT_OK(PsClient::Connect(options).status());
+}
+
+// A shard that answers Register from a script (then OK for good), as
+// one real shard of a one-shard run: the codes a worker can meet while the
+// shard it lost shuts down and its successor comes up, in an order no real
+// restart can be made to keep.
+class ScriptedShard : public ParameterService::CallbackService {
+ public:
+  ScriptedShard(const TrainingConfig& config, std::deque<grpc::StatusCode> script)
+      : params_(common::ModelLayout::FromConfig(config).num_params()),
+        script_(std::move(script)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~ScriptedShard() override { server_->Shutdown(); }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int registrations() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return registrations_;
+  }
+  // From now on, Register answers `codes` in turn before OK again.
+  void Script(std::deque<grpc::StatusCode> codes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    script_ = std::move(codes);
+  }
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const RegisterRequest* request,
+                                     RegisterResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    grpc::StatusCode code = grpc::StatusCode::OK;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++registrations_;
+      if (!script_.empty()) {
+        code = script_.front();
+        script_.pop_front();
+      }
+    }
+    if (code != grpc::StatusCode::OK) {
+      reactor->Finish(grpc::Status(code, "scripted"));
+      return reactor;
+    }
+    response->set_shard(0);
+    response->set_num_shards(1);
+    response->set_offset(0);
+    response->set_length(params_);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  const uint64_t params_;
+  std::mutex mu_;
+  std::deque<grpc::StatusCode> script_;
+  int registrations_ = 0;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// A worker that lost a shard registers again while the old shard process
+// may still be shutting down: gRPC cancels the calls that reach it then
+// (CANCELLED). That is the lost shard, not this worker's stop: Reconnect
+// waits for the successor, as for UNAVAILABLE. (It used to give up at the
+// first CANCELLED, having re-registered with the shards before that one
+// and not with it: in sync, that shard's barrier then waited for the worker
+// until its lease ran out, and the worker ended CANCELLED.)
+TEST(PsClientTest, ReconnectWaitsThroughAShardThatIsShuttingDown) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  ScriptedShard shard(config, {});
+  PsClientOptions options;
+  options.server_addresses = {shard.address()};
+  options.config = config;
+  options.worker_rank = 0;
+  options.num_workers = 1;
+  options.connect_timeout = absl::Seconds(30);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(options));
+  ASSERT_EQ(shard.registrations(), 1);
+  shard.Script({grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE,
+                grpc::StatusCode::CANCELLED});
+  EXPECT_OK(client->Reconnect(absl::Seconds(30), absl::ZeroDuration()));
+  EXPECT_EQ(shard.registrations(), 5);
+}
+
+// Reconnect still ends at once for this worker's own stop, and for codes
+// that waiting cannot mend (a shard that refuses the worker).
+TEST(PsClientTest, ReconnectEndsAtOnceForAStopOrARefusal) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  ScriptedShard shard(config, {});
+  absl::Notification stop;
+  PsClientOptions options;
+  options.server_addresses = {shard.address()};
+  options.config = config;
+  options.worker_rank = 0;
+  options.num_workers = 1;
+  options.stop = &stop;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(options));
+  shard.Script({grpc::StatusCode::FAILED_PRECONDITION});
+  EXPECT_THAT(client->Reconnect(absl::Seconds(30), absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("scripted")));
+  EXPECT_EQ(shard.registrations(), 2);
+  stop.Notify();
+  shard.Script({grpc::StatusCode::CANCELLED});
+  EXPECT_THAT(client->Reconnect(absl::Seconds(30), absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_EQ(shard.registrations(), 2);
 }
 
 TEST(PsClientTest, AFrozenShardIsUnavailableWithinThePeerTimeout) {

@@ -55,12 +55,13 @@ class ShardCalls : public PendingCall {
 
   // Called once per shard, from any thread.
   void Done(int shard, absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
     statuses_[shard] = std::move(status);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      answered_[shard] = true;
-      --pending_;
-    }
+    answered_[shard] = true;
+    --pending_;
+    // Under the lock: once pending_ reaches 0 the waiter may return and
+    // destroy this object, condition variable included, as soon as it can
+    // take the lock.
     done_.notify_all();
   }
 
@@ -510,11 +511,15 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     grpc::Status status = shard.stub->Register(&context, request, &response);
     if (status.ok()) return response;
     // ALREADY_EXISTS: another worker holds this rank; if it has died (this
-    // is its restart), its lease runs out soon.
+    // is its restart), its lease runs out soon. CANCELLED (this client's
+    // stop was checked above): the call reached a shard that is shutting
+    // down, as the shard that was just lost may still be; its successor
+    // comes up on the same address.
     const bool transport =
         status.error_code() == grpc::StatusCode::UNAVAILABLE ||
         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-        status.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+        status.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
+        status.error_code() == grpc::StatusCode::CANCELLED;
     if (!transport) {
       return Annotate(common::ToAbslStatus(status), s, shard.address);
     }
