@@ -1,6 +1,5 @@
 #include "common/metrics_exporter.h"
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <exception>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/accept_guard.h"
 #include "common/config.h"
 #include "prometheus/exposer.h"
 
@@ -38,7 +38,16 @@ class ProcessMetrics : public prometheus::Collectable {
                              "Resident memory size in bytes.",
                              ResidentBytes()));
     families.push_back(
-        Gauge("process_open_fds", "Open file descriptors.", OpenFds()));
+        Gauge("process_open_fds", "Open file descriptors.",
+              static_cast<double>(OpenFileDescriptors())));
+    families.push_back(Gauge("process_max_fds",
+                             "The soft limit on open file descriptors.",
+                             static_cast<double>(FileDescriptorLimit())));
+    families.push_back(Counter(
+        "monsoon_connections_shed_total",
+        "Incoming connections closed at once because the process was near "
+        "its limit on open files (common/accept_guard.h).",
+        static_cast<double>(ConnectionsShed())));
     families.push_back(
         Gauge("process_start_time_seconds",
               "Start time of the process since the Unix epoch, in seconds.",
@@ -72,17 +81,6 @@ class ProcessMetrics : public prometheus::Collectable {
     double pages_total = 0, pages_resident = 0;
     in >> pages_total >> pages_resident;
     return pages_resident * static_cast<double>(sysconf(_SC_PAGESIZE));
-  }
-
-  static double OpenFds() {
-    DIR* dir = opendir("/proc/self/fd");
-    if (dir == nullptr) return 0;
-    int count = 0;
-    while (dirent* entry = readdir(dir)) {
-      if (entry->d_name[0] != '.') ++count;
-    }
-    closedir(dir);
-    return count - 1;  // less the one opendir holds
   }
 
   const absl::Time start_;

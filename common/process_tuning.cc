@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "absl/synchronization/mutex.h"
+#include "common/accept_guard.h"
 
 namespace monsoon::common {
 
@@ -22,15 +23,15 @@ void TuneProcess() {
   if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) {
     mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
   }
-  // As many files as the system lets this process have: with the usual soft
-  // limit of 1,024, a thousand idle connections leave a server unable to
-  // accept any more, for good (gRPC stops accepting after EMFILE).
+  // As many files as the system lets this process have.
   rlimit files;
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 &&
       files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);
   }
+  // Whatever the limit, accepting never uses it up (common/accept_guard.h).
+  ArmAcceptGuard();
 }
 
 }  // namespace monsoon::common

@@ -10,8 +10,10 @@
 //    wins.
 //  - Abseil's mutex deadlock detection is off (it is on in Debian's build
 //    and looks every lock up in a graph; the tests keep it).
-//  - The soft limit on open files is raised to the hard one, so that idle
-//    connections cannot use up a server's descriptors.
+//  - The soft limit on open files is raised to the hard one, and accepting
+//    connections is bounded below it (common/accept_guard.h), so that idle
+//    connections can neither use up a server's descriptors nor stop its
+//    listener for good.
 #ifndef MONSOON_COMMON_PROCESS_TUNING_H_
 #define MONSOON_COMMON_PROCESS_TUNING_H_
 
