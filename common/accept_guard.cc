@@ -43,9 +43,8 @@ void NoteShed(const char* why) {
   const int64_t total = shed.fetch_add(1, std::memory_order_relaxed) + 1;
   const int64_t now = NowMs();
   int64_t last = last_log_ms.load(std::memory_order_relaxed);
-  if (now - last < 10000 ||
-      !last_log_ms.compare_exchange_strong(last, now,
-                                           std::memory_order_relaxed)) {
+  if (now - last < 10000 || !last_log_ms.compare_exchange_strong(
+                                last, now, std::memory_order_relaxed)) {
     return;
   }
   LogWarning(
@@ -78,8 +77,8 @@ bool ShedWithSpare(int listener, int flags) {
 void ArmAcceptGuard(int reserve) {
   const int64_t limit = FileDescriptorLimit();
   if (limit <= 0) return;
-  const int64_t from =
-      std::max<int64_t>(limit - std::max(reserve, 0), std::min<int64_t>(limit, 16));
+  const int64_t from = std::max<int64_t>(limit - std::max(reserve, 0),
+                                         std::min<int64_t>(limit, 16));
   if (spare_fd.load() < 0) {
     spare_fd.store(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   }

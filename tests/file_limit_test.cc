@@ -50,8 +50,7 @@ int FreePort() {
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t length = sizeof(address);
   int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
-          0 &&
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
     port = ntohs(address.sin_port);
   }
@@ -101,7 +100,8 @@ std::string Scrape(int port) {
   std::string response;
   char buffer[4096];
   ssize_t n;
-  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0)
+    response.append(buffer, n);
   ::close(fd);
   return response;
 }
@@ -125,10 +125,13 @@ class FileLimitTest : public testing::Test {
     port_file_ = dir + "/port";
     log_ = dir + "/ps_server.log";
     const std::vector<std::string> args = {
-        Runfile("server/ps_server"), "--config=" + config,
-        "--listen=127.0.0.1:0", "--port_file=" + port_file_,
+        Runfile("server/ps_server"),
+        "--config=" + config,
+        "--listen=127.0.0.1:0",
+        "--port_file=" + port_file_,
         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
-        "--num_workers=1", "--checkpoint_interval_s=0"};
+        "--num_workers=1",
+        "--checkpoint_interval_s=0"};
     pid_ = ::fork();
     if (pid_ == 0) {
       rlimit files = {kFileLimit, kFileLimit};
@@ -137,7 +140,8 @@ class FileLimitTest : public testing::Test {
       ::dup2(out, 1);
       ::dup2(out, 2);
       std::vector<char*> argv;
-      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      for (const std::string& arg : args)
+        argv.push_back(const_cast<char*>(arg.c_str()));
       argv.push_back(nullptr);
       ::execv(argv[0], argv.data());
       ::_exit(127);
@@ -219,7 +223,8 @@ TEST_F(FileLimitTest, AShardServesAgainOnceConnectionsBeyondItsLimitClose) {
   EXPECT_THAT(metrics, HasSubstr(absl::StrCat("process_max_fds ", kFileLimit)));
   EXPECT_THAT(metrics, HasSubstr("process_open_fds "));
   EXPECT_THAT(metrics, HasSubstr("monsoon_connections_shed_total "));
-  EXPECT_THAT(metrics, ::testing::Not(HasSubstr("monsoon_connections_shed_total 0\n")));
+  EXPECT_THAT(metrics,
+              ::testing::Not(HasSubstr("monsoon_connections_shed_total 0\n")));
   EXPECT_THAT(Log(), ::testing::Not(HasSubstr("Failed accept4")));
 }
 

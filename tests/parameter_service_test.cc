@@ -477,9 +477,9 @@ TEST_F(ParameterServiceTest, SyncPushesOfAClosedOrRepeatedStepAreRefused) {
   EXPECT_EQ(after.values, before.values);
   EXPECT_EQ(RawStats(stub.get()).rejected_pushes(), 2);
   // Counted by the code each rejection got.
-  EXPECT_THAT(RawStats(stub.get()).rejected_pushes_by_code(),
-              UnorderedElementsAre(Pair("ALREADY_EXISTS", 1),
-                                   Pair("ABORTED", 1)));
+  EXPECT_THAT(
+      RawStats(stub.get()).rejected_pushes_by_code(),
+      UnorderedElementsAre(Pair("ALREADY_EXISTS", 1), Pair("ABORTED", 1)));
   EXPECT_EQ(RawStats(stub.get()).duplicate_pushes(), 1);
 }
 

@@ -2,12 +2,11 @@
 #include "worker/ps_client.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
 
 #include <cstdint>
 #include <deque>
@@ -634,8 +633,7 @@ class SyncTwoWorkersTest : public ::testing::Test {
 
 TEST_F(SyncTwoWorkersTest, SyncPushPullWaitsForTheBarrier) {
   const std::vector<float> threes(53, 3.0f);
-  std::unique_ptr<ShardedPush> push =
-      Worker0PushesStepZero(absl::Seconds(30));
+  std::unique_ptr<ShardedPush> push = Worker0PushesStepZero(absl::Seconds(30));
   // Worker 0's answer waits for step 0 to close, which needs worker 1.
   absl::SleepFor(absl::Milliseconds(200));
   ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
@@ -666,8 +664,7 @@ TEST_F(SyncTwoWorkersTest,
     push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
     absl::SleepFor(absl::Milliseconds(200));
   }
-  std::unique_ptr<ShardedPush> push =
-      Worker0PushesStepZero(absl::Seconds(60));
+  std::unique_ptr<ShardedPush> push = Worker0PushesStepZero(absl::Seconds(60));
   // Shard 1's step 0 closes and it answers; shard 0's waits for worker 1.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (servers[1]->state()->version() < 1 && absl::Now() < deadline) {
@@ -909,7 +906,8 @@ TEST_F(TwoShardsTest, ASecondClientForALiveRankIsAlreadyExists) {
 // restart can be made to keep.
 class ScriptedShard : public ParameterService::CallbackService {
  public:
-  ScriptedShard(const TrainingConfig& config, std::deque<grpc::StatusCode> script)
+  ScriptedShard(const TrainingConfig& config,
+                std::deque<grpc::StatusCode> script)
       : params_(common::ModelLayout::FromConfig(config).num_params()),
         script_(std::move(script)) {
     grpc::ServerBuilder builder;
@@ -1005,9 +1003,9 @@ TEST(PsClientTest, ReconnectEndsAtOnceForAStopOrARefusal) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
                        PsClient::Connect(options));
   shard.Script({grpc::StatusCode::FAILED_PRECONDITION});
-  EXPECT_THAT(client->Reconnect(absl::Seconds(30), absl::ZeroDuration()),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("scripted")));
+  EXPECT_THAT(
+      client->Reconnect(absl::Seconds(30), absl::ZeroDuration()),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("scripted")));
   EXPECT_EQ(shard.registrations(), 2);
   stop.Notify();
   shard.Script({grpc::StatusCode::CANCELLED});
