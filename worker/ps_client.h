@@ -1,6 +1,9 @@
 // PsClient: a worker's (or evaluator's) connection to every shard, and
 // nothing but transport: it registers, moves finished payloads to the shards
 // and weights back, and never encodes (GradientPusher prepares pushes).
+// ps_client.cc holds the pushes and pulls, ps_client_session.cc the
+// registration and the run's lifecycle; the calls to one shard are in
+// shard_calls.h and shard_streams.h, the pull decoder in pull_decoder.h.
 // Requests reach all shards in parallel, one streaming RPC per shard,
 // through gRPC's callback API; tensors cross as common/wire.h says, without
 // a copy on the way out and with one on the way in.
@@ -29,6 +32,7 @@
 #include "common/wire.h"
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
+#include "worker/shard_calls.h"
 
 namespace monsoon::worker {
 
@@ -56,14 +60,6 @@ struct PsClientOptions {
   std::string auth_token;
   // TLS (common/tls.h); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-};
-
-// One request to every shard; Wait() returns the first error, naming the
-// shard and its address.
-class PendingCall {
- public:
-  virtual ~PendingCall() = default;
-  virtual absl::Status Wait() = 0;
 };
 
 // One shard's finished push payload: `values` values in `encoding`, as
@@ -212,16 +208,7 @@ class PsClient {
   int64_t bytes_pushed() const { return bytes_pushed_.load(); }
   int64_t bytes_pulled() const { return bytes_pulled_.load(); }
 
-  // One shard's connection (for the calls in ps_client.cc).
-  struct Shard {
-    std::string address;
-    // Sets the metadata every call to this shard carries (the run's token).
-    void Prepare(grpc::ClientContext* context) const;
-    std::string authorization;                     // "Bearer <token>", or empty
-    std::shared_ptr<grpc::Channel> channel;        // watched during waits
-    std::unique_ptr<ParameterService::Stub> stub;  // Register, Stats
-    std::unique_ptr<grpc::GenericStub> streams;    // Push, Pull, PushPull
-  };
+  using Shard = ShardConnection;
 
  private:
   friend class ShardedPushImpl;

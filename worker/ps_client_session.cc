@@ -1,0 +1,236 @@
+// PsClient's session with the shards: registering (Connect, and again
+// after a lost shard: Reconnect), where a restarted worker resumes, leaving,
+// finishing and closing the run.
+#include <grpcpp/client_context.h>
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/config.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "worker/ps_client.h"
+
+namespace monsoon::worker {
+
+absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
+    int s, absl::Time deadline, absl::Duration log_every,
+    const std::string& why) {
+  const Shard& shard = shards_[s];
+  RegisterRequest request;
+  request.set_worker_rank(worker_rank_);
+  request.set_shard(s);
+  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_num_workers(num_workers_);
+  request.set_num_shards(num_shards());
+  request.set_session(session_);
+  RegisterResponse response;
+  const absl::Time start = absl::Now();
+  absl::Time last_log = start;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    if (stop_ != nullptr && stop_->HasBeenNotified()) {
+      return absl::CancelledError("stopped while waiting for a shard");
+    }
+    grpc::ClientContext context;
+    shard.Prepare(&context);
+    context.set_wait_for_ready(true);
+    // Short attempts, so that a stop or a log line is never far off.
+    context.set_deadline(
+        absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
+    grpc::Status status = shard.stub->Register(&context, request, &response);
+    if (status.ok()) return response;
+    // ALREADY_EXISTS: another worker holds this rank; if it has died (this
+    // is its restart), its lease runs out soon. CANCELLED (this client's
+    // stop was checked above): the call reached a shard that is shutting
+    // down, as the shard that was just lost may still be; its successor
+    // comes up on the same address.
+    const bool transport =
+        status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        status.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
+        status.error_code() == grpc::StatusCode::CANCELLED;
+    if (!transport) {
+      return Annotate(common::ToAbslStatus(status), s, shard.address);
+    }
+    const absl::Time now = absl::Now();
+    if (now + backoff >= deadline &&
+        status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      return Annotate(common::ToAbslStatus(status), s, shard.address);
+    }
+    if (now + backoff >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not reach parameter server shard ", s, " at ", shard.address,
+          " within ",
+          absl::FormatDuration(absl::Trunc(deadline - start, absl::Seconds(1))),
+          " (", status.error_message(), "): ", why));
+    }
+    if (log_every > absl::ZeroDuration() && now - last_log >= log_every) {
+      common::Log("%s %d: waiting for shard %d at %s for %.0f s (%s)",
+                  worker_rank_ >= 0 ? "worker" : "evaluator",
+                  std::max(worker_rank_, 0), s, shard.address,
+                  absl::ToDoubleSeconds(now - start), status.error_message());
+      last_log = now;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
+    const PsClientOptions& options) {
+  if (options.server_addresses.empty()) {
+    return absl::InvalidArgumentError(
+        "no parameter servers given (--servers=host:port,...)");
+  }
+  std::unique_ptr<PsClient> client(new PsClient());
+  client->config_ = options.config;
+  client->worker_rank_ = options.worker_rank;
+  client->num_workers_ = options.num_workers;
+  client->stop_ = options.stop;
+  client->log_every_ = options.log_every;
+  std::random_device random;
+  client->session_ = (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+  const int shards = static_cast<int>(options.server_addresses.size());
+  for (const std::string& address : options.server_addresses) {
+    std::shared_ptr<grpc::Channel> channel =
+        MakeChannel(address, options.peer_timeout, options.credentials);
+    Shard& shard = client->shards_.emplace_back();
+    if (!options.auth_token.empty()) {
+      shard.authorization = common::BearerValue(options.auth_token);
+    }
+    shard.address = address;
+    shard.channel = channel;
+    shard.stub = ParameterService::NewStub(channel);
+    shard.streams = std::make_unique<grpc::GenericStub>(channel);
+  }
+  const uint64_t params =
+      common::ModelLayout::FromConfig(options.config).num_params();
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  for (int s = 0; s < shards; ++s) {
+    absl::StatusOr<RegisterResponse> response = client->RegisterWith(
+        s, deadline, options.log_every,
+        "is ps_server running there, and --servers in shard order?");
+    if (!response.ok()) return response.status();
+    const std::string& address = options.server_addresses[s];
+    const common::ShardRange expected =
+        common::ShardRangeFor(params, shards, s);
+    if (response->num_shards() != shards ||
+        response->offset() != expected.begin ||
+        response->length() != expected.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " at ", address, " serves [", response->offset(), ", ",
+          response->offset() + response->length(), ") of ",
+          response->num_shards(), " shards, but this worker expects [",
+          expected.begin, ", ", expected.end, ") of ", shards,
+          ": check --servers and the servers' --num_shards"));
+    }
+    client->ranges_.push_back(expected);
+    client->initial_versions_.push_back(response->version());
+    client->applied_samples_ =
+        s == 0 ? response->samples_applied()
+               : client->ResumePoint(client->applied_samples_,
+                                     response->samples_applied());
+  }
+  client->next_sample_offset_ = client->applied_samples_;
+  return client;
+}
+
+absl::Status PsClient::Leave(absl::Duration timeout, bool finished) {
+  if (worker_rank_ < 0) return absl::OkStatus();
+  RegisterRequest request;
+  request.set_worker_rank(worker_rank_);
+  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_num_workers(num_workers_);
+  request.set_num_shards(num_shards());
+  request.set_session(session_);
+  request.set_leaving(true);
+  request.set_finished(finished);
+  return RegisterEverywhere(request, timeout);
+}
+
+absl::StatusOr<bool> PsClient::RankFinished(absl::Duration timeout) {
+  absl::StatusOr<std::vector<StatsResponse>> stats = Stats(timeout);
+  if (!stats.ok()) return stats.status();
+  return !stats->empty() &&
+         std::all_of(
+             stats->begin(), stats->end(), [this](const StatsResponse& shard) {
+               return std::find(shard.finished_ranks().begin(),
+                                shard.finished_ranks().end(),
+                                worker_rank_) != shard.finished_ranks().end();
+             });
+}
+
+absl::Status PsClient::CloseRun(absl::Duration timeout) {
+  if (worker_rank_ != -1) {
+    return absl::FailedPreconditionError(
+        "only a client of rank -1 (the run's finisher) closes the run");
+  }
+  RegisterRequest request;
+  request.set_worker_rank(-1);
+  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_num_shards(num_shards());
+  request.set_session(session_);
+  request.set_leaving(true);
+  request.set_finished(true);
+  return RegisterEverywhere(request, timeout);
+}
+
+absl::Status PsClient::RegisterEverywhere(RegisterRequest request,
+                                          absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status first;
+  for (int s = 0; s < num_shards(); ++s) {
+    request.set_shard(s);
+    grpc::ClientContext context;
+    shards_[s].Prepare(&context);
+    context.set_deadline(absl::ToChronoTime(deadline));
+    RegisterResponse response;
+    grpc::Status status =
+        shards_[s].stub->Register(&context, request, &response);
+    if (!status.ok() && first.ok()) {
+      first = Annotate(common::ToAbslStatus(status), s, shards_[s].address);
+    }
+  }
+  return first;
+}
+
+int64_t PsClient::ResumePoint(int64_t a, int64_t b) const {
+  // Sync: where the barrier is, the furthest shard (a shard restarted from
+  // an older checkpoint lost its steps since; the workers that lived on are
+  // at the others' step, and a worker resuming behind them would hold every
+  // barrier up). The others: the nearest, so that no shard misses a batch
+  // (those that hold it answer its repeat as a duplicate).
+  return config_.mode() == SYNC ? std::max(a, b) : std::min(a, b);
+}
+
+absl::Status PsClient::Reconnect(absl::Duration timeout,
+                                 absl::Duration log_every) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int s = 0; s < num_shards(); ++s) {
+    absl::StatusOr<RegisterResponse> response = RegisterWith(
+        s, deadline, log_every,
+        "the shard did not come back (raise --shard_lost_timeout_s to wait "
+        "longer)");
+    if (!response.ok()) return response.status();
+    if (response->num_shards() != num_shards() ||
+        response->offset() != ranges_[s].begin ||
+        response->length() != ranges_[s].size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", s, " at ", shards_[s].address,
+                       " came back serving another part of the model"));
+    }
+    initial_versions_[s] = response->version();
+    applied_samples_ =
+        s == 0 ? response->samples_applied()
+               : ResumePoint(applied_samples_, response->samples_applied());
+  }
+  // The loop repeats its step now, on the weights as the shards have them.
+  repeat_next_push_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace monsoon::worker
