@@ -25,55 +25,6 @@ ShardState::ShardState(const common::ModelLayout& layout, uint64_t seed,
       buffers_(range_.size()),
       staleness_counts_(kStalenessBuckets, 0) {}
 
-// A fixed set of threads that run waiters handed to them, in order. (A
-// std::mutex and condition variable rather than absl::Mutex::Await, whose
-// conditions ThreadSanitizer cannot follow.)
-class ShardState::Helpers {
- public:
-  explicit Helpers(int threads) {
-    for (int i = 0; i < threads; ++i) {
-      threads_.emplace_back([this] { Serve(); });
-    }
-  }
-  ~Helpers() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread& thread : threads_) thread.join();
-  }
-  int size() const { return static_cast<int>(threads_.size()); }
-  void Run(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
-    }
-    wake_.notify_one();
-  }
-
- private:
-  void Serve() {
-    while (true) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;  // stopping
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      task();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
-  std::vector<std::thread> threads_;
-};
-
 ShardState::~ShardState() {
   absl::MutexLock lock(&helpers_mu_);
   helpers_.reset();
@@ -81,12 +32,12 @@ ShardState::~ShardState() {
 
 void ShardState::RunWaiters(std::vector<Waiter> ready) {
   if (ready.size() > 1) {
-    Helpers* helpers = nullptr;
+    TaskThreads* helpers = nullptr;
     {
       absl::MutexLock lock(&helpers_mu_);
       if (helpers_ == nullptr) {
         const int cores = static_cast<int>(std::thread::hardware_concurrency());
-        helpers_ = std::make_unique<Helpers>(std::max(cores - 1, 0));
+        helpers_ = std::make_unique<TaskThreads>(std::max(cores - 1, 0));
       }
       helpers = helpers_.get();
     }
@@ -177,15 +128,9 @@ ShardState::Clocks ShardState::ReadClocks(absl::Time now) const {
       }
     }
   }
-  absl::MutexLock lock(&sessions_mu_);
+  const std::vector<bool> live = sessions_.LiveRanks(clock_workers_, now);
   for (int rank = 0; rank < clock_workers_; ++rank) {
-    auto it = sessions_.find(rank);
-    // Live: never called (still starting), or called within the lease and
-    // not left.
-    const bool live =
-        it == sessions_.end() ||
-        (!it->second.left && now - it->second.last_contact < lease_);
-    if (live &&
+    if (live[rank] &&
         (clocks.slowest_rank < 0 || clocks.of_rank[rank] < clocks.slowest)) {
       clocks.slowest = clocks.of_rank[rank];
       clocks.slowest_rank = rank;
@@ -294,136 +239,6 @@ void ShardState::RecordCheckpoint(absl::Time ended, absl::Duration took,
 ShardState::CheckpointStats ShardState::checkpoint_stats() const {
   absl::MutexLock lock(&stats_mu_);
   return checkpoints_;
-}
-
-void ShardState::set_lease(absl::Duration lease) {
-  absl::MutexLock lock(&sessions_mu_);
-  lease_ = lease;
-}
-
-absl::Duration ShardState::lease() const {
-  absl::MutexLock lock(&sessions_mu_);
-  return lease_;
-}
-
-absl::Status ShardState::OpenSession(int rank, uint64_t session) {
-  if (session == 0) {
-    // 0 stands for "no session" (an unregistered rank, a call that carries
-    // none): a registration with it would unbind the rank's holder and let
-    // any caller act for the rank.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a registration of rank ", rank,
-        " without a session id (RegisterRequest.session is 0): a worker "
-        "draws a non-zero id at start and sends it with every call"));
-  }
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&sessions_mu_);
-  Session& held = sessions_[rank];
-  if (held.id != 0 && held.id != session &&
-      now - held.last_contact < lease_) {
-    const absl::Duration since =
-        absl::Trunc(now - held.last_contact, absl::Milliseconds(100));
-    return absl::AlreadyExistsError(absl::StrCat(
-        "rank ", rank, " is held by another worker that called ",
-        since == absl::ZeroDuration()
-            ? std::string("just now")
-            : absl::StrCat(absl::FormatDuration(since), " ago"),
-        ": two workers started with --rank=", rank,
-        "? (a restarted worker is let in once the other's lease of ",
-        absl::FormatDuration(lease_), " has run out)"));
-  }
-  held.id = session;
-  held.last_contact = now;
-  held.left = false;
-  held.lapse_reported = false;
-  return absl::OkStatus();
-}
-
-absl::Status ShardState::CheckSession(int rank, uint64_t session) const {
-  absl::MutexLock lock(&sessions_mu_);
-  auto it = sessions_.find(rank);
-  if (it == sessions_.end() || it->second.id == 0 || it->second.id == session) {
-    return absl::OkStatus();
-  }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "a call for rank ", rank,
-      " from a process that does not hold the rank (another registered it "
-      "since): two workers started with --rank=",
-      rank, "?"));
-}
-
-void ShardState::EndSession(int rank, uint64_t session) {
-  absl::MutexLock lock(&sessions_mu_);
-  auto it = sessions_.find(rank);
-  if (it == sessions_.end() || it->second.id != session) return;
-  it->second.last_contact = absl::InfinitePast();
-  it->second.left = true;
-}
-
-bool ShardState::HasLeft(int rank) const {
-  absl::MutexLock lock(&sessions_mu_);
-  auto it = sessions_.find(rank);
-  return it != sessions_.end() && it->second.left;
-}
-
-void ShardState::Touch(int rank) {
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&sessions_mu_);
-  Session& session = sessions_[rank];
-  // A call still under way from a process that left does not bring it back.
-  if (!session.left) {
-    session.last_contact = now;
-    session.lapse_reported = false;
-  }
-}
-
-std::vector<std::pair<int, absl::Duration>> ShardState::NewlyLapsed(
-    absl::Time now) {
-  absl::MutexLock lock(&sessions_mu_);
-  std::vector<std::pair<int, absl::Duration>> lapsed;
-  for (auto& [rank, session] : sessions_) {
-    if (session.id == 0 || session.left || session.lapse_reported ||
-        session.last_contact == absl::InfinitePast() ||
-        now - session.last_contact < lease_) {
-      continue;
-    }
-    session.lapse_reported = true;
-    lapsed.emplace_back(rank, now - session.last_contact);
-  }
-  return lapsed;
-}
-
-bool ShardState::Alive(int rank, absl::Time now) const {
-  absl::MutexLock lock(&sessions_mu_);
-  auto it = sessions_.find(rank);
-  return it == sessions_.end() || now - it->second.last_contact < lease_;
-}
-
-std::map<int, absl::Time> ShardState::LastContacts() const {
-  absl::MutexLock lock(&sessions_mu_);
-  std::map<int, absl::Time> contacts;
-  for (const auto& [rank, session] : sessions_) {
-    if (session.last_contact != absl::InfinitePast()) {
-      contacts[rank] = session.last_contact;
-    }
-  }
-  return contacts;
-}
-
-int ShardState::NumRegistered() const {
-  absl::MutexLock lock(&sessions_mu_);
-  int registered = 0;
-  for (const auto& [rank, session] : sessions_) {
-    if (session.id != 0 && !session.left) ++registered;
-  }
-  return registered;
-}
-
-absl::Duration ShardState::SinceContact(int rank, absl::Time now) const {
-  absl::MutexLock lock(&sessions_mu_);
-  auto it = sessions_.find(rank);
-  if (it == sessions_.end()) return absl::InfiniteDuration();
-  return now - it->second.last_contact;
 }
 
 namespace {

@@ -27,6 +27,8 @@
 #include "common/model_layout.h"
 #include "proto/service.pb.h"
 #include "server/buffer_pool.h"
+#include "server/sessions.h"
+#include "server/task_threads.h"
 
 namespace monsoon::server {
 
@@ -158,40 +160,33 @@ class ShardState {
     apply_hook_ = std::move(hook);
   }
 
-  // Workers' sessions and leases. A rank is alive while it called within
-  // the lease (every call renews it), or if it has never called (a worker
-  // still starting).
-  void set_lease(absl::Duration lease);
-  absl::Duration lease() const;
-  // Registration of `rank` by the process that drew `session`: OK (and the
-  // lease renewed), ALREADY_EXISTS when another session holds the rank
-  // and called within the lease, INVALID_ARGUMENT for session 0 (no
-  // session: it would unbind the holder).
-  absl::Status OpenSession(int rank, uint64_t session);
-  // `rank`'s process, if it holds the session `session`, is done: it
-  // counts as gone from now on (not Alive), and another session may take
-  // the rank at once.
-  void EndSession(int rank, uint64_t session);
-  // Whether the rank's last session ended with EndSession.
-  bool HasLeft(int rank) const;
-  // OK when a call for `rank` carrying `session` may act for the rank: the
-  // session holds it, or no process has registered the rank (a shard
-  // restarted since, or a client that does not register). Otherwise
-  // PERMISSION_DENIED naming the mistake.
-  absl::Status CheckSession(int rank, uint64_t session) const;
-  // A call from `rank`: renews its lease.
-  void Touch(int rank);
-  bool Alive(int rank, absl::Time now) const;
-  // Time since the rank's last call (InfiniteDuration if it never called).
-  absl::Duration SinceContact(int rank, absl::Time now) const;
-  // The registered ranks (not left) whose lease has run out since the last
-  // call of this, each once until it calls again, with the time since its
-  // last call. The shard's ticker logs them.
-  std::vector<std::pair<int, absl::Duration>> NewlyLapsed(absl::Time now);
-  // Every rank that has called, with the time of its last call, and the
-  // ranks that registered and have not left.
-  std::map<int, absl::Time> LastContacts() const;
-  int NumRegistered() const;
+  // Workers' sessions and leases (server/sessions.h).
+  Sessions& sessions() { return sessions_; }
+  const Sessions& sessions() const { return sessions_; }
+  void set_lease(absl::Duration lease) { sessions_.set_lease(lease); }
+  absl::Duration lease() const { return sessions_.lease(); }
+  absl::Status OpenSession(int rank, uint64_t session) {
+    return sessions_.Open(rank, session);
+  }
+  void EndSession(int rank, uint64_t session) { sessions_.End(rank, session); }
+  bool HasLeft(int rank) const { return sessions_.HasLeft(rank); }
+  absl::Status CheckSession(int rank, uint64_t session) const {
+    return sessions_.Check(rank, session);
+  }
+  void Touch(int rank) { sessions_.Touch(rank); }
+  bool Alive(int rank, absl::Time now) const {
+    return sessions_.Alive(rank, now);
+  }
+  absl::Duration SinceContact(int rank, absl::Time now) const {
+    return sessions_.SinceContact(rank, now);
+  }
+  std::vector<std::pair<int, absl::Duration>> NewlyLapsed(absl::Time now) {
+    return sessions_.NewlyLapsed(now);
+  }
+  std::map<int, absl::Time> LastContacts() const {
+    return sessions_.LastContacts();
+  }
+  int NumRegistered() const { return sessions_.NumRegistered(); }
 
   // The time pulls waited for the staleness bound (observed by the service).
   common::Histogram& staleness_wait_seconds() {
@@ -316,9 +311,8 @@ class ShardState {
   std::map<uint64_t, Pending> waiters_ ABSL_GUARDED_BY(waiters_mu_);
 
   // Helper threads for RunWaiters, started on first use.
-  class Helpers;
   absl::Mutex helpers_mu_;
-  std::unique_ptr<Helpers> helpers_ ABSL_GUARDED_BY(helpers_mu_);
+  std::unique_ptr<TaskThreads> helpers_ ABSL_GUARDED_BY(helpers_mu_);
 
   std::function<void()> apply_hook_;
   common::Histogram apply_seconds_;
@@ -327,15 +321,7 @@ class ShardState {
   std::atomic<int> applying_{0};
   std::atomic<int> max_applying_{0};
 
-  struct Session {
-    uint64_t id = 0;
-    absl::Time last_contact = absl::InfinitePast();
-    bool left = false;
-    bool lapse_reported = false;  // by NewlyLapsed, since the last call
-  };
-  mutable absl::Mutex sessions_mu_;
-  absl::Duration lease_ ABSL_GUARDED_BY(sessions_mu_) = absl::Seconds(10);
-  std::map<int, Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  Sessions sessions_;
 
   mutable absl::Mutex stats_mu_;
   int64_t pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
