@@ -8,6 +8,21 @@
 
 namespace monsoon::worker {
 
+absl::Status PullReceiver::TakeVersion(PushResponse* push) {
+  if (received_ == 0) {
+    *version_ = chunk_.version;
+    if (push != nullptr) {
+      if (!chunk_.has_push) {
+        return absl::DataLossError("push-pull answer without the push's");
+      }
+      *push = chunk_.push;
+    }
+  } else if (chunk_.version != *version_) {
+    return absl::DataLossError("pull chunks of different versions");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PullReceiver::Take(const grpc::ByteBuffer& message,
                                 PushResponse* push) {
   absl::Status parsed = reader_.ParsePullChunk(message, &chunk_);
@@ -31,16 +46,8 @@ absl::Status PullReceiver::Take(const grpc::ByteBuffer& message,
                      chunk_.data.size(), " bytes (", received_, " of ",
                      out_.size(), " values received)"));
   }
-  if (received_ == 0) {
-    *version_ = chunk_.version;
-    if (push != nullptr) {
-      if (!chunk_.has_push) {
-        return absl::DataLossError("push-pull answer without the push's");
-      }
-      *push = chunk_.push;
-    }
-  } else if (chunk_.version != *version_) {
-    return absl::DataLossError("pull chunks of different versions");
+  if (absl::Status version = TakeVersion(push); !version.ok()) {
+    return version;
   }
   chunk_.data.CopyTo(out_.data() + received_);
   received_ += n;
@@ -73,16 +80,8 @@ absl::Status PullReceiver::TakeDelta(PushResponse* push) {
                      " with ", chunk_.scales.size(), " bytes of scales (",
                      received_, " of ", out_.size(), " values received)"));
   }
-  if (received_ == 0) {
-    *version_ = chunk_.version;
-    if (push != nullptr) {
-      if (!chunk_.has_push) {
-        return absl::DataLossError("push-pull answer without the push's");
-      }
-      *push = chunk_.push;
-    }
-  } else if (chunk_.version != *version_) {
-    return absl::DataLossError("pull chunks of different versions");
+  if (absl::Status version = TakeVersion(push); !version.ok()) {
+    return version;
   }
   decoded_.resize(n);
   if (absl::Status decoded =

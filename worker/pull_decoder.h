@@ -43,6 +43,9 @@ class PullReceiver {
   absl::Status Complete() const;
 
  private:
+  // The first chunk's version (and `push`, the PushPull answer it
+  // carries); every later chunk must be of the same version.
+  absl::Status TakeVersion(PushResponse* push);
   // A 1-bit difference's chunk: whole buckets from received_ on.
   absl::Status TakeDelta(PushResponse* push);
 
