@@ -1,9 +1,9 @@
 // ParameterServiceImpl: the gRPC face of one shard, on the callback API so
-// that a pull waiting for a version holds no thread. Push, Pull and PushPull
-// take and give raw messages that common/wire.h reads and writes, so that
-// tensors are copied once on the way in and not at all on the way out
-// (pulls send the rule's Weights, shared). It validates requests
-// (PushDecoder), then hands them to the shard's UpdateRule. Thread-safe.
+// that a pull waiting for a version holds no thread. It authenticates each
+// call and translates it for the Shard (server/shard.h), which decides
+// everything; the tensor streams are raw messages that common/wire.h reads
+// and writes (server/stream_reactors.h), so that tensors are copied once on
+// the way in and not at all on the way out. Thread-safe.
 #ifndef MONSOON_SERVER_PARAMETER_SERVICE_H_
 #define MONSOON_SERVER_PARAMETER_SERVICE_H_
 
@@ -14,20 +14,24 @@
 
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
-#include "server/push_decoder.h"
 #include "server/rank_slots.h"
+#include "server/shard.h"
 #include "server/shard_state.h"
+#include "server/stream_reactors.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
 
-// Register and Stats typed, the tensor streams raw.
+// The unary calls typed, the tensor streams raw.
 using RawParameterService = ParameterService::WithCallbackMethod_Register<
     ParameterService::WithRawCallbackMethod_Push<
         ParameterService::WithRawCallbackMethod_Pull<
             ParameterService::WithRawCallbackMethod_PushPull<
                 ParameterService::WithCallbackMethod_Stats<
-                    ParameterService::Service>>>>>;
+                    ParameterService::WithCallbackMethod_Leave<
+                        ParameterService::WithCallbackMethod_FinishRank<
+                            ParameterService::WithCallbackMethod_CloseRun<
+                                ParameterService::Service>>>>>>>>;
 
 // What a shard's service lets clients do.
 struct ServicePolicy {
@@ -71,33 +75,26 @@ class ParameterServiceImpl final : public RawParameterService {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const StatsRequest* request,
                                   StatsResponse* response) override;
-
-  // What every push and pull call of this service shares.
-  struct Shared {
-    int num_workers = 0;
-    size_t chunk_values = 0;  // float32 values per pull chunk
-    PushEncoding encoding = ENCODING_FLOAT32;
-    int bucket_size = 0;
-    ShardState* state = nullptr;
-    UpdateRule* rule = nullptr;
-    PushLimits limits;
-    RankSlots* pull_slots = nullptr;
-    absl::Duration max_wait;  // ServicePolicy::max_wait, resolved
-    // Sync: a push-pull's wait for its step is the barrier, timed into
-    // ShardState::barrier_wait_seconds().
-    bool barrier = false;
-  };
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const LeaveRequest* request,
+                                  LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* FinishRank(grpc::CallbackServerContext* context,
+                                       const LeaveRequest* request,
+                                       LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* CloseRun(grpc::CallbackServerContext* context,
+                                     const CloseRunRequest* request,
+                                     CloseRunResponse* response) override;
 
  private:
   // OK, or UNAUTHENTICATED when the call lacks the run's token.
   grpc::Status Authenticate(const grpc::CallbackServerContext* context) const;
 
   // Constant after construction.
-  const uint64_t fingerprint_;
   const std::string auth_token_;  // empty: no authentication
   RankSlots push_slots_;
   RankSlots pull_slots_;
-  const Shared shared_;
+  Shard shard_;
+  const StreamContext streams_;
 };
 
 }  // namespace monsoon::server

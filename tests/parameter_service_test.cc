@@ -725,17 +725,24 @@ TEST(RankBindingTest, ARegistrationWithoutASessionCannotTakeARank) {
   std::unique_ptr<ShardServer> server = StartShard(config, 0, 2);
   ASSERT_NE(server, nullptr);
   auto stub = StubFor(*server);
-  auto register_rank = [&](int rank, uint64_t session, bool leaving = false,
-                           bool finished = false) {
+  auto register_rank = [&](int rank, uint64_t session) {
     grpc::ClientContext context;
     RegisterRequest request;
     request.set_worker_rank(rank);
     request.set_config_fingerprint(common::ConfigFingerprint(config));
     request.set_session(session);
-    request.set_leaving(leaving);
-    request.set_finished(finished);
     RegisterResponse response;
     return stub->Register(&context, request, &response);
+  };
+  auto leave = [&](int rank, uint64_t session, bool finished) {
+    grpc::ClientContext context;
+    LeaveRequest request;
+    request.set_worker_rank(rank);
+    request.set_config_fingerprint(common::ConfigFingerprint(config));
+    request.set_session(session);
+    LeaveResponse response;
+    return finished ? stub->FinishRank(&context, request, &response)
+                    : stub->Leave(&context, request, &response);
   };
   ASSERT_THAT(register_rank(0, 7), HasCode(grpc::StatusCode::OK));
   ASSERT_THAT(register_rank(1, 9), HasCode(grpc::StatusCode::OK));
@@ -745,9 +752,9 @@ TEST(RankBindingTest, ARegistrationWithoutASessionCannotTakeARank) {
               HasCodeAndMessage(grpc::StatusCode::INVALID_ARGUMENT,
                                 HasSubstr("without a session id")));
   // Nor may it end or finish the rank for its holder.
-  EXPECT_THAT(register_rank(0, 0, /*leaving=*/true, /*finished=*/true),
+  EXPECT_THAT(leave(0, 0, /*finished=*/true),
               HasCode(grpc::StatusCode::PERMISSION_DENIED));
-  EXPECT_THAT(register_rank(0, 8, /*leaving=*/true),
+  EXPECT_THAT(leave(0, 8, /*finished=*/false),
               HasCode(grpc::StatusCode::PERMISSION_DENIED));
   EXPECT_FALSE(server->state()->HasLeft(0));
   EXPECT_THAT(server->state()->Stats().finished_ranks(), testing::IsEmpty());

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -216,10 +217,13 @@ class PsClient {
   // Of two shards' positions for this rank, the one to resume from
   // (applied_samples()).
   int64_t ResumePoint(int64_t a, int64_t b) const;
-  // Sends `request` (its shard set per shard) to every shard, one attempt
-  // each within `timeout`; the first error.
-  absl::Status RegisterEverywhere(RegisterRequest request,
-                                  absl::Duration timeout);
+  // Makes `call` (a unary call to shard s on its stub, in the context
+  // given) to every shard, one attempt each within `timeout`; the first
+  // error.
+  absl::Status CallEverywhere(
+      absl::Duration timeout,
+      const std::function<grpc::Status(int s, grpc::ClientContext* context)>&
+          call);
   PsClient() = default;
   // Registers with shard s, retrying with backoff while it is unreachable,
   // until `deadline`; logs the wait every `log_every` (zero: never). `why`

@@ -141,15 +141,17 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
 
 absl::Status PsClient::Leave(absl::Duration timeout, bool finished) {
   if (worker_rank_ < 0) return absl::OkStatus();
-  RegisterRequest request;
+  LeaveRequest request;
   request.set_worker_rank(worker_rank_);
   request.set_config_fingerprint(common::ConfigFingerprint(config_));
-  request.set_num_workers(num_workers_);
-  request.set_num_shards(num_shards());
   request.set_session(session_);
-  request.set_leaving(true);
-  request.set_finished(finished);
-  return RegisterEverywhere(request, timeout);
+  return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
+    request.set_shard(s);
+    LeaveResponse response;
+    return finished
+               ? shards_[s].stub->FinishRank(context, request, &response)
+               : shards_[s].stub->Leave(context, request, &response);
+  });
 }
 
 absl::StatusOr<bool> PsClient::RankFinished(absl::Duration timeout) {
@@ -169,28 +171,26 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
     return absl::FailedPreconditionError(
         "only a client of rank -1 (the run's finisher) closes the run");
   }
-  RegisterRequest request;
-  request.set_worker_rank(-1);
+  CloseRunRequest request;
   request.set_config_fingerprint(common::ConfigFingerprint(config_));
-  request.set_num_shards(num_shards());
-  request.set_session(session_);
-  request.set_leaving(true);
-  request.set_finished(true);
-  return RegisterEverywhere(request, timeout);
+  return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
+    request.set_shard(s);
+    CloseRunResponse response;
+    return shards_[s].stub->CloseRun(context, request, &response);
+  });
 }
 
-absl::Status PsClient::RegisterEverywhere(RegisterRequest request,
-                                          absl::Duration timeout) {
+absl::Status PsClient::CallEverywhere(
+    absl::Duration timeout,
+    const std::function<grpc::Status(int s, grpc::ClientContext* context)>&
+        call) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status first;
   for (int s = 0; s < num_shards(); ++s) {
-    request.set_shard(s);
     grpc::ClientContext context;
     shards_[s].Prepare(&context);
     context.set_deadline(absl::ToChronoTime(deadline));
-    RegisterResponse response;
-    grpc::Status status =
-        shards_[s].stub->Register(&context, request, &response);
+    grpc::Status status = call(s, &context);
     if (!status.ok() && first.ok()) {
       first = Annotate(common::ToAbslStatus(status), s, shards_[s].address);
     }

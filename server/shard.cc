@@ -1,0 +1,257 @@
+#include "server/shard.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/config.h"
+#include "common/log.h"
+
+namespace monsoon::server {
+
+Shard::Shard(const TrainingConfig& resolved, int num_workers,
+             ShardState* state, UpdateRule* rule, absl::Duration max_wait)
+    : fingerprint_(common::ConfigFingerprint(resolved)),
+      num_workers_(num_workers),
+      state_(state),
+      rule_(rule),
+      max_wait_(max_wait) {}
+
+absl::Status Shard::CheckCaller(uint64_t fingerprint, int shard) const {
+  if (fingerprint != fingerprint_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("config fingerprint %016x differs from shard %d's "
+                        "%016x: every daemon of a run must read the same "
+                        "config (data_dir aside)",
+                        fingerprint, state_->shard(), fingerprint_));
+  }
+  if (shard != state_->shard()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("this is shard ", state_->shard(), ", not shard ", shard,
+                     ": list --servers in shard order"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegisterResponse> Shard::Register(
+    const RegisterRequest& request) {
+  if (absl::Status caller =
+          CheckCaller(request.config_fingerprint(), request.shard());
+      !caller.ok()) {
+    return caller;
+  }
+  // The counts are not in the config (nor its fingerprint): a worker told
+  // another worker count would train on the wrong part of the data.
+  if (request.num_workers() != 0 && request.num_workers() != num_workers_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker was started with --num_workers=", request.num_workers(),
+        " but shard ", state_->shard(), " with --num_workers=", num_workers_,
+        ": every daemon of a run must be given the same worker count"));
+  }
+  if (request.num_shards() != 0 &&
+      request.num_shards() != state_->num_shards()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this client lists ", request.num_shards(),
+        " shards in --servers but shard ", state_->shard(),
+        " was started with --num_shards=", state_->num_shards(),
+        ": list every shard, in shard order"));
+  }
+  if (request.worker_rank() < -1 || request.worker_rank() >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", request.worker_rank(), " is outside [0, ",
+        num_workers_, ") (-1 for an evaluator): check --num_workers"));
+  }
+  if (request.leaving() || request.finished()) {
+    // A client of an older build, which left through Register: taken as a
+    // registration, its leave would bind the rank again.
+    return absl::FailedPreconditionError(
+        "leaving, finishing a rank and closing the run are their own calls "
+        "(Leave, FinishRank, CloseRun): this client is of an older build "
+        "than the shard; run one build of Monsoon for every daemon");
+  }
+  if (request.worker_rank() >= 0) {
+    if (absl::Status session =
+            state_->OpenSession(request.worker_rank(), request.session());
+        !session.ok()) {
+      common::LogWarning("shard %d: refused a registration: %s",
+                         state_->shard(), session.ToString());
+      return session;
+    }
+    common::Log(
+        "shard %d: rank %d registered (its data resumes at example "
+        "%d)",
+        state_->shard(), request.worker_rank(),
+        state_->SamplePosition(request.worker_rank()));
+  }
+  RegisterResponse response;
+  response.set_shard(state_->shard());
+  response.set_num_shards(state_->num_shards());
+  response.set_offset(state_->range().begin);
+  response.set_length(state_->size());
+  response.set_version(state_->version());
+  if (request.worker_rank() >= 0) {
+    response.set_samples_applied(state_->SamplePosition(request.worker_rank()));
+  }
+  return response;
+}
+
+absl::Status Shard::EndSession(const LeaveRequest& request, const char* what) {
+  if (absl::Status caller =
+          CheckCaller(request.config_fingerprint(), request.shard());
+      !caller.ok()) {
+    return caller;
+  }
+  if (request.worker_rank() < 0 || request.worker_rank() >= num_workers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", request.worker_rank(), " is outside [0, ",
+                     num_workers_, "): check --num_workers"));
+  }
+  // Only the rank's holder (or a worker of a rank this shard has not seen
+  // register, as after the shard's restart) may end it or finish it.
+  if (absl::Status held =
+          state_->CheckSession(request.worker_rank(), request.session());
+      !held.ok()) {
+    common::LogWarning("shard %d: refused a %s: %s", state_->shard(), what,
+                       held.ToString());
+    return held;
+  }
+  state_->EndSession(request.worker_rank(), request.session());
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Leave(const LeaveRequest& request) {
+  if (absl::Status ended = EndSession(request, "leave"); !ended.ok()) {
+    return ended;
+  }
+  common::Log("shard %d: rank %d left (stopping)", state_->shard(),
+              request.worker_rank());
+  return absl::OkStatus();
+}
+
+absl::Status Shard::FinishRank(const LeaveRequest& request) {
+  if (absl::Status ended = EndSession(request, "finish"); !ended.ok()) {
+    return ended;
+  }
+  const bool last = state_->FinishRank(request.worker_rank());
+  common::Log("shard %d: rank %d finished its training%s", state_->shard(),
+              request.worker_rank(),
+              last ? "; every worker has finished" : "");
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CloseRun(const CloseRunRequest& request) {
+  if (absl::Status caller =
+          CheckCaller(request.config_fingerprint(), request.shard());
+      !caller.ok()) {
+    return caller;
+  }
+  // The finisher: the results are collected, the run is over.
+  if (absl::Status closed = state_->CloseRun(); !closed.ok()) {
+    common::LogWarning("shard %d: refused to close the run: %s",
+                       state_->shard(), closed.ToString());
+    return closed;
+  }
+  common::Log("shard %d: the run is closed (results collected)",
+              state_->shard());
+  return absl::OkStatus();
+}
+
+absl::Status Shard::AdmitPull(const PullRequest& request) {
+  if (request.shard() != state_->shard()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull for shard ", request.shard(), " reached shard ",
+        state_->shard()));
+  }
+  if (request.worker_rank() < -1 || request.worker_rank() >= num_workers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", request.worker_rank(), " is outside [-1, ",
+                     num_workers_, ")"));
+  }
+  if (request.min_version() < 0) {
+    return absl::InvalidArgumentError("min_version must not be negative");
+  }
+  if (request.worker_rank() >= 0) {
+    if (absl::Status held =
+            state_->CheckSession(request.worker_rank(), request.session());
+        !held.ok()) {
+      return held;
+    }
+    state_->Touch(request.worker_rank());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckPushSession(int rank, uint64_t session) {
+  absl::Status held = state_->CheckSession(rank, session);
+  if (!held.ok()) state_->RecordRejectedPush(held.code());
+  return held;
+}
+
+void Shard::RecordRejectedPush(absl::StatusCode code) {
+  state_->RecordRejectedPush(code);
+}
+
+absl::StatusOr<AppliedPush> Shard::ApplyPush(const PushData& push,
+                                             bool answer_repeats) {
+  if (absl::Status held = CheckPushSession(push.worker_rank, push.session);
+      !held.ok()) {
+    return held;
+  }
+  state_->Touch(push.worker_rank);  // renews the rank's lease
+  AppliedPush applied;
+  applied.base_version = push.base_version;
+  absl::StatusOr<PushResult> result = rule_->Apply(push);
+  if (result.ok()) {
+    applied.result = *result;
+    return applied;
+  }
+  const absl::StatusCode code = result.status().code();
+  if (answer_repeats && (code == absl::StatusCode::kAlreadyExists ||
+                         code == absl::StatusCode::kAborted)) {
+    applied.result.version = push.base_version;
+    applied.result.duplicate = code == absl::StatusCode::kAlreadyExists;
+    applied.result.stale = !applied.result.duplicate;
+    applied.repeat_in_step = applied.result.duplicate;
+    return applied;
+  }
+  state_->RecordRejectedPush(code);
+  return result.status();
+}
+
+int64_t Shard::VersionToAwait(const AppliedPush& push) {
+  if (push.result.stale ||
+      (push.result.duplicate && !push.repeat_in_step)) {
+    return 0;
+  }
+  return std::max(push.result.version, push.base_version + 1);
+}
+
+UpdateRule::PullAnswer Shard::Pull(int rank,
+                                   std::optional<int64_t> have_version) {
+  UpdateRule::PullAnswer answer = rule_->PullFrom(rank, have_version);
+  rule_->Pulled(rank, answer.weights);
+  return answer;
+}
+
+absl::Status Shard::WaitExpired(const char* what, int64_t min_version) const {
+  if (state_->has_staleness_bound()) {
+    const std::vector<std::string> waits =
+        state_->DescribeClockWaits(absl::Now());
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " waited ", absl::FormatDuration(max_wait_),
+        " (the shard's --max_wait_s) at shard ", state_->shard(),
+        " for the slowest worker (bounded staleness: max_staleness)",
+        waits.empty() ? "" : ": ", absl::StrJoin(waits, "; "),
+        "; has a worker stopped without leaving?"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      what, " waited ", absl::FormatDuration(max_wait_), " for version ",
+      min_version, " of shard ", state_->shard(), ", which is at version ",
+      state_->version(),
+      " (the shard's --max_wait_s): is a worker of the sync step missing?"));
+}
+
+}  // namespace monsoon::server

@@ -1,0 +1,127 @@
+// Shard: what one parameter-server shard does, on decoded requests and
+// without gRPC: registering a worker rank, its leaving and finishing, the
+// run's close, admitting a pull, applying a push (with the session check,
+// the lease and the answer to a repeat), the version a push-pull waits for,
+// and the shard's statistics. The gRPC service (server/parameter_service)
+// only authenticates, decodes and streams; everything a shard decides is
+// here, so that the sync barrier, leases, bounded staleness and repeats are
+// tested without sockets (tests/shard_test.cc).
+//
+// The state (ShardState) and the rule (UpdateRule) are not owned. Every
+// method is thread-safe: each takes its locks inside ShardState and the
+// rule.
+#ifndef MONSOON_SERVER_SHARD_H_
+#define MONSOON_SERVER_SHARD_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/config.pb.h"
+#include "proto/service.pb.h"
+#include "server/shard_state.h"
+#include "server/update_rule.h"
+
+namespace monsoon::server {
+
+// A push applied (or answered as a repeat) by Shard::ApplyPush.
+struct AppliedPush {
+  PushResult result;
+  // The push that the pull of a push-pull answers with: the version that
+  // includes it (Shard::VersionToAwait).
+  int64_t base_version = 0;
+  // A sync push that the step in progress already holds (sent again while
+  // its step is still collecting).
+  bool repeat_in_step = false;
+};
+
+class Shard {
+ public:
+  // `num_workers`: the run's worker count (every daemon's --num_workers).
+  // `max_wait`: how long a pull waits for a version before it is answered
+  // DEADLINE_EXCEEDED (see WaitExpired).
+  Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
+        UpdateRule* rule, absl::Duration max_wait);
+
+  // Checks that the caller belongs to this run (config fingerprint, shard,
+  // worker and shard counts, rank) and opens the rank's session. Refusals:
+  // FAILED_PRECONDITION for another run's caller (or a leave from an older
+  // build), INVALID_ARGUMENT for a wrong shard or rank, ALREADY_EXISTS or
+  // INVALID_ARGUMENT from ShardState::OpenSession.
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+
+  // Ends the rank's session (Leave) or ends it and counts the rank as
+  // finished (FinishRank). PERMISSION_DENIED unless `request.session` holds
+  // the rank (or the shard has not seen the rank register, as after its
+  // restart); nothing changes then.
+  absl::Status Leave(const LeaveRequest& request);
+  absl::Status FinishRank(const LeaveRequest& request);
+
+  // Closes the run (ShardState::CloseRun): FAILED_PRECONDITION until every
+  // worker rank has finished.
+  absl::Status CloseRun(const CloseRunRequest& request);
+
+  // Checks a pull before it waits: shard, rank (-1: an evaluator, which
+  // needs no session), min_version, the rank's session; renews the rank's
+  // lease.
+  absl::Status AdmitPull(const PullRequest& request);
+
+  // Only the process that holds the rank may push for it: checked as soon
+  // as a push's header is in, and again by ApplyPush. A refusal is counted
+  // (RecordRejectedPush).
+  absl::Status CheckPushSession(int rank, uint64_t session);
+
+  // Applies a whole push (its session checked, its rank's lease renewed).
+  // With `answer_repeats` (a push-pull), a push that the shard holds
+  // already (ALREADY_EXISTS: its sync step is still collecting) or that is
+  // too stale to apply (ABORTED: its step has closed) is answered rather
+  // than refused: as a duplicate, or as stale, so that it still gets
+  // weights. Other refusals are counted.
+  absl::StatusOr<AppliedPush> ApplyPush(const PushData& push,
+                                        bool answer_repeats);
+  // Counts a push refused before ApplyPush (a bad stream).
+  void RecordRejectedPush(absl::StatusCode code);
+
+  // The version whose weights answer a push-pull: in sync the step's close
+  // (the rule answers with the version still collecting until then), in
+  // the other modes the version the push made. A repeat of examples
+  // already applied, or a stale push, gets the weights as they are (0); a
+  // repeat of a sync push still being collected, the weights once its step
+  // closes.
+  static int64_t VersionToAwait(const AppliedPush& push);
+
+  // The weights to send `rank` (-1: an evaluator) that holds
+  // `have_version`, and notes that it pulled them.
+  UpdateRule::PullAnswer Pull(int rank, std::optional<int64_t> have_version);
+
+  // The answer to a call (`what`: "pull", "push-pull") whose wait for
+  // `min_version` outlasted max_wait: DEADLINE_EXCEEDED saying what it
+  // waited for (the slowest worker, under bounded staleness).
+  absl::Status WaitExpired(const char* what, int64_t min_version) const;
+
+  StatsResponse Stats() const { return state_->Stats(); }
+
+  int num_workers() const { return num_workers_; }
+  absl::Duration max_wait() const { return max_wait_; }
+  ShardState* state() const { return state_; }
+  UpdateRule* rule() const { return rule_; }
+
+ private:
+  // OK when a call from `fingerprint` for `shard` belongs to this shard.
+  absl::Status CheckCaller(uint64_t fingerprint, int shard) const;
+  // The checks of Leave and FinishRank; then ends the session.
+  absl::Status EndSession(const LeaveRequest& request, const char* what);
+
+  // Constant after construction.
+  const uint64_t fingerprint_;
+  const int num_workers_;
+  ShardState* const state_;
+  UpdateRule* const rule_;
+  const absl::Duration max_wait_;
+};
+
+}  // namespace monsoon::server
+
+#endif  // MONSOON_SERVER_SHARD_H_

@@ -1,0 +1,461 @@
+#include "server/stream_reactors.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
+#include "common/wire.h"
+
+namespace monsoon::server {
+namespace {
+
+using common::ToGrpcStatus;
+
+grpc::Status Cancelled(const char* what) {
+  return grpc::Status(grpc::StatusCode::CANCELLED, what);
+}
+
+// The messages of one pull: a snapshot's values in chunks, each a slice of
+// the shared Weights (no copy), which the slices keep alive; or, for a
+// worker that holds the previous version under pull_compression, the
+// encoded difference (EncodedDelta) in chunks of whole buckets, slices of
+// it kept alive the same way.
+class SnapshotChunks {
+ public:
+  SnapshotChunks() = default;
+  SnapshotChunks(const UpdateRule::PullAnswer& answer, size_t chunk_values,
+                 int bucket_size)
+      : version_(answer.weights->version()),
+        size_(answer.weights->values().size()),
+        plan_(answer.delta != nullptr ? ENCODING_ONEBIT : ENCODING_FLOAT32,
+              size_, bucket_size, chunk_values * sizeof(float)) {
+    if (answer.delta == nullptr) {
+      data_ = common::SharedSlice(answer.weights->values().data(),
+                                  size_ * sizeof(float), answer.weights);
+      return;
+    }
+    const std::shared_ptr<const EncodedDelta>& delta = answer.delta;
+    data_ = common::SharedSlice(delta->bits.data(), delta->bits.size(), delta);
+    scales_ =
+        common::SharedSlice(delta->scales.data(), delta->scales.size(), delta);
+    base_version_ = delta->base_version;
+    onebit_ = true;
+  }
+
+  // Shards are never empty (the server refuses more shards than
+  // parameters), so every snapshot has a first chunk.
+  bool done() const { return next_ == plan_.size(); }
+
+  // The next chunk's message; `push` (the PushPull answer) goes into the
+  // first.
+  grpc::ByteBuffer Next(const PushResponse* push) {
+    const common::ChunkRange chunk = plan_[next_];
+    const PushResponse* answer = next_ == 0 ? push : nullptr;
+    ++next_;
+    const grpc::Slice data =
+        data_.sub(chunk.data_offset, chunk.data_offset + chunk.data_bytes);
+    if (!onebit_) {
+      return common::PullChunkMessage(version_, chunk.first_value, data,
+                                      answer);
+    }
+    const common::PullDelta delta{
+        scales_.sub(chunk.scales_offset,
+                    chunk.scales_offset + chunk.scales_bytes),
+        base_version_};
+    return common::PullChunkMessage(version_, chunk.first_value, data, answer,
+                                    &delta);
+  }
+
+ private:
+  int64_t version_ = 0;
+  size_t size_ = 0;
+  common::ChunkPlan plan_{ENCODING_FLOAT32, 0, 1, 4};
+  size_t next_ = 0;
+  grpc::Slice data_;
+  grpc::Slice scales_;
+  int64_t base_version_ = 0;
+  bool onebit_ = false;
+};
+
+// Waits for a version without a thread, and lets a cancellation end the
+// wait: the waiter runs once (maybe at once, on the thread that starts the
+// wait, or later on the thread that advances the version) unless a
+// cancellation removes it first. Exactly one of Start and Cancel reports a
+// removed waiter, and its caller then finishes the call. Never runs the
+// waiter with a lock held. Thread-safe.
+class VersionWait {
+ public:
+  explicit VersionWait(ShardState* state) : state_(state) {}
+
+  // Begins the wait. False when the call was cancelled before the waiter
+  // could run: it never will, and the caller finishes the call. If the
+  // version has not come after `max_wait`, `expired` runs instead of
+  // `ready` (ShardState::ExpireWaiters).
+  // With `timed`, the time from here to `ready` goes into it. With a
+  // `clock_rank` (a worker's), it also waits for the staleness bound
+  // (ShardState::SetStalenessBound), timed into the shard's
+  // staleness_wait_seconds when the bound is on.
+  bool Start(int64_t min_version, ShardState::Waiter ready,
+             absl::Duration max_wait, ShardState::Waiter expired,
+             common::Histogram* timed = nullptr, int clock_rank = -1) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return false;
+    }
+    if (timed == nullptr && clock_rank >= 0 && state_->has_staleness_bound()) {
+      timed = &state_->staleness_wait_seconds();
+    }
+    if (timed != nullptr) {
+      ready = [timed, began = absl::Now(), ready = std::move(ready)] {
+        timed->Observe(absl::ToDoubleSeconds(absl::Now() - began));
+        ready();
+      };
+    }
+    const uint64_t id = state_->WhenVersionAtLeast(
+        min_version, std::move(ready), absl::Now() + max_wait,
+        std::move(expired), clock_rank);
+    absl::MutexLock lock(&mu_);
+    id_ = id;
+    // A cancellation meanwhile found no waiter to remove: remove it here.
+    return !(cancelled_ && id != 0 && state_->CancelWaiter(id));
+  }
+
+  // True when this removed the waiter, which then never runs.
+  bool Cancel() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    return id_ != 0 && state_->CancelWaiter(id_);
+  }
+
+ private:
+  ShardState* const state_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Reads a push stream chunk by chunk into a PushDecoder, then hands the
+// whole push to the Shard. Shared by Push and PushPull.
+class PushReader {
+ public:
+  explicit PushReader(const StreamContext& streams)
+      : streams_(streams),
+        decoder_(streams.shard->state()->shard(),
+                 streams.shard->state()->size(),
+                 streams.shard->num_workers(), streams.encoding,
+                 streams.bucket_size, &streams.shard->state()->buffers(),
+                 streams.limits) {}
+
+  // Takes the message just read.
+  absl::Status Add(grpc::ByteBuffer* message) {
+    absl::Status status = decoder_.Add(*message);
+    message->Clear();
+    if (!status.ok()) {
+      streams_.shard->RecordRejectedPush(status.code());
+      return status;
+    }
+    if (!session_checked_ && decoder_.has_header()) {
+      // Checked as soon as the header is in, so that no one else holds the
+      // rank's push slots or buffers while the rest streams in (and again
+      // at the end, in case another process took the rank meanwhile).
+      session_checked_ = true;
+      return streams_.shard->CheckPushSession(decoder_.worker_rank(),
+                                              decoder_.session());
+    }
+    return status;
+  }
+
+  // Applies the whole push, once the stream has ended (see
+  // Shard::ApplyPush for `answer_repeats`).
+  absl::StatusOr<AppliedPush> Apply(bool answer_repeats) {
+    absl::StatusOr<PushData> push = decoder_.Finish();
+    if (!push.ok()) {
+      streams_.shard->RecordRejectedPush(push.status().code());
+      return push.status();
+    }
+    have_version_ = push->have_version;
+    worker_rank_ = push->worker_rank;
+    return streams_.shard->ApplyPush(*push, answer_repeats);
+  }
+
+  std::optional<int64_t> have_version() const { return have_version_; }
+  int worker_rank() const { return worker_rank_; }
+
+ private:
+  const StreamContext& streams_;
+  PushDecoder decoder_;
+  std::optional<int64_t> have_version_;
+  int worker_rank_ = 0;
+  bool session_checked_ = false;
+};
+
+PushResponse ResponseFor(const PushResult& result) {
+  PushResponse response;
+  response.set_version(result.version);
+  response.set_staleness(result.staleness);
+  response.set_duplicate(result.duplicate);
+  response.set_stale(result.stale);
+  return response;
+}
+
+// Push: reads the stream, then applies it. Deletes itself.
+class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  PushReactor(grpc::CallbackServerContext* context, const StreamContext& shared,
+              grpc::ByteBuffer* response)
+      : context_(context), reader_(shared), response_(response) {
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      absl::Status status = reader_.Add(&message_);
+      if (!status.ok()) return Finish(ToGrpcStatus(status));
+      StartRead(&message_);
+      return;
+    }
+    // The stream ended, or the call was cancelled: apply only a whole push.
+    if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
+    absl::StatusOr<AppliedPush> applied = reader_.Apply(false);
+    if (!applied.ok()) return Finish(ToGrpcStatus(applied.status()));
+    *response_ = common::SmallMessage(ResponseFor(applied->result));
+    Finish(grpc::Status::OK);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  PushReader reader_;
+  grpc::ByteBuffer* const response_;
+  grpc::ByteBuffer message_;
+};
+
+// Pull: waits (without a thread) for the wanted version, then streams the
+// rule's snapshot. Holds one of its rank's pull slots, taken by the caller,
+// until it ends. Deletes itself.
+class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  PullReactor(const StreamContext& shared, int rank, int64_t min_version,
+              std::optional<int64_t> have_version)
+      : shared_(shared),
+        rank_(rank),
+        have_version_(have_version),
+        count_bytes_(rank >= 0),
+        wait_(shared.shard->state()) {
+    // May call Ready() at once, on this thread.
+    wait_.Start(
+        min_version, [this] { Ready(); }, shared.shard->max_wait(),
+        [this, min_version] { End(ToGrpcStatus(shared_.shard->WaitExpired("pull", min_version))); },
+        nullptr, rank);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return End(Cancelled("pull cancelled"));
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    // If the waiter had already run, the write path finishes the call.
+    if (wait_.Cancel()) {
+      End(Cancelled("pull cancelled while waiting for its version"));
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Every path ends here, once: the slot is given back as the call ends,
+  // before its client can see the answer and start its next pull (OnDone
+  // would come later, and a quick client would find its slots still taken).
+  void End(const grpc::Status& status) {
+    shared_.pull_slots->Release(rank_);
+    Finish(status);
+  }
+
+  void Ready() {
+    const UpdateRule::PullAnswer answer =
+        shared_.shard->Pull(rank_, have_version_);
+    chunks_ = SnapshotChunks(answer, shared_.chunk_values, shared_.bucket_size);
+    WriteNext();
+  }
+
+  void WriteNext() {
+    if (chunks_.done()) return End(grpc::Status::OK);
+    message_ = chunks_.Next(nullptr);
+    if (count_bytes_) {
+      shared_.shard->state()->RecordPulledBytes(static_cast<int64_t>(message_.Length()));
+    }
+    StartWrite(&message_);
+  }
+
+  const StreamContext& shared_;
+  const int rank_;
+  const std::optional<int64_t> have_version_;
+  const bool count_bytes_;
+  VersionWait wait_;
+  SnapshotChunks chunks_;
+  grpc::ByteBuffer message_;
+};
+
+// PushPull: reads and applies a push as PushReactor does, then waits for
+// the version that includes it and streams it as PullReactor does, the
+// push's answer in the first chunk. Deletes itself.
+class PushPullReactor
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  PushPullReactor(grpc::CallbackServerContext* context, const StreamContext& shared)
+      : context_(context),
+        shared_(shared),
+        reader_(shared),
+        wait_(shared.shard->state()) {
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      absl::Status status = reader_.Add(&message_);
+      if (!status.ok()) return Finish(ToGrpcStatus(status));
+      StartRead(&message_);
+      return;
+    }
+    if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
+    absl::StatusOr<AppliedPush> applied = reader_.Apply(true);
+    if (!applied.ok()) return Finish(ToGrpcStatus(applied.status()));
+    response_ = ResponseFor(applied->result);
+    const int64_t min_version = Shard::VersionToAwait(*applied);
+    // Waiting and sending the weights, the call holds a pull slot of its
+    // rank, as a pull does.
+    if (!shared_.pull_slots->Acquire(reader_.worker_rank())) {
+      return Finish(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("worker rank ", reader_.worker_rank(), " already has ",
+                       shared_.pull_slots->per_rank(),
+                       " pulls in flight at shard ", shared_.shard->state()->shard(),
+                       " (--max_pulls_per_rank); its push was taken (sent "
+                       "again, it is answered as a duplicate)")));
+    }
+    slot_held_ = true;
+    if (!wait_.Start(
+            min_version, [this] { Ready(); }, shared_.shard->max_wait(),
+            [this, min_version] {
+              End(ToGrpcStatus(
+                  shared_.shard->WaitExpired("push-pull", min_version)));
+            },
+            shared_.barrier ? &shared_.shard->state()->barrier_wait_seconds() : nullptr,
+            reader_.worker_rank())) {
+      End(Cancelled("push-pull cancelled"));
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return End(Cancelled("push-pull cancelled"));
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    // A cancellation while the push streams in ends the reads, and the read
+    // path finishes the call; once the weights are being written, the
+    // write path does.
+    if (wait_.Cancel()) {
+      End(Cancelled("push-pull cancelled while waiting for the step"));
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Ends the call once its wait has begun, giving its pull slot back as it
+  // ends (see PullReactor::End).
+  void End(const grpc::Status& status) {
+    if (slot_held_) shared_.pull_slots->Release(reader_.worker_rank());
+    slot_held_ = false;
+    Finish(status);
+  }
+
+  void Ready() {
+    const UpdateRule::PullAnswer answer =
+        shared_.shard->Pull(reader_.worker_rank(), reader_.have_version());
+    chunks_ = SnapshotChunks(answer, shared_.chunk_values, shared_.bucket_size);
+    WriteNext();
+  }
+
+  void WriteNext() {
+    if (chunks_.done()) return End(grpc::Status::OK);
+    message_ = chunks_.Next(first_ ? &response_ : nullptr);
+    first_ = false;
+    shared_.shard->state()->RecordPulledBytes(static_cast<int64_t>(message_.Length()));
+    StartWrite(&message_);
+  }
+
+  grpc::CallbackServerContext* const context_;
+  const StreamContext& shared_;
+  PushReader reader_;
+  VersionWait wait_;
+  PushResponse response_;
+  SnapshotChunks chunks_;
+  grpc::ByteBuffer message_;
+  bool first_ = true;
+  bool slot_held_ = false;
+};
+
+// Answer a call that fails validation at once, reading nothing.
+class FailedPullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit FailedPullReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+class FailedPushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  explicit FailedPushReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+class FailedPushPullReactor
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit FailedPushPullReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
+    grpc::CallbackServerContext* context, const StreamContext& streams,
+    grpc::ByteBuffer* response) {
+  return new PushReactor(context, streams, response);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
+    const StreamContext& streams, int rank, int64_t min_version,
+    std::optional<int64_t> have_version) {
+  return new PullReactor(streams, rank, min_version, have_version);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+NewPushPullReactor(grpc::CallbackServerContext* context,
+                   const StreamContext& streams) {
+  return new PushPullReactor(context, streams);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* FailedPush(
+    const grpc::Status& status) {
+  return new FailedPushReactor(status);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FailedPull(
+    const grpc::Status& status) {
+  return new FailedPullReactor(status);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* FailedPushPull(
+    const grpc::Status& status) {
+  return new FailedPushPullReactor(status);
+}
+
+}  // namespace monsoon::server
