@@ -2,30 +2,9 @@
 // optimizer, one push at a time per shard, however stale it is; staleness is
 // recorded, not refused. Also onebit's rule, after PushDecoder has decoded.
 //
-// Two options act on stale pushes here (config.proto):
-// - staleness_lr (Zhang et al. 2016): the optimizer's learning rate for a
-//   push of staleness s is divided by max(1, s);
-// - delay_compensation lambda (DC-ASGD, Zheng et al. 2017): the gradient g
-//   of a worker that last pulled w_pulled from this shard is applied as
-//   g + lambda * g * g * (w_now - w_pulled), element by element. The rule
-//   keeps each worker's last pulled version (Pulled): a reference to the
-//   version the pull sent, not a copy, so the cost is memory, up to one
-//   shard-sized buffer per worker, and every update then writes a new
-//   buffer instead of the weights in place.
-//
-// With pull_compression ONEBIT, the rule keeps, per worker, the copy of the
-// weights that worker holds and the residual of its compressed pulls: a
-// worker that says it holds its copy gets the 1-bit difference from its
-// copy to the current weights (with the residual added, error feedback),
-// and its copy on both sides becomes the old one plus the decoded
-// difference, equal bit for bit. Any other pull is a full one, which resets
-// the copy to the weights sent. Two shard-sized arrays per worker. The copy
-// is named by the shard version of the answer that made it: every answer a
-// worker holds its copy for is a push-pull's, which includes that worker's
-// push, so two such answers never share a version, and an answer that was
-// lost (the shard's copy moved on, the worker's did not) shows at the next
-// pull, which is then a full one; a loop's resync after a lost shard pulls
-// in full too.
+// Its policies (server/policies/): the staleness-aware rate and delay
+// compensation act on stale pushes; compressed pulls answer a worker that
+// holds its copy with the 1-bit difference.
 
 #include <algorithm>
 #include <map>
@@ -33,9 +12,8 @@
 #include <optional>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
-#include "common/onebit.h"
 #include "server/optimizer.h"
+#include "server/policies/policy_factory.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -43,56 +21,26 @@ namespace {
 
 class DownpourRule : public SerialRule {
  public:
-  DownpourRule(const TrainingConfig& resolved, ShardState* state)
+  DownpourRule(const TrainingConfig& resolved, ShardState* state,
+               ShardPolicies policies)
       : SerialRule(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
-        staleness_lr_(resolved.staleness_lr()),
-        lambda_(resolved.delay_compensation()),
-        pull_onebit_(resolved.pull_compression() == COMPRESSION_ONEBIT),
-        bucket_size_(resolved.onebit_bucket_size()) {}
+        staleness_rate_(policies.staleness_rate),
+        compensation_(std::move(policies.delay_compensation)),
+        pull_copies_(std::move(policies.worker_pulls)) {}
 
   PullAnswer PullFrom(int worker_rank,
                       std::optional<int64_t> have_version) override {
     PullAnswer answer{Snapshot(), nullptr};
-    if (!pull_onebit_ || worker_rank < 0) return answer;
-    const absl::Span<const float> now = answer.weights->values();
-    absl::MutexLock lock(&views_mu_);
-    WorkerView& view = views_[worker_rank];
-    if (!have_version.has_value() || view.values.empty() ||
-        *have_version != view.version) {
-      // A full pull: the worker's copy is the weights sent.
-      view.values.assign(now.begin(), now.end());
-      view.residual.assign(now.size(), 0.0f);
-      view.version = answer.weights->version();
-      return answer;
-    }
-    const size_t n = now.size();
-    scratch_.resize(n);
-    for (size_t i = 0; i < n; ++i) scratch_[i] = now[i] - view.values[i];
-    common::OneBitEncoded encoded;
-    common::OneBitEncode(scratch_, absl::MakeSpan(view.residual), bucket_size_,
-                         &encoded);
-    // Decoding what was just encoded cannot fail (see sync_rule.cc).
-    common::OneBitDecode(encoded.bits, encoded.scales, bucket_size_,
-                         absl::MakeSpan(scratch_))
-        .IgnoreError();
-    for (size_t i = 0; i < n; ++i) {
-      view.values[i] = view.values[i] + scratch_[i];
-    }
-    auto delta = std::make_shared<EncodedDelta>();
-    delta->base_version = view.version;
-    delta->version = answer.weights->version();
-    delta->bits = std::move(encoded.bits);
-    delta->scales = std::move(encoded.scales);
-    view.version = delta->version;
-    answer.delta = std::move(delta);
+    if (pull_copies_ == nullptr || worker_rank < 0) return answer;
+    answer.delta =
+        pull_copies_->DeltaFor(worker_rank, have_version, answer.weights);
     return answer;
   }
 
   void Pulled(int worker_rank, const WeightsPtr& weights) override {
-    if (lambda_ <= 0 || worker_rank < 0) return;
-    absl::MutexLock lock(&pulled_mu_);
-    pulled_[worker_rank] = weights;
+    if (compensation_ == nullptr || worker_rank < 0) return;
+    compensation_->Pulled(worker_rank, weights);
   }
 
  protected:
@@ -114,11 +62,12 @@ class DownpourRule : public SerialRule {
   // With delay compensation the gradient applied is not the one pushed, and
   // its size depends on the weights: no bound without a pass.
   bool BoundStep(double max_abs, double* step) override {
-    return lambda_ <= 0 && optimizer_->BoundStep(max_abs, step);
+    return compensation_ == nullptr && optimizer_->BoundStep(max_abs, step);
   }
 
   void AdvanceBound(double max_abs) override {
-    optimizer_->AdvanceBound(lambda_ > 0 ? MaxAbs(compensated_) : max_abs);
+    optimizer_->AdvanceBound(compensation_ != nullptr ? MaxAbs(compensated_)
+                                                      : max_abs);
   }
 
  private:
@@ -127,71 +76,35 @@ class DownpourRule : public SerialRule {
   // left it for the Update of the same push, which sees the same `in`.
   Gradient GradientOf(const Incoming& push, const float* in, bool fresh) {
     Gradient gradient{push.values};
-    if (staleness_lr_) {
-      gradient.lr_scale =
-          1.0f / static_cast<float>(std::max<int64_t>(1, push.staleness));
+    gradient.lr_scale = staleness_rate_.Scale(push.staleness);
+    if (compensation_ == nullptr) return gradient;
+    if (fresh) {
+      compensation_->Compensate(push.worker_rank, push.values, in,
+                                &compensated_);
     }
-    if (lambda_ <= 0) return gradient;
-    if (fresh) Compensate(push, in);
     gradient.values = compensated_;
     return gradient;
   }
 
-  void Compensate(const Incoming& push, const float* in) {
-    WeightsPtr pulled;
-    {
-      absl::MutexLock lock(&pulled_mu_);
-      auto it = pulled_.find(push.worker_rank);
-      if (it != pulled_.end()) pulled = it->second;
-    }
-    const size_t n = push.values.size();
-    compensated_.resize(n);
-    const float* g = push.values.data();
-    float* c = compensated_.data();
-    if (pulled == nullptr) {
-      // No pull of this worker seen (the shard restarted since): nothing to
-      // compensate against.
-      std::copy(g, g + n, c);
-      return;
-    }
-    const float* old = pulled->values().data();
-    const float lambda = lambda_;
-    for (size_t i = 0; i < n; ++i) {
-      c[i] = g[i] + lambda * g[i] * g[i] * (in[i] - old[i]);
-    }
-  }
-
   // Used only under SerialRule's lock.
   const std::unique_ptr<Optimizer> optimizer_;
-  const bool staleness_lr_;
-  const float lambda_;
+  const StalenessAwareRate staleness_rate_;
+  const std::unique_ptr<DelayCompensation> compensation_;  // null: off
   std::vector<float> compensated_;
   // Whether compensated_ holds the push StaysFinite just passed (SerialRule
   // then calls Update for it before any other push).
   bool compensated_ready_ = false;
 
-  absl::Mutex pulled_mu_;
-  std::map<int, WeightsPtr> pulled_ ABSL_GUARDED_BY(pulled_mu_);
-
-  // pull_compression: each worker's copy, the version of the answer that
-  // made it, and the residual of its compressed pulls.
-  struct WorkerView {
-    std::vector<float> values;
-    std::vector<float> residual;
-    int64_t version = -1;
-  };
-  const bool pull_onebit_;
-  const int bucket_size_;
-  absl::Mutex views_mu_;
-  std::map<int, WorkerView> views_ ABSL_GUARDED_BY(views_mu_);
-  std::vector<float> scratch_ ABSL_GUARDED_BY(views_mu_);
+  // Thread-safe. Null: float32 pulls.
+  const std::unique_ptr<WorkerPullCopies> pull_copies_;
 };
 
 }  // namespace
 
 std::unique_ptr<UpdateRule> MakeDownpourRule(const TrainingConfig& resolved,
                                              ShardState* state) {
-  return std::make_unique<DownpourRule>(resolved, state);
+  return std::make_unique<DownpourRule>(
+      resolved, state, MakePolicies(resolved, 0, state->size()));
 }
 
 }  // namespace monsoon::server

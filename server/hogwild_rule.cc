@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/optimizer.h"
+#include "server/policies/policy_factory.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -39,7 +40,7 @@ class HogwildRule : public UpdateRule {
  public:
   HogwildRule(const TrainingConfig& resolved, ShardState* state)
       : learning_rate_(resolved.learning_rate()),
-        staleness_lr_(resolved.staleness_lr()),
+        staleness_rate_(MakePolicies(resolved, 0, state->size()).staleness_rate),
         state_(state),
         live_(state->InitialWeights()) {
     absl::MutexLock lock(&bound_mu_);
@@ -63,9 +64,7 @@ class HogwildRule : public UpdateRule {
     // staleness_lr: the rate over the staleness the push has as its write
     // begins (pushes writing at the same time may still add to it).
     const float lr =
-        staleness_lr_ ? learning_rate_ / static_cast<float>(std::max<int64_t>(
-                                             1, now - push.base_version))
-                      : learning_rate_;
+        staleness_rate_.Rate(learning_rate_, now - push.base_version);
     const double step = std::abs(lr) * static_cast<double>(push.max_abs);
     bool bounded;
     {
@@ -179,7 +178,7 @@ class HogwildRule : public UpdateRule {
 
   // Constant after construction.
   const float learning_rate_;
-  const bool staleness_lr_;
+  const StalenessAwareRate staleness_rate_;
   ShardState* const state_;
   // Written in place by every push (relaxed atomics); replaced only by
   // RestoreState, before serving.

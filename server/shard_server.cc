@@ -23,6 +23,7 @@
 #include "common/model_layout.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
+#include "server/policies/policy_factory.h"
 #include "server/shard_metrics.h"
 
 namespace monsoon::server {
@@ -91,41 +92,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      needed >> 20, " MiB, more than this machine's ",
                      memory >> 20, " MiB: use more shards or a smaller model"));
   }
-  // Options that keep shard-sized arrays per worker: refused where they
+  // Policies that keep shard-sized arrays per worker: refused where they
   // would not fit, saying what they keep.
-  auto per_worker = [&](int arrays, const std::string& what,
-                        const std::string& instead) -> absl::Status {
-    const uint64_t kept = static_cast<uint64_t>(arrays) *
-                          static_cast<uint64_t>(options.num_workers) *
-                          range.size() * sizeof(float);
-    if (memory == 0 || needed + kept <= memory) return absl::OkStatus();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": ", arrays, " x ", options.num_workers, " x ", range.size(),
-        " parameters = ", kept >> 20, " MiB on shard ", options.shard,
-        ", which with its ", needed >> 20, " MiB does not fit this machine's ",
-        memory >> 20, " MiB: use more shards, fewer workers, or ", instead));
-  };
-  // Compressed pulls in downpour and onebit keep each worker's copy and
-  // residual.
-  if (options.config.pull_compression() == COMPRESSION_ONEBIT &&
-      options.config.mode() != SYNC) {
-    if (absl::Status fits =
-            per_worker(2,
-                       "pull_compression keeps each worker's copy and "
-                       "residual",
-                       "float32 pulls");
-        !fits.ok()) {
-      return fits;
-    }
-  }
-  // Delay compensation keeps the version each worker last pulled.
-  if (options.config.delay_compensation() > 0) {
-    if (absl::Status fits = per_worker(
-            1, "delay_compensation keeps each worker's last pulled weights",
-            "no delay_compensation");
-        !fits.ok()) {
-      return fits;
-    }
+  if (absl::Status fits =
+          CheckPolicyMemory(options.config, options.num_workers, range.size(),
+                            options.shard, needed, memory);
+      !fits.ok()) {
+    return fits;
   }
   if (!(options.max_abs_gradient > 0) ||
       !std::isfinite(options.max_abs_gradient)) {
@@ -152,10 +125,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       layout, options.config.seed(), options.shard, options.num_shards);
   server->state_->set_lease(options.lease);
   server->state_->SetNumWorkers(options.num_workers);
-  if (options.config.has_max_staleness()) {
-    server->state_->SetStalenessBound(options.config.max_staleness(),
-                                      options.num_workers,
-                                      options.config.batch_size());
+  if (std::optional<StalenessBound> bound =
+          MakePolicies(options.config, options.num_workers, range.size())
+              .staleness_bound;
+      bound.has_value()) {
+    server->state_->SetStalenessBound(*std::move(bound));
   }
   server->rule_ =
       MakeUpdateRule(options.config, options.num_workers, server->state_.get());

@@ -99,7 +99,7 @@ uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready,
   {
     absl::MutexLock lock(&waiters_mu_);
     if (version_ < min_version ||
-        (clocks.has_value() && !clocks->Allows(clock_rank, max_staleness_))) {
+        (clocks.has_value() && !bound_->Allows(*clocks, clock_rank))) {
       const uint64_t id = next_waiter_id_++;
       waiters_.emplace(id, Pending{min_version, std::move(ready), deadline,
                                    std::move(expired), clock_rank});
@@ -110,33 +110,18 @@ uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready,
   return 0;
 }
 
-void ShardState::SetStalenessBound(int max_staleness, int num_workers,
-                                   int64_t batch_size) {
-  max_staleness_ = max_staleness;
-  clock_workers_ = num_workers;
-  clock_batch_ = std::max<int64_t>(1, batch_size);
+void ShardState::SetStalenessBound(StalenessBound bound) {
+  bound_.emplace(std::move(bound));
 }
 
 ShardState::Clocks ShardState::ReadClocks(absl::Time now) const {
-  Clocks clocks;
-  clocks.of_rank.assign(clock_workers_, 0);
+  std::map<int, int64_t> applied;
   {
     absl::MutexLock lock(&stats_mu_);
-    for (const auto& [rank, samples] : applied_samples_) {
-      if (rank >= 0 && rank < clock_workers_) {
-        clocks.of_rank[rank] = samples / clock_batch_;
-      }
-    }
+    applied = applied_samples_;
   }
-  const std::vector<bool> live = sessions_.LiveRanks(clock_workers_, now);
-  for (int rank = 0; rank < clock_workers_; ++rank) {
-    if (live[rank] &&
-        (clocks.slowest_rank < 0 || clocks.of_rank[rank] < clocks.slowest)) {
-      clocks.slowest = clocks.of_rank[rank];
-      clocks.slowest_rank = rank;
-    }
-  }
-  return clocks;
+  return bound_->Read(applied,
+                      sessions_.LiveRanks(bound_->num_workers(), now));
 }
 
 std::vector<ShardState::Waiter> ShardState::TakeReady(const Clocks* clocks) {
@@ -145,7 +130,7 @@ std::vector<ShardState::Waiter> ShardState::TakeReady(const Clocks* clocks) {
     const Pending& pending = it->second;
     if (pending.min_version <= version_ &&
         (pending.clock_rank < 0 || clocks == nullptr ||
-         clocks->Allows(pending.clock_rank, max_staleness_))) {
+         bound_->Allows(*clocks, pending.clock_rank))) {
       ready.push_back(std::move(it->second.ready));
       it = waiters_.erase(it);
     } else {
@@ -168,14 +153,10 @@ std::vector<std::string> ShardState::DescribeClockWaits(absl::Time now) const {
   const Clocks clocks = ReadClocks(now);
   absl::MutexLock lock(&waiters_mu_);
   for (const auto& [id, pending] : waiters_) {
-    if (pending.clock_rank < 0 ||
-        clocks.Allows(pending.clock_rank, max_staleness_)) {
+    if (pending.clock_rank < 0 || bound_->Allows(clocks, pending.clock_rank)) {
       continue;
     }
-    lines.push_back(absl::StrCat("rank ", pending.clock_rank, " at step ",
-                                 clocks.of_rank[pending.clock_rank],
-                                 " waits for rank ", clocks.slowest_rank,
-                                 " at step ", clocks.slowest));
+    lines.push_back(bound_->DescribeWait(clocks, pending.clock_rank));
   }
   return lines;
 }

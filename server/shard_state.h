@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -27,6 +28,7 @@
 #include "common/model_layout.h"
 #include "proto/service.pb.h"
 #include "server/buffer_pool.h"
+#include "server/policies/staleness_bound.h"
 #include "server/sessions.h"
 #include "server/task_threads.h"
 
@@ -108,15 +110,12 @@ class ShardState {
                               absl::Time deadline = absl::InfiniteFuture(),
                               Waiter expired = nullptr, int clock_rank = -1);
 
-  // Bounded staleness (SSP): a worker's clock is the steps of examples this
-  // shard has applied from it (AppliedSamples / `batch_size`); a pull of a
-  // worker more than `max_staleness` steps ahead of the slowest live worker
-  // of ranks [0, num_workers) (not left, lease not run out: see Alive)
-  // waits until it is not. Call before serving; without it nothing waits
-  // for clocks.
-  void SetStalenessBound(int max_staleness, int num_workers,
-                         int64_t batch_size);
-  bool has_staleness_bound() const { return max_staleness_ >= 0; }
+  // Bounded staleness (server/policies/staleness_bound.h): a pull of a
+  // worker too far ahead of the slowest live worker of the bound's ranks
+  // (not left, lease not run out: see Alive) waits until it is not. Call
+  // before serving; without it nothing waits for clocks.
+  void SetStalenessBound(StalenessBound bound);
+  bool has_staleness_bound() const { return bound_.has_value(); }
   // The waiters that a change other than a new version let go (a slow
   // worker's lease ran out, or it left); the ticker runs them.
   std::vector<Waiter> ReleaseWaiters(absl::Time now);
@@ -287,26 +286,14 @@ class ShardState {
     Waiter expired;
     int clock_rank;  // -1: no clock condition
   };
-  // Each worker's clock, and the slowest live worker's (SetStalenessBound).
-  struct Clocks {
-    std::vector<int64_t> of_rank;
-    int64_t slowest = 0;
-    int slowest_rank = -1;  // -1: no live worker
-    bool Allows(int rank, int max_staleness) const {
-      return slowest_rank < 0 || rank < 0 ||
-             rank >= static_cast<int>(of_rank.size()) ||
-             of_rank[rank] - slowest <= max_staleness;
-    }
-  };
+  using Clocks = StalenessBound::Clocks;
   // Reads the applied examples and the leases (not under waiters_mu_).
   Clocks ReadClocks(absl::Time now) const;
   // Takes the ready waiters out (under waiters_mu_).
   std::vector<Waiter> TakeReady(const Clocks* clocks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(waiters_mu_);
   // Set before serving (SetStalenessBound), constant after.
-  int max_staleness_ = -1;
-  int clock_workers_ = 0;
-  int64_t clock_batch_ = 1;
+  std::optional<StalenessBound> bound_;
   common::Histogram staleness_wait_seconds_;
   std::map<uint64_t, Pending> waiters_ ABSL_GUARDED_BY(waiters_mu_);
 

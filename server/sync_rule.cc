@@ -15,13 +15,10 @@
 // StatsResponse.backup_dropped_pushes): each step waits for the fastest
 // N - b workers only.
 //
-// With pull_compression ONEBIT, each step's update u (the new weights minus
-// the old) is quantized to 1 bit with error feedback kept here (the
-// residual of what earlier steps' encodings lost), and the shard's weights
-// become the old ones plus the decoded update: exactly what a worker holding
-// the old weights gets by adding the same decoding (PullFrom hands out the
-// encoded difference). The optimizer's state (momentum) follows the
-// unquantized gradients.
+// With pull_compression ONEBIT, each step's update is quantized to 1 bit
+// with error feedback (StepPullEncoder, server/policies/compressed_pulls.h)
+// and PullFrom hands out the encoded difference. The optimizer's state
+// (momentum) follows the unquantized gradients.
 
 #include <algorithm>
 #include <deque>
@@ -38,8 +35,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
-#include "common/onebit.h"
 #include "server/optimizer.h"
+#include "server/policies/policy_factory.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -50,8 +47,6 @@ class SyncRule : public UpdateRule {
   SyncRule(const TrainingConfig& resolved, int num_workers, ShardState* state)
       : num_workers_(num_workers),
         backup_(std::min(resolved.backup_workers(), num_workers - 1)),
-        pull_onebit_(resolved.pull_compression() == COMPRESSION_ONEBIT),
-        bucket_size_(resolved.onebit_bucket_size()),
         state_(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
         weights_(state->InitialWeights()),
@@ -60,9 +55,10 @@ class SyncRule : public UpdateRule {
         step_offsets_(num_workers, 0),
         step_digests_(num_workers, 0),
         step_sessions_(num_workers, 0),
+        step_pulls_(std::move(
+            MakePolicies(resolved, num_workers, state->size()).step_pulls)),
         dropped_(num_workers) {
     weight_bound_.Reset(MaxAbs(weights_->values()));
-    if (pull_onebit_) residual_.assign(state->size(), 0.0f);
   }
 
   absl::StatusOr<PushResult> Apply(const PushData& push) override {
@@ -147,10 +143,8 @@ class SyncRule : public UpdateRule {
                       std::optional<int64_t> have_version) override {
     absl::MutexLock lock(&mu_);
     PullAnswer answer{Weights::Share(weights_), nullptr};
-    if (delta_ != nullptr && have_version.has_value() &&
-        *have_version == delta_->base_version &&
-        delta_->version == weights_->version()) {
-      answer.delta = delta_;
+    if (step_pulls_ != nullptr) {
+      answer.delta = step_pulls_->DeltaFor(have_version, weights_->version());
     }
     return answer;
   }
@@ -180,8 +174,7 @@ class SyncRule : public UpdateRule {
       count_ = 0;
       // The residual is not in checkpoints: error feedback starts again,
       // and the first pulls are full ones.
-      std::fill(residual_.begin(), residual_.end(), 0.0f);
-      delta_.reset();
+      if (step_pulls_ != nullptr) step_pulls_->Reset();
       ready = state_->AdvanceVersion(weights_->version());
     }
     state_->RunWaiters(std::move(ready));
@@ -220,29 +213,12 @@ class SyncRule : public UpdateRule {
   }
 
   // pull_compression: replaces the step just written (weights_, from
-  // previous_) by previous_ plus the 1-bit decoding of its update with the
-  // residual, and keeps the encoding for PullFrom.
+  // previous_) by previous_ plus the 1-bit decoding of its update.
   void QuantizeStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const size_t n = state_->size();
-    float* w = weights_->mutable_data();  // not shared yet, or unread
-    update_.resize(n);
-    for (size_t i = 0; i < n; ++i) update_[i] = w[i] - previous_[i];
-    auto delta = std::make_shared<EncodedDelta>();
-    delta->base_version = weights_->version() - 1;
-    delta->version = weights_->version();
-    common::OneBitEncoded encoded;
-    common::OneBitEncode(update_, absl::MakeSpan(residual_), bucket_size_,
-                         &encoded);
-    // Decoding what was just encoded cannot fail: the sizes match and the
-    // scales are means of finite values.
-    common::OneBitDecode(encoded.bits, encoded.scales, bucket_size_,
-                         absl::MakeSpan(update_))
-        .IgnoreError();
-    delta->bits = std::move(encoded.bits);
-    delta->scales = std::move(encoded.scales);
-    for (size_t i = 0; i < n; ++i) w[i] = previous_[i] + update_[i];
+    // weights_ is not shared yet, or unread.
+    step_pulls_->EncodeStep(previous_, weights_->mutable_data(),
+                            weights_->version());
     weight_bound_.Reset(MaxAbs(weights_->values()));
-    delta_ = std::move(delta);
   }
 
   // Whether `push` is one whose step closed without it (backup workers),
@@ -387,7 +363,7 @@ class SyncRule : public UpdateRule {
     const bool refused =
         !bounded && !optimizer_->StaysFinite(mean, weights_->values().data());
     const absl::Time began = state_->BeginApply();
-    if (pull_onebit_) {
+    if (step_pulls_ != nullptr) {
       previous_.assign(weights_->values().begin(), weights_->values().end());
     }
     WriteNextVersion(state_, &weights_, weights_->version() + 1,
@@ -398,7 +374,7 @@ class SyncRule : public UpdateRule {
                          std::copy(in, in + state_->size(), out);
                        }
                      });
-    if (pull_onebit_) QuantizeStep();
+    if (step_pulls_ != nullptr) QuantizeStep();
     state_->EndApply(began);
     sum_.reset();  // back to the pool
     step_max_abs_ = 0;
@@ -454,8 +430,6 @@ class SyncRule : public UpdateRule {
   // Constant after construction.
   const int num_workers_;
   const int backup_;  // backup_workers, fewer than num_workers_
-  const bool pull_onebit_;
-  const int bucket_size_;
   ShardState* const state_;
 
   absl::Mutex mu_;
@@ -473,12 +447,10 @@ class SyncRule : public UpdateRule {
   // Each arrived push's digest and session (SecondPush).
   std::vector<uint64_t> step_digests_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> step_sessions_ ABSL_GUARDED_BY(mu_);
-  // pull_compression: the error feedback, the last step's encoded update,
-  // and scratch for the step's old weights and its update.
-  std::vector<float> residual_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const EncodedDelta> delta_ ABSL_GUARDED_BY(mu_);
+  // pull_compression (null: off): the step encoder, and the step's old
+  // weights.
+  const std::unique_ptr<StepPullEncoder> step_pulls_ ABSL_PT_GUARDED_BY(mu_);
   std::vector<float> previous_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> update_ ABSL_GUARDED_BY(mu_);
   // Per rank, the steps that closed without it (TakeDropped).
   std::vector<std::deque<int64_t>> dropped_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;

@@ -36,6 +36,7 @@
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
 #include "server/optimizer.h"
+#include "server/policies/compressed_pulls.h"
 #include "server/shard_state.h"
 
 namespace monsoon::server {
@@ -65,16 +66,6 @@ struct PushData {
   // take it over instead of copying them (sync keeps a step's first push as
   // the step's sum). Null when the caller owns the values otherwise.
   FloatBufferPool::Buffer* buffer = nullptr;
-};
-
-// A 1-bit difference between two versions of a shard's weights, as
-// common/onebit.h encodes it (pull_compression): adding its decoding to the
-// weights of base_version gives those of `version`, bit for bit.
-struct EncodedDelta {
-  int64_t base_version = 0;
-  int64_t version = 0;
-  std::string bits;
-  std::string scales;
 };
 
 struct PushResult {

@@ -271,8 +271,8 @@ TEST(ShardStateTest, ALapsedLeaseIsReportedOnceUntilTheRankCallsAgain) {
 TEST(ShardStateTest, TheStalenessBoundHoldsExactlyTheWorkerAheadOfIt) {
   ShardState state(Layout(), 1, 0, 1);
   state.set_lease(absl::Seconds(10));
-  state.SetStalenessBound(/*max_staleness=*/1, /*num_workers=*/3,
-                          /*batch_size=*/4);
+  state.SetStalenessBound(StalenessBound(/*max_staleness=*/1,
+                                         /*num_workers=*/3, /*batch_size=*/4));
   ASSERT_TRUE(state.OpenSession(0, 1).ok());
   ASSERT_TRUE(state.OpenSession(1, 2).ok());
   ASSERT_TRUE(state.OpenSession(2, 3).ok());
@@ -316,8 +316,8 @@ TEST(ShardStateTest, TheStalenessBoundHoldsExactlyTheWorkerAheadOfIt) {
 TEST(ShardStateTest, ASlowWorkerThatLeftOrWentSilentNoLongerHoldsOthers) {
   ShardState state(Layout(), 1, 0, 1);
   state.set_lease(absl::Seconds(10));
-  state.SetStalenessBound(/*max_staleness=*/0, /*num_workers=*/2,
-                          /*batch_size=*/4);
+  state.SetStalenessBound(StalenessBound(/*max_staleness=*/0,
+                                         /*num_workers=*/2, /*batch_size=*/4));
   ASSERT_TRUE(state.OpenSession(0, 1).ok());
   ASSERT_TRUE(state.OpenSession(1, 2).ok());
   state.RecordAppliedSamples(0, 4);
