@@ -102,6 +102,7 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
     data_.sample_offset = h.sample_offset();
     data_.session = h.session();
     data_.repeat = h.repeat();
+    data_.resume_point = h.resume_point();
     values_ = buffers_->Take();
   } else if (chunk_.has_header) {
     return absl::InvalidArgumentError(

@@ -92,6 +92,11 @@ class SyncRule : public UpdateRule {
         return FutureVersionError(state_->shard(), push.base_version, version);
       }
       if (arrived_[push.worker_rank]) return SecondPush(push, version);
+      if (PassesOverLostStep(push)) {
+        result.version = version;
+        result.duplicate = true;
+        return result;
+      }
       arrived_[push.worker_rank] = true;
       step_samples_[push.worker_rank] = push.samples;
       step_offsets_[push.worker_rank] = push.sample_offset;
@@ -210,6 +215,26 @@ class SyncRule : public UpdateRule {
         push.sample_offset, "+", push.samples,
         "); the first push stays in the step. Does another process push "
         "for this rank, or does the worker compute a step twice?"));
+  }
+
+  // A step repeated after a lost shard, at a shard that went back (it
+  // restarted from an older checkpoint: it lacks this rank's examples
+  // before the push's), whose examples a shard that did not go back has
+  // applied (PushHeader.resume_point): this shard lost that step of every
+  // worker, and passes over it. Taken into a step here, it would pair this
+  // worker's batch with another worker's next one, a worker that had been
+  // a step ahead when the shard was lost, and the two would stay a step
+  // apart on this shard to the end of the run, where the last step waits
+  // for a worker that has finished.
+  bool PassesOverLostStep(const PushData& push)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!push.repeat || push.samples <= 0 ||
+        push.sample_offset + push.samples > push.resume_point ||
+        state_->SamplePosition(push.worker_rank) >= push.sample_offset) {
+      return false;
+    }
+    state_->PassOver(push.worker_rank, push.sample_offset, push.samples);
+    return true;
   }
 
   // pull_compression: replaces the step just written (weights_, from

@@ -51,6 +51,7 @@ struct PushData {
   int64_t sample_offset = 0;  // see PushHeader.sample_offset
   uint64_t session = 0;       // see PushHeader.session
   bool repeat = false;        // see PushHeader.repeat
+  int64_t resume_point = 0;   // see PushHeader.resume_point
   int64_t wire_bytes = 0;     // serialized size, for statistics
   // The largest magnitude among `values`, when whoever made the push knows
   // it (PushDecoder finds it in its check of the values); infinity when

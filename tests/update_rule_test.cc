@@ -157,6 +157,49 @@ TEST_F(SyncRuleTest, AStepWhoseUpdateWouldOverflowIsRefusedAndPassedOver) {
   EXPECT_EQ(state_.Stats().refused_updates(), 1);
 }
 
+// A shard restarted from an older checkpoint (this one: nothing applied)
+// while worker 0 was a step ahead of worker 1, both past what it lost:
+// worker 1 repeats its step (examples 100-104, which the shard that did not
+// go back has applied: its resume point is 104), worker 0 repeats its next
+// one (104-108). The shard passes over worker 1's lost step, as it lost
+// worker 0's, and its step pairs the two workers' batches at 104; taken
+// into the step, worker 1's would have paired 100 with 104, and the two
+// would have stayed a step apart on this shard to the end of the run.
+TEST_F(SyncRuleTest, ARepeatedStepThatTheShardLostIsPassedOverNotPaired) {
+  auto push = [](int rank, int64_t offset, bool repeat, float value) {
+    OwnedPush p = MakePush(rank, 0, Filled(value), 4);
+    p.data.sample_offset = offset;
+    p.data.repeat = repeat;
+    p.data.resume_point = repeat ? 104 : 0;
+    return p;
+  };
+  ASSERT_OK_AND_ASSIGN(PushResult lost,
+                       rule_->Apply(push(1, 100, true, 9.0f)));
+  EXPECT_TRUE(lost.duplicate);
+  EXPECT_EQ(lost.version, 0);
+  EXPECT_EQ(state_.SamplePosition(1), 104);
+  ASSERT_OK_AND_ASSIGN(PushResult ahead,
+                       rule_->Apply(push(0, 104, true, 1.0f)));
+  EXPECT_FALSE(ahead.duplicate);
+  EXPECT_EQ(ahead.version, 0);  // collecting
+  ASSERT_OK_AND_ASSIGN(PushResult next,
+                       rule_->Apply(push(1, 104, false, 3.0f)));
+  EXPECT_EQ(next.version, 1);
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(2.0f)));
+  EXPECT_EQ(state_.SamplePosition(0), 108);
+  EXPECT_EQ(state_.SamplePosition(1), 108);
+  EXPECT_THAT(state_.Stats().samples_skipped_by_worker(),
+              UnorderedElementsAre(Pair(1, 4)));
+  // A repeat at a shard that did not go back is not passed over: it holds
+  // the rank's earlier examples, and takes this one into the step.
+  OwnedPush again = push(0, 108, true, 1.0f);
+  again.data.base_version = 1;
+  again.data.resume_point = 112;
+  ASSERT_OK_AND_ASSIGN(PushResult kept, rule_->Apply(again));
+  EXPECT_FALSE(kept.duplicate);
+  EXPECT_EQ(state_.SamplePosition(0), 108);  // collecting, not passed over
+}
+
 TEST_F(SyncRuleTest, ExamplesCountAsAppliedOnlyOnceTheStepIsApplied) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f), 20)).status());
   // Collected, not applied: a worker restarted now must push it again.

@@ -182,6 +182,7 @@ class ShardedPushImpl : public ShardedPush {
     header.set_sample_offset(sample_offset_);
     header.set_session(client_->session_);
     header.set_repeat(repeat_);
+    if (repeat_) header.set_resume_point(client_->applied_samples_);
     header.set_encoding(encoding);
     if (encoding == ENCODING_ONEBIT) header.set_bucket_size(bucket);
     // The weights the answer may be a difference from (pull_compression).

@@ -210,23 +210,31 @@ int64_t PsClient::ResumePoint(int64_t a, int64_t b) const {
 absl::Status PsClient::Reconnect(absl::Duration timeout,
                                  absl::Duration log_every) {
   const absl::Time deadline = absl::Now() + timeout;
-  for (int s = 0; s < num_shards(); ++s) {
-    absl::StatusOr<RegisterResponse> response = RegisterWith(
-        s, deadline, log_every,
-        "the shard did not come back (raise --shard_lost_timeout_s to wait "
-        "longer)");
-    if (!response.ok()) return response.status();
-    if (response->num_shards() != num_shards() ||
-        response->offset() != ranges_[s].begin ||
-        response->length() != ranges_[s].size()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("shard ", s, " at ", shards_[s].address,
-                       " came back serving another part of the model"));
+  // Two passes: the first waits for every shard to answer; the second
+  // reads where each shard is once all are back. A shard that stayed up
+  // may have closed a step after the first pass read it (a push of this
+  // worker still in flight when the connection was lost), and a repeated
+  // step that a restarted shard lost is recognized by the position of the
+  // shards that did not go back (PushHeader.resume_point).
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int s = 0; s < num_shards(); ++s) {
+      absl::StatusOr<RegisterResponse> response = RegisterWith(
+          s, deadline, log_every,
+          "the shard did not come back (raise --shard_lost_timeout_s to wait "
+          "longer)");
+      if (!response.ok()) return response.status();
+      if (response->num_shards() != num_shards() ||
+          response->offset() != ranges_[s].begin ||
+          response->length() != ranges_[s].size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("shard ", s, " at ", shards_[s].address,
+                         " came back serving another part of the model"));
+      }
+      initial_versions_[s] = response->version();
+      applied_samples_ =
+          s == 0 ? response->samples_applied()
+                 : ResumePoint(applied_samples_, response->samples_applied());
     }
-    initial_versions_[s] = response->version();
-    applied_samples_ =
-        s == 0 ? response->samples_applied()
-               : ResumePoint(applied_samples_, response->samples_applied());
   }
   // The loop repeats its step now, on the weights as the shards have them.
   repeat_next_push_ = true;
