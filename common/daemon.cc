@@ -57,8 +57,7 @@ absl::Status StartDaemon(const DaemonInfo& info, int argc, char** argv,
   if (termination != nullptr) {
     *termination = std::make_unique<TerminationWatcher>();
   }
-  if (absl::Status env = ApplyFlagEnvironmentAndWarn(info.program);
-      !env.ok()) {
+  if (absl::Status env = ApplyFlagEnvironmentAndWarn(info.program); !env.ok()) {
     return env;
   }
   if (absl::Status names = CheckFlagNames(argc, argv); !names.ok()) {
@@ -73,8 +72,8 @@ absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view contents) {
   const std::string tmp = path + ".tmp";
   // The mode std::ofstream creates files with (less the umask).
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                      0666);
+  const int fd =
+      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) {
     return absl::InternalError(
         absl::StrCat("cannot write ", tmp, ": ", ErrnoText(errno)));
@@ -90,8 +89,8 @@ absl::Status WriteFileAtomically(const std::string& path,
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     error = errno;
     unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ",
-                                            path, ": ", ErrnoText(error)));
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path,
+                                            ": ", ErrnoText(error)));
   }
   return absl::OkStatus();
 }

@@ -217,8 +217,7 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>>
 MetricsExporter::StartIfListening(
     const std::string& listen,
     const std::map<std::string, std::string>& build_info,
-    const std::vector<std::shared_ptr<prometheus::Collectable>>&
-        collectables) {
+    const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
   if (listen.empty()) return std::unique_ptr<MetricsExporter>();
   absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
       Start(listen, build_info);

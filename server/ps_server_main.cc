@@ -341,8 +341,7 @@ int main(int argc, char** argv) {
   if (absl::Status times = SetTimesFromFlags(&options); !times.ok()) {
     return Fail(kExitConfigError, times.message());
   }
-  if (absl::Status security = SetSecurityFromFlags(&options);
-      !security.ok()) {
+  if (absl::Status security = SetSecurityFromFlags(&options); !security.ok()) {
     return Fail(kExitConfigError, security);
   }
   options.on_periodic_checkpoint = PeriodicCheckpointLog(options.shard);

@@ -74,8 +74,7 @@ TEST(FailTest, ReturnsTheCodeItIsGiven) {
                  absl::InvalidArgumentError("--rank=3 is out of range")),
             2);
   EXPECT_EQ(Fail("daemon_test", kExitFailure, "cannot write port"), 1);
-  EXPECT_EQ(Fail("daemon_test", 130, absl::CancelledError("interrupted")),
-            130);
+  EXPECT_EQ(Fail("daemon_test", 130, absl::CancelledError("interrupted")), 130);
 }
 
 TEST(FailTest, LogsTheProgramAndTheStatus) {
