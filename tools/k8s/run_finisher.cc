@@ -3,13 +3,13 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/daemon.h"
 #include "common/log.h"
 
 namespace monsoon::tools {
@@ -37,20 +37,6 @@ std::optional<EvalCurve> ReadCurve(const std::string& path) {
     return std::nullopt;
   }
   return curve;
-}
-
-absl::Status WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -139,7 +125,7 @@ absl::Status FinishRun(worker::PsClient* client, const FinishOptions& options) {
   const RunMetrics run =
       FinishedRunMetrics(options.config, stats, curve.value_or(EvalCurve()));
   if (absl::Status written =
-          WriteAtomically(options.metrics_out, MetricsJson(run));
+          common::WriteFileAtomically(options.metrics_out, MetricsJson(run));
       !written.ok()) {
     return written;
   }
