@@ -75,8 +75,9 @@ absl::Status WriteFileAtomically(const std::string& path,
   const int fd =
       open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) {
+    const int error = errno;
     return absl::InternalError(
-        absl::StrCat("cannot write ", tmp, ": ", ErrnoText(errno)));
+        absl::StrCat("cannot write ", tmp, ": ", ErrnoText(error)));
   }
   int error = WriteAll(fd, contents) ? 0 : errno;
   // close() may report a write that failed late (a full disk over NFS).
@@ -87,7 +88,7 @@ absl::Status WriteFileAtomically(const std::string& path,
         absl::StrCat("cannot write ", tmp, ": ", ErrnoText(error)));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    error = errno;
+    error = errno;  // before unlink() sets it
     unlink(tmp.c_str());
     return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path,
                                             ": ", ErrnoText(error)));
