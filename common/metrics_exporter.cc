@@ -213,6 +213,19 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   return exporter;
 }
 
+absl::StatusOr<std::unique_ptr<MetricsExporter>>
+MetricsExporter::StartIfListening(
+    const std::string& listen,
+    const std::map<std::string, std::string>& build_info,
+    const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
+  if (listen.empty()) return std::unique_ptr<MetricsExporter>();
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      Start(listen, build_info);
+  if (!exporter.ok()) return exporter.status();
+  for (const auto& collectable : collectables) (*exporter)->Add(collectable);
+  return exporter;
+}
+
 MetricsExporter::~MetricsExporter() {
   exposer_.reset();  // stops serving before the collectables go
 }

@@ -34,6 +34,13 @@ class MetricsExporter {
   static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(
       const std::string& listen,
       const std::map<std::string, std::string>& build_info);
+  // For a daemon's --metrics_listen: null when `listen` is empty (no
+  // metrics); else Start(listen, build_info), serving `collectables` too.
+  static absl::StatusOr<std::unique_ptr<MetricsExporter>> StartIfListening(
+      const std::string& listen,
+      const std::map<std::string, std::string>& build_info,
+      const std::vector<std::shared_ptr<prometheus::Collectable>>&
+          collectables = {});
   ~MetricsExporter();
   MetricsExporter(const MetricsExporter&) = delete;
   MetricsExporter& operator=(const MetricsExporter&) = delete;

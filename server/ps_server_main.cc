@@ -1,21 +1,21 @@
 // ps_server: one parameter-server shard. Flags (or MONSOON_* environment
 // variables) name its index, the shard and worker counts, the listen address
 // and the training config. Runs until SIGTERM or SIGINT.
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/auth.h"
 #include "common/config.h"
-#include "common/flag_env.h"
+#include "common/daemon.h"
 #include "common/log.h"
-#include "common/process_tuning.h"
+#include "common/model_layout.h"
 #include "common/termination.h"
 #include "common/tls.h"
 #include "server/shard_server.h"
@@ -113,18 +113,25 @@ ABSL_FLAG(double, checkpoint_interval_s, 60,
 
 namespace {
 
-constexpr int kConfigError = 2;
+using monsoon::common::kExitConfigError;
+using monsoon::common::kExitFailure;
+using monsoon::common::kExitOk;
+using monsoon::server::ShardServer;
+using monsoon::server::ShardServerOptions;
 
-int Fail(int code, const std::string& message) {
-  monsoon::common::LogError("ps_server: %s", message);
-  return code;
+constexpr char kProgram[] = "ps_server";
+
+int Fail(int code, const absl::Status& status) {
+  return monsoon::common::Fail(kProgram, code, status);
+}
+int Fail(int code, absl::string_view message) {
+  return monsoon::common::Fail(kProgram, code, message);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  monsoon::common::TuneProcess();
-  absl::SetProgramUsageMessage(
+monsoon::common::DaemonInfo Info() {
+  monsoon::common::DaemonInfo info;
+  info.program = kProgram;
+  info.usage =
       "Monsoon parameter-server shard.\n\n"
       "  ps_server --shard=0 --num_shards=2 --num_workers=4 "
       "--listen=0.0.0.0:5000 --config=train.textproto\n\n"
@@ -133,28 +140,14 @@ int main(int argc, char** argv) {
       "the checkpoint, with --checkpoint_dir), and after the run's finisher "
       "closed the run (every worker finished); 2 for a configuration error "
       "(a bad flag or config, a checkpoint of another config or shard, or "
-      "the final checkpoint of a finished run), 1 otherwise.");
-  monsoon::common::TerminationWatcher termination;
-  absl::Status env = monsoon::common::ApplyFlagEnvironmentAndWarn("ps_server");
-  if (!env.ok()) return Fail(kConfigError, env.ToString());
-  if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
-      !names.ok()) {
-    return Fail(kConfigError, names.ToString());
-  }
-  monsoon::common::ShowFlagsInHelp("server/ps_server_main.cc");
-  absl::ParseCommandLine(argc, argv);
+      "the final checkpoint of a finished run), 1 otherwise.";
+  info.main_file = "server/ps_server_main.cc";
+  return info;
+}
 
-  auto config = monsoon::common::LoadResolvedConfig(
-      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
-  if (!config.ok()) return Fail(kConfigError, config.status().ToString());
-
-  monsoon::server::ShardServerOptions options;
-  options.config = *config;
-  options.shard = absl::GetFlag(FLAGS_shard);
-  options.num_shards = absl::GetFlag(FLAGS_num_shards);
-  options.num_workers = absl::GetFlag(FLAGS_num_workers);
-  options.listen_address = absl::GetFlag(FLAGS_listen);
-  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+// The flags in seconds into `options`. INVALID_ARGUMENT, whose message is
+// the line to log, for one out of range.
+absl::Status SetTimesFromFlags(ShardServerOptions* options) {
   const double interval_s = absl::GetFlag(FLAGS_checkpoint_interval_s);
   const double grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   const double peer_s = absl::GetFlag(FLAGS_peer_timeout_s);
@@ -167,57 +160,67 @@ int main(int argc, char** argv) {
         {"lease_s", lease_s},
         {"log_every_s", log_every_s}}) {
     if (!(seconds >= 0 && seconds <= 1e6)) {  // NaN too
-      return Fail(kConfigError, absl::StrCat("--", name,
-                                             " must be from 0 to 1e6 seconds, "
-                                             "got ",
-                                             seconds));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, " must be from 0 to 1e6 seconds, got ", seconds));
     }
   }
   if (peer_s < 2) {
-    return Fail(kConfigError, absl::StrCat("--peer_timeout_s must be at least "
-                                           "2 seconds, got ",
-                                           peer_s));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--peer_timeout_s must be at least 2 seconds, got ", peer_s));
   }
-  options.checkpoint_interval = absl::Seconds(interval_s);
-  options.peer_timeout = absl::Seconds(peer_s);
+  options->checkpoint_interval = absl::Seconds(interval_s);
+  options->peer_timeout = absl::Seconds(peer_s);
   if (lease_s < 1) {
-    return Fail(
-        kConfigError,
+    return absl::InvalidArgumentError(
         absl::StrCat("--lease_s must be at least 1 second, got ", lease_s));
   }
-  options.lease = absl::Seconds(lease_s);
-  options.log_every = absl::Seconds(log_every_s);
-  options.max_abs_gradient =
-      static_cast<float>(absl::GetFlag(FLAGS_max_abs_gradient));
-  options.grpc_memory_bytes =
-      static_cast<int64_t>(absl::GetFlag(FLAGS_grpc_memory_mb)) << 20;
-  options.max_streams_per_connection =
-      absl::GetFlag(FLAGS_max_streams_per_connection);
-  options.max_pushes_per_rank = absl::GetFlag(FLAGS_max_pushes_per_rank);
-  options.max_pulls_per_rank = absl::GetFlag(FLAGS_max_pulls_per_rank);
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
-  options.idle_connection_timeout =
+  options->lease = absl::Seconds(lease_s);
+  options->log_every = absl::Seconds(log_every_s);
+  options->max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
+  options->idle_connection_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_connection_timeout_s));
-  {
-    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-        monsoon::common::ServerCredentialsFrom({absl::GetFlag(FLAGS_tls_cert),
-                                                absl::GetFlag(FLAGS_tls_key),
-                                                absl::GetFlag(FLAGS_tls_ca)});
-    if (!credentials.ok()) {
-      return Fail(kConfigError, credentials.status().ToString());
-    }
-    options.credentials = *std::move(credentials);
-  }
+  return absl::OkStatus();
+}
+
+// The shard's place in the run, its address and its limits.
+void SetServingFromFlags(ShardServerOptions* options) {
+  options->shard = absl::GetFlag(FLAGS_shard);
+  options->num_shards = absl::GetFlag(FLAGS_num_shards);
+  options->num_workers = absl::GetFlag(FLAGS_num_workers);
+  options->listen_address = absl::GetFlag(FLAGS_listen);
+  options->checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options->max_abs_gradient =
+      static_cast<float>(absl::GetFlag(FLAGS_max_abs_gradient));
+  options->grpc_memory_bytes =
+      static_cast<int64_t>(absl::GetFlag(FLAGS_grpc_memory_mb)) << 20;
+  options->max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
+  options->max_pushes_per_rank = absl::GetFlag(FLAGS_max_pushes_per_rank);
+  options->max_pulls_per_rank = absl::GetFlag(FLAGS_max_pulls_per_rank);
+  options->metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+}
+
+// TLS and the auth token, from the files the flags name.
+absl::Status SetSecurityFromFlags(ShardServerOptions* options) {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      monsoon::common::ServerCredentialsFrom({absl::GetFlag(FLAGS_tls_cert),
+                                              absl::GetFlag(FLAGS_tls_key),
+                                              absl::GetFlag(FLAGS_tls_ca)});
+  if (!credentials.ok()) return credentials.status();
+  options->credentials = *std::move(credentials);
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     absl::StatusOr<std::string> token =
         monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
-    if (!token.ok()) return Fail(kConfigError, token.status().ToString());
-    options.auth_token = *std::move(token);
+    if (!token.ok()) return token.status();
+    options->auth_token = *std::move(token);
   }
-  const int shard = options.shard;
-  options.on_periodic_checkpoint = [shard](const absl::Status& status,
-                                           int64_t version) {
+  return absl::OkStatus();
+}
+
+// Logs each periodic checkpoint of shard `shard`; a failed one is not fatal.
+std::function<void(const absl::Status&, int64_t)> PeriodicCheckpointLog(
+    int shard) {
+  return [shard](const absl::Status& status, int64_t version) {
     if (status.ok()) {
       monsoon::common::Log("ps_server: shard %d checkpointed version %d", shard,
                            version);
@@ -228,92 +231,133 @@ int main(int argc, char** argv) {
           shard, status.ToString());
     }
   };
-  auto server = monsoon::server::ShardServer::Start(options);
-  if (!server.ok()) {
-    // A bad flag, a model too large for the machine, or a checkpoint that
-    // is not this shard's or unreadable: restarting will not help.
-    const absl::StatusCode code = server.status().code();
-    const bool config_error = code == absl::StatusCode::kInvalidArgument ||
-                              code == absl::StatusCode::kFailedPrecondition ||
-                              code == absl::StatusCode::kDataLoss ||
-                              code == absl::StatusCode::kResourceExhausted;
-    return Fail(config_error ? kConfigError : 1, server.status().ToString());
-  }
-  if ((*server)->resumed_version() >= 0) {
-    if ((*server)->resharded()) {
+}
+
+// The exit code for a shard that could not start: a bad flag, a model too
+// large for the machine, or a checkpoint that is not this shard's or
+// unreadable is a configuration error (restarting will not help).
+int ExitCodeForStartError(const absl::Status& status) {
+  const absl::StatusCode code = status.code();
+  const bool config_error = code == absl::StatusCode::kInvalidArgument ||
+                            code == absl::StatusCode::kFailedPrecondition ||
+                            code == absl::StatusCode::kDataLoss ||
+                            code == absl::StatusCode::kResourceExhausted;
+  return config_error ? kExitConfigError : kExitFailure;
+}
+
+// The lines that say what the shard serves, once it does.
+void LogServing(const ShardServerOptions& options,
+                const monsoon::TrainingConfig& config, ShardServer& server) {
+  if (server.resumed_version() >= 0) {
+    if (server.resharded()) {
       monsoon::common::Log(
           "ps_server: shard %d of %d resumed at version %d from the "
           "checkpoints another shard count left in %s",
-          options.shard, options.num_shards, (*server)->resumed_version(),
+          options.shard, options.num_shards, server.resumed_version(),
           options.checkpoint_dir);
     } else {
       monsoon::common::Log("ps_server: shard %d resumed from %s at version %d",
-                           options.shard, (*server)->checkpoint_path(),
-                           (*server)->resumed_version());
+                           options.shard, server.checkpoint_path(),
+                           server.resumed_version());
     }
   }
-  const auto range = (*server)->state()->range();
+  const auto range = server.state()->range();
   monsoon::common::Log(
       "ps_server: shard %d/%d serving on port %d, mode %s, optimizer %s, "
       "params [%d, %d) of %d, config %016x",
-      options.shard, options.num_shards, (*server)->port(),
-      monsoon::common::ModeName(config->mode()),
-      monsoon::common::OptimizerName(config->optimizer()), range.begin,
-      range.end, monsoon::common::ModelLayout::FromConfig(*config).num_params(),
-      monsoon::common::ConfigFingerprint(*config));
-  if (config->delay_compensation() > 0) {
+      options.shard, options.num_shards, server.port(),
+      monsoon::common::ModeName(config.mode()),
+      monsoon::common::OptimizerName(config.optimizer()), range.begin,
+      range.end, monsoon::common::ModelLayout::FromConfig(config).num_params(),
+      monsoon::common::ConfigFingerprint(config));
+  if (config.delay_compensation() > 0) {
     monsoon::common::Log(
         "ps_server: shard %d: delay compensation %g keeps each worker's last "
         "pulled weights: up to %d x %.1f MB",
-        options.shard, config->delay_compensation(), options.num_workers,
+        options.shard, config.delay_compensation(), options.num_workers,
         range.size() * sizeof(float) / 1e6);
   }
-  if ((*server)->metrics_port() != 0) {
+  if (server.metrics_port() != 0) {
     monsoon::common::Log("ps_server: metrics on port %d (GET /metrics)",
-                         (*server)->metrics_port());
+                         server.metrics_port());
   }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    // Write then rename, so that a reader never sees a partial file.
-    const std::string tmp = port_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << (*server)->port() << "\n";
-      if (!out) return Fail(1, absl::StrCat("cannot write ", tmp));
-    }
-    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      return Fail(1, absl::StrCat("cannot rename ", tmp, " to ", port_file));
-    }
-  }
+}
 
-  // Until SIGTERM, or until the run's finisher closes the run (every worker
-  // finished and the results are collected).
+// Serves until SIGTERM, or until the run's finisher closes the run (every
+// worker finished and the results are collected).
+void ServeUntilTheEnd(const monsoon::common::TerminationWatcher& termination,
+                      ShardServer& server, int shard) {
   while (!termination.terminated().WaitForNotificationWithTimeout(
              absl::Milliseconds(200)) &&
-         !(*server)->run_closed().HasBeenNotified()) {
+         !server.run_closed().HasBeenNotified()) {
   }
   if (termination.terminated().HasBeenNotified()) {
-    monsoon::common::Log("ps_server: shard %d: signal %d, shutting down",
-                         options.shard, termination.signal());
+    monsoon::common::Log("ps_server: shard %d: signal %d, shutting down", shard,
+                         termination.signal());
   } else {
     monsoon::common::Log(
         "ps_server: shard %d: every worker finished and the run is closed; "
         "saving the final checkpoint and stopping",
-        options.shard);
+        shard);
   }
+}
+
+// Stops serving, writes the final checkpoint (with --checkpoint_dir) and
+// logs the shard's totals; the exit code.
+int Stop(const ShardServerOptions& options, ShardServer& server) {
   // Shutdown reports NOT_SERVING first, then stops the calls; after it no
   // push runs, so the checkpoint is consistent.
-  (*server)->Shutdown(absl::Seconds(grace_s));
+  server.Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
   if (!options.checkpoint_dir.empty()) {
-    absl::Status saved = (*server)->SaveCheckpoint();
-    if (!saved.ok()) return Fail(1, saved.ToString());
+    absl::Status saved = server.SaveCheckpoint();
+    if (!saved.ok()) return Fail(kExitFailure, saved.ToString());
     monsoon::common::Log("ps_server: shard %d wrote checkpoint %s",
-                         options.shard, (*server)->checkpoint_path());
+                         options.shard, server.checkpoint_path());
   }
-  const monsoon::StatsResponse stats = (*server)->state()->Stats();
+  const monsoon::StatsResponse stats = server.state()->Stats();
   monsoon::common::Log(
       "ps_server: shard %d stopped at version %d after %d "
       "pushes (%d rejected)",
       options.shard, stats.version(), stats.pushes(), stats.rejected_pushes());
-  return 0;
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::unique_ptr<monsoon::common::TerminationWatcher> termination;
+  if (absl::Status started =
+          monsoon::common::StartDaemon(Info(), argc, argv, &termination);
+      !started.ok()) {
+    return Fail(kExitConfigError, started);
+  }
+  auto config = monsoon::common::LoadResolvedConfig(
+      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
+  if (!config.ok()) return Fail(kExitConfigError, config.status());
+
+  ShardServerOptions options;
+  options.config = *config;
+  SetServingFromFlags(&options);
+  if (absl::Status times = SetTimesFromFlags(&options); !times.ok()) {
+    return Fail(kExitConfigError, times.message());
+  }
+  if (absl::Status security = SetSecurityFromFlags(&options); !security.ok()) {
+    return Fail(kExitConfigError, security);
+  }
+  options.on_periodic_checkpoint = PeriodicCheckpointLog(options.shard);
+  auto server = ShardServer::Start(options);
+  if (!server.ok()) {
+    return Fail(ExitCodeForStartError(server.status()), server.status());
+  }
+  LogServing(options, *config, **server);
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file);
+      !port_file.empty()) {
+    // Written whole, then renamed, so that a reader never sees a partial
+    // file.
+    absl::Status written = monsoon::common::WriteFileAtomically(
+        port_file, absl::StrCat((*server)->port(), "\n"));
+    if (!written.ok()) return Fail(kExitFailure, written.message());
+  }
+  ServeUntilTheEnd(*termination, **server, options.shard);
+  return Stop(options, **server);
 }

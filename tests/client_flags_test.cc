@@ -4,9 +4,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "common/daemon.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
+
+ABSL_DECLARE_FLAG(double, connect_timeout_s);
 
 namespace monsoon::worker {
 namespace {
@@ -64,6 +70,28 @@ TEST(RefusedForHowItWasStartedTest, OnlyRefusalsThatRetryingCannotFix) {
         absl::CancelledError("stopped"), absl::InternalError("bug")}) {
     EXPECT_FALSE(RefusedForHowItWasStarted(status)) << status;
   }
+}
+
+TEST(ConnectWithClientFlagsTest, ABadFlagIsAConfigurationError) {
+  PsClientOptions options;
+  options.server_addresses = {"ps-{i}.ps:5000"};  // and no --num_shards
+  int exit_code = -1;
+  EXPECT_THAT(ConnectWithClientFlags(options, &exit_code),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("give their count with --num_shards")));
+  EXPECT_EQ(exit_code, common::kExitConfigError);
+}
+
+TEST(ConnectWithClientFlagsTest, AShardThatDoesNotAnswerIsAFailure) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_connect_timeout_s, 0.2);
+  PsClientOptions options;
+  options.server_addresses = {"127.0.0.1:1"};  // nothing listens there
+  options.worker_rank = -1;
+  int exit_code = -1;
+  EXPECT_THAT(ConnectWithClientFlags(options, &exit_code),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(exit_code, common::kExitFailure);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // compare_modes: trains the same model on the same data in several modes,
 // one local cluster after another, and writes results.json, summary.md and
 // plots into --out_dir; the summary table is printed at the end.
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "common/model_config.h"
 #include "tools/chaos.h"
@@ -106,11 +108,13 @@ ABSL_FLAG(std::string, python, "/usr/bin/python3",
 
 namespace {
 
-constexpr int kConfigError = 2;
+using monsoon::common::kExitConfigError;
+using monsoon::common::kExitFailure;
+using monsoon::common::kExitOk;
+using monsoon::tools::ComparisonOptions;
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::LogError("compare: %s", status.ToString());
-  return code;
+  return monsoon::common::Fail("compare", code, status);
 }
 
 bool Exists(const std::string& path) {
@@ -135,6 +139,194 @@ absl::StatusOr<std::vector<int>> Counts(const char* flag,
   return counts;
 }
 
+// --modes, --variants, --model and --seeds into `options`.
+absl::Status SetConfigurationsFromFlags(ComparisonOptions* options) {
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+    auto mode = monsoon::common::ParseMode(name);
+    if (!mode.ok()) return mode.status();
+    options->modes.push_back(*mode);
+  }
+  if (options->modes.empty()) {
+    return absl::InvalidArgumentError("--modes is empty");
+  }
+  if (const std::string variants = absl::GetFlag(FLAGS_variants);
+      !variants.empty()) {
+    auto parsed = monsoon::tools::ParseVariants(variants);
+    if (!parsed.ok()) return parsed.status();
+    options->variants = *std::move(parsed);
+    options->modes.clear();
+    for (const auto& variant : options->variants) {
+      options->modes.push_back(variant.mode);
+    }
+  }
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
+    auto model = monsoon::common::ParseModel(name);
+    if (!model.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model: ", model.status().message()));
+    }
+    options->models.push_back(*model);
+  }
+  for (absl::string_view text :
+       absl::StrSplit(absl::GetFlag(FLAGS_seeds), ',', absl::SkipEmpty())) {
+    uint64_t seed = 0;
+    if (!absl::SimpleAtoi(text, &seed)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--seeds: '", text, "' is not a non-negative integer"));
+    }
+    options->seeds.push_back(seed);
+  }
+  return absl::OkStatus();
+}
+
+// --straggler, --servers and --workers into `options`.
+absl::Status SetSweepFromFlags(ComparisonOptions* options) {
+  auto stragglers =
+      monsoon::tools::ParseStragglers(absl::GetFlag(FLAGS_straggler));
+  if (!stragglers.ok()) return stragglers.status();
+  options->stragglers = *std::move(stragglers);
+  auto servers = Counts("servers", absl::GetFlag(FLAGS_servers));
+  if (!servers.ok()) return servers.status();
+  auto workers = Counts("workers", absl::GetFlag(FLAGS_workers));
+  if (!workers.ok()) return workers.status();
+  options->servers = *servers;
+  options->workers = *workers;
+  return absl::OkStatus();
+}
+
+// The models every configuration runs on (the config's, when --model
+// names none).
+std::vector<monsoon::Model> ModelsToRun(const ComparisonOptions& options) {
+  std::vector<monsoon::Model> models = options.models;
+  if (models.empty()) models.push_back(monsoon::MODEL_AUTO);
+  return models;
+}
+
+// Every mode's and variant's config must resolve, on every model, and the
+// stragglers and the data must be there, before anything starts.
+absl::Status CheckEveryRun(const ComparisonOptions& options) {
+  std::string data_dir;
+  for (monsoon::Model model : ModelsToRun(options)) {
+    for (monsoon::Mode mode : options.modes) {
+      auto config = options.config_for(mode, model);
+      if (!config.ok()) return config.status();
+      data_dir = config->data_dir();
+    }
+    for (const auto& variant : options.variants) {
+      auto base = options.config_for(variant.mode, model);
+      if (!base.ok()) return base.status();
+      auto config = monsoon::tools::ApplyVariant(variant, *base);
+      if (!config.ok()) return config.status();
+    }
+  }
+  for (int w : options.workers) {
+    for (const auto& [rank, factor] : options.stragglers) {
+      if (rank >= w) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--straggler rank ", rank, " but a run of ", w,
+                         " workers has ranks 0 to ", w - 1));
+      }
+    }
+  }
+  return monsoon::worker::CheckIdxDatasetFiles(data_dir);
+}
+
+// --link and --link_worker into `options`; FAILED_PRECONDITION (from
+// CheckNetworkPrivileges) without the privileges an emulated network needs.
+absl::Status SetLinkFromFlags(ComparisonOptions* options) {
+  if (absl::GetFlag(FLAGS_link).empty()) {
+    if (!absl::GetFlag(FLAGS_link_worker).empty()) {
+      return absl::InvalidArgumentError(
+          "--link_worker shapes a worker's emulated link: give --link too");
+    }
+    return absl::OkStatus();
+  }
+  auto link = monsoon::tools::ParseLink(absl::GetFlag(FLAGS_link));
+  if (!link.ok()) return link.status();
+  if (auto s = monsoon::tools::CheckNetworkPrivileges(); !s.ok()) return s;
+  options->link = *link;
+  auto rates =
+      monsoon::tools::ParseWorkerRates(absl::GetFlag(FLAGS_link_worker));
+  if (!rates.ok()) return rates.status();
+  options->worker_rates = *std::move(rates);
+  for (int w : options->workers) {
+    for (const auto& [rank, rate] : options->worker_rates) {
+      if (rank >= w) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--link_worker rank ", rank, " but a run of ", w,
+                         " workers has ranks 0 to ", w - 1));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --restart_failed, --max_restarts, --chaos, --tls and --tls_dir into
+// `options` (--tls: its certificates are made once --out_dir exists).
+absl::Status SetFaultsAndTlsFromFlags(ComparisonOptions* options) {
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts < 0 || max_restarts > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_restarts must be in [0, 100], got ", max_restarts));
+  }
+  options->max_restarts =
+      absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
+  options->chaos = absl::GetFlag(FLAGS_chaos);
+  options->tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  const bool make_tls = absl::GetFlag(FLAGS_tls);
+  if (make_tls && !options->tls_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls makes certificates, --tls_dir takes yours: give one of them");
+  }
+  if ((make_tls || !options->tls_dir.empty()) && options->link.has_value()) {
+    return absl::InvalidArgumentError(
+        "--tls_dir with --link: the emulated hosts' addresses are not in the "
+        "certificates; use one or the other");
+  }
+  for (int s : options->servers) {
+    for (int w : options->workers) {
+      auto faults = monsoon::tools::ParseChaos(options->chaos, s, w);
+      if (!faults.ok()) return faults.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --report_script, or the one in this binary's runfiles; NOT_FOUND when it
+// is not there.
+absl::StatusOr<std::string> ReportScript() {
+  std::string script = absl::GetFlag(FLAGS_report_script);
+  if (script.empty())
+    script = monsoon::tools::ExecutablePath() +
+             ".runfiles/monsoon/tools/compare_report.py";
+  if (!Exists(script)) {
+    return absl::NotFoundError(absl::StrCat(
+        "report script '", script, "' not found: pass --report_script"));
+  }
+  return script;
+}
+
+// Every check and setting from the flags, in the order the checks run.
+absl::Status SetOptionsFromFlags(ComparisonOptions* options) {
+  if (auto s = SetConfigurationsFromFlags(options); !s.ok()) return s;
+  if (auto s = SetSweepFromFlags(options); !s.ok()) return s;
+  options->config_for = [](monsoon::Mode mode, monsoon::Model model) {
+    return monsoon::tools::ConfigFromFlags(mode, model);
+  };
+  if (auto s = CheckEveryRun(*options); !s.ok()) return s;
+  if (auto s = SetLinkFromFlags(options); !s.ok()) return s;
+  if (auto s = SetFaultsAndTlsFromFlags(options); !s.ok()) return s;
+  options->time_limit_s = absl::GetFlag(FLAGS_time_limit_s);
+  options->target_accuracy = absl::GetFlag(FLAGS_target);
+  options->eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
+  options->bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
+                         ? monsoon::tools::DefaultBinDir()
+                         : absl::GetFlag(FLAGS_bin_dir);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,179 +347,29 @@ int main(int argc, char** argv) {
   monsoon::tools::ShowConfigFlagsInHelp("tools/compare_modes_main.cc");
   absl::ParseCommandLine(argc, argv);
 
-  monsoon::tools::ComparisonOptions options;
-  for (absl::string_view name :
-       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
-    auto mode = monsoon::common::ParseMode(name);
-    if (!mode.ok()) return Fail(kConfigError, mode.status());
-    options.modes.push_back(*mode);
+  ComparisonOptions options;
+  if (absl::Status set = SetOptionsFromFlags(&options); !set.ok()) {
+    return Fail(kExitConfigError, set);
   }
-  if (options.modes.empty()) {
-    return Fail(kConfigError, absl::InvalidArgumentError("--modes is empty"));
-  }
-  if (const std::string variants = absl::GetFlag(FLAGS_variants);
-      !variants.empty()) {
-    auto parsed = monsoon::tools::ParseVariants(variants);
-    if (!parsed.ok()) return Fail(kConfigError, parsed.status());
-    options.variants = *std::move(parsed);
-    options.modes.clear();
-    for (const auto& variant : options.variants) {
-      options.modes.push_back(variant.mode);
-    }
-  }
-  for (absl::string_view name :
-       absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
-    auto model = monsoon::common::ParseModel(name);
-    if (!model.ok()) {
-      return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
-                                    "--model: ", model.status().message())));
-    }
-    options.models.push_back(*model);
-  }
-  for (absl::string_view text :
-       absl::StrSplit(absl::GetFlag(FLAGS_seeds), ',', absl::SkipEmpty())) {
-    uint64_t seed = 0;
-    if (!absl::SimpleAtoi(text, &seed)) {
-      return Fail(kConfigError,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "--seeds: '", text, "' is not a non-negative integer")));
-    }
-    options.seeds.push_back(seed);
-  }
-  if (auto stragglers =
-          monsoon::tools::ParseStragglers(absl::GetFlag(FLAGS_straggler));
-      !stragglers.ok()) {
-    return Fail(kConfigError, stragglers.status());
-  } else {
-    options.stragglers = *std::move(stragglers);
-  }
-  auto servers = Counts("servers", absl::GetFlag(FLAGS_servers));
-  if (!servers.ok()) return Fail(kConfigError, servers.status());
-  auto workers = Counts("workers", absl::GetFlag(FLAGS_workers));
-  if (!workers.ok()) return Fail(kConfigError, workers.status());
-  options.servers = *servers;
-  options.workers = *workers;
-  options.config_for = [](monsoon::Mode mode, monsoon::Model model) {
-    return monsoon::tools::ConfigFromFlags(mode, model);
-  };
-  // Every mode's and variant's config must resolve, on every model, before
-  // anything starts.
-  std::string data_dir;
-  std::vector<monsoon::Model> models = options.models;
-  if (models.empty()) models.push_back(monsoon::MODEL_AUTO);
-  for (monsoon::Model model : models) {
-    for (monsoon::Mode mode : options.modes) {
-      auto config = options.config_for(mode, model);
-      if (!config.ok()) return Fail(kConfigError, config.status());
-      data_dir = config->data_dir();
-    }
-    for (const auto& variant : options.variants) {
-      auto base = options.config_for(variant.mode, model);
-      if (!base.ok()) return Fail(kConfigError, base.status());
-      auto config = monsoon::tools::ApplyVariant(variant, *base);
-      if (!config.ok()) return Fail(kConfigError, config.status());
-    }
-  }
-  for (int w : options.workers) {
-    for (const auto& [rank, factor] : options.stragglers) {
-      if (rank >= w) {
-        return Fail(kConfigError,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "--straggler rank ", rank, " but a run of ", w,
-                        " workers has ranks 0 to ", w - 1)));
-      }
-    }
-  }
-  if (auto s = monsoon::worker::CheckIdxDatasetFiles(data_dir); !s.ok()) {
-    return Fail(kConfigError, s);
-  }
-  if (!absl::GetFlag(FLAGS_link).empty()) {
-    auto link = monsoon::tools::ParseLink(absl::GetFlag(FLAGS_link));
-    if (!link.ok()) return Fail(kConfigError, link.status());
-    if (auto s = monsoon::tools::CheckNetworkPrivileges(); !s.ok()) {
-      return Fail(kConfigError, s);
-    }
-    options.link = *link;
-    auto rates =
-        monsoon::tools::ParseWorkerRates(absl::GetFlag(FLAGS_link_worker));
-    if (!rates.ok()) return Fail(kConfigError, rates.status());
-    options.worker_rates = *std::move(rates);
-    for (int w : options.workers) {
-      for (const auto& [rank, rate] : options.worker_rates) {
-        if (rank >= w) {
-          return Fail(kConfigError,
-                      absl::InvalidArgumentError(absl::StrCat(
-                          "--link_worker rank ", rank, " but a run of ", w,
-                          " workers has ranks 0 to ", w - 1)));
-        }
-      }
-    }
-  } else if (!absl::GetFlag(FLAGS_link_worker).empty()) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(
-                    "--link_worker shapes a worker's emulated link: give "
-                    "--link too"));
-  }
-  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  if (max_restarts < 0 || max_restarts > 100) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "--max_restarts must be in [0, 100], got ", max_restarts)));
-  }
-  options.max_restarts = absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
-  options.chaos = absl::GetFlag(FLAGS_chaos);
-  options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
-  const bool make_tls = absl::GetFlag(FLAGS_tls);
-  if (make_tls && !options.tls_dir.empty()) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(
-                    "--tls makes certificates, --tls_dir takes yours: give "
-                    "one of them"));
-  }
-  if ((make_tls || !options.tls_dir.empty()) && options.link.has_value()) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(
-                    "--tls_dir with --link: the emulated hosts' addresses are "
-                    "not in the certificates; use one or the other"));
-  }
-  for (int s : options.servers) {
-    for (int w : options.workers) {
-      auto faults = monsoon::tools::ParseChaos(options.chaos, s, w);
-      if (!faults.ok()) return Fail(kConfigError, faults.status());
-    }
-  }
-  options.time_limit_s = absl::GetFlag(FLAGS_time_limit_s);
-  options.target_accuracy = absl::GetFlag(FLAGS_target);
-  options.eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
-  options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
-                        ? monsoon::tools::DefaultBinDir()
-                        : absl::GetFlag(FLAGS_bin_dir);
-  std::string script = absl::GetFlag(FLAGS_report_script);
-  if (script.empty())
-    script = monsoon::tools::ExecutablePath() +
-             ".runfiles/monsoon/tools/compare_report.py";
-  if (!Exists(script)) {
-    return Fail(kConfigError, absl::NotFoundError(absl::StrCat(
-                                  "report script '", script,
-                                  "' not found: pass --report_script")));
-  }
+  const absl::StatusOr<std::string> script = ReportScript();
+  if (!script.ok()) return Fail(kExitConfigError, script.status());
   options.out_dir = absl::GetFlag(FLAGS_out_dir);
   if (RunAndWait({"/bin/mkdir", "-p", options.out_dir}) != 0) {
-    return Fail(kConfigError,
+    return Fail(kExitConfigError,
                 absl::InvalidArgumentError("cannot create --out_dir " +
                                            options.out_dir));
   }
-  if (make_tls) {
+  if (absl::GetFlag(FLAGS_tls)) {
     options.tls_dir = options.out_dir + "/tls";
     if (absl::Status made = monsoon::tools::MakeThrowawayCerts(options.tls_dir);
         !made.ok()) {
-      return Fail(1, made);
+      return Fail(kExitFailure, made);
     }
   }
   monsoon::common::Log(
       "compare: %d models x %d modes x %d server counts x %d worker "
       "counts%s; results in %s",
-      models.size(), options.modes.size(), options.servers.size(),
+      ModelsToRun(options).size(), options.modes.size(), options.servers.size(),
       options.workers.size(),
       options.link.has_value() ? ", link " + options.link->text : "",
       options.out_dir);
@@ -337,15 +379,17 @@ int main(int argc, char** argv) {
     const bool interrupted =
         result.status().code() == absl::StatusCode::kCancelled;
     supervisor.StopAll(absl::Seconds(5));
-    return Fail(interrupted ? 130 : 1, result.status());
+    return Fail(
+        interrupted ? monsoon::common::ExitCodeForSignal(SIGINT) : kExitFailure,
+        result.status());
   }
   const int report =
-      RunAndWait({absl::GetFlag(FLAGS_python), script, "--results",
+      RunAndWait({absl::GetFlag(FLAGS_python), *script, "--results",
                   result->results_path, "--out_dir", options.out_dir});
   if (report != 0) {
-    return Fail(1, absl::InternalError(absl::StrCat(
-                       "the report script failed (exit ", report,
-                       "); results are in ", result->results_path)));
+    return Fail(kExitFailure, absl::InternalError(absl::StrCat(
+                                  "the report script failed (exit ", report,
+                                  "); results are in ", result->results_path)));
   }
-  return 0;
+  return kExitOk;
 }

@@ -2,14 +2,13 @@
 // every byte for --delay_ms in each direction (see tools/delay_proxy.h).
 // The launcher runs one per worker and server on emulated links where the
 // kernel has no netem qdisc; it stops on SIGTERM or SIGINT.
-#include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "common/termination.h"
 #include "tools/delay_proxy.h"
@@ -33,22 +32,22 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_target),
       absl::Microseconds(1000 * absl::GetFlag(FLAGS_delay_ms)));
   if (!proxy.ok()) {
-    monsoon::common::LogError("delay_proxy: %s", proxy.status().ToString());
-    return 2;
+    return monsoon::common::Fail(
+        "delay_proxy", monsoon::common::kExitConfigError, proxy.status());
   }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
     // Written whole, then renamed: a reader never sees half a port.
-    const std::string temporary = path + ".tmp";
-    std::ofstream(temporary) << (*proxy)->port() << "\n";
-    if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    if (!monsoon::common::WriteFileAtomically(
+             path, absl::StrCat((*proxy)->port(), "\n"))
+             .ok()) {
       monsoon::common::LogError("delay_proxy: cannot write --port_file=%s",
                                 path);
-      return 1;
+      return monsoon::common::kExitFailure;
     }
   }
   monsoon::common::Log("delay_proxy: %s -> %s, %g ms each way, on port %d",
                        absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_target),
                        absl::GetFlag(FLAGS_delay_ms), (*proxy)->port());
   termination.terminated().WaitForNotification();
-  return 0;
+  return monsoon::common::kExitOk;
 }

@@ -2,6 +2,7 @@
 // shards, --workers replicas and an evaluator on loopback, streams their logs
 // with role prefixes, stops everything at the end or on Ctrl-C, and writes
 // the run's metrics as JSON.
+#include <signal.h>
 #include <stdlib.h>
 
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "common/model_config.h"
 #include "common/model_layout.h"
@@ -79,11 +81,170 @@ ABSL_FLAG(std::string, work_dir, "",
 
 namespace {
 
-constexpr int kConfigError = 2;
+using monsoon::common::kExitConfigError;
+using monsoon::common::kExitFailure;
+using monsoon::common::kExitOk;
+using monsoon::tools::LocalClusterOptions;
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::LogError("launch: %s", status.ToString());
-  return code;
+  return monsoon::common::Fail("launch", code, status);
+}
+
+// The config from --mode, --model and the config flags.
+absl::StatusOr<monsoon::TrainingConfig> ConfigFromFlags() {
+  monsoon::Mode mode = monsoon::MODE_UNSPECIFIED;
+  if (!absl::GetFlag(FLAGS_mode).empty()) {
+    auto parsed = monsoon::common::ParseMode(absl::GetFlag(FLAGS_mode));
+    if (!parsed.ok()) return parsed.status();
+    mode = *parsed;
+  }
+  monsoon::Model model = monsoon::MODEL_AUTO;
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    auto parsed = monsoon::common::ParseModel(absl::GetFlag(FLAGS_model));
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model: ", parsed.status().message()));
+    }
+    model = *parsed;
+  }
+  return monsoon::tools::ConfigFromFlags(mode, model);
+}
+
+// --servers, --workers, the data, --max_restarts, --restart_failed and
+// --chaos into `options` (its config set); INVALID_ARGUMENT for the first
+// bad one.
+absl::Status SetRunFromFlags(LocalClusterOptions* options) {
+  const int servers = absl::GetFlag(FLAGS_servers);
+  const int workers = absl::GetFlag(FLAGS_workers);
+  if (servers < 1 || servers > 64 || workers < 1 || workers > 256) {
+    return absl::InvalidArgumentError(
+        "--servers must be in [1, 64] and --workers in [1, 256]");
+  }
+  if (auto s =
+          monsoon::worker::CheckIdxDatasetFiles(options->config.data_dir());
+      !s.ok()) {
+    return s;
+  }
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts < 0 || max_restarts > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_restarts must be in [0, 100], got ", max_restarts));
+  }
+  auto faults =
+      monsoon::tools::ParseChaos(absl::GetFlag(FLAGS_chaos), servers, workers);
+  if (!faults.ok()) return faults.status();
+  options->servers = servers;
+  options->workers = workers;
+  options->max_restarts =
+      absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
+  options->faults = *std::move(faults);
+  return absl::OkStatus();
+}
+
+// --metrics_port and --metrics_linger_s into `options` (its counts set).
+// The exit code for an error: finding no free ports is not the flags'
+// fault.
+absl::Status SetMetricsFromFlags(LocalClusterOptions* options, int* exit_code) {
+  const int daemons = options->servers + options->workers + 1;
+  *exit_code = kExitConfigError;
+  options->metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (options->metrics_port == -1) {
+    absl::StatusOr<int> first = monsoon::tools::FreePortRange(daemons);
+    if (!first.ok()) {
+      *exit_code = kExitFailure;
+      return first.status();
+    }
+    options->metrics_port = *first;
+  }
+  options->metrics_linger_s = absl::GetFlag(FLAGS_metrics_linger_s);
+  if (!(options->metrics_linger_s >= 0 && options->metrics_linger_s <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_linger_s must be from 0 to 3600, got ",
+                     options->metrics_linger_s));
+  }
+  if (options->metrics_port < 0 ||
+      options->metrics_port + daemons - 1 > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_port=", options->metrics_port, " leaves no room for ",
+        daemons, " daemons below port 65536"));
+  }
+  return absl::OkStatus();
+}
+
+// --work_dir, created, or a new folder in /tmp.
+absl::StatusOr<std::string> MakeWorkDir() {
+  std::string work_dir = absl::GetFlag(FLAGS_work_dir);
+  if (work_dir.empty()) {
+    char pattern[] = "/tmp/monsoon-run-XXXXXX";
+    if (mkdtemp(pattern) == nullptr) {
+      return absl::InternalError("cannot create a folder in /tmp");
+    }
+    return std::string(pattern);
+  }
+  std::error_code error;
+  std::filesystem::create_directories(work_dir, error);
+  if (error) {
+    return absl::InternalError(absl::StrCat(
+        "cannot create --work_dir=", work_dir, ": ", error.message()));
+  }
+  return work_dir;
+}
+
+// With --tls, certificates made for this run in its work dir (--tls_dir
+// taken as it is).
+absl::Status MakeTlsIfAsked(LocalClusterOptions* options, int* exit_code) {
+  if (!absl::GetFlag(FLAGS_tls)) return absl::OkStatus();
+  if (!options->tls_dir.empty()) {
+    *exit_code = kExitConfigError;
+    return absl::InvalidArgumentError(
+        "--tls makes certificates, --tls_dir takes yours: give one of them");
+  }
+  options->tls_dir = options->work_dir + "/tls";
+  if (absl::Status made = monsoon::tools::MakeThrowawayCerts(options->tls_dir);
+      !made.ok()) {
+    *exit_code = kExitFailure;
+    return made;
+  }
+  monsoon::common::Log("launch: mutual TLS with certificates made in %s",
+                       options->tls_dir);
+  return absl::OkStatus();
+}
+
+// What the run will be, before it starts.
+void LogPlan(const LocalClusterOptions& options) {
+  const monsoon::TrainingConfig& config = options.config;
+  const monsoon::common::ModelLayout layout =
+      monsoon::common::ModelLayout::FromConfig(config);
+  monsoon::common::Log(
+      "launch: mode %s, %d servers, %d workers, %d epochs, batch %d, model "
+      "%s on %s examples (%d parameters), optimizer %s lr %g; work dir %s",
+      monsoon::common::ModeName(config.mode()), options.servers,
+      options.workers, config.epochs(), config.batch_size(), layout.Describe(),
+      monsoon::common::ShapeString(layout.input()), layout.num_params(),
+      monsoon::common::OptimizerName(config.optimizer()),
+      config.learning_rate(), options.work_dir);
+  if (options.metrics_port != 0) {
+    monsoon::common::Log(
+        "launch: metrics on 127.0.0.1:%d-%d (GET /metrics; shards, workers, "
+        "evaluator), listed in %s/metrics_targets.json",
+        options.metrics_port,
+        options.metrics_port + options.servers + options.workers,
+        options.work_dir);
+  }
+}
+
+// Prints the run's metrics and writes them to --metrics_out, if set.
+absl::Status ReportMetrics(const monsoon::tools::RunMetrics& metrics) {
+  const std::string json = monsoon::tools::MetricsJson(metrics);
+  std::fputs(json.c_str(), stdout);
+  const std::string out_path = absl::GetFlag(FLAGS_metrics_out);
+  if (!out_path.empty()) {
+    std::ofstream out(out_path);
+    out << json;
+    if (!out) return absl::InternalError("cannot write " + out_path);
+    monsoon::common::Log("launch: metrics written to %s", out_path);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -102,123 +263,29 @@ int main(int argc, char** argv) {
   monsoon::tools::ShowConfigFlagsInHelp("tools/launch_local_main.cc");
   absl::ParseCommandLine(argc, argv);
 
-  monsoon::Mode mode = monsoon::MODE_UNSPECIFIED;
-  if (!absl::GetFlag(FLAGS_mode).empty()) {
-    auto parsed = monsoon::common::ParseMode(absl::GetFlag(FLAGS_mode));
-    if (!parsed.ok()) return Fail(kConfigError, parsed.status());
-    mode = *parsed;
-  }
-  monsoon::Model model = monsoon::MODEL_AUTO;
-  if (!absl::GetFlag(FLAGS_model).empty()) {
-    auto parsed = monsoon::common::ParseModel(absl::GetFlag(FLAGS_model));
-    if (!parsed.ok()) {
-      return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
-                                    "--model: ", parsed.status().message())));
-    }
-    model = *parsed;
-  }
-  auto config = monsoon::tools::ConfigFromFlags(mode, model);
-  if (!config.ok()) return Fail(kConfigError, config.status());
-  const int servers = absl::GetFlag(FLAGS_servers);
-  const int workers = absl::GetFlag(FLAGS_workers);
-  if (servers < 1 || servers > 64 || workers < 1 || workers > 256) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(
-                    "--servers must be in [1, 64] and --workers in [1, 256]"));
-  }
-  if (auto s = monsoon::worker::CheckIdxDatasetFiles(config->data_dir());
-      !s.ok()) {
-    return Fail(kConfigError, s);
-  }
-  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  if (max_restarts < 0 || max_restarts > 100) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "--max_restarts must be in [0, 100], got ", max_restarts)));
-  }
-  auto faults =
-      monsoon::tools::ParseChaos(absl::GetFlag(FLAGS_chaos), servers, workers);
-  if (!faults.ok()) return Fail(kConfigError, faults.status());
-  monsoon::tools::LocalClusterOptions options;
-  options.max_restarts = absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
-  options.faults = *std::move(faults);
-  options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
-  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (options.metrics_port == -1) {
-    absl::StatusOr<int> first =
-        monsoon::tools::FreePortRange(servers + workers + 1);
-    if (!first.ok()) return Fail(1, first.status());
-    options.metrics_port = *first;
-  }
-  options.metrics_linger_s = absl::GetFlag(FLAGS_metrics_linger_s);
-  if (!(options.metrics_linger_s >= 0 && options.metrics_linger_s <= 3600)) {
-    return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
-                                  "--metrics_linger_s must be from 0 to 3600, "
-                                  "got ",
-                                  options.metrics_linger_s)));
-  }
-  if (options.metrics_port < 0 ||
-      options.metrics_port + servers + workers > 65535) {
-    return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
-                                  "--metrics_port=", options.metrics_port,
-                                  " leaves no room for ", servers + workers + 1,
-                                  " daemons below port 65536")));
-  }
+  auto config = ConfigFromFlags();
+  if (!config.ok()) return Fail(kExitConfigError, config.status());
+  LocalClusterOptions options;
   options.config = *config;
-  options.servers = servers;
-  options.workers = workers;
+  if (absl::Status set = SetRunFromFlags(&options); !set.ok()) {
+    return Fail(kExitConfigError, set);
+  }
+  options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  int exit_code = kExitConfigError;
+  if (absl::Status set = SetMetricsFromFlags(&options, &exit_code); !set.ok()) {
+    return Fail(exit_code, set);
+  }
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
                         ? monsoon::tools::DefaultBinDir()
                         : absl::GetFlag(FLAGS_bin_dir);
   options.eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
-  options.work_dir = absl::GetFlag(FLAGS_work_dir);
-  if (options.work_dir.empty()) {
-    char pattern[] = "/tmp/monsoon-run-XXXXXX";
-    if (mkdtemp(pattern) == nullptr) {
-      return Fail(1, absl::InternalError("cannot create a folder in /tmp"));
-    }
-    options.work_dir = pattern;
-  } else {
-    std::error_code error;
-    std::filesystem::create_directories(options.work_dir, error);
-    if (error) {
-      return Fail(1, absl::InternalError(absl::StrCat(
-                         "cannot create --work_dir=", options.work_dir, ": ",
-                         error.message())));
-    }
+  absl::StatusOr<std::string> work_dir = MakeWorkDir();
+  if (!work_dir.ok()) return Fail(kExitFailure, work_dir.status());
+  options.work_dir = *work_dir;
+  if (absl::Status made = MakeTlsIfAsked(&options, &exit_code); !made.ok()) {
+    return Fail(exit_code, made);
   }
-  if (absl::GetFlag(FLAGS_tls)) {
-    if (!options.tls_dir.empty()) {
-      return Fail(kConfigError,
-                  absl::InvalidArgumentError(
-                      "--tls makes certificates, --tls_dir takes yours: "
-                      "give one of them"));
-    }
-    options.tls_dir = options.work_dir + "/tls";
-    if (absl::Status made = monsoon::tools::MakeThrowawayCerts(options.tls_dir);
-        !made.ok()) {
-      return Fail(1, made);
-    }
-    monsoon::common::Log("launch: mutual TLS with certificates made in %s",
-                         options.tls_dir);
-  }
-  const monsoon::common::ModelLayout layout =
-      monsoon::common::ModelLayout::FromConfig(*config);
-  monsoon::common::Log(
-      "launch: mode %s, %d servers, %d workers, %d epochs, batch %d, model "
-      "%s on %s examples (%d parameters), optimizer %s lr %g; work dir %s",
-      monsoon::common::ModeName(config->mode()), servers, workers,
-      config->epochs(), config->batch_size(), layout.Describe(),
-      monsoon::common::ShapeString(layout.input()), layout.num_params(),
-      monsoon::common::OptimizerName(config->optimizer()),
-      config->learning_rate(), options.work_dir);
-  if (options.metrics_port != 0) {
-    monsoon::common::Log(
-        "launch: metrics on 127.0.0.1:%d-%d (GET /metrics; shards, workers, "
-        "evaluator), listed in %s/metrics_targets.json",
-        options.metrics_port, options.metrics_port + servers + workers,
-        options.work_dir);
-  }
+  LogPlan(options);
 
   auto metrics = monsoon::tools::RunLocalCluster(options, &supervisor);
   if (!metrics.ok()) {
@@ -227,23 +294,17 @@ int main(int argc, char** argv) {
     monsoon::common::LogError("launch: %s; stopping every process",
                               interrupted ? "interrupted" : "run failed");
     supervisor.StopAll(absl::Seconds(5));
-    return Fail(interrupted ? 130 : 1, metrics.status());
+    return Fail(
+        interrupted ? monsoon::common::ExitCodeForSignal(SIGINT) : kExitFailure,
+        metrics.status());
   }
-  const std::string json = monsoon::tools::MetricsJson(*metrics);
-  std::fputs(json.c_str(), stdout);
-  const std::string out_path = absl::GetFlag(FLAGS_metrics_out);
-  if (!out_path.empty()) {
-    std::ofstream out(out_path);
-    out << json;
-    if (!out) {
-      return Fail(1, absl::InternalError("cannot write " + out_path));
-    }
-    monsoon::common::Log("launch: metrics written to %s", out_path);
+  if (absl::Status reported = ReportMetrics(*metrics); !reported.ok()) {
+    return Fail(kExitFailure, reported);
   }
   const auto& last = metrics->curve.points(metrics->curve.points_size() - 1);
   monsoon::common::Log(
       "launch: %s done: final test accuracy %.4f, wall time %.1f s",
       monsoon::common::ModeName(config->mode()), last.test_accuracy(),
       metrics->wall_time_s);
-  return 0;
+  return kExitOk;
 }

@@ -15,22 +15,18 @@
 #include <memory>
 #include <optional>
 #include <sstream>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "common/auth.h"
 #include "common/config.h"
-#include "common/idx_reader.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "common/tls.h"
-#include "worker/dataset.h"
+#include "tools/progress_poller.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::tools {
@@ -117,134 +113,6 @@ absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
   return absl::OkStatus();
 }
 
-// The examples one epoch of every worker trains: each worker does the
-// smallest partition's whole batches (worker/training_loop.h). Reads only
-// the training labels' header and bytes; 0 when they cannot be read.
-int64_t ExamplesPerEpoch(const TrainingConfig& config, int workers) {
-  for (const char* name :
-       {"/train-labels-idx1-ubyte.gz", "/train-labels-idx1-ubyte"}) {
-    absl::StatusOr<common::IdxArray> labels =
-        common::ReadIdxFile(config.data_dir() + name);
-    if (!labels.ok() || labels->dims.empty()) continue;
-    const int64_t batch = std::max(1, config.batch_size());
-    return workers *
-           (worker::SmallestPartition(labels->dims[0], workers) / batch) *
-           batch;
-  }
-  return 0;
-}
-
-// Reads a run's progress from its daemons about once a second on a thread
-// of its own (started by the constructor, joined by the destructor): the
-// shards' Stats through a client of its own, and the evaluator's curve
-// file. A shard that does not answer holds up only this thread, never the
-// supervisor's loop. Take() is safe from any one other thread.
-class ProgressPoller {
- public:
-  ProgressPoller(worker::PsClientOptions client_options, std::string curve_path,
-                 absl::Time start, int64_t examples_per_epoch, int epochs)
-      : client_options_(std::move(client_options)),
-        curve_path_(std::move(curve_path)),
-        start_(start),
-        examples_per_epoch_(examples_per_epoch),
-        epochs_(epochs),
-        thread_([this] { Loop(); }) {}
-
-  ~ProgressPoller() {
-    stop_.Notify();
-    thread_.join();
-  }
-
-  // The newest sample since the last call, if there is one.
-  std::optional<RunProgressSample> Take() {
-    absl::MutexLock lock(&mu_);
-    std::optional<RunProgressSample> sample = std::move(latest_);
-    latest_.reset();
-    return sample;
-  }
-
- private:
-  void Loop() {
-    worker::PsClientOptions client_options = client_options_;
-    client_options.stop = &stop_;  // the destructor ends a Connect's wait
-    std::unique_ptr<worker::PsClient> client;
-    RunProgressSample sample;
-    sample.epochs = epochs_;
-    if (examples_per_epoch_ > 0) sample.epoch = 1;
-    absl::Time last_stats;  // when `sample.samples` was read
-    bool have_stats = false;
-    int curve_points = 0;  // in the last curve read whole
-    while (!stop_.HasBeenNotified()) {
-      if (client == nullptr) {
-        // A shard may be down (a fault at the start): retried next time.
-        absl::StatusOr<std::unique_ptr<worker::PsClient>> connected =
-            worker::PsClient::Connect(client_options);
-        if (connected.ok()) client = *std::move(connected);
-      }
-      if (client != nullptr) {
-        absl::StatusOr<std::vector<StatsResponse>> stats =
-            client->Stats(absl::Seconds(1));
-        const absl::Time now = absl::Now();
-        if (stats.ok() && !stats->empty()) {
-          const StatsResponse& shard0 = (*stats)[0];
-          // A shard restarted from a checkpoint may count fewer examples
-          // than before: no rate across that.
-          if (have_stats && now > last_stats &&
-              shard0.samples() >= sample.samples) {
-            sample.samples_per_s = (shard0.samples() - sample.samples) /
-                                   absl::ToDoubleSeconds(now - last_stats);
-          }
-          have_stats = true;
-          last_stats = now;
-          sample.samples = shard0.samples();
-          sample.version = shard0.version();
-          if (examples_per_epoch_ > 0) {
-            sample.epoch = static_cast<int>(std::min<int64_t>(
-                epochs_, sample.samples / examples_per_epoch_ + 1));
-          }
-        } else {
-          // A shard that does not answer in a second (stopped, restarting)
-          // holds up the workers too. The next answer's rate spans the gap.
-          sample.samples_per_s = 0;
-        }
-      }
-      // The evaluator rewrites the file after every point, so it may be
-      // missing or caught half written. A truncated point leaves a brace
-      // open and does not parse; a file cut between points parses with
-      // fewer points than already seen: both are skipped.
-      std::string text;
-      EvalCurve curve;
-      if (ReadFile(curve_path_, &text) &&
-          google::protobuf::TextFormat::ParseFromString(text, &curve) &&
-          curve.points_size() > 0 && curve.points_size() >= curve_points) {
-        curve_points = curve.points_size();
-        const EvalPoint& last = curve.points(curve.points_size() - 1);
-        sample.evaluated = true;
-        sample.test_accuracy = last.test_accuracy();
-        sample.eval_time_s = last.time_s();
-      }
-      sample.time_s = absl::ToDoubleSeconds(absl::Now() - start_);
-      {
-        absl::MutexLock lock(&mu_);
-        latest_ = sample;
-      }
-      stop_.WaitForNotificationWithTimeout(absl::Seconds(1));
-    }
-  }
-
-  // Constant after construction.
-  const worker::PsClientOptions client_options_;
-  const std::string curve_path_;
-  const absl::Time start_;
-  const int64_t examples_per_epoch_;
-  const int epochs_;
-
-  absl::Notification stop_;
-  absl::Mutex mu_;
-  std::optional<RunProgressSample> latest_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // last: it uses the members above
-};
-
 // One server or worker of the run, across its restarts.
 struct Daemon {
   std::string role;               // "server 1"
@@ -278,6 +146,642 @@ std::vector<std::string> Placed(const std::vector<std::string>& prefix,
   std::vector<std::string> placed = prefix;
   placed.insert(placed.end(), argv.begin(), argv.end());
   return placed;
+}
+
+// One run of RunLocalCluster, step by step: its files, the servers, the
+// delay proxies, the evaluator and the workers, the training under
+// supervision, and the results. Everything runs on the caller's thread (the
+// supervisor's callbacks too).
+class ClusterRun {
+ public:
+  ClusterRun(const LocalClusterOptions& options, ProcessSupervisor* supervisor)
+      : options_(options),
+        sup_(*supervisor),
+        placed_(options.placement != nullptr),
+        restarts_(options.max_restarts > 0),
+        json_logs_(common::CurrentLogFormat() == common::LogFormat::kJson),
+        config_path_(options.work_dir + "/config.textproto"),
+        checkpoint_dir_(options.work_dir + "/checkpoints"),
+        curve_path_(options.work_dir + "/curve.textproto") {}
+
+  absl::StatusOr<RunMetrics> Run();
+
+ private:
+  // Before any process starts: the config, the token, TLS, the checkpoint
+  // folder and the metrics targets.
+  absl::Status PrepareFiles();
+  absl::Status WriteToken();
+  absl::Status WriteMetricsTargets() const;
+  // --metrics_listen for the daemon `offset` places after the first shard.
+  std::string MetricsFlag(int offset) const;
+
+  // 1. Servers on free ports; each writes its port once it listens.
+  absl::Status StartServers();
+  absl::Status WaitForServers();
+  absl::Status StartDelayProxies();
+
+  // 2. The evaluator and the workers, started together.
+  absl::Status StartEvaluator();
+  absl::Status StartWorkers();
+  void StartProgressPoller();
+
+  // 3. Training: until every worker is done.
+  absl::Status Train();
+  bool TrainingDone();
+  void InjectFaults(absl::Time now, double t);
+  bool HandleExit(Daemon& daemon, bool worker);
+  bool Restart(Daemon& daemon, bool worker);
+  void Event(const std::string& what);
+
+  // 4. and 5. The results, and the end of the evaluator and the servers.
+  absl::Status CollectTraining();
+  absl::Status ReadShardStats();
+  absl::Status StopEvaluatorAndServers();
+  absl::Status ReadCurve();
+
+  // Constant after construction.
+  const LocalClusterOptions& options_;
+  ProcessSupervisor& sup_;
+  const bool placed_;
+  const bool restarts_;
+  const bool json_logs_;  // the daemons log as the launcher does
+  const std::string config_path_;
+  const std::string checkpoint_dir_;
+  const std::string curve_path_;
+
+  // Set by PrepareFiles.
+  std::string token_;
+  std::string token_flag_;
+  std::vector<std::string> server_tls_, client_tls_;
+  std::shared_ptr<grpc::ChannelCredentials> launcher_credentials_;
+
+  // The daemons, and where the servers are.
+  std::vector<Daemon> server_daemons_;
+  std::vector<Daemon> worker_daemons_;
+  std::vector<std::string> port_files_;
+  std::vector<std::string> addresses_;     // what the launcher dials, per shard
+  std::string server_list_;                // what the evaluator dials
+  std::vector<std::string> worker_lists_;  // what each worker dials
+  int evaluator_ = -1;
+  absl::Time start_;  // of training
+
+  // The launcher's own client of the shards: the progress poller's, and the
+  // one that reads their counters at the end.
+  worker::PsClientOptions client_options_;
+  std::unique_ptr<ProgressPoller> poller_;
+
+  // The run so far.
+  RunMetrics metrics_;
+  std::vector<std::string> report_paths_;  // of the workers that stopped
+  absl::Status failed_;                    // why the run cannot go on
+  bool limit_reached_ = false;
+  size_t next_fault_ = 0;
+};
+
+absl::StatusOr<RunMetrics> ClusterRun::Run() {
+  if (absl::Status s = PrepareFiles(); !s.ok()) return s;
+  if (absl::Status s = StartServers(); !s.ok()) return s;
+  if (absl::Status s = WaitForServers(); !s.ok()) return s;
+  if (absl::Status s = StartDelayProxies(); !s.ok()) return s;
+  // The curve's time 0 is the start of training.
+  std::remove(curve_path_.c_str());
+  start_ = absl::Now();
+  if (absl::Status s = StartEvaluator(); !s.ok()) return s;
+  if (absl::Status s = StartWorkers(); !s.ok()) return s;
+  StartProgressPoller();
+  if (absl::Status s = Train(); !s.ok()) return s;
+  if (absl::Status s = CollectTraining(); !s.ok()) return s;
+  if (absl::Status s = ReadShardStats(); !s.ok()) return s;
+  if (absl::Status s = StopEvaluatorAndServers(); !s.ok()) return s;
+  if (absl::Status s = ReadCurve(); !s.ok()) return s;
+  return std::move(metrics_);
+}
+
+absl::Status ClusterRun::PrepareFiles() {
+  if (placed_ && options_.metrics_port != 0) {
+    return absl::InvalidArgumentError(
+        "metrics are served on 127.0.0.1, which the emulated hosts of --link "
+        "do not share with this machine: leave --metrics_port off with "
+        "--link");
+  }
+  if (auto s = WriteFile(config_path_, common::ConfigToText(options_.config));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteToken(); !s.ok()) return s;
+  // Mutual TLS: the servers' and the clients' certificates from one CA.
+  common::TlsFiles launcher_tls;
+  if (!options_.tls_dir.empty()) {
+    const std::string& d = options_.tls_dir;
+    server_tls_ = {"--tls_cert=" + d + "/server.pem",
+                   "--tls_key=" + d + "/server.key",
+                   "--tls_ca=" + d + "/ca.pem"};
+    client_tls_ = {"--tls_cert=" + d + "/client.pem",
+                   "--tls_key=" + d + "/client.key",
+                   "--tls_ca=" + d + "/ca.pem"};
+    launcher_tls = {d + "/client.pem", d + "/client.key", d + "/ca.pem"};
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+      launcher_credentials = common::ChannelCredentialsFrom(launcher_tls);
+  if (!launcher_credentials.ok()) return launcher_credentials.status();
+  launcher_credentials_ = *std::move(launcher_credentials);
+  if (restarts_) {
+    // A new run: no shard may resume from an earlier run's checkpoints.
+    std::error_code error;
+    std::filesystem::remove_all(checkpoint_dir_, error);
+    std::filesystem::create_directories(checkpoint_dir_, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot create ", checkpoint_dir_,
+                                              ": ", error.message()));
+    }
+  }
+  return WriteMetricsTargets();
+}
+
+// A fresh secret per run: a process of another run, or anyone else on the
+// machine, cannot join or read this one.
+absl::Status ClusterRun::WriteToken() {
+  absl::StatusOr<std::string> token = common::NewToken();
+  if (!token.ok()) return token.status();
+  token_ = *std::move(token);
+  const std::string token_path = options_.work_dir + "/auth_token";
+  std::remove(token_path.c_str());
+  const int fd = open(token_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 || write(fd, token_.data(), token_.size()) !=
+                    static_cast<ssize_t>(token_.size())) {
+    if (fd >= 0) close(fd);
+    return absl::InternalError(absl::StrCat("cannot write ", token_path));
+  }
+  close(fd);
+  token_flag_ = "--auth_token_file=" + token_path;
+  return absl::OkStatus();
+}
+
+// The targets file Prometheus can watch, when the daemons serve metrics.
+absl::Status ClusterRun::WriteMetricsTargets() const {
+  if (options_.metrics_port == 0) return absl::OkStatus();
+  std::string targets = "[\n";
+  auto add = [&](int offset, const std::string& role, int index, bool last) {
+    absl::StrAppend(&targets, "  {\"targets\": [\"127.0.0.1:",
+                    options_.metrics_port + offset,
+                    "\"], \"labels\": {\"role\": \"", role, "\"");
+    if (index >= 0) absl::StrAppend(&targets, ", \"index\": \"", index, "\"");
+    absl::StrAppend(&targets, "}}", last ? "\n" : ",\n");
+  };
+  for (int s = 0; s < options_.servers; ++s) add(s, "shard", s, false);
+  for (int r = 0; r < options_.workers; ++r) {
+    add(options_.servers + r, "worker", r, false);
+  }
+  add(options_.servers + options_.workers, "evaluator", -1, true);
+  targets += "]\n";
+  const std::string path = options_.work_dir + "/metrics_targets.json";
+  std::ofstream out(path);
+  out << targets;
+  if (!out.good()) {
+    return absl::InternalError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
+std::string ClusterRun::MetricsFlag(int offset) const {
+  return absl::StrCat("--metrics_listen=127.0.0.1:",
+                      options_.metrics_port + offset);
+}
+
+absl::Status ClusterRun::StartServers() {
+  server_daemons_.resize(options_.servers);
+  for (int s = 0; s < options_.servers; ++s) {
+    port_files_.push_back(
+        absl::StrCat(options_.work_dir, "/server-", s, ".port"));
+    std::remove(port_files_.back().c_str());
+    std::vector<std::string> argv = {
+        options_.bin_dir + "/server/ps_server",
+        absl::StrCat("--shard=", s),
+        absl::StrCat("--num_shards=", options_.servers),
+        absl::StrCat("--num_workers=", options_.workers),
+        "--listen=" + (placed_ ? options_.placement->server_listen[s]
+                               : std::string("127.0.0.1:0")),
+        "--port_file=" + port_files_.back(),
+        "--config=" + config_path_,
+        absl::StrCat("--lease_s=", options_.lease_s),
+        token_flag_};
+    argv.insert(argv.end(), server_tls_.begin(), server_tls_.end());
+    if (options_.metrics_port != 0) argv.push_back(MetricsFlag(s));
+    if (json_logs_) argv.push_back("--log_format=json");
+    if (restarts_) {
+      argv.push_back("--checkpoint_dir=" + checkpoint_dir_);
+      argv.push_back(absl::StrCat("--checkpoint_interval_s=",
+                                  options_.checkpoint_interval_s));
+    }
+    if (placed_) argv = Placed(options_.placement->server_prefix[s], argv);
+    Daemon& daemon = server_daemons_[s];
+    daemon.role = absl::StrCat("server ", s);
+    daemon.argv = argv;
+    absl::StatusOr<int> id = sup_.Start(daemon.role, argv);
+    if (!id.ok()) return id.status();
+    daemon.id = *id;
+  }
+  return absl::OkStatus();
+}
+
+// Until every server has written its port file; then where they are.
+absl::Status ClusterRun::WaitForServers() {
+  std::vector<std::string> addresses(options_.servers);
+  auto servers_ready = [&] {
+    bool all = true;
+    for (int s = 0; s < options_.servers; ++s) {
+      const int id = server_daemons_[s].id;
+      if (!sup_.running(id)) {
+        failed_ = ChildFailed(sup_, id);
+        return true;
+      }
+      std::string text;
+      int port = 0;
+      if (addresses[s].empty() && ReadFile(port_files_[s], &text) &&
+          absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
+        addresses[s] = absl::StrCat("127.0.0.1:", port);
+      }
+      all = all && !addresses[s].empty();
+    }
+    return all;
+  };
+  absl::Status status =
+      sup_.Pump(servers_ready, absl::Seconds(options_.start_timeout_s));
+  if (status.ok()) status = failed_;
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    status = absl::DeadlineExceededError(
+        absl::StrCat("the servers did not start listening within ",
+                     options_.start_timeout_s, " s"));
+  }
+  if (!status.ok()) return status;
+  if (!placed_) {
+    // A restarted server listens where its workers look for it.
+    for (int s = 0; s < options_.servers; ++s) {
+      SetArg(&server_daemons_[s].argv, "--listen=", "--listen=" + addresses[s]);
+    }
+  }
+  addresses_ = placed_ ? options_.placement->control_addresses : addresses;
+  server_list_ = absl::StrJoin(addresses_, ",");
+  const std::string worker_server_list =
+      placed_ ? absl::StrJoin(options_.placement->worker_addresses, ",")
+              : server_list_;
+  common::Log("launch: %d servers up at %s", options_.servers,
+              worker_server_list);
+  worker_lists_.assign(options_.workers, worker_server_list);
+  return absl::OkStatus();
+}
+
+// Where the kernel cannot delay the links, a delay proxy per server on each
+// worker's host, which that worker dials instead.
+absl::Status ClusterRun::StartDelayProxies() {
+  if (!placed_ || options_.placement->proxy_delay_ms <= 0) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> proxy_files;
+  std::vector<int> proxies;
+  for (int r = 0; r < options_.workers; ++r) {
+    for (int s = 0; s < options_.servers; ++s) {
+      proxy_files.push_back(
+          absl::StrCat(options_.work_dir, "/proxy-", r, "-", s, ".port"));
+      std::remove(proxy_files.back().c_str());
+      absl::StatusOr<int> id = sup_.Start(
+          absl::StrCat("proxy ", r, "-", s),
+          Placed(
+              options_.placement->worker_prefix[r],
+              {options_.bin_dir + "/tools/delay_proxy", "--listen=127.0.0.1:0",
+               "--target=" + options_.placement->worker_addresses[s],
+               absl::StrCat("--delay_ms=", options_.placement->proxy_delay_ms),
+               "--port_file=" + proxy_files.back()}));
+      if (!id.ok()) return id.status();
+      proxies.push_back(*id);
+    }
+  }
+  std::vector<std::string> ports(proxies.size());
+  absl::Status proxy_failed;
+  auto proxies_ready = [&] {
+    bool all = true;
+    for (size_t i = 0; i < proxies.size(); ++i) {
+      if (!sup_.running(proxies[i])) {
+        proxy_failed = ChildFailed(sup_, proxies[i]);
+        return true;
+      }
+      std::string text;
+      int port = 0;
+      if (ports[i].empty() && ReadFile(proxy_files[i], &text) &&
+          absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
+        ports[i] = absl::StrCat("127.0.0.1:", port);
+      }
+      all = all && !ports[i].empty();
+    }
+    return all;
+  };
+  absl::Status status = sup_.Pump(proxies_ready, absl::Seconds(30));
+  if (status.ok()) status = proxy_failed;
+  if (!status.ok()) return status;
+  for (int r = 0; r < options_.workers; ++r) {
+    worker_lists_[r] =
+        absl::StrJoin(ports.begin() + r * options_.servers,
+                      ports.begin() + (r + 1) * options_.servers, ",");
+  }
+  common::Log("launch: delay proxies on the workers' hosts add %g ms each way",
+              options_.placement->proxy_delay_ms);
+  return absl::OkStatus();
+}
+
+absl::Status ClusterRun::StartEvaluator() {
+  std::vector<std::string> argv = {
+      options_.bin_dir + "/worker/ps_evaluator",
+      "--servers=" + server_list_,
+      "--config=" + config_path_,
+      "--device=" + options_.device,
+      absl::StrCat("--interval_s=", options_.eval_interval_s),
+      "--curve_out=" + curve_path_,
+      token_flag_};
+  argv.insert(argv.end(), client_tls_.begin(), client_tls_.end());
+  if (options_.metrics_port != 0) {
+    argv.push_back(MetricsFlag(options_.servers + options_.workers));
+  }
+  if (json_logs_) argv.push_back("--log_format=json");
+  absl::StatusOr<int> evaluator = sup_.Start("eval", argv);
+  if (!evaluator.ok()) return evaluator.status();
+  evaluator_ = *evaluator;
+  return absl::OkStatus();
+}
+
+absl::Status ClusterRun::StartWorkers() {
+  worker_daemons_.resize(options_.workers);
+  for (int r = 0; r < options_.workers; ++r) {
+    Daemon& daemon = worker_daemons_[r];
+    daemon.role = absl::StrCat("worker ", r);
+    daemon.report = absl::StrCat(options_.work_dir, "/worker-", r, ".report");
+    std::remove(daemon.report.c_str());
+    daemon.argv = {options_.bin_dir + "/worker/ps_worker",
+                   absl::StrCat("--rank=", r),
+                   absl::StrCat("--num_workers=", options_.workers),
+                   "--servers=" + worker_lists_[r],
+                   "--config=" + config_path_,
+                   "--device=" + options_.device,
+                   "--report_out=" + daemon.report,
+                   token_flag_};
+    daemon.argv.insert(daemon.argv.end(), client_tls_.begin(),
+                       client_tls_.end());
+    if (options_.metrics_port != 0) {
+      daemon.argv.push_back(MetricsFlag(options_.servers + r));
+      if (options_.metrics_linger_s > 0) {
+        daemon.argv.push_back(
+            absl::StrCat("--metrics_linger_s=", options_.metrics_linger_s));
+      }
+    }
+    if (json_logs_) daemon.argv.push_back("--log_format=json");
+    if (auto it = options_.slowdown.find(r); it != options_.slowdown.end()) {
+      daemon.argv.push_back(absl::StrCat("--slowdown=", it->second));
+    }
+    if (placed_) {
+      daemon.argv = Placed(options_.placement->worker_prefix[r], daemon.argv);
+    }
+    daemon.env = {"OPENBLAS_NUM_THREADS=1"};
+    absl::StatusOr<int> id = sup_.Start(daemon.role, daemon.argv, daemon.env);
+    if (!id.ok()) return id.status();
+    daemon.id = *id;
+  }
+  return absl::OkStatus();
+}
+
+void ClusterRun::StartProgressPoller() {
+  client_options_.server_addresses = addresses_;
+  client_options_.config = options_.config;
+  client_options_.worker_rank = -1;
+  client_options_.connect_timeout = absl::Seconds(10);
+  client_options_.auth_token = token_;
+  client_options_.credentials = launcher_credentials_;
+  if (!options_.on_progress) return;
+  worker::PsClientOptions poller_options = client_options_;
+  // Short, so that stopping the poller never waits long for a shard that is
+  // down; it tries again a second later.
+  poller_options.connect_timeout = absl::Seconds(1);
+  poller_ = std::make_unique<ProgressPoller>(
+      poller_options, curve_path_, start_,
+      ExamplesPerEpoch(options_.config, options_.workers),
+      options_.config.epochs());
+}
+
+// A daemon that dies is started again after a pause (1 s, doubling per
+// restart), up to max_restarts times; after that, or with restarts off, the
+// run fails.
+absl::Status ClusterRun::Train() {
+  absl::Status status =
+      sup_.Pump([this] { return TrainingDone(); }, absl::InfiniteDuration());
+  poller_.reset();  // its client's channels close before the servers stop
+  if (status.ok()) status = failed_;
+  return status;
+}
+
+bool ClusterRun::TrainingDone() {
+  if (poller_ != nullptr) {
+    if (std::optional<RunProgressSample> sample = poller_->Take()) {
+      options_.on_progress(*sample);
+    }
+  }
+  const absl::Time now = absl::Now();
+  const double t = absl::ToDoubleSeconds(now - start_);
+  if (options_.time_limit_s > 0 && !limit_reached_ &&
+      t > options_.time_limit_s) {
+    limit_reached_ = true;
+    common::Log("launch: time limit of %g s reached; stopping the workers",
+                options_.time_limit_s);
+    for (Daemon& daemon : worker_daemons_) sup_.Signal(daemon.id, SIGTERM);
+  }
+  InjectFaults(now, t);
+  bool all_done = true;
+  for (bool worker : {false, true}) {
+    for (Daemon& daemon : worker ? worker_daemons_ : server_daemons_) {
+      if (daemon.stopped && now >= daemon.continue_at) {
+        sup_.Signal(daemon.id, SIGCONT);
+        daemon.stopped = false;
+        Event(absl::StrCat("continue ", daemon.role, " (SIGCONT)"));
+      }
+      if (daemon.restart_pending) {
+        if (now >= daemon.restart_at && !Restart(daemon, worker)) return true;
+      } else if (!daemon.finished && !sup_.running(daemon.id) &&
+                 !HandleExit(daemon, worker)) {
+        return true;
+      }
+      if (worker && !daemon.finished) all_done = false;
+    }
+  }
+  return all_done;
+}
+
+// The faults due by `t` seconds into training.
+void ClusterRun::InjectFaults(absl::Time now, double t) {
+  for (; next_fault_ < options_.faults.size() &&
+         options_.faults[next_fault_].at_s <= t;
+       ++next_fault_) {
+    const Fault& fault = options_.faults[next_fault_];
+    Daemon& daemon = fault.server ? server_daemons_[fault.index]
+                                  : worker_daemons_[fault.index];
+    if (!sup_.running(daemon.id)) {
+      Event(absl::StrCat(fault.text, ": ", daemon.role,
+                         " is not running; nothing done"));
+    } else if (fault.kind == Fault::Kind::kKill) {
+      sup_.Signal(daemon.id, SIGKILL);
+      Event(absl::StrCat("kill ", daemon.role, " (SIGKILL)"));
+    } else {
+      sup_.Signal(daemon.id, SIGSTOP);
+      daemon.stopped = true;
+      daemon.continue_at = now + absl::Seconds(fault.for_s);
+      Event(absl::StrCat("stop ", daemon.role, " (SIGSTOP) for ", fault.for_s,
+                         " s"));
+    }
+  }
+}
+
+// Whether `daemon`, no longer running, may go on: a worker that finished,
+// or one to restart. Sets failed_ when the run cannot go on.
+bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
+  const int code = sup_.exit_code(daemon.id);
+  daemon.stopped = false;
+  if (worker) {
+    if (code == common::kExitOk || code == common::ExitCodeForSignal(SIGTERM)) {
+      report_paths_.push_back(daemon.report);
+    }
+    if (code == common::kExitOk || limit_reached_) {
+      daemon.finished = true;
+      return true;
+    }
+    if (code == common::kExitConfigError && daemon.restarts > 0) {
+      // The same flags as a start that ran: the shards hold every step of
+      // this rank (the others finished the run without it).
+      Event(absl::StrCat(daemon.role, " (restarted) has nothing left"));
+      daemon.finished = true;
+      return true;
+    }
+  }
+  if (code == common::kExitConfigError ||
+      daemon.restarts >= options_.max_restarts) {
+    failed_ = ChildFailed(sup_, daemon.id);
+    if (daemon.restarts > 0) {
+      failed_ = absl::InternalError(absl::StrCat(
+          failed_.message(), "; it was restarted ", daemon.restarts,
+          " times, the most --max_restarts allows"));
+    }
+    return false;
+  }
+  ++daemon.restarts;
+  ++metrics_.restarts;
+  const absl::Duration pause =
+      std::min(absl::Seconds(1) * (1 << std::min(daemon.restarts - 1, 4)),
+               absl::Seconds(10));
+  daemon.restart_pending = true;
+  daemon.restart_at = absl::Now() + pause;
+  Event(absl::StrCat(daemon.role, " exited with code ", code,
+                     "; restarting it in ", absl::FormatDuration(pause),
+                     " (restart ", daemon.restarts, " of at most ",
+                     options_.max_restarts, ")"));
+  return true;
+}
+
+// Starts `daemon` again; false (with failed_ set) when it cannot be.
+bool ClusterRun::Restart(Daemon& daemon, bool worker) {
+  daemon.restart_pending = false;
+  if (worker) {
+    daemon.report = absl::StrCat(options_.work_dir, "/", "worker-",
+                                 &daemon - worker_daemons_.data(), "-restart-",
+                                 daemon.restarts, ".report");
+    std::remove(daemon.report.c_str());
+    SetArg(&daemon.argv, "--report_out=", "--report_out=" + daemon.report);
+  }
+  absl::StatusOr<int> id = sup_.Start(daemon.role, daemon.argv, daemon.env);
+  if (!id.ok()) {
+    failed_ = id.status();
+    return false;
+  }
+  daemon.id = *id;
+  Event(absl::StrCat("restarted ", daemon.role));
+  return true;
+}
+
+// Logs `what`, which happened now, and keeps it in the run's events.
+void ClusterRun::Event(const std::string& what) {
+  const double t = absl::ToDoubleSeconds(absl::Now() - start_);
+  common::Log("launch: %.1f s: %s", t, what);
+  metrics_.events.push_back({t, what});
+}
+
+// What the training did, from the workers' reports.
+absl::Status ClusterRun::CollectTraining() {
+  for (Daemon& daemon : server_daemons_) {
+    if (daemon.stopped) {
+      sup_.Signal(daemon.id, SIGCONT);  // stopping it needs it running
+      daemon.stopped = false;
+      Event(
+          absl::StrCat("continue ", daemon.role, " (SIGCONT; training ended)"));
+    }
+  }
+  metrics_.config = options_.config;
+  metrics_.servers = options_.servers;
+  metrics_.workers = options_.workers;
+  metrics_.wall_time_s = absl::ToDoubleSeconds(absl::Now() - start_);
+  metrics_.stopped_by_time_limit = limit_reached_;
+  absl::Status reported = ReadWorkerReports(report_paths_, &metrics_);
+  if (!reported.ok()) return reported;
+  common::Log(
+      "launch: training done in %.1f s (%.1f s of steps, %.0f samples/s); "
+      "final evaluation",
+      metrics_.wall_time_s, metrics_.train_time_s,
+      metrics_.train_time_s > 0
+          ? metrics_.trained_samples / metrics_.train_time_s
+          : 0.0);
+  return absl::OkStatus();
+}
+
+// 4. The shards' counters, while they still run. The client closes its
+// channels on return, before the servers shut down.
+absl::Status ClusterRun::ReadShardStats() {
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(client_options_);
+  if (!client.ok()) return client.status();
+  absl::StatusOr<std::vector<StatsResponse>> stats =
+      (*client)->Stats(absl::Seconds(10));
+  if (!stats.ok()) return stats.status();
+  metrics_.shard_stats = *stats;
+  return absl::OkStatus();
+}
+
+// 5. The evaluator's last point (on SIGTERM it evaluates once more), then
+// the servers.
+absl::Status ClusterRun::StopEvaluatorAndServers() {
+  sup_.Signal(evaluator_, SIGTERM);
+  absl::Status status =
+      sup_.Pump([&] { return !sup_.running(evaluator_); }, absl::Seconds(120));
+  if (!status.ok()) return status;
+  if (sup_.exit_code(evaluator_) != 0) return ChildFailed(sup_, evaluator_);
+  for (const Daemon& server : server_daemons_) sup_.Signal(server.id, SIGTERM);
+  status = sup_.Pump(
+      [&] {
+        for (const Daemon& server : server_daemons_) {
+          if (sup_.running(server.id)) return false;
+        }
+        return true;
+      },
+      absl::Seconds(30));
+  if (!status.ok()) return status;
+  for (const Daemon& server : server_daemons_) {
+    if (sup_.exit_code(server.id) != 0) return ChildFailed(sup_, server.id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterRun::ReadCurve() {
+  std::string curve_text;
+  if (!ReadFile(curve_path_, &curve_text) ||
+      !google::protobuf::TextFormat::ParseFromString(curve_text,
+                                                     &metrics_.curve) ||
+      metrics_.curve.points_size() == 0) {
+    return absl::InternalError(
+        absl::StrCat("the evaluator left no curve in ", curve_path_));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -326,509 +830,7 @@ absl::StatusOr<int> FreePortRange(int count) {
 
 absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                                            ProcessSupervisor* supervisor) {
-  ProcessSupervisor& sup = *supervisor;
-  const bool placed = options.placement != nullptr;
-  if (placed && options.metrics_port != 0) {
-    return absl::InvalidArgumentError(
-        "metrics are served on 127.0.0.1, which the emulated hosts of --link "
-        "do not share with this machine: leave --metrics_port off with "
-        "--link");
-  }
-  const std::string config_path = options.work_dir + "/config.textproto";
-  if (auto s = WriteFile(config_path, common::ConfigToText(options.config));
-      !s.ok()) {
-    return s;
-  }
-  // A fresh secret per run: a process of another run, or anyone else on
-  // the machine, cannot join or read this one.
-  absl::StatusOr<std::string> token = common::NewToken();
-  if (!token.ok()) return token.status();
-  const std::string token_path = options.work_dir + "/auth_token";
-  {
-    std::remove(token_path.c_str());
-    const int fd = open(token_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 || write(fd, token->data(), token->size()) !=
-                      static_cast<ssize_t>(token->size())) {
-      if (fd >= 0) close(fd);
-      return absl::InternalError(absl::StrCat("cannot write ", token_path));
-    }
-    close(fd);
-  }
-  const std::string token_flag = "--auth_token_file=" + token_path;
-  // Mutual TLS: the servers' and the clients' certificates from one CA.
-  std::vector<std::string> server_tls, client_tls;
-  common::TlsFiles launcher_tls;
-  if (!options.tls_dir.empty()) {
-    const std::string& d = options.tls_dir;
-    server_tls = {"--tls_cert=" + d + "/server.pem",
-                  "--tls_key=" + d + "/server.key",
-                  "--tls_ca=" + d + "/ca.pem"};
-    client_tls = {"--tls_cert=" + d + "/client.pem",
-                  "--tls_key=" + d + "/client.key",
-                  "--tls_ca=" + d + "/ca.pem"};
-    launcher_tls = {d + "/client.pem", d + "/client.key", d + "/ca.pem"};
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
-      launcher_credentials = common::ChannelCredentialsFrom(launcher_tls);
-  if (!launcher_credentials.ok()) return launcher_credentials.status();
-  const std::string S = absl::StrCat(options.servers);
-  const std::string W = absl::StrCat(options.workers);
-  const bool restarts = options.max_restarts > 0;
-  const std::string checkpoint_dir = options.work_dir + "/checkpoints";
-  if (restarts) {
-    // A new run: no shard may resume from an earlier run's checkpoints.
-    std::error_code error;
-    std::filesystem::remove_all(checkpoint_dir, error);
-    std::filesystem::create_directories(checkpoint_dir, error);
-    if (error) {
-      return absl::InternalError(absl::StrCat("cannot create ", checkpoint_dir,
-                                              ": ", error.message()));
-    }
-  }
-
-  // The daemons log as the launcher does.
-  const bool json_logs = common::CurrentLogFormat() == common::LogFormat::kJson;
-
-  // Metrics ports, and the targets file Prometheus can watch.
-  auto metrics_flag = [&](int offset) {
-    return absl::StrCat("--metrics_listen=127.0.0.1:",
-                        options.metrics_port + offset);
-  };
-  if (options.metrics_port != 0) {
-    std::string targets = "[\n";
-    auto add = [&](int offset, const std::string& role, int index, bool last) {
-      absl::StrAppend(&targets, "  {\"targets\": [\"127.0.0.1:",
-                      options.metrics_port + offset,
-                      "\"], \"labels\": {\"role\": \"", role, "\"");
-      if (index >= 0) absl::StrAppend(&targets, ", \"index\": \"", index, "\"");
-      absl::StrAppend(&targets, "}}", last ? "\n" : ",\n");
-    };
-    for (int s = 0; s < options.servers; ++s) add(s, "shard", s, false);
-    for (int r = 0; r < options.workers; ++r) {
-      add(options.servers + r, "worker", r, false);
-    }
-    add(options.servers + options.workers, "evaluator", -1, true);
-    targets += "]\n";
-    const std::string path = options.work_dir + "/metrics_targets.json";
-    std::ofstream out(path);
-    out << targets;
-    if (!out.good()) {
-      return absl::InternalError(absl::StrCat("cannot write ", path));
-    }
-  }
-
-  // 1. Servers on free ports; each writes its port once it listens.
-  std::vector<int> servers;
-  std::vector<Daemon> server_daemons(options.servers);
-  std::vector<std::string> port_files;
-  for (int s = 0; s < options.servers; ++s) {
-    port_files.push_back(
-        absl::StrCat(options.work_dir, "/server-", s, ".port"));
-    std::remove(port_files.back().c_str());
-    std::vector<std::string> argv = {
-        options.bin_dir + "/server/ps_server",
-        absl::StrCat("--shard=", s),
-        "--num_shards=" + S,
-        "--num_workers=" + W,
-        "--listen=" + (placed ? options.placement->server_listen[s]
-                              : std::string("127.0.0.1:0")),
-        "--port_file=" + port_files.back(),
-        "--config=" + config_path,
-        absl::StrCat("--lease_s=", options.lease_s),
-        token_flag};
-    argv.insert(argv.end(), server_tls.begin(), server_tls.end());
-    if (options.metrics_port != 0) argv.push_back(metrics_flag(s));
-    if (json_logs) argv.push_back("--log_format=json");
-    if (restarts) {
-      argv.push_back("--checkpoint_dir=" + checkpoint_dir);
-      argv.push_back(absl::StrCat("--checkpoint_interval_s=",
-                                  options.checkpoint_interval_s));
-    }
-    if (placed) argv = Placed(options.placement->server_prefix[s], argv);
-    Daemon& daemon = server_daemons[s];
-    daemon.role = absl::StrCat("server ", s);
-    daemon.argv = argv;
-    absl::StatusOr<int> id = sup.Start(daemon.role, argv);
-    if (!id.ok()) return id.status();
-    daemon.id = *id;
-    servers.push_back(*id);
-  }
-  std::vector<std::string> addresses(options.servers);
-  absl::Status failed;
-  auto servers_ready = [&] {
-    bool all = true;
-    for (int s = 0; s < options.servers; ++s) {
-      if (!sup.running(servers[s])) {
-        failed = ChildFailed(sup, servers[s]);
-        return true;
-      }
-      std::string text;
-      int port = 0;
-      if (addresses[s].empty() && ReadFile(port_files[s], &text) &&
-          absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
-        addresses[s] = absl::StrCat("127.0.0.1:", port);
-      }
-      all = all && !addresses[s].empty();
-    }
-    return all;
-  };
-  absl::Status status =
-      sup.Pump(servers_ready, absl::Seconds(options.start_timeout_s));
-  if (status.ok()) status = failed;
-  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
-    status = absl::DeadlineExceededError(
-        absl::StrCat("the servers did not start listening within ",
-                     options.start_timeout_s, " s"));
-  }
-  if (!status.ok()) return status;
-  if (!placed) {
-    // A restarted server listens where its workers look for it.
-    for (int s = 0; s < options.servers; ++s) {
-      SetArg(&server_daemons[s].argv, "--listen=", "--listen=" + addresses[s]);
-    }
-  }
-  if (placed) addresses = options.placement->control_addresses;
-  const std::string server_list = absl::StrJoin(addresses, ",");
-  const std::string worker_server_list =
-      placed ? absl::StrJoin(options.placement->worker_addresses, ",")
-             : server_list;
-  common::Log("launch: %d servers up at %s", options.servers,
-              worker_server_list);
-  // What each worker dials: the servers, or where the kernel cannot delay
-  // the links, a delay proxy per server on the worker's host.
-  std::vector<std::string> worker_lists(options.workers, worker_server_list);
-  if (placed && options.placement->proxy_delay_ms > 0) {
-    std::vector<std::string> proxy_files;
-    std::vector<int> proxies;
-    for (int r = 0; r < options.workers; ++r) {
-      for (int s = 0; s < options.servers; ++s) {
-        proxy_files.push_back(
-            absl::StrCat(options.work_dir, "/proxy-", r, "-", s, ".port"));
-        std::remove(proxy_files.back().c_str());
-        absl::StatusOr<int> id = sup.Start(
-            absl::StrCat("proxy ", r, "-", s),
-            Placed(
-                options.placement->worker_prefix[r],
-                {options.bin_dir + "/tools/delay_proxy", "--listen=127.0.0.1:0",
-                 "--target=" + options.placement->worker_addresses[s],
-                 absl::StrCat("--delay_ms=", options.placement->proxy_delay_ms),
-                 "--port_file=" + proxy_files.back()}));
-        if (!id.ok()) return id.status();
-        proxies.push_back(*id);
-      }
-    }
-    std::vector<std::string> ports(proxies.size());
-    absl::Status proxy_failed;
-    auto proxies_ready = [&] {
-      bool all = true;
-      for (size_t i = 0; i < proxies.size(); ++i) {
-        if (!sup.running(proxies[i])) {
-          proxy_failed = ChildFailed(sup, proxies[i]);
-          return true;
-        }
-        std::string text;
-        int port = 0;
-        if (ports[i].empty() && ReadFile(proxy_files[i], &text) &&
-            absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
-          ports[i] = absl::StrCat("127.0.0.1:", port);
-        }
-        all = all && !ports[i].empty();
-      }
-      return all;
-    };
-    absl::Status status = sup.Pump(proxies_ready, absl::Seconds(30));
-    if (status.ok()) status = proxy_failed;
-    if (!status.ok()) return status;
-    for (int r = 0; r < options.workers; ++r) {
-      worker_lists[r] =
-          absl::StrJoin(ports.begin() + r * options.servers,
-                        ports.begin() + (r + 1) * options.servers, ",");
-    }
-    common::Log(
-        "launch: delay proxies on the workers' hosts add %g ms each "
-        "way",
-        options.placement->proxy_delay_ms);
-  }
-
-  // 2. The evaluator and the workers, started together: the curve's time 0
-  // is the start of training.
-  const std::string curve_path = options.work_dir + "/curve.textproto";
-  std::remove(curve_path.c_str());
-  const absl::Time start = absl::Now();
-  std::vector<std::string> evaluator_argv = {
-      options.bin_dir + "/worker/ps_evaluator",
-      "--servers=" + server_list,
-      "--config=" + config_path,
-      "--device=" + options.device,
-      absl::StrCat("--interval_s=", options.eval_interval_s),
-      "--curve_out=" + curve_path,
-      token_flag};
-  evaluator_argv.insert(evaluator_argv.end(), client_tls.begin(),
-                        client_tls.end());
-  if (options.metrics_port != 0) {
-    evaluator_argv.push_back(metrics_flag(options.servers + options.workers));
-  }
-  if (json_logs) evaluator_argv.push_back("--log_format=json");
-  absl::StatusOr<int> evaluator = sup.Start("eval", evaluator_argv);
-  if (!evaluator.ok()) return evaluator.status();
-  std::vector<Daemon> worker_daemons(options.workers);
-  std::vector<std::string> report_paths;  // of the workers that stopped
-  for (int r = 0; r < options.workers; ++r) {
-    Daemon& daemon = worker_daemons[r];
-    daemon.role = absl::StrCat("worker ", r);
-    daemon.report = absl::StrCat(options.work_dir, "/worker-", r, ".report");
-    std::remove(daemon.report.c_str());
-    daemon.argv = {options.bin_dir + "/worker/ps_worker",
-                   absl::StrCat("--rank=", r),
-                   "--num_workers=" + W,
-                   "--servers=" + worker_lists[r],
-                   "--config=" + config_path,
-                   "--device=" + options.device,
-                   "--report_out=" + daemon.report,
-                   token_flag};
-    daemon.argv.insert(daemon.argv.end(), client_tls.begin(), client_tls.end());
-    if (options.metrics_port != 0) {
-      daemon.argv.push_back(metrics_flag(options.servers + r));
-      if (options.metrics_linger_s > 0) {
-        daemon.argv.push_back(
-            absl::StrCat("--metrics_linger_s=", options.metrics_linger_s));
-      }
-    }
-    if (json_logs) daemon.argv.push_back("--log_format=json");
-    if (auto it = options.slowdown.find(r); it != options.slowdown.end()) {
-      daemon.argv.push_back(absl::StrCat("--slowdown=", it->second));
-    }
-    if (placed) {
-      daemon.argv = Placed(options.placement->worker_prefix[r], daemon.argv);
-    }
-    daemon.env = {"OPENBLAS_NUM_THREADS=1"};
-    absl::StatusOr<int> id = sup.Start(daemon.role, daemon.argv, daemon.env);
-    if (!id.ok()) return id.status();
-    daemon.id = *id;
-  }
-
-  // The launcher's own client of the shards: the progress poller's, and the
-  // one that reads their counters at the end.
-  worker::PsClientOptions client_options;
-  client_options.server_addresses = addresses;
-  client_options.config = options.config;
-  client_options.worker_rank = -1;
-  client_options.connect_timeout = absl::Seconds(10);
-  client_options.auth_token = *token;
-  client_options.credentials = *launcher_credentials;
-  std::unique_ptr<ProgressPoller> poller;
-  if (options.on_progress) {
-    worker::PsClientOptions poller_options = client_options;
-    // Short, so that stopping the poller never waits long for a shard that
-    // is down; it tries again a second later.
-    poller_options.connect_timeout = absl::Seconds(1);
-    poller = std::make_unique<ProgressPoller>(
-        poller_options, curve_path, start,
-        ExamplesPerEpoch(options.config, options.workers),
-        options.config.epochs());
-  }
-
-  // 3. Training: until every worker is done. A daemon that dies is started
-  // again after a pause (1 s, doubling per restart), up to max_restarts
-  // times; after that, or with restarts off, the run fails.
-  bool limit_reached = false;
-  const int kStoppedBySigterm = 128 + SIGTERM;
-  constexpr int kConfigError = 2;
-  RunMetrics metrics;
-  size_t next_fault = 0;
-  auto event = [&](const std::string& what) {
-    const double t = absl::ToDoubleSeconds(absl::Now() - start);
-    common::Log("launch: %.1f s: %s", t, what);
-    metrics.events.push_back({t, what});
-  };
-  auto daemon_of = [&](const Fault& fault) -> Daemon& {
-    return fault.server ? server_daemons[fault.index]
-                        : worker_daemons[fault.index];
-  };
-  // Whether `daemon`, no longer running, may go on: a worker that finished,
-  // or one to restart. Sets `failed` when the run cannot go on.
-  auto handle_exit = [&](Daemon& daemon, bool worker) {
-    const int code = sup.exit_code(daemon.id);
-    daemon.stopped = false;
-    if (worker) {
-      if (code == 0 || code == kStoppedBySigterm) {
-        report_paths.push_back(daemon.report);
-      }
-      if (code == 0 || limit_reached) {
-        daemon.finished = true;
-        return true;
-      }
-      if (code == kConfigError && daemon.restarts > 0) {
-        // The same flags as a start that ran: the shards hold every step
-        // of this rank (the others finished the run without it).
-        event(absl::StrCat(daemon.role, " (restarted) has nothing left"));
-        daemon.finished = true;
-        return true;
-      }
-    }
-    if (code == kConfigError || daemon.restarts >= options.max_restarts) {
-      failed = ChildFailed(sup, daemon.id);
-      if (daemon.restarts > 0) {
-        failed = absl::InternalError(absl::StrCat(
-            failed.message(), "; it was restarted ", daemon.restarts,
-            " times, the most --max_restarts allows"));
-      }
-      return false;
-    }
-    ++daemon.restarts;
-    ++metrics.restarts;
-    const absl::Duration pause =
-        std::min(absl::Seconds(1) * (1 << std::min(daemon.restarts - 1, 4)),
-                 absl::Seconds(10));
-    daemon.restart_pending = true;
-    daemon.restart_at = absl::Now() + pause;
-    event(absl::StrCat(daemon.role, " exited with code ", code,
-                       "; restarting it in ", absl::FormatDuration(pause),
-                       " (restart ", daemon.restarts, " of at most ",
-                       options.max_restarts, ")"));
-    return true;
-  };
-  auto restart = [&](Daemon& daemon, bool worker) {
-    daemon.restart_pending = false;
-    if (worker) {
-      daemon.report = absl::StrCat(options.work_dir, "/", "worker-",
-                                   &daemon - worker_daemons.data(), "-restart-",
-                                   daemon.restarts, ".report");
-      std::remove(daemon.report.c_str());
-      SetArg(&daemon.argv, "--report_out=", "--report_out=" + daemon.report);
-    }
-    absl::StatusOr<int> id = sup.Start(daemon.role, daemon.argv, daemon.env);
-    if (!id.ok()) {
-      failed = id.status();
-      return false;
-    }
-    daemon.id = *id;
-    if (!worker) servers[&daemon - server_daemons.data()] = *id;
-    event(absl::StrCat("restarted ", daemon.role));
-    return true;
-  };
-  auto training_done = [&] {
-    if (poller != nullptr) {
-      if (std::optional<RunProgressSample> sample = poller->Take()) {
-        options.on_progress(*sample);
-      }
-    }
-    const absl::Time now = absl::Now();
-    const double t = absl::ToDoubleSeconds(now - start);
-    if (options.time_limit_s > 0 && !limit_reached &&
-        t > options.time_limit_s) {
-      limit_reached = true;
-      common::Log("launch: time limit of %g s reached; stopping the workers",
-                  options.time_limit_s);
-      for (Daemon& daemon : worker_daemons) sup.Signal(daemon.id, SIGTERM);
-    }
-    for (; next_fault < options.faults.size() &&
-           options.faults[next_fault].at_s <= t;
-         ++next_fault) {
-      const Fault& fault = options.faults[next_fault];
-      Daemon& daemon = daemon_of(fault);
-      if (!sup.running(daemon.id)) {
-        event(absl::StrCat(fault.text, ": ", daemon.role,
-                           " is not running; nothing done"));
-      } else if (fault.kind == Fault::Kind::kKill) {
-        sup.Signal(daemon.id, SIGKILL);
-        event(absl::StrCat("kill ", daemon.role, " (SIGKILL)"));
-      } else {
-        sup.Signal(daemon.id, SIGSTOP);
-        daemon.stopped = true;
-        daemon.continue_at = now + absl::Seconds(fault.for_s);
-        event(absl::StrCat("stop ", daemon.role, " (SIGSTOP) for ", fault.for_s,
-                           " s"));
-      }
-    }
-    bool all_done = true;
-    for (bool worker : {false, true}) {
-      for (Daemon& daemon : worker ? worker_daemons : server_daemons) {
-        if (daemon.stopped && now >= daemon.continue_at) {
-          sup.Signal(daemon.id, SIGCONT);
-          daemon.stopped = false;
-          event(absl::StrCat("continue ", daemon.role, " (SIGCONT)"));
-        }
-        if (daemon.restart_pending) {
-          if (now >= daemon.restart_at && !restart(daemon, worker)) {
-            return true;
-          }
-        } else if (!daemon.finished && !sup.running(daemon.id) &&
-                   !handle_exit(daemon, worker)) {
-          return true;
-        }
-        if (worker && !daemon.finished) all_done = false;
-      }
-    }
-    return all_done;
-  };
-  status = sup.Pump(training_done, absl::InfiniteDuration());
-  poller.reset();  // its client's channels close before the servers stop
-  if (status.ok()) status = failed;
-  if (!status.ok()) return status;
-  for (Daemon& daemon : server_daemons) {
-    if (daemon.stopped) {
-      sup.Signal(daemon.id, SIGCONT);  // stopping it needs it running
-      daemon.stopped = false;
-      event(
-          absl::StrCat("continue ", daemon.role, " (SIGCONT; training ended)"));
-    }
-  }
-  metrics.config = options.config;
-  metrics.servers = options.servers;
-  metrics.workers = options.workers;
-  metrics.wall_time_s = absl::ToDoubleSeconds(absl::Now() - start);
-  metrics.stopped_by_time_limit = limit_reached;
-  absl::Status reported = ReadWorkerReports(report_paths, &metrics);
-  if (!reported.ok()) return reported;
-  common::Log(
-      "launch: training done in %.1f s (%.1f s of steps, %.0f samples/s); "
-      "final evaluation",
-      metrics.wall_time_s, metrics.train_time_s,
-      metrics.train_time_s > 0 ? metrics.trained_samples / metrics.train_time_s
-                               : 0.0);
-
-  // 4. The shards' counters, while they still run.
-  {
-    absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
-        worker::PsClient::Connect(client_options);
-    if (!client.ok()) return client.status();
-    absl::StatusOr<std::vector<StatsResponse>> stats =
-        (*client)->Stats(absl::Seconds(10));
-    if (!stats.ok()) return stats.status();
-    metrics.shard_stats = *stats;
-  }  // closes the channel before the servers shut down
-
-  // 5. The evaluator's last point (on SIGTERM it evaluates once more), then
-  // the servers.
-  sup.Signal(*evaluator, SIGTERM);
-  status =
-      sup.Pump([&] { return !sup.running(*evaluator); }, absl::Seconds(120));
-  if (!status.ok()) return status;
-  if (sup.exit_code(*evaluator) != 0) return ChildFailed(sup, *evaluator);
-  for (int id : servers) sup.Signal(id, SIGTERM);
-  status = sup.Pump(
-      [&] {
-        for (int id : servers) {
-          if (sup.running(id)) return false;
-        }
-        return true;
-      },
-      absl::Seconds(30));
-  if (!status.ok()) return status;
-  for (int id : servers) {
-    if (sup.exit_code(id) != 0) return ChildFailed(sup, id);
-  }
-
-  std::string curve_text;
-  if (!ReadFile(curve_path, &curve_text) ||
-      !google::protobuf::TextFormat::ParseFromString(curve_text,
-                                                     &metrics.curve) ||
-      metrics.curve.points_size() == 0) {
-    return absl::InternalError(
-        absl::StrCat("the evaluator left no curve in ", curve_path));
-  }
-  return metrics;
+  return ClusterRun(options, supervisor).Run();
 }
 
 }  // namespace monsoon::tools

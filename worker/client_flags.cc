@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/auth.h"
+#include "common/daemon.h"
 #include "common/tls.h"
 
 ABSL_FLAG(std::string, tls_ca, "",
@@ -110,6 +111,21 @@ absl::Status ApplyClientFlags(PsClientOptions* options) {
     options->auth_token = *std::move(token);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> ConnectWithClientFlags(
+    PsClientOptions options, int* exit_code) {
+  if (absl::Status applied = ApplyClientFlags(&options); !applied.ok()) {
+    *exit_code = common::kExitConfigError;
+    return applied;
+  }
+  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(options);
+  if (!client.ok()) {
+    *exit_code = RefusedForHowItWasStarted(client.status())
+                     ? common::kExitConfigError
+                     : common::kExitFailure;
+  }
+  return client;
 }
 
 }  // namespace monsoon::worker

@@ -6,6 +6,7 @@
 #ifndef MONSOON_WORKER_CLIENT_FLAGS_H_
 #define MONSOON_WORKER_CLIENT_FLAGS_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,14 @@ absl::Status ApplyClientFlags(PsClientOptions* options);
 // configuration error not to be retried as is (exit code 2), rather than
 // for something that may pass (exit code 1).
 bool RefusedForHowItWasStarted(const absl::Status& connect);
+
+// A daemon's client of the shards: ApplyClientFlags(&options), then
+// PsClient::Connect(options). When either fails, *exit_code is the daemon's
+// exit code for it: common::kExitConfigError for a bad flag or a refusal for
+// how the daemon was started (RefusedForHowItWasStarted),
+// common::kExitFailure otherwise.
+absl::StatusOr<std::unique_ptr<PsClient>> ConnectWithClientFlags(
+    PsClientOptions options, int* exit_code);
 
 }  // namespace monsoon::worker
 

@@ -7,23 +7,21 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/config.h"
-#include "common/flag_env.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "common/metrics_exporter.h"
 #include "common/model_layout.h"
-#include "common/process_tuning.h"
 #include "common/termination.h"
 #include "common/tls.h"
 #include "proto/metrics.pb.h"
@@ -64,11 +62,30 @@ ABSL_FLAG(std::string, curve_out, "",
 
 namespace {
 
-constexpr int kConfigError = 2;
+using monsoon::common::kExitConfigError;
+using monsoon::common::kExitFailure;
+using monsoon::common::kExitOk;
+using monsoon::common::TerminationWatcher;
+using monsoon::worker::PsClient;
+
+constexpr char kProgram[] = "ps_evaluator";
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::LogError("ps_evaluator: %s", status.ToString());
-  return code;
+  return monsoon::common::Fail(kProgram, code, status);
+}
+
+monsoon::common::DaemonInfo Info() {
+  monsoon::common::DaemonInfo info;
+  info.program = kProgram;
+  info.usage =
+      "Monsoon evaluator: test loss and accuracy of the servers' weights "
+      "over time.\n\n  ps_evaluator --servers=ps-0:5000,ps-1:5000 "
+      "--config=train.textproto --curve_out=curve.textproto\n\n"
+      "Every flag may also come from MONSOON_<FLAG> in the environment; a "
+      "flag on the command line wins.";
+  info.main_file = "worker/ps_evaluator_main.cc";
+  info.more_flag_files = {"worker/client_flags.cc"};
+  return info;
 }
 
 // The curve an earlier evaluator of this run left in `path`, to continue: its
@@ -108,100 +125,64 @@ absl::Status WriteCurve(const std::string& path,
                         const monsoon::EvalCurve& curve) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(curve, &text);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out) return absl::InternalError("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError("cannot rename " + tmp + " to " + path);
-  }
-  return absl::OkStatus();
+  return monsoon::common::WriteFileAtomically(path, text);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  monsoon::common::TuneProcess();
-  absl::SetProgramUsageMessage(
-      "Monsoon evaluator: test loss and accuracy of the servers' weights "
-      "over time.\n\n  ps_evaluator --servers=ps-0:5000,ps-1:5000 "
-      "--config=train.textproto --curve_out=curve.textproto\n\n"
-      "Every flag may also come from MONSOON_<FLAG> in the environment; a "
-      "flag on the command line wins.");
-  monsoon::common::TerminationWatcher termination;
-  absl::Status env =
-      monsoon::common::ApplyFlagEnvironmentAndWarn("ps_evaluator");
-  if (!env.ok()) return Fail(kConfigError, env);
-  if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
-      !names.ok()) {
-    return Fail(kConfigError, names);
-  }
-  monsoon::common::ShowFlagsInHelp("worker/ps_evaluator_main.cc",
-                                   {"worker/client_flags.cc"});
-  absl::ParseCommandLine(argc, argv);
-  absl::Time start = absl::Now();
-  // A restarted evaluator (a rescheduled pod) continues the run's curve.
+// The curve to add to, with time 0 in *start: the one an evaluator
+// restarted (a rescheduled pod) finds in --curve_out, else a new one from
+// now.
+monsoon::EvalCurve StartCurve(absl::Time* start) {
+  *start = absl::Now();
   monsoon::EvalCurve curve;
   if (const std::string path = absl::GetFlag(FLAGS_curve_out); !path.empty()) {
-    if (std::optional<monsoon::EvalCurve> earlier =
-            EarlierCurve(path, &start)) {
+    if (std::optional<monsoon::EvalCurve> earlier = EarlierCurve(path, start)) {
       curve = *std::move(earlier);
       monsoon::common::Log(
           "ps_evaluator: continuing the curve in %s (%d points, time 0 %.0f s "
           "ago)",
           path, curve.points_size(),
-          absl::ToDoubleSeconds(absl::Now() - start));
+          absl::ToDoubleSeconds(absl::Now() - *start));
     }
   }
-  curve.set_start_unix_s(absl::ToDoubleSeconds(start - absl::UnixEpoch()));
+  curve.set_start_unix_s(absl::ToDoubleSeconds(*start - absl::UnixEpoch()));
+  return curve;
+}
 
-  auto config = monsoon::common::LoadResolvedConfig(
-      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
-  if (!config.ok()) return Fail(kConfigError, config.status());
-  auto test =
-      monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTest);
-  if (!test.ok()) return Fail(kConfigError, test.status());
-  auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device), 1);
-  if (!backend.ok()) return Fail(kConfigError, backend.status());
-  auto model = monsoon::worker::Model::Create(
-      backend->get(), monsoon::common::ModelLayout::FromConfig(*config), 500);
-  if (!model.ok()) return Fail(1, model.status());
-  monsoon::worker::PsClientOptions options;
-  options.server_addresses =
-      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
-  options.config = *config;
-  options.worker_rank = -1;
-  if (absl::Status applied = monsoon::worker::ApplyClientFlags(&options);
-      !applied.ok()) {
-    return Fail(kConfigError, applied);
+// Whether every shard says that every worker has finished.
+bool EveryWorkerFinished(PsClient& client) {
+  absl::StatusOr<std::vector<monsoon::StatsResponse>> stats =
+      client.Stats(absl::Seconds(10));
+  return stats.ok() && !stats->empty() &&
+         std::all_of(stats->begin(), stats->end(),
+                     [](const monsoon::StatsResponse& shard) {
+                       return shard.workers_finished();
+                     });
+}
+
+// One point of the curve. The last one (`last`) is the run's result: a
+// shard that was just restarted gets time to answer.
+absl::StatusOr<monsoon::EvalPoint> EvaluateOnce(
+    monsoon::worker::Evaluator& evaluator, PsClient& client, bool last) {
+  absl::StatusOr<monsoon::EvalPoint> point = evaluator.EvaluateNow();
+  if (!point.ok() && last &&
+      point.status().code() == absl::StatusCode::kUnavailable) {
+    monsoon::common::LogWarning(
+        "ps_evaluator: final evaluation: %s; waiting up to 30 s for every "
+        "shard",
+        point.status().ToString());
+    if (client.Reconnect(absl::Seconds(30), absl::Seconds(10)).ok()) {
+      point = evaluator.EvaluateNow();
+    }
   }
-  options.stop = &termination.terminated();
-  options.log_every = absl::Seconds(10);
-  auto client = monsoon::worker::PsClient::Connect(options);
-  if (!client.ok()) {
-    return Fail(monsoon::worker::RefusedForHowItWasStarted(client.status())
-                    ? kConfigError
-                    : 1,
-                client.status());
-  }
-  // SIGTERM asks for one last evaluation: its calls must not be cancelled by
-  // it (each has a deadline).
-  (*client)->set_stop(nullptr);
-  monsoon::worker::Evaluator evaluator(client->get(), model->get(), &*test,
-                                       start);
-  auto eval_metrics = std::make_shared<monsoon::worker::EvaluatorMetrics>();
-  std::unique_ptr<monsoon::common::MetricsExporter> metrics;
-  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
-      !listen.empty()) {
-    auto started = monsoon::common::MetricsExporter::Start(
-        listen, monsoon::common::BuildInfoLabels("evaluator", *config));
-    if (!started.ok()) return Fail(kConfigError, started.status());
-    metrics = *std::move(started);
-    metrics->Add(eval_metrics);
-    monsoon::common::Log("ps_evaluator: metrics on port %d", metrics->port());
-  }
+  return point;
+}
+
+// Evaluates every --interval_s until a signal (then once more) or, with
+// --until_finished, until every worker has finished; the exit code.
+int EvaluateUntilTheEnd(const TerminationWatcher& termination, PsClient& client,
+                        monsoon::worker::Evaluator& evaluator,
+                        monsoon::worker::EvaluatorMetrics& eval_metrics,
+                        monsoon::EvalCurve& curve) {
   const absl::Duration interval =
       absl::Seconds(absl::GetFlag(FLAGS_interval_s));
   const bool until_finished = absl::GetFlag(FLAGS_until_finished);
@@ -209,51 +190,32 @@ int main(int argc, char** argv) {
   bool run_finished = false;
   while (!last) {
     last = termination.terminated().WaitForNotificationWithTimeout(interval);
-    if (until_finished && !last) {
-      // Asked before the evaluation: weights pulled after every shard said
-      // so are the final ones (a worker leaves after its last push).
-      absl::StatusOr<std::vector<monsoon::StatsResponse>> stats =
-          (*client)->Stats(absl::Seconds(10));
-      if (stats.ok() && !stats->empty() &&
-          std::all_of(stats->begin(), stats->end(),
-                      [](const monsoon::StatsResponse& shard) {
-                        return shard.workers_finished();
-                      })) {
-        monsoon::common::Log(
-            "ps_evaluator: every worker has finished; evaluating the final "
-            "weights");
-        last = run_finished = true;
-      }
+    // Asked before the evaluation: weights pulled after every shard said
+    // so are the final ones (a worker leaves after its last push).
+    if (until_finished && !last && EveryWorkerFinished(client)) {
+      monsoon::common::Log(
+          "ps_evaluator: every worker has finished; evaluating the final "
+          "weights");
+      last = run_finished = true;
     }
-    absl::StatusOr<monsoon::EvalPoint> point = evaluator.EvaluateNow();
-    if (!point.ok() && last &&
-        point.status().code() == absl::StatusCode::kUnavailable) {
-      // The last evaluation is the run's result: a shard that was just
-      // restarted gets time to answer.
-      monsoon::common::LogWarning(
-          "ps_evaluator: final evaluation: %s; waiting up to 30 s for every "
-          "shard",
-          point.status().ToString());
-      if ((*client)->Reconnect(absl::Seconds(30), absl::Seconds(10)).ok()) {
-        point = evaluator.EvaluateNow();
-      }
-    }
+    absl::StatusOr<monsoon::EvalPoint> point =
+        EvaluateOnce(evaluator, client, last);
     if (!point.ok()) {
       monsoon::common::LogWarning("ps_evaluator: cannot evaluate now: %s",
                                   point.status().ToString());
-      if (run_finished) return Fail(1, point.status());
+      if (run_finished) return Fail(kExitFailure, point.status());
       continue;
     }
     *curve.add_points() = *point;
     curve.set_run_finished(run_finished);
-    eval_metrics->Record(*point, absl::Now());
+    eval_metrics.Record(*point, absl::Now());
     monsoon::common::Log(
         "eval: %.1f s  samples %d  version %d  test accuracy %.4f  loss %.4f%s",
         point->time_s(), point->samples(), point->version(),
         point->test_accuracy(), point->test_loss(), last ? "  (final)" : "");
     if (!absl::GetFlag(FLAGS_curve_out).empty()) {
       absl::Status written = WriteCurve(absl::GetFlag(FLAGS_curve_out), curve);
-      if (!written.ok()) return Fail(1, written);
+      if (!written.ok()) return Fail(kExitFailure, written);
     }
   }
   if (until_finished && !run_finished) {
@@ -262,7 +224,59 @@ int main(int argc, char** argv) {
     monsoon::common::Log(
         "ps_evaluator: stopped by signal %d before every worker finished",
         termination.signal());
-    return 128 + termination.signal();
+    return monsoon::common::ExitCodeForSignal(termination.signal());
   }
-  return 0;
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::unique_ptr<TerminationWatcher> termination;
+  if (absl::Status started =
+          monsoon::common::StartDaemon(Info(), argc, argv, &termination);
+      !started.ok()) {
+    return Fail(kExitConfigError, started);
+  }
+  absl::Time start;
+  monsoon::EvalCurve curve = StartCurve(&start);
+
+  auto config = monsoon::common::LoadResolvedConfig(
+      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
+  if (!config.ok()) return Fail(kExitConfigError, config.status());
+  auto test =
+      monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTest);
+  if (!test.ok()) return Fail(kExitConfigError, test.status());
+  auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device), 1);
+  if (!backend.ok()) return Fail(kExitConfigError, backend.status());
+  auto model = monsoon::worker::Model::Create(
+      backend->get(), monsoon::common::ModelLayout::FromConfig(*config), 500);
+  if (!model.ok()) return Fail(kExitFailure, model.status());
+  monsoon::worker::PsClientOptions options;
+  options.server_addresses =
+      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
+  options.config = *config;
+  options.worker_rank = -1;
+  options.stop = &termination->terminated();
+  options.log_every = absl::Seconds(10);
+  int connect_error = kExitFailure;
+  auto client =
+      monsoon::worker::ConnectWithClientFlags(options, &connect_error);
+  if (!client.ok()) return Fail(connect_error, client.status());
+  // SIGTERM asks for one last evaluation: its calls must not be cancelled by
+  // it (each has a deadline).
+  (*client)->set_stop(nullptr);
+  monsoon::worker::Evaluator evaluator(client->get(), model->get(), &*test,
+                                       start);
+  auto eval_metrics = std::make_shared<monsoon::worker::EvaluatorMetrics>();
+  auto metrics = monsoon::common::MetricsExporter::StartIfListening(
+      absl::GetFlag(FLAGS_metrics_listen),
+      monsoon::common::BuildInfoLabels("evaluator", *config), {eval_metrics});
+  if (!metrics.ok()) return Fail(kExitConfigError, metrics.status());
+  if (*metrics != nullptr) {
+    monsoon::common::Log("ps_evaluator: metrics on port %d",
+                         (*metrics)->port());
+  }
+  return EvaluateUntilTheEnd(*termination, **client, evaluator, *eval_metrics,
+                             curve);
 }

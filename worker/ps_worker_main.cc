@@ -3,23 +3,23 @@
 // order, the config, the device and the data.
 #include <google/protobuf/text_format.h>
 
+#include <cstdint>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/config.h"
-#include "common/flag_env.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "common/metrics_exporter.h"
 #include "common/model_layout.h"
-#include "common/process_tuning.h"
 #include "common/termination.h"
 #include "common/tls.h"
 #include "proto/metrics.pb.h"
@@ -80,11 +80,33 @@ ABSL_FLAG(bool, resume, true,
 
 namespace {
 
-constexpr int kConfigError = 2;
+using monsoon::common::kExitConfigError;
+using monsoon::common::kExitFailure;
+using monsoon::common::kExitOk;
+using monsoon::common::TerminationWatcher;
+using monsoon::worker::PsClient;
+using monsoon::worker::WorkerContext;
+
+constexpr char kProgram[] = "ps_worker";
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::LogError("ps_worker: %s", status.ToString());
-  return code;
+  return monsoon::common::Fail(kProgram, code, status);
+}
+
+monsoon::common::DaemonInfo Info() {
+  monsoon::common::DaemonInfo info;
+  info.program = kProgram;
+  info.usage =
+      "Monsoon worker: trains the config's model on its slice of the data.\n\n"
+      "  ps_worker --rank=0 --num_workers=2 "
+      "--servers=ps-0:5000,ps-1:5000 --config=train.textproto\n\n"
+      "Every flag may also come from MONSOON_<FLAG> in the environment; a "
+      "flag on the command line wins. Exit codes: 0 when training is done, "
+      "2 for a configuration error, 128+N after signal N (SIGTERM or SIGINT "
+      "stop training between steps), 1 otherwise.";
+  info.main_file = "worker/ps_worker_main.cc";
+  info.more_flag_files = {"worker/client_flags.cc"};
+  return info;
 }
 
 double UnixSeconds(absl::Time t) {
@@ -125,190 +147,150 @@ void WriteReport(int rank, int64_t resumed_steps,
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  monsoon::common::TuneProcess();
-  absl::SetProgramUsageMessage(
-      "Monsoon worker: trains the config's model on its slice of the data.\n\n"
-      "  ps_worker --rank=0 --num_workers=2 "
-      "--servers=ps-0:5000,ps-1:5000 --config=train.textproto\n\n"
-      "Every flag may also come from MONSOON_<FLAG> in the environment; a "
-      "flag on the command line wins. Exit codes: 0 when training is done, "
-      "2 for a configuration error, 128+N after signal N (SIGTERM or SIGINT "
-      "stop training between steps), 1 otherwise.");
-  monsoon::common::TerminationWatcher termination;
-  absl::Status env = monsoon::common::ApplyFlagEnvironmentAndWarn("ps_worker");
-  if (!env.ok()) return Fail(kConfigError, env);
-  if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
-      !names.ok()) {
-    return Fail(kConfigError, names);
-  }
-  monsoon::common::ShowFlagsInHelp("worker/ps_worker_main.cc",
-                                   {"worker/client_flags.cc"});
-  absl::ParseCommandLine(argc, argv);
-
-  auto config = monsoon::common::LoadResolvedConfig(
-      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
-  if (!config.ok()) return Fail(kConfigError, config.status());
+// --rank, --num_workers, --slowdown and --metrics_linger_s; INVALID_ARGUMENT
+// for the first out of range.
+absl::Status CheckWorkerFlags() {
   const int rank = absl::GetFlag(FLAGS_rank);
   const int num_workers = absl::GetFlag(FLAGS_num_workers);
   if (num_workers < 1 || rank < 0 || rank >= num_workers) {
-    return Fail(kConfigError, absl::InvalidArgumentError(absl::StrFormat(
-                                  "--rank=%d must be in [0, --num_workers=%d)",
-                                  rank, num_workers)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--rank=%d must be in [0, --num_workers=%d)", rank, num_workers));
   }
   if (const double slowdown = absl::GetFlag(FLAGS_slowdown);
       !(slowdown >= 1 && slowdown <= 100)) {
-    return Fail(kConfigError,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "--slowdown must be from 1 to 100, got ", slowdown)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slowdown must be from 1 to 100, got ", slowdown));
   }
   if (const double linger = absl::GetFlag(FLAGS_metrics_linger_s);
       !(linger >= 0 && linger <= 3600)) {
-    return Fail(
-        kConfigError,
-        absl::InvalidArgumentError(absl::StrCat(
-            "--metrics_linger_s must be from 0 to 3600, got ", linger)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_linger_s must be from 0 to 3600, got ", linger));
   }
+  return absl::OkStatus();
+}
+
+// --servers, split; INVALID_ARGUMENT when it is empty.
+absl::StatusOr<std::vector<std::string>> ServersFromFlag() {
   std::vector<std::string> servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
   if (servers.empty()) {
-    return Fail(kConfigError, absl::InvalidArgumentError(
-                                  "--servers is empty: give every shard's "
-                                  "host:port, in shard order"));
+    return absl::InvalidArgumentError(
+        "--servers is empty: give every shard's host:port, in shard order");
   }
-  auto train =
-      monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTrain);
-  if (!train.ok()) return Fail(kConfigError, train.status());
+  return servers;
+}
 
+// The backend --device and --cpu_threads ask for; logs why --device=auto
+// chose the CPU.
+absl::StatusOr<std::unique_ptr<monsoon::worker::ComputeBackend>>
+BackendFromFlags() {
   std::string why_no_gpu;
   auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device),
                                               absl::GetFlag(FLAGS_cpu_threads),
                                               &why_no_gpu);
-  if (!backend.ok()) return Fail(kConfigError, backend.status());
-  if (!why_no_gpu.empty()) {
+  if (backend.ok() && !why_no_gpu.empty()) {
     monsoon::common::Log("ps_worker: --device=auto chose the CPU: %s",
                          why_no_gpu);
   }
-  const monsoon::common::ModelLayout layout =
-      monsoon::common::ModelLayout::FromConfig(*config);
-  auto model = monsoon::worker::Model::Create(backend->get(), layout,
-                                              config->batch_size());
-  if (!model.ok()) return Fail(1, model.status());
-  (*model)->set_weight_decay(config->weight_decay());
+  return backend;
+}
 
-  monsoon::worker::PsClientOptions options;
-  options.server_addresses = servers;
-  options.config = *config;
-  options.worker_rank = rank;
-  options.num_workers = num_workers;
-  if (absl::Status applied = monsoon::worker::ApplyClientFlags(&options);
-      !applied.ok()) {
-    return Fail(kConfigError, applied);
-  }
-  options.stop = &termination.terminated();
-  options.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
-  auto client = monsoon::worker::PsClient::Connect(options);
-  if (!client.ok()) {
-    return Fail(monsoon::worker::RefusedForHowItWasStarted(client.status())
-                    ? kConfigError
-                    : 1,
-                client.status());
-  }
-  monsoon::common::Log(
-      "ps_worker: rank %d/%d, mode %s, device %s, %d training examples, %d "
-      "parameters on %d shards",
-      rank, num_workers, monsoon::common::ModeName(config->mode()),
-      (*backend)->Name(), train->size, layout.num_params(), servers.size());
-
-  monsoon::worker::WorkerContext context;
-  context.config = *config;
-  context.rank = rank;
-  context.num_workers = num_workers;
-  context.train = &*train;
-  context.model = model->get();
-  context.client = client->get();
-  context.log_interval = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
+// The training loop's settings from the flags (the rest of `context` is
+// set already); INVALID_ARGUMENT for --shard_lost_timeout_s out of range.
+absl::Status SetLoopFlags(const TerminationWatcher& termination,
+                          WorkerContext* context) {
+  context->log_interval = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   const double lost_s = absl::GetFlag(FLAGS_shard_lost_timeout_s);
   if (!(lost_s >= 0 && lost_s <= 1e6)) {
-    return Fail(
-        kConfigError,
-        absl::InvalidArgumentError(absl::StrCat(
-            "--shard_lost_timeout_s must be from 0 to 1e6, got ", lost_s)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shard_lost_timeout_s must be from 0 to 1e6, got ", lost_s));
   }
-  context.shard_lost_timeout = absl::Seconds(lost_s);
-  context.slowdown = absl::GetFlag(FLAGS_slowdown);
-  if (context.slowdown > 1) {
+  context->shard_lost_timeout = absl::Seconds(lost_s);
+  context->slowdown = absl::GetFlag(FLAGS_slowdown);
+  if (context->slowdown > 1) {
     monsoon::common::Log(
         "ps_worker: rank %d: a straggler: each step waits %g times its "
         "compute time (--slowdown=%g)",
-        rank, context.slowdown - 1, context.slowdown);
+        context->rank, context->slowdown - 1, context->slowdown);
   }
   // SIGTERM or SIGINT stops training between steps.
-  context.stop = &termination.terminated();
-  monsoon::worker::PlaceWorker(**client, *config, absl::GetFlag(FLAGS_resume),
-                               &context);
-  if (context.resume_steps > 0) {
-    // The steps every worker of this run takes (the smallest partition's).
-    const int64_t total =
-        monsoon::worker::SmallestPartition(train->size, num_workers) /
-        config->batch_size() * config->epochs();
-    if (context.resume_steps >= total &&
-        (*client)->RankFinished(absl::Seconds(10)).value_or(false)) {
-      // This rank finished and told the shards so: a pod started again
-      // after its worker was done (a drained node) has nothing to do.
-      monsoon::common::Log(
-          "ps_worker: rank %d has already finished its training; nothing "
-          "to do",
-          rank);
-      (*client)->Leave(absl::Seconds(2), /*finished=*/true).IgnoreError();
-      return 0;
-    }
-    if (context.resume_steps >= total) {
-      (*client)->Leave(absl::Seconds(2)).IgnoreError();
-      return Fail(
-          kConfigError,
-          absl::FailedPreconditionError(absl::StrCat(
-              "rank ", rank,
-              " has nothing left to train: the servers have "
-              "applied all ",
-              total, " of its steps (", (*client)->applied_samples(),
-              " examples), as in a run that finished (a checkpoint directory "
-              "of an earlier run?). Pass --noresume to train the whole run "
-              "again, or start the servers without that checkpoint")));
-    }
+  context->stop = &termination.terminated();
+  return absl::OkStatus();
+}
+
+// For a worker the servers are already past (context->resume_steps > 0):
+// the exit code when it has nothing left to train, after telling the
+// shards; nothing when it goes on training.
+std::optional<int> ExitIfNothingLeft(PsClient& client,
+                                     const WorkerContext& context,
+                                     int64_t train_size) {
+  const monsoon::TrainingConfig& config = context.config;
+  const int rank = context.rank;
+  // The steps every worker of this run takes (the smallest partition's).
+  const int64_t total =
+      monsoon::worker::SmallestPartition(train_size, context.num_workers) /
+      config.batch_size() * config.epochs();
+  if (context.resume_steps >= total &&
+      client.RankFinished(absl::Seconds(10)).value_or(false)) {
+    // This rank finished and told the shards so: a pod started again
+    // after its worker was done (a drained node) has nothing to do.
     monsoon::common::Log(
-        "ps_worker: rank %d: the servers are past the first %d examples of "
-        "this rank (applied, or skipped by sync steps that closed without "
-        "it); resuming after its first %d batches (--noresume starts over)",
-        rank, (*client)->applied_samples(), context.resume_steps);
+        "ps_worker: rank %d has already finished its training; nothing "
+        "to do",
+        rank);
+    client.Leave(absl::Seconds(2), /*finished=*/true).IgnoreError();
+    return kExitOk;
   }
-  monsoon::worker::WorkerResult progress;
-  context.progress = &progress;
-  monsoon::worker::WorkerCounters counters;
-  context.counters = &counters;
-  // After the client and the counters: stops serving before they go.
-  std::unique_ptr<monsoon::common::MetricsExporter> metrics;
-  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
-      !listen.empty()) {
-    auto started = monsoon::common::MetricsExporter::Start(
-        listen, monsoon::common::BuildInfoLabels(
-                    "worker", *config, {{"rank", absl::StrCat(rank)}}));
-    if (!started.ok()) return Fail(kConfigError, started.status());
-    metrics = *std::move(started);
-    metrics->Add(std::make_shared<monsoon::worker::WorkerMetrics>(
-        &counters, client->get()));
-    monsoon::common::Log("ps_worker: rank %d: metrics on port %d", rank,
-                         metrics->port());
+  if (context.resume_steps >= total) {
+    client.Leave(absl::Seconds(2)).IgnoreError();
+    return Fail(
+        kExitConfigError,
+        absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank,
+            " has nothing left to train: the servers have "
+            "applied all ",
+            total, " of its steps (", client.applied_samples(),
+            " examples), as in a run that finished (a checkpoint directory "
+            "of an earlier run?). Pass --noresume to train the whole run "
+            "again, or start the servers without that checkpoint")));
   }
-  auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
+  monsoon::common::Log(
+      "ps_worker: rank %d: the servers are past the first %d examples of "
+      "this rank (applied, or skipped by sync steps that closed without "
+      "it); resuming after its first %d batches (--noresume starts over)",
+      rank, client.applied_samples(), context.resume_steps);
+  return std::nullopt;
+}
+
+// With --metrics_listen, serves the metrics of `context`'s counters and
+// client (null without).
+absl::StatusOr<std::unique_ptr<monsoon::common::MetricsExporter>> StartMetrics(
+    const WorkerContext& context) {
+  auto metrics = monsoon::common::MetricsExporter::StartIfListening(
+      absl::GetFlag(FLAGS_metrics_listen),
+      monsoon::common::BuildInfoLabels("worker", context.config,
+                                       {{"rank", absl::StrCat(context.rank)}}),
+      {std::make_shared<monsoon::worker::WorkerMetrics>(context.counters,
+                                                        context.client)});
+  if (metrics.ok() && *metrics != nullptr) {
+    monsoon::common::Log("ps_worker: rank %d: metrics on port %d", context.rank,
+                         (*metrics)->port());
+  }
+  return metrics;
+}
+
+// After the training loop: leaves the shards, writes the report, lingers
+// for the metrics; the exit code.
+int Finish(const absl::StatusOr<monsoon::worker::WorkerResult>& result,
+           const TerminationWatcher& termination, PsClient& client,
+           const WorkerContext& context, bool serving_metrics) {
+  const int rank = context.rank;
   // Done or stopping: no sync step should wait for this rank's lease. Done
   // (every example trained) also counts the rank as finished, which ends
   // the run once every rank has (tools/k8s/run_finisher).
   const bool finished =
       result.ok() && !termination.terminated().HasBeenNotified();
-  if (absl::Status left = (*client)->Leave(absl::Seconds(2), finished);
+  if (absl::Status left = client.Leave(absl::Seconds(2), finished);
       !left.ok() && result.ok()) {
     monsoon::common::LogWarning(
         "ps_worker: rank %d: could not tell every shard it is done (%s); a "
@@ -319,14 +301,15 @@ int main(int argc, char** argv) {
     // Errors after a signal are the shutdown's echo (servers going away).
     monsoon::common::Log("ps_worker: rank %d stopped by signal %d", rank,
                          termination.signal());
-    WriteReport(rank, context.resume_steps, progress, counters,
+    WriteReport(rank, context.resume_steps, *context.progress,
+                *context.counters,
                 absl::StrCat("stopped by signal ", termination.signal()));
-    return 128 + termination.signal();
+    return monsoon::common::ExitCodeForSignal(termination.signal());
   }
-  WriteReport(rank, context.resume_steps, progress, counters,
+  WriteReport(rank, context.resume_steps, *context.progress, *context.counters,
               result.ok() ? "done" : result.status().ToString());
   if (const double linger = absl::GetFlag(FLAGS_metrics_linger_s);
-      metrics != nullptr && linger > 0) {
+      serving_metrics && linger > 0) {
     monsoon::common::Log(
         "ps_worker: rank %d: serving the final metrics for %.0f s "
         "(--metrics_linger_s)",
@@ -334,6 +317,83 @@ int main(int argc, char** argv) {
     termination.terminated().WaitForNotificationWithTimeout(
         absl::Seconds(linger));
   }
-  if (!result.ok()) return Fail(1, result.status());
-  return 0;
+  if (!result.ok()) return Fail(kExitFailure, result.status());
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::unique_ptr<TerminationWatcher> termination;
+  if (absl::Status started =
+          monsoon::common::StartDaemon(Info(), argc, argv, &termination);
+      !started.ok()) {
+    return Fail(kExitConfigError, started);
+  }
+  auto config = monsoon::common::LoadResolvedConfig(
+      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
+  if (!config.ok()) return Fail(kExitConfigError, config.status());
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int num_workers = absl::GetFlag(FLAGS_num_workers);
+  if (absl::Status checked = CheckWorkerFlags(); !checked.ok()) {
+    return Fail(kExitConfigError, checked);
+  }
+  auto servers = ServersFromFlag();
+  if (!servers.ok()) return Fail(kExitConfigError, servers.status());
+  auto train =
+      monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTrain);
+  if (!train.ok()) return Fail(kExitConfigError, train.status());
+  auto backend = BackendFromFlags();
+  if (!backend.ok()) return Fail(kExitConfigError, backend.status());
+  const monsoon::common::ModelLayout layout =
+      monsoon::common::ModelLayout::FromConfig(*config);
+  auto model = monsoon::worker::Model::Create(backend->get(), layout,
+                                              config->batch_size());
+  if (!model.ok()) return Fail(kExitFailure, model.status());
+  (*model)->set_weight_decay(config->weight_decay());
+
+  monsoon::worker::PsClientOptions options;
+  options.server_addresses = *servers;
+  options.config = *config;
+  options.worker_rank = rank;
+  options.num_workers = num_workers;
+  options.stop = &termination->terminated();
+  options.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
+  int connect_error = kExitFailure;
+  auto client =
+      monsoon::worker::ConnectWithClientFlags(options, &connect_error);
+  if (!client.ok()) return Fail(connect_error, client.status());
+  monsoon::common::Log(
+      "ps_worker: rank %d/%d, mode %s, device %s, %d training examples, %d "
+      "parameters on %d shards",
+      rank, num_workers, monsoon::common::ModeName(config->mode()),
+      (*backend)->Name(), train->size, layout.num_params(), servers->size());
+
+  WorkerContext context;
+  context.config = *config;
+  context.rank = rank;
+  context.num_workers = num_workers;
+  context.train = &*train;
+  context.model = model->get();
+  context.client = client->get();
+  if (absl::Status set = SetLoopFlags(*termination, &context); !set.ok()) {
+    return Fail(kExitConfigError, set);
+  }
+  monsoon::worker::PlaceWorker(**client, *config, absl::GetFlag(FLAGS_resume),
+                               &context);
+  if (context.resume_steps > 0) {
+    if (std::optional<int> code =
+            ExitIfNothingLeft(**client, context, train->size)) {
+      return *code;
+    }
+  }
+  monsoon::worker::WorkerResult progress;
+  context.progress = &progress;
+  monsoon::worker::WorkerCounters counters;
+  context.counters = &counters;
+  // After the client and the counters: stops serving before they go.
+  auto metrics = StartMetrics(context);
+  if (!metrics.ok()) return Fail(kExitConfigError, metrics.status());
+  auto result = monsoon::worker::MakeTrainingLoop(config->mode())->Run(context);
+  return Finish(result, *termination, **client, context, *metrics != nullptr);
 }

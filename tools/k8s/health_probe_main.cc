@@ -24,7 +24,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/log.h"
+#include "common/daemon.h"
 #include "common/tls.h"
 #include "proto/health.grpc.pb.h"
 
@@ -45,33 +45,36 @@ ABSL_FLAG(std::string, tls_server_name, "",
           "With TLS, the name to check the server's certificate against "
           "instead of --addr's host.");
 
+namespace {
+
+constexpr char kProgram[] = "health_probe";
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Checks a server's grpc.health.v1 status; exit 0 when SERVING.");
   absl::ParseCommandLine(argc, argv);
   const std::string addr = absl::GetFlag(FLAGS_addr);
   if (addr.empty() || absl::GetFlag(FLAGS_timeout_s) <= 0) {
-    monsoon::common::LogError(
-        "health_probe: give --addr=host:port and a "
-        "positive --timeout_s");
-    return 2;
+    return monsoon::common::Fail(
+        kProgram, monsoon::common::kExitConfigError,
+        "give --addr=host:port and a positive --timeout_s");
   }
   const monsoon::common::TlsFiles tls{absl::GetFlag(FLAGS_tls_cert),
                                       absl::GetFlag(FLAGS_tls_key),
                                       absl::GetFlag(FLAGS_tls_ca)};
   auto credentials = monsoon::common::ChannelCredentialsFrom(tls);
   if (!credentials.ok()) {
-    monsoon::common::LogError("health_probe: %s",
-                              credentials.status().ToString());
-    return 2;
+    return monsoon::common::Fail(kProgram, monsoon::common::kExitConfigError,
+                                 credentials.status());
   }
   grpc::ChannelArguments arguments;
   const std::string server_name = absl::GetFlag(FLAGS_tls_server_name);
   if (!server_name.empty()) {
     if (!tls.enabled()) {
-      monsoon::common::LogError(
-          "health_probe: --tls_server_name needs --tls_ca");
-      return 2;
+      return monsoon::common::Fail(kProgram, monsoon::common::kExitConfigError,
+                                   "--tls_server_name needs --tls_ca");
     }
     arguments.SetSslTargetNameOverride(server_name);
   }
@@ -93,14 +96,14 @@ int main(int argc, char** argv) {
           response.status());
       if (response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
         std::printf("%s: %s\n", addr.c_str(), answer.c_str());
-        return 0;
+        return monsoon::common::kExitOk;
       }
     } else {
       answer = "no answer (" + status.error_message() + ")";
     }
     if (absl::Now() >= give_up) {
       std::printf("%s: %s\n", addr.c_str(), answer.c_str());
-      return 1;
+      return monsoon::common::kExitFailure;
     }
     absl::SleepFor(absl::Milliseconds(100));
   }

@@ -3,13 +3,13 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/daemon.h"
 #include "common/log.h"
 
 namespace monsoon::tools {
@@ -39,18 +39,62 @@ std::optional<EvalCurve> ReadCurve(const std::string& path) {
   return curve;
 }
 
-absl::Status WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+// The shards' Stats once every worker has finished on every shard (or the
+// run is closed), logging what it waits for when that changes. CANCELLED
+// when options.stop is notified first.
+absl::StatusOr<std::vector<StatsResponse>> WaitForEveryWorker(
+    worker::PsClient* client, const FinishOptions& options) {
+  std::string last_said;
+  while (true) {
+    absl::StatusOr<std::vector<StatsResponse>> now =
+        client->Stats(absl::Seconds(10));
+    std::string said;
+    if (!now.ok()) {
+      said = absl::StrCat("cannot ask every shard: ", now.status().ToString());
+    } else if (std::all_of(now->begin(), now->end(),
+                           [](const StatsResponse& s) {
+                             return s.workers_finished() || s.run_closed();
+                           })) {
+      return now;
+    } else {
+      std::vector<std::string> shards;
+      for (const StatsResponse& s : *now) {
+        shards.push_back(absl::StrCat("shard ", s.shard(), ": ranks [",
+                                      absl::StrJoin(s.finished_ranks(), ","),
+                                      "]"));
+      }
+      said = absl::StrCat("waiting for every worker to finish; finished ",
+                          absl::StrJoin(shards, ", "));
+    }
+    if (said != last_said) common::Log("run_finisher: %s", said);
+    last_said = said;
+    if (!Wait(options.stop, options.poll)) {
+      return absl::CancelledError("stopped before every worker finished");
+    }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path));
+}
+
+// The evaluator's curve once it has the point of the final weights, or as
+// it is after options.evaluator_timeout (with a warning; nothing when there
+// is no curve). CANCELLED when options.stop is notified first.
+absl::StatusOr<std::optional<EvalCurve>> WaitForFinalPoint(
+    const FinishOptions& options) {
+  const absl::Time give_up = absl::Now() + options.evaluator_timeout;
+  std::optional<EvalCurve> curve = ReadCurve(options.curve_path);
+  while (!(curve && curve->run_finished()) && absl::Now() < give_up) {
+    if (!Wait(options.stop, std::min(options.poll, absl::Seconds(1)))) {
+      return absl::CancelledError("stopped waiting for the evaluator");
+    }
+    curve = ReadCurve(options.curve_path);
   }
-  return absl::OkStatus();
+  if (!(curve && curve->run_finished())) {
+    common::LogWarning(
+        "run_finisher: %s has no point of the final weights after %s "
+        "(is the evaluator running with --until_finished?); the metrics "
+        "have the curve as it is",
+        options.curve_path, absl::FormatDuration(options.evaluator_timeout));
+  }
+  return curve;
 }
 
 }  // namespace
@@ -81,54 +125,14 @@ RunMetrics FinishedRunMetrics(const TrainingConfig& config,
 
 absl::Status FinishRun(worker::PsClient* client, const FinishOptions& options) {
   // 1. Every worker has finished, on every shard.
-  std::vector<StatsResponse> stats;
-  std::string last_said;
-  while (true) {
-    absl::StatusOr<std::vector<StatsResponse>> now =
-        client->Stats(absl::Seconds(10));
-    std::string said;
-    if (!now.ok()) {
-      said = absl::StrCat("cannot ask every shard: ", now.status().ToString());
-    } else if (std::all_of(now->begin(), now->end(),
-                           [](const StatsResponse& s) {
-                             return s.workers_finished() || s.run_closed();
-                           })) {
-      stats = *std::move(now);
-      break;
-    } else {
-      std::vector<std::string> shards;
-      for (const StatsResponse& s : *now) {
-        shards.push_back(absl::StrCat("shard ", s.shard(), ": ranks [",
-                                      absl::StrJoin(s.finished_ranks(), ","),
-                                      "]"));
-      }
-      said = absl::StrCat("waiting for every worker to finish; finished ",
-                          absl::StrJoin(shards, ", "));
-    }
-    if (said != last_said) common::Log("run_finisher: %s", said);
-    last_said = said;
-    if (!Wait(options.stop, options.poll)) {
-      return absl::CancelledError("stopped before every worker finished");
-    }
-  }
+  absl::StatusOr<std::vector<StatsResponse>> stats =
+      WaitForEveryWorker(client, options);
+  if (!stats.ok()) return stats.status();
   common::Log("run_finisher: every worker has finished");
 
   // 2. The evaluator's point of the final weights.
-  const absl::Time give_up = absl::Now() + options.evaluator_timeout;
-  std::optional<EvalCurve> curve = ReadCurve(options.curve_path);
-  while (!(curve && curve->run_finished()) && absl::Now() < give_up) {
-    if (!Wait(options.stop, std::min(options.poll, absl::Seconds(1)))) {
-      return absl::CancelledError("stopped waiting for the evaluator");
-    }
-    curve = ReadCurve(options.curve_path);
-  }
-  if (!(curve && curve->run_finished())) {
-    common::LogWarning(
-        "run_finisher: %s has no point of the final weights after %s "
-        "(is the evaluator running with --until_finished?); the metrics "
-        "have the curve as it is",
-        options.curve_path, absl::FormatDuration(options.evaluator_timeout));
-  }
+  absl::StatusOr<std::optional<EvalCurve>> curve = WaitForFinalPoint(options);
+  if (!curve.ok()) return curve.status();
 
   // 3. The metrics, from the shards' final counters.
   if (absl::StatusOr<std::vector<StatsResponse>> final_stats =
@@ -137,9 +141,9 @@ absl::Status FinishRun(worker::PsClient* client, const FinishOptions& options) {
     stats = *std::move(final_stats);
   }
   const RunMetrics run =
-      FinishedRunMetrics(options.config, stats, curve.value_or(EvalCurve()));
+      FinishedRunMetrics(options.config, *stats, curve->value_or(EvalCurve()));
   if (absl::Status written =
-          WriteAtomically(options.metrics_out, MetricsJson(run));
+          common::WriteFileAtomically(options.metrics_out, MetricsJson(run));
       !written.ok()) {
     return written;
   }

@@ -9,12 +9,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
-#include "common/flag_env.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "common/metrics_exporter.h"
 #include "common/termination.h"
@@ -43,17 +41,20 @@ ABSL_FLAG(double, evaluator_timeout_s, 300,
 
 namespace {
 
-constexpr int kConfigError = 2;
+using monsoon::common::kExitConfigError;
+using monsoon::common::kExitFailure;
+using monsoon::common::kExitOk;
+
+constexpr char kProgram[] = "run_finisher";
 
 int Fail(int code, const absl::Status& status) {
-  monsoon::common::LogError("run_finisher: %s", status.ToString());
-  return code;
+  return monsoon::common::Fail(kProgram, code, status);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+monsoon::common::DaemonInfo Info() {
+  monsoon::common::DaemonInfo info;
+  info.program = kProgram;
+  info.usage =
       "Monsoon run finisher: once every worker has finished, writes the "
       "run's metrics and closes the run on every shard.\n\n"
       "  run_finisher --servers=ps-0.ps:5000,ps-1.ps:5000 "
@@ -61,50 +62,60 @@ int main(int argc, char** argv) {
       "--metrics_out=results/metrics.json\n\n"
       "Every flag may also come from MONSOON_<FLAG> in the environment. Exit "
       "codes: 0 once the run is closed, 2 for a configuration error, 1 "
-      "otherwise.");
-  monsoon::common::TerminationWatcher termination;
-  absl::Status env =
-      monsoon::common::ApplyFlagEnvironmentAndWarn("run_finisher");
-  if (!env.ok()) return Fail(kConfigError, env);
-  if (absl::Status names = monsoon::common::CheckFlagNames(argc, argv);
-      !names.ok()) {
-    return Fail(kConfigError, names);
-  }
-  monsoon::common::ShowFlagsInHelp("tools/k8s/run_finisher_main.cc",
-                                   {"worker/client_flags.cc"});
-  absl::ParseCommandLine(argc, argv);
+      "otherwise.";
+  info.main_file = "tools/k8s/run_finisher_main.cc";
+  info.more_flag_files = {"worker/client_flags.cc"};
+  info.tune_process = false;
+  return info;
+}
 
-  auto config =
-      monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) return Fail(kConfigError, config.status());
-  monsoon::tools::FinishOptions finish;
-  finish.config = *config;
-  finish.curve_path = absl::GetFlag(FLAGS_curve);
-  finish.metrics_out = absl::GetFlag(FLAGS_metrics_out);
-  if (finish.curve_path.empty() || finish.metrics_out.empty()) {
-    return Fail(kConfigError, absl::InvalidArgumentError(
-                                  "--curve and --metrics_out are required"));
+// What FinishRun needs from the flags; INVALID_ARGUMENT for a missing or
+// out-of-range one.
+absl::Status SetFinishFlags(monsoon::tools::FinishOptions* finish) {
+  finish->curve_path = absl::GetFlag(FLAGS_curve);
+  finish->metrics_out = absl::GetFlag(FLAGS_metrics_out);
+  if (finish->curve_path.empty() || finish->metrics_out.empty()) {
+    return absl::InvalidArgumentError("--curve and --metrics_out are required");
   }
   const double poll_s = absl::GetFlag(FLAGS_poll_s);
   const double evaluator_s = absl::GetFlag(FLAGS_evaluator_timeout_s);
   if (!(poll_s >= 0.1 && poll_s <= 3600) ||
       !(evaluator_s >= 0 && evaluator_s <= 86400)) {
-    return Fail(kConfigError, absl::InvalidArgumentError(absl::StrCat(
-                                  "--poll_s must be from 0.1 to 3600 and "
-                                  "--evaluator_timeout_s from 0 to 86400, got ",
-                                  poll_s, " and ", evaluator_s)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--poll_s must be from 0.1 to 3600 and "
+                     "--evaluator_timeout_s from 0 to 86400, got ",
+                     poll_s, " and ", evaluator_s));
   }
-  finish.poll = absl::Seconds(poll_s);
-  finish.evaluator_timeout = absl::Seconds(evaluator_s);
-  finish.stop = &termination.terminated();
-  std::unique_ptr<monsoon::common::MetricsExporter> metrics;
-  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
-      !listen.empty()) {
-    auto started = monsoon::common::MetricsExporter::Start(
-        listen, monsoon::common::BuildInfoLabels("finisher", *config));
-    if (!started.ok()) return Fail(kConfigError, started.status());
-    metrics = *std::move(started);
-    monsoon::common::Log("run_finisher: metrics on port %d", metrics->port());
+  finish->poll = absl::Seconds(poll_s);
+  finish->evaluator_timeout = absl::Seconds(evaluator_s);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::unique_ptr<monsoon::common::TerminationWatcher> termination;
+  if (absl::Status started =
+          monsoon::common::StartDaemon(Info(), argc, argv, &termination);
+      !started.ok()) {
+    return Fail(kExitConfigError, started);
+  }
+  auto config =
+      monsoon::common::LoadResolvedConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) return Fail(kExitConfigError, config.status());
+  monsoon::tools::FinishOptions finish;
+  finish.config = *config;
+  if (absl::Status set = SetFinishFlags(&finish); !set.ok()) {
+    return Fail(kExitConfigError, set);
+  }
+  finish.stop = &termination->terminated();
+  auto metrics = monsoon::common::MetricsExporter::StartIfListening(
+      absl::GetFlag(FLAGS_metrics_listen),
+      monsoon::common::BuildInfoLabels("finisher", *config));
+  if (!metrics.ok()) return Fail(kExitConfigError, metrics.status());
+  if (*metrics != nullptr) {
+    monsoon::common::Log("run_finisher: metrics on port %d",
+                         (*metrics)->port());
   }
 
   monsoon::worker::PsClientOptions options;
@@ -112,20 +123,13 @@ int main(int argc, char** argv) {
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
   options.config = *config;
   options.worker_rank = -1;
-  if (absl::Status applied = monsoon::worker::ApplyClientFlags(&options);
-      !applied.ok()) {
-    return Fail(kConfigError, applied);
-  }
-  options.stop = &termination.terminated();
+  options.stop = &termination->terminated();
   options.log_every = absl::Seconds(10);
-  auto client = monsoon::worker::PsClient::Connect(options);
-  if (!client.ok()) {
-    return Fail(monsoon::worker::RefusedForHowItWasStarted(client.status())
-                    ? kConfigError
-                    : 1,
-                client.status());
-  }
+  int connect_error = kExitFailure;
+  auto client =
+      monsoon::worker::ConnectWithClientFlags(options, &connect_error);
+  if (!client.ok()) return Fail(connect_error, client.status());
   absl::Status finished = monsoon::tools::FinishRun(client->get(), finish);
-  if (!finished.ok()) return Fail(1, finished);
-  return 0;
+  if (!finished.ok()) return Fail(kExitFailure, finished);
+  return kExitOk;
 }
