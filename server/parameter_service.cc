@@ -45,11 +45,11 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
     : auth_token_(std::move(policy.auth_token)),
       push_slots_(policy.max_pushes_per_rank),
       pull_slots_(policy.max_pulls_per_rank),
-      shard_(resolved, num_workers, state, rule,
-             policy.max_wait > absl::ZeroDuration()
-                 ? policy.max_wait
-                 : absl::Seconds(resolved.sync_timeout_s()) +
-                       absl::Seconds(10)),
+      shard_(
+          resolved, num_workers, state, rule,
+          policy.max_wait > absl::ZeroDuration()
+              ? policy.max_wait
+              : absl::Seconds(resolved.sync_timeout_s()) + absl::Seconds(10)),
       streams_{&shard_,
                static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
                common::PushEncodingFor(resolved),
@@ -151,11 +151,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
                      " (--max_pulls_per_rank): each holds the version it "
                      "sends until the client reads it")));
   }
-  return NewPullReactor(
-      streams_, request.worker_rank(), request.min_version(),
-      request.has_have_version() && request.worker_rank() >= 0
-          ? std::optional<int64_t>(request.have_version())
-          : std::nullopt);
+  return NewPullReactor(streams_, request.worker_rank(), request.min_version(),
+                        request.has_have_version() && request.worker_rank() >= 0
+                            ? std::optional<int64_t>(request.have_version())
+                            : std::nullopt);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*

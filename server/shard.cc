@@ -12,8 +12,8 @@
 
 namespace monsoon::server {
 
-Shard::Shard(const TrainingConfig& resolved, int num_workers,
-             ShardState* state, UpdateRule* rule, absl::Duration max_wait)
+Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
+             UpdateRule* rule, absl::Duration max_wait)
     : fingerprint_(common::ConfigFingerprint(resolved)),
       num_workers_(num_workers),
       state_(state),
@@ -53,16 +53,16 @@ absl::StatusOr<RegisterResponse> Shard::Register(
   }
   if (request.num_shards() != 0 &&
       request.num_shards() != state_->num_shards()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this client lists ", request.num_shards(),
-        " shards in --servers but shard ", state_->shard(),
-        " was started with --num_shards=", state_->num_shards(),
-        ": list every shard, in shard order"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("this client lists ", request.num_shards(),
+                     " shards in --servers but shard ", state_->shard(),
+                     " was started with --num_shards=", state_->num_shards(),
+                     ": list every shard, in shard order"));
   }
   if (request.worker_rank() < -1 || request.worker_rank() >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "worker rank ", request.worker_rank(), " is outside [0, ",
-        num_workers_, ") (-1 for an evaluator): check --num_workers"));
+        "worker rank ", request.worker_rank(), " is outside [0, ", num_workers_,
+        ") (-1 for an evaluator): check --num_workers"));
   }
   if (request.leaving() || request.finished()) {
     // A client of an older build, which left through Register: taken as a
@@ -137,8 +137,7 @@ absl::Status Shard::FinishRank(const LeaveRequest& request) {
   }
   const bool last = state_->FinishRank(request.worker_rank());
   common::Log("shard %d: rank %d finished its training%s", state_->shard(),
-              request.worker_rank(),
-              last ? "; every worker has finished" : "");
+              request.worker_rank(), last ? "; every worker has finished" : "");
   return absl::OkStatus();
 }
 
@@ -161,9 +160,9 @@ absl::Status Shard::CloseRun(const CloseRunRequest& request) {
 
 absl::Status Shard::AdmitPull(const PullRequest& request) {
   if (request.shard() != state_->shard()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pull for shard ", request.shard(), " reached shard ",
-        state_->shard()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull for shard ", request.shard(), " reached shard ",
+                     state_->shard()));
   }
   if (request.worker_rank() < -1 || request.worker_rank() >= num_workers_) {
     return absl::InvalidArgumentError(
@@ -222,8 +221,7 @@ absl::StatusOr<AppliedPush> Shard::ApplyPush(const PushData& push,
 }
 
 int64_t Shard::VersionToAwait(const AppliedPush& push) {
-  if (push.result.stale ||
-      (push.result.duplicate && !push.repeat_in_step)) {
+  if (push.result.stale || (push.result.duplicate && !push.repeat_in_step)) {
     return 0;
   }
   return std::max(push.result.version, push.base_version + 1);

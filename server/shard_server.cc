@@ -49,10 +49,11 @@ uint64_t PhysicalMemoryBytes() {
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
 }
 
-absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
-    const ShardServerOptions& options) {
-  const common::ModelLayout layout =
-      common::ModelLayout::FromConfig(options.config);
+namespace {
+
+// The counts and the address: INVALID_ARGUMENT saying which is wrong.
+absl::Status CheckCounts(const ShardServerOptions& options,
+                         const common::ModelLayout& layout) {
   if (options.num_shards < 1 ||
       static_cast<uint64_t>(options.num_shards) > layout.num_params()) {
     return absl::InvalidArgumentError(
@@ -79,6 +80,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       !listen.ok()) {
     return listen;
   }
+  return absl::OkStatus();
+}
+
+// The memory the shard needs, and the limits on what clients can make it
+// hold: RESOURCE_EXHAUSTED or INVALID_ARGUMENT saying what and why.
+absl::Status CheckLimits(const ShardServerOptions& options,
+                         const common::ModelLayout& layout) {
   // The shard's weights, its optimizer state, a push being decoded and a
   // version being sent, at least: refused before any of it is allocated.
   const common::ShardRange range = common::ShardRangeFor(
@@ -120,41 +128,120 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (options.lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--lease_s must be positive");
   }
+  return absl::OkStatus();
+}
+
+// Keepalive, message sizes, ports and the bounds on what clients can make
+// the shard hold, on `builder`; `quota` must outlive the build.
+void ConfigureBuilder(const ShardServerOptions& options,
+                      grpc::ServerBuilder* builder,
+                      grpc::ResourceQuota* quota) {
+  builder->SetMaxReceiveMessageSize(common::kMaxMessageBytes);
+  builder->SetMaxSendMessageSize(common::kMaxMessageBytes);
+  // gRPC sets SO_REUSEPORT by default, which would let a second shard bind
+  // a port already in use and silently share its connections.
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Keepalive both ways (see ShardServerOptions::peer_timeout and
+  // worker/ps_client.h): the shard pings silent clients, and accepts the
+  // clients' pings however idle the connection.
+  const int half_ms = static_cast<int>(std::max<int64_t>(
+      1000, absl::ToInt64Milliseconds(options.peer_timeout) / 2));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder->AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Bounds on what clients can make the shard hold (ShardServerOptions).
+  if (options.grpc_memory_bytes > 0) {
+    quota->Resize(static_cast<size_t>(options.grpc_memory_bytes));
+    builder->SetResourceQuota(*quota);
+  }
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                              options.max_streams_per_connection);
+  builder->AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+      static_cast<int>(std::min<int64_t>(
+          absl::ToInt64Milliseconds(options.idle_connection_timeout),
+          std::numeric_limits<int>::max())));
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
+    const ShardServerOptions& options) {
+  const common::ModelLayout layout =
+      common::ModelLayout::FromConfig(options.config);
+  if (absl::Status counts = CheckCounts(options, layout); !counts.ok()) {
+    return counts;
+  }
+  if (absl::Status limits = CheckLimits(options, layout); !limits.ok()) {
+    return limits;
+  }
   std::unique_ptr<ShardServer> server(new ShardServer());
-  server->state_ = std::make_unique<ShardState>(
-      layout, options.config.seed(), options.shard, options.num_shards);
-  server->state_->set_lease(options.lease);
-  server->state_->SetNumWorkers(options.num_workers);
+  if (absl::Status core = server->BuildCore(options, layout); !core.ok()) {
+    return core;
+  }
+  if (absl::Status opened = server->OpenCheckpoints(options, layout);
+      !opened.ok()) {
+    return opened;
+  }
+  if (absl::Status served = server->Serve(options); !served.ok()) {
+    return served;
+  }
+  if (absl::Status metrics = server->StartMetrics(options); !metrics.ok()) {
+    return metrics;
+  }
+  auto* health = server->server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  server->StartThreads(options);
+  return server;
+}
+
+absl::Status ShardServer::BuildCore(const ShardServerOptions& options,
+                                    const common::ModelLayout& layout) {
+  const common::ShardRange range = common::ShardRangeFor(
+      layout.num_params(), options.num_shards, options.shard);
+  state_ = std::make_unique<ShardState>(layout, options.config.seed(),
+                                        options.shard, options.num_shards);
+  state_->set_lease(options.lease);
+  state_->SetNumWorkers(options.num_workers);
   if (std::optional<StalenessBound> bound =
           MakePolicies(options.config, options.num_workers, range.size())
               .staleness_bound;
       bound.has_value()) {
-    server->state_->SetStalenessBound(*std::move(bound));
+    state_->SetStalenessBound(*std::move(bound));
   }
-  server->rule_ =
-      MakeUpdateRule(options.config, options.num_workers, server->state_.get());
-  if (server->rule_ == nullptr) {
+  rule_ = MakeUpdateRule(options.config, options.num_workers, state_.get());
+  if (rule_ == nullptr) {
     return absl::InvalidArgumentError("no update rule for this mode");
   }
-  server->config_fingerprint_ = common::ConfigFingerprint(options.config);
-  if (!options.checkpoint_dir.empty()) {
-    struct stat info;
-    if (::stat(options.checkpoint_dir.c_str(), &info) != 0 ||
-        !S_ISDIR(info.st_mode)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--checkpoint_dir '", options.checkpoint_dir,
-                       "' is not an existing directory"));
-    }
-    server->checkpoint_path_ = CheckpointPath(
-        options.checkpoint_dir, options.shard, options.num_shards);
-    server->checkpoint_dir_ = options.checkpoint_dir;
-    server->layout_params_ = layout.num_params();
-    absl::Status resumed = server->Resume();
-    if (!resumed.ok()) return resumed;
+  config_fingerprint_ = common::ConfigFingerprint(options.config);
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::OpenCheckpoints(const ShardServerOptions& options,
+                                          const common::ModelLayout& layout) {
+  if (options.checkpoint_dir.empty()) return absl::OkStatus();
+  struct stat info;
+  if (::stat(options.checkpoint_dir.c_str(), &info) != 0 ||
+      !S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_dir '", options.checkpoint_dir,
+                     "' is not an existing directory"));
   }
-  server->service_ = std::make_unique<ParameterServiceImpl>(
-      options.config, options.num_workers, server->state_.get(),
-      server->rule_.get(),
+  checkpoint_path_ =
+      CheckpointPath(options.checkpoint_dir, options.shard, options.num_shards);
+  checkpoint_dir_ = options.checkpoint_dir;
+  layout_params_ = layout.num_params();
+  return Resume();
+}
+
+absl::Status ShardServer::Serve(const ShardServerOptions& options) {
+  service_ = std::make_unique<ParameterServiceImpl>(
+      options.config, options.num_workers, state_.get(), rule_.get(),
       ServicePolicy{options.auth_token, options.max_abs_gradient,
                     options.max_pushes_per_rank, options.max_pulls_per_rank,
                     options.max_wait});
@@ -165,109 +252,47 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                            options.credentials != nullptr
                                ? options.credentials
                                : grpc::InsecureServerCredentials(),
-                           &server->port_);
-  builder.RegisterService(server->service_.get());
-  builder.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(common::kMaxMessageBytes);
-  // gRPC sets SO_REUSEPORT by default, which would let a second shard bind
-  // a port already in use and silently share its connections.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Keepalive both ways (see ShardServerOptions::peer_timeout and
-  // worker/ps_client.h): the shard pings silent clients, and accepts the
-  // clients' pings however idle the connection.
-  const int half_ms = static_cast<int>(std::max<int64_t>(
-      1000, absl::ToInt64Milliseconds(options.peer_timeout) / 2));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  // Bounds on what clients can make the shard hold (ShardServerOptions).
+                           &port_);
+  builder.RegisterService(service_.get());
   grpc::ResourceQuota quota(
       absl::StrCat("shard-", options.shard, "-of-", options.num_shards));
-  if (options.grpc_memory_bytes > 0) {
-    quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
-    builder.SetResourceQuota(quota);
-  }
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             options.max_streams_per_connection);
-  builder.AddChannelArgument(
-      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-      static_cast<int>(std::min<int64_t>(
-          absl::ToInt64Milliseconds(options.idle_connection_timeout),
-          std::numeric_limits<int>::max())));
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
+  ConfigureBuilder(options, &builder, &quota);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on '", options.listen_address,
                      "': is the address valid and the port free?"));
   }
   const absl::string_view address = options.listen_address;
-  server->host_ = std::string(address.substr(0, address.rfind(':')));
-  if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<common::MetricsExporter>> metrics =
-        common::MetricsExporter::Start(
-            options.metrics_listen,
-            common::BuildInfoLabels("shard", options.config,
-                                    {{"shard", absl::StrCat(options.shard)}}));
-    if (!metrics.ok()) return metrics.status();
-    server->metrics_ = *std::move(metrics);
-    server->metrics_->Add(std::make_shared<ShardMetrics>(server->state_.get()));
-  }
-  auto* health = server->server_->GetHealthCheckService();
-  health->SetServingStatus(true);
-  {
-    ShardServer* raw = server.get();
-    server->ticker_ = std::thread([raw, log_every = options.log_every,
-                                   max_staleness =
-                                       options.config.max_staleness()] {
-      StatsResponse last;
-      absl::Time last_log = absl::Now();
-      while (!raw->stop_ticks_.WaitForNotificationWithTimeout(
-          absl::Milliseconds(200))) {
-        const absl::Time now = absl::Now();
-        raw->rule_->Tick(now, log_every);
-        raw->state_->ExpireWaiters(now);
-        // A slow worker whose lease ran out, or that left, no longer holds
-        // the others back (bounded staleness).
-        raw->state_->RunWaiters(raw->state_->ReleaseWaiters(now));
-        for (const auto& [rank, silent] : raw->state_->NewlyLapsed(now)) {
-          common::LogWarning(
-              "shard %d: rank %d made no call for %s: its lease of %s ran out "
-              "(a sync step closes without it; it is let back in when it "
-              "calls again)",
-              raw->state_->shard(), rank,
-              absl::FormatDuration(
-                  absl::Trunc(silent, absl::Milliseconds(100))),
-              absl::FormatDuration(raw->state_->lease()));
-        }
-        if (log_every > absl::ZeroDuration() && now - last_log >= log_every) {
-          if (const std::vector<std::string> waits =
-                  raw->state_->DescribeClockWaits(now);
-              !waits.empty()) {
-            common::Log("shard %d: bounded staleness (max_staleness %d): %s",
-                        raw->state_->shard(), max_staleness,
-                        absl::StrJoin(waits, "; "));
-          }
-          last = raw->LogState(last, now - last_log);
-          last_log = now;
-        }
-      }
+  host_ = std::string(address.substr(0, address.rfind(':')));
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::StartMetrics(const ShardServerOptions& options) {
+  if (options.metrics_listen.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<common::MetricsExporter>> metrics =
+      common::MetricsExporter::Start(
+          options.metrics_listen,
+          common::BuildInfoLabels("shard", options.config,
+                                  {{"shard", absl::StrCat(options.shard)}}));
+  if (!metrics.ok()) return metrics.status();
+  metrics_ = *std::move(metrics);
+  metrics_->Add(std::make_shared<ShardMetrics>(state_.get()));
+  return absl::OkStatus();
+}
+
+void ShardServer::StartThreads(const ShardServerOptions& options) {
+  ticker_ = std::make_unique<ShardTicker>(state_.get(), rule_.get(),
+                                          options.log_every,
+                                          options.config.max_staleness());
+  if (!checkpoint_path_.empty() &&
+      options.checkpoint_interval > absl::ZeroDuration()) {
+    ShardServer* raw = this;
+    checkpointer_ = std::thread([raw, interval = options.checkpoint_interval,
+                                 report = options.on_periodic_checkpoint] {
+      raw->CheckpointEvery(interval, report);
     });
   }
-  if (!server->checkpoint_path_.empty() &&
-      options.checkpoint_interval > absl::ZeroDuration()) {
-    ShardServer* raw = server.get();
-    server->checkpointer_ =
-        std::thread([raw, interval = options.checkpoint_interval,
-                     report = options.on_periodic_checkpoint] {
-          raw->CheckpointEvery(interval, report);
-        });
-  }
-  return server;
 }
 
 absl::Status ShardServer::Resume() {
@@ -360,28 +385,6 @@ absl::Status ShardServer::WriteCheckpointLocked(int64_t* version) {
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
 
-StatsResponse ShardServer::LogState(const StatsResponse& last,
-                                    absl::Duration since) {
-  StatsResponse now = state_->Stats();
-  if (now.pushes() == last.pushes() &&
-      now.rejected_pushes() == last.rejected_pushes()) {
-    return now;  // nothing happened: no line
-  }
-  const double seconds = absl::ToDoubleSeconds(since);
-  const int64_t pushes = now.pushes() - last.pushes();
-  const int64_t staleness = now.staleness_sum() - last.staleness_sum();
-  common::Log(
-      "shard %d: version %d, %d pushes (%.0f/s, mean staleness %.2f), %.1f MB "
-      "in, %.1f MB out, %d rejected, %d refused updates, %d calls waiting",
-      state_->shard(), now.version(), pushes, pushes / seconds,
-      pushes > 0 ? static_cast<double>(staleness) / pushes : 0.0,
-      (now.bytes_pushed() - last.bytes_pushed()) / 1e6,
-      (now.bytes_pulled() - last.bytes_pulled()) / 1e6,
-      now.rejected_pushes() - last.rejected_pushes(),
-      now.refused_updates() - last.refused_updates(), state_->NumWaiting());
-  return now;
-}
-
 int ShardServer::metrics_port() const {
   return metrics_ != nullptr ? metrics_->port() : 0;
 }
@@ -396,10 +399,7 @@ void ShardServer::Shutdown(absl::Duration grace) {
     stop_checkpoints_.Notify();
     checkpointer_.join();
   }
-  if (ticker_.joinable()) {
-    stop_ticks_.Notify();
-    ticker_.join();
-  }
+  if (ticker_ != nullptr) ticker_->Stop();
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

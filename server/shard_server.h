@@ -26,6 +26,7 @@
 #include "proto/config.pb.h"
 #include "server/parameter_service.h"
 #include "server/shard_state.h"
+#include "server/shard_ticker.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -145,11 +146,20 @@ class ShardServer {
   void Shutdown(absl::Duration grace = absl::Seconds(2));
 
  private:
-  // Logs one line of what happened since `last` (a Stats() `since` ago),
-  // unless nothing did; returns the stats now.
-  StatsResponse LogState(const StatsResponse& last, absl::Duration since);
-
   ShardServer() = default;
+  // Start's steps, in order.
+  // The shard's state, policies and rule.
+  absl::Status BuildCore(const ShardServerOptions& options,
+                         const common::ModelLayout& layout);
+  // With a checkpoint_dir: checks it and resumes from it.
+  absl::Status OpenCheckpoints(const ShardServerOptions& options,
+                               const common::ModelLayout& layout);
+  // The service on options.listen_address, with its limits.
+  absl::Status Serve(const ShardServerOptions& options);
+  // The metrics endpoint, with options.metrics_listen.
+  absl::Status StartMetrics(const ShardServerOptions& options);
+  // The ticker and, with checkpoints and an interval, the checkpoint thread.
+  void StartThreads(const ShardServerOptions& options);
   // Restores the state and the rule from checkpoint_path_, if it exists.
   absl::Status Resume();
   // The periodic checkpoint thread's body.
@@ -178,10 +188,9 @@ class ShardServer {
   // notified, and is joined in Shutdown before the server stops.
   absl::Notification stop_checkpoints_;
   std::thread checkpointer_;
-  // Calls rule_->Tick five times a second (leases, waiting logs) until
-  // stop_ticks_ is notified; joined in Shutdown.
-  absl::Notification stop_ticks_;
-  std::thread ticker_;
+  // Leases, waits past their deadline, progress logs (server/shard_ticker.h);
+  // stopped in Shutdown.
+  std::unique_ptr<ShardTicker> ticker_;
 
   // SaveCheckpoint's write, timed by it.
   absl::Status WriteCheckpointLocked(int64_t* version)

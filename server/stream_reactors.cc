@@ -145,10 +145,9 @@ class PushReader {
   explicit PushReader(const StreamContext& streams)
       : streams_(streams),
         decoder_(streams.shard->state()->shard(),
-                 streams.shard->state()->size(),
-                 streams.shard->num_workers(), streams.encoding,
-                 streams.bucket_size, &streams.shard->state()->buffers(),
-                 streams.limits) {}
+                 streams.shard->state()->size(), streams.shard->num_workers(),
+                 streams.encoding, streams.bucket_size,
+                 &streams.shard->state()->buffers(), streams.limits) {}
 
   // Takes the message just read.
   absl::Status Add(grpc::ByteBuffer* message) {
@@ -250,7 +249,9 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // May call Ready() at once, on this thread.
     wait_.Start(
         min_version, [this] { Ready(); }, shared.shard->max_wait(),
-        [this, min_version] { End(ToGrpcStatus(shared_.shard->WaitExpired("pull", min_version))); },
+        [this, min_version] {
+          End(ToGrpcStatus(shared_.shard->WaitExpired("pull", min_version)));
+        },
         nullptr, rank);
   }
 
@@ -288,7 +289,8 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (chunks_.done()) return End(grpc::Status::OK);
     message_ = chunks_.Next(nullptr);
     if (count_bytes_) {
-      shared_.shard->state()->RecordPulledBytes(static_cast<int64_t>(message_.Length()));
+      shared_.shard->state()->RecordPulledBytes(
+          static_cast<int64_t>(message_.Length()));
     }
     StartWrite(&message_);
   }
@@ -308,7 +310,8 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 class PushPullReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  PushPullReactor(grpc::CallbackServerContext* context, const StreamContext& shared)
+  PushPullReactor(grpc::CallbackServerContext* context,
+                  const StreamContext& shared)
       : context_(context),
         shared_(shared),
         reader_(shared),
@@ -335,7 +338,8 @@ class PushPullReactor
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           absl::StrCat("worker rank ", reader_.worker_rank(), " already has ",
                        shared_.pull_slots->per_rank(),
-                       " pulls in flight at shard ", shared_.shard->state()->shard(),
+                       " pulls in flight at shard ",
+                       shared_.shard->state()->shard(),
                        " (--max_pulls_per_rank); its push was taken (sent "
                        "again, it is answered as a duplicate)")));
     }
@@ -346,7 +350,8 @@ class PushPullReactor
               End(ToGrpcStatus(
                   shared_.shard->WaitExpired("push-pull", min_version)));
             },
-            shared_.barrier ? &shared_.shard->state()->barrier_wait_seconds() : nullptr,
+            shared_.barrier ? &shared_.shard->state()->barrier_wait_seconds()
+                            : nullptr,
             reader_.worker_rank())) {
       End(Cancelled("push-pull cancelled"));
     }
@@ -388,7 +393,8 @@ class PushPullReactor
     if (chunks_.done()) return End(grpc::Status::OK);
     message_ = chunks_.Next(first_ ? &response_ : nullptr);
     first_ = false;
-    shared_.shard->state()->RecordPulledBytes(static_cast<int64_t>(message_.Length()));
+    shared_.shard->state()->RecordPulledBytes(
+        static_cast<int64_t>(message_.Length()));
     StartWrite(&message_);
   }
 
@@ -437,9 +443,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
   return new PullReactor(streams, rank, min_version, have_version);
 }
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
-NewPushPullReactor(grpc::CallbackServerContext* context,
-                   const StreamContext& streams) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewPushPullReactor(
+    grpc::CallbackServerContext* context, const StreamContext& streams) {
   return new PushPullReactor(context, streams);
 }
 

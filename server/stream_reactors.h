@@ -46,9 +46,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
     const StreamContext& streams, int rank, int64_t min_version,
     std::optional<int64_t> have_version);
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
-NewPushPullReactor(grpc::CallbackServerContext* context,
-                   const StreamContext& streams);
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewPushPullReactor(
+    grpc::CallbackServerContext* context, const StreamContext& streams);
 
 // Calls refused before anything is read: answered `status` at once.
 grpc::ServerReadReactor<grpc::ByteBuffer>* FailedPush(

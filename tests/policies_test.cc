@@ -27,8 +27,7 @@ using ::testing::HasSubstr;
 WeightsPtr MakeWeights(const std::vector<float>& values, int64_t version) {
   // The buffer keeps its pool's shared part alive.
   FloatBufferPool pool(values.size());
-  auto weights =
-      std::make_shared<Weights>(version, pool.Take(), values.size());
+  auto weights = std::make_shared<Weights>(version, pool.Take(), values.size());
   std::copy(values.begin(), values.end(), weights->mutable_data());
   return weights;
 }
@@ -120,10 +119,10 @@ TEST(StepPullEncoderTest, TheShardsStepIsWhatAWorkerGetsFromTheDelta) {
 }
 
 TEST(PolicyFactoryTest, BuildsWhatTheConfigTurnsOn) {
-  const ShardPolicies sync = MakePolicies(
-      ResolvedConfig("layer_sizes: [3, 2] mode: SYNC "
-                     "pull_compression: COMPRESSION_ONEBIT"),
-      2, 8);
+  const ShardPolicies sync =
+      MakePolicies(ResolvedConfig("layer_sizes: [3, 2] mode: SYNC "
+                                  "pull_compression: COMPRESSION_ONEBIT"),
+                   2, 8);
   EXPECT_NE(sync.step_pulls, nullptr);
   EXPECT_EQ(sync.worker_pulls, nullptr);
   EXPECT_EQ(sync.delay_compensation, nullptr);

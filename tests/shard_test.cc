@@ -201,8 +201,8 @@ TEST_F(ShardTest, ASyncStepClosesWithEveryRankAndAnswersARepeat) {
   ASSERT_OK(shard_.Register(Registration(1, 9)).status());
   const std::vector<float> initial = Weights();
 
-  ASSERT_OK_AND_ASSIGN(AppliedPush first, shard_.ApplyPush(Push(0, 7, 1.0f),
-                                                           false));
+  ASSERT_OK_AND_ASSIGN(AppliedPush first,
+                       shard_.ApplyPush(Push(0, 7, 1.0f), false));
   EXPECT_EQ(first.result.version, 0);
   EXPECT_EQ(Shard::VersionToAwait(first), 1);
   EXPECT_EQ(state_.version(), 0);

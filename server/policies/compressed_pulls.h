@@ -57,8 +57,7 @@ class StepPullEncoder {
   // `w` (size() values) holds the step just written, of `version`, from
   // `previous`: replaces it by previous plus the 1-bit decoding of its
   // update with the residual, and keeps the encoding for DeltaFor.
-  void EncodeStep(absl::Span<const float> previous, float* w,
-                  int64_t version);
+  void EncodeStep(absl::Span<const float> previous, float* w, int64_t version);
 
   // The last step's encoding, for a worker that holds `have_version` when
   // the shard is at `version`; null when that worker needs a full pull.
@@ -84,8 +83,7 @@ class WorkerPullCopies {
   // `have_version`, for the current `weights`; null for a full pull, which
   // resets the worker's copy to `weights`.
   std::shared_ptr<const EncodedDelta> DeltaFor(
-      int rank, std::optional<int64_t> have_version,
-      const WeightsPtr& weights);
+      int rank, std::optional<int64_t> have_version, const WeightsPtr& weights);
 
  private:
   struct WorkerView {

@@ -30,9 +30,9 @@ ShardPolicies MakePolicies(const TrainingConfig& resolved, int num_workers,
   return policies;
 }
 
-absl::Status CheckPolicyMemory(const TrainingConfig& resolved,
-                               int num_workers, uint64_t shard_size,
-                               int shard, uint64_t needed, uint64_t memory) {
+absl::Status CheckPolicyMemory(const TrainingConfig& resolved, int num_workers,
+                               uint64_t shard_size, int shard, uint64_t needed,
+                               uint64_t memory) {
   auto per_worker = [&](int arrays, const std::string& what,
                         const std::string& instead) -> absl::Status {
     const uint64_t kept = static_cast<uint64_t>(arrays) *

@@ -44,9 +44,9 @@ ShardPolicies MakePolicies(const TrainingConfig& resolved, int num_workers,
 // the shard-sized arrays that `resolved`'s policies keep per worker do not
 // fit `memory` bytes next to the `needed` bytes the shard holds anyway (0
 // `memory`: not checked).
-absl::Status CheckPolicyMemory(const TrainingConfig& resolved,
-                               int num_workers, uint64_t shard_size,
-                               int shard, uint64_t needed, uint64_t memory);
+absl::Status CheckPolicyMemory(const TrainingConfig& resolved, int num_workers,
+                               uint64_t shard_size, int shard, uint64_t needed,
+                               uint64_t memory);
 
 }  // namespace monsoon::server
 

@@ -38,8 +38,7 @@ bool StalenessBound::Allows(const Clocks& clocks, int rank) const {
          clocks.of_rank[rank] - clocks.slowest <= max_staleness_;
 }
 
-std::string StalenessBound::DescribeWait(const Clocks& clocks,
-                                         int rank) const {
+std::string StalenessBound::DescribeWait(const Clocks& clocks, int rank) const {
   return absl::StrCat("rank ", rank, " at step ", clocks.of_rank[rank],
                       " waits for rank ", clocks.slowest_rank, " at step ",
                       clocks.slowest);

@@ -1,0 +1,82 @@
+#include "server/shard_ticker.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+
+namespace monsoon::server {
+
+ShardTicker::ShardTicker(ShardState* state, UpdateRule* rule,
+                         absl::Duration log_every, int max_staleness)
+    : state_(state),
+      rule_(rule),
+      log_every_(log_every),
+      max_staleness_(max_staleness),
+      last_log_(absl::Now()),
+      thread_([this] {
+        while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+          Tick(absl::Now());
+        }
+      }) {}
+
+ShardTicker::~ShardTicker() { Stop(); }
+
+void ShardTicker::Stop() {
+  absl::MutexLock lock(&join_mu_);
+  if (!thread_.joinable()) return;
+  stop_.Notify();
+  thread_.join();
+}
+
+void ShardTicker::Tick(absl::Time now) {
+  rule_->Tick(now, log_every_);
+  state_->ExpireWaiters(now);
+  // A slow worker whose lease ran out, or that left, no longer holds the
+  // others back (bounded staleness).
+  state_->RunWaiters(state_->ReleaseWaiters(now));
+  for (const auto& [rank, silent] : state_->NewlyLapsed(now)) {
+    common::LogWarning(
+        "shard %d: rank %d made no call for %s: its lease of %s ran out "
+        "(a sync step closes without it; it is let back in when it "
+        "calls again)",
+        state_->shard(), rank,
+        absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
+        absl::FormatDuration(state_->lease()));
+  }
+  if (log_every_ > absl::ZeroDuration() && now - last_log_ >= log_every_) {
+    if (const std::vector<std::string> waits = state_->DescribeClockWaits(now);
+        !waits.empty()) {
+      common::Log("shard %d: bounded staleness (max_staleness %d): %s",
+                  state_->shard(), max_staleness_, absl::StrJoin(waits, "; "));
+    }
+    LogProgress(now - last_log_);
+    last_log_ = now;
+  }
+}
+
+void ShardTicker::LogProgress(absl::Duration since) {
+  StatsResponse now = state_->Stats();
+  const StatsResponse& last = last_stats_;
+  if (now.pushes() == last.pushes() &&
+      now.rejected_pushes() == last.rejected_pushes()) {
+    last_stats_ = std::move(now);
+    return;  // nothing happened: no line
+  }
+  const double seconds = absl::ToDoubleSeconds(since);
+  const int64_t pushes = now.pushes() - last.pushes();
+  const int64_t staleness = now.staleness_sum() - last.staleness_sum();
+  common::Log(
+      "shard %d: version %d, %d pushes (%.0f/s, mean staleness %.2f), %.1f MB "
+      "in, %.1f MB out, %d rejected, %d refused updates, %d calls waiting",
+      state_->shard(), now.version(), pushes, pushes / seconds,
+      pushes > 0 ? static_cast<double>(staleness) / pushes : 0.0,
+      (now.bytes_pushed() - last.bytes_pushed()) / 1e6,
+      (now.bytes_pulled() - last.bytes_pulled()) / 1e6,
+      now.rejected_pushes() - last.rejected_pushes(),
+      now.refused_updates() - last.refused_updates(), state_->NumWaiting());
+  last_stats_ = std::move(now);
+}
+
+}  // namespace monsoon::server
