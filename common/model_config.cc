@@ -98,6 +98,194 @@ bool IsMlp(const ModelLayout& layout) {
   return true;
 }
 
+// The steps of ResolveModel for a model given as a preset or as layers
+// (layer_sizes resolve on their own, above).
+
+// INVALID_ARGUMENT where the config describes the model in two ways (layers
+// and layer_sizes, a preset and layers, a preset other than MLP and
+// layer_sizes).
+absl::Status CheckModelForms(const TrainingConfig& c) {
+  const bool has_layers = c.layers_size() > 0;
+  const bool has_sizes = c.layer_sizes_size() > 0;
+  if (has_layers && has_sizes) {
+    return Invalid("layers",
+                   "and layer_sizes both describe the model: keep one");
+  }
+  if (has_layers && c.model() != MODEL_AUTO) {
+    return Invalid("model",
+                   absl::StrCat("names the preset ", ModelName(c.model()),
+                                " and layers are given too: keep one"));
+  }
+  if (has_sizes && c.model() != MODEL_AUTO && c.model() != MLP) {
+    return Invalid("layer_sizes",
+                   absl::StrCat("describe an MLP, but model is ",
+                                ModelName(c.model()), ": keep one"));
+  }
+  return absl::OkStatus();
+}
+
+// The examples' shape: the config's input_shape, which must be a valid
+// shape and agree with `data`'s where both are there, else `data`'s.
+// INVALID_ARGUMENT when neither says it.
+absl::StatusOr<Shape> InputShape(const TrainingConfig& c,
+                                 const DataShape* data) {
+  if (c.input_shape_size() == 0) {
+    if (data != nullptr) return data->example;
+    return Invalid("input_shape",
+                   "is unset and the data was not read to take it from: set "
+                   "input_shape and num_classes, or resolve the config where "
+                   "data_dir's training files can be read");
+  }
+  if (c.input_shape_size() != 3) {
+    return Invalid("input_shape",
+                   absl::StrCat("has ", c.input_shape_size(),
+                                " values; give [height, width, channels] "
+                                "(channels 1 for greyscale), or leave it "
+                                "unset to take it from the data"));
+  }
+  for (int side : c.input_shape()) {
+    if (side < 1 || side > (1 << 15)) {
+      return Invalid(
+          "input_shape",
+          absl::StrCat("has ", side, "; each side must be from 1 to 32768"));
+    }
+  }
+  const Shape input = {c.input_shape(0), c.input_shape(1), c.input_shape(2)};
+  if (data != nullptr && data->example != input) {
+    return Invalid(
+        "input_shape",
+        absl::StrCat("is ", ShapeString(input),
+                     " but the data's examples "
+                     "are ",
+                     ShapeString(data->example),
+                     ": remove input_shape to take it from the data, or "
+                     "point data_dir at the data the model was made for"));
+  }
+  return input;
+}
+
+// The model's layers without Flatten (the config's, or its preset's), the
+// output layer last: a dense layer, the only one that may leave its units
+// to the classes. INVALID_ARGUMENT otherwise.
+absl::StatusOr<std::vector<Layer>> ModelLayers(const TrainingConfig& c) {
+  std::vector<Layer> layers;
+  if (c.layers_size() > 0) {
+    for (const Layer& layer : c.layers()) {
+      if (!layer.has_flatten()) layers.push_back(layer);
+    }
+  } else {
+    layers = PresetLayers(c.model());
+  }
+  if (layers.empty() || !layers.back().has_dense()) {
+    return Invalid("layers",
+                   "must end with a dense layer: the output layer, whose "
+                   "units (left unset: num_classes) feed the softmax");
+  }
+  for (size_t i = 0; i + 1 < layers.size(); ++i) {
+    if (layers[i].has_dense() && !layers[i].dense().has_units()) {
+      return Invalid("layers",
+                     absl::StrCat("layer ", i + 1,
+                                  " is a dense layer without units; only the "
+                                  "output layer may leave them to "
+                                  "num_classes"));
+    }
+  }
+  return layers;
+}
+
+// The number of classes: the config's num_classes, else the output layer's
+// units, else `data`'s. INVALID_ARGUMENT when none says it, when it is out
+// of range, when the output layer has other units, or when the training
+// labels go beyond it.
+absl::StatusOr<int> Classes(const TrainingConfig& c, const Layer::Dense& output,
+                            const DataShape* data) {
+  int classes = 0;
+  if (c.has_num_classes()) {
+    classes = c.num_classes();
+  } else if (output.has_units()) {
+    classes = output.units();
+  } else if (data != nullptr) {
+    classes = data->num_classes;
+  } else {
+    return Invalid("num_classes",
+                   "is unset and the data was not read to take it from: set "
+                   "num_classes, or resolve the config where data_dir's "
+                   "training labels can be read");
+  }
+  if (classes < 2 || classes > (1 << 20)) {
+    return Invalid("num_classes",
+                   absl::StrCat("is ", classes, "; must be from 2 to 1048576"));
+  }
+  if (output.has_units() && output.units() != classes) {
+    return Invalid("layers",
+                   absl::StrCat("end with a dense layer of ", output.units(),
+                                " units, but the model has ", classes,
+                                " classes: the output layer needs one unit "
+                                "per class (leave its units unset)"));
+  }
+  if (data != nullptr && data->num_classes > classes) {
+    if (c.has_num_classes()) {
+      return Invalid(
+          "num_classes",
+          absl::StrCat("is ", classes, " but the training labels go up to ",
+                       data->num_classes - 1,
+                       ": remove num_classes to take it from the data"));
+    }
+    return Invalid("layers",
+                   absl::StrCat("end with a dense layer of ", classes,
+                                " units, but the training labels go up to ",
+                                data->num_classes - 1,
+                                ": leave the output layer's units unset to "
+                                "take the classes from the data"));
+  }
+  return classes;
+}
+
+// Sets every field of the conv and pooling layers explicitly, so that equal
+// models have equal fingerprints.
+void SpellOutLayerDefaults(std::vector<Layer>* layers) {
+  for (Layer& layer : *layers) {
+    if (layer.has_conv()) {
+      Layer::Conv* conv = layer.mutable_conv();
+      conv->set_kernel(conv->kernel());
+      conv->set_stride(conv->stride());
+      conv->set_padding(conv->padding());
+    } else if (layer.has_max_pool()) {
+      Layer::MaxPool* pool = layer.mutable_max_pool();
+      pool->set_size(pool->size());
+      if (!pool->has_stride()) pool->set_stride(pool->size());
+    }
+  }
+}
+
+// Replaces the config's model fields with the one form a resolved config
+// keeps: an MLP as layer_sizes, any other model as its layers plus
+// input_shape and num_classes.
+void KeepCanonicalModel(const Shape& input, int classes,
+                        const ModelLayout& layout, std::vector<Layer> layers,
+                        TrainingConfig* c) {
+  c->clear_model();
+  c->clear_layers();
+  c->clear_input_shape();
+  c->clear_num_classes();
+  if (IsMlp(layout)) {
+    // The form configs had before layers, so that an MLP keeps its
+    // fingerprint however it was written.
+    c->add_layer_sizes(static_cast<int>(input.size()));
+    for (const LayerSpec& layer : layout.layers()) {
+      if (layer.kind == LayerSpec::Kind::kDense) {
+        c->add_layer_sizes(layer.out.channels);
+      }
+    }
+    return;
+  }
+  for (Layer& layer : layers) *c->add_layers() = std::move(layer);
+  c->add_input_shape(input.height);
+  c->add_input_shape(input.width);
+  c->add_input_shape(input.channels);
+  c->set_num_classes(classes);
+}
+
 }  // namespace
 
 std::vector<Layer> PresetLayers(Model model) {
@@ -132,170 +320,26 @@ bool ModelNeedsData(const TrainingConfig& c) {
 
 absl::Status ResolveModel(const DataShape* data, TrainingConfig* config) {
   TrainingConfig& c = *config;
-  const bool has_layers = c.layers_size() > 0;
-  const bool has_sizes = c.layer_sizes_size() > 0;
-  if (has_layers && has_sizes) {
-    return Invalid("layers",
-                   "and layer_sizes both describe the model: keep one");
-  }
-  if (has_layers && c.model() != MODEL_AUTO) {
-    return Invalid("model",
-                   absl::StrCat("names the preset ", ModelName(c.model()),
-                                " and layers are given too: keep one"));
-  }
-  if (has_sizes && c.model() != MODEL_AUTO && c.model() != MLP) {
-    return Invalid("layer_sizes",
-                   absl::StrCat("describe an MLP, but model is ",
-                                ModelName(c.model()), ": keep one"));
-  }
-  if (has_sizes) return ResolveLayerSizes(config);
-
-  // The examples' shape.
-  Shape input;
-  if (c.input_shape_size() > 0) {
-    if (c.input_shape_size() != 3) {
-      return Invalid("input_shape",
-                     absl::StrCat("has ", c.input_shape_size(),
-                                  " values; give [height, width, channels] "
-                                  "(channels 1 for greyscale), or leave it "
-                                  "unset to take it from the data"));
-    }
-    for (int side : c.input_shape()) {
-      if (side < 1 || side > (1 << 15)) {
-        return Invalid(
-            "input_shape",
-            absl::StrCat("has ", side, "; each side must be from 1 to 32768"));
-      }
-    }
-    input = {c.input_shape(0), c.input_shape(1), c.input_shape(2)};
-    if (data != nullptr && data->example != input) {
-      return Invalid(
-          "input_shape",
-          absl::StrCat("is ", ShapeString(input),
-                       " but the data's examples "
-                       "are ",
-                       ShapeString(data->example),
-                       ": remove input_shape to take it from the data, or "
-                       "point data_dir at the data the model was made for"));
-    }
-  } else if (data != nullptr) {
-    input = data->example;
-  } else {
-    return Invalid("input_shape",
-                   "is unset and the data was not read to take it from: set "
-                   "input_shape and num_classes, or resolve the config where "
-                   "data_dir's training files can be read");
-  }
-
-  // The layers, the output layer last.
-  std::vector<Layer> layers;
-  if (has_layers) {
-    for (const Layer& layer : c.layers()) {
-      if (!layer.has_flatten()) layers.push_back(layer);
-    }
-  } else {
-    layers = PresetLayers(c.model());
-  }
-  if (layers.empty() || !layers.back().has_dense()) {
-    return Invalid("layers",
-                   "must end with a dense layer: the output layer, whose "
-                   "units (left unset: num_classes) feed the softmax");
-  }
-  for (size_t i = 0; i + 1 < layers.size(); ++i) {
-    if (layers[i].has_dense() && !layers[i].dense().has_units()) {
-      return Invalid("layers",
-                     absl::StrCat("layer ", i + 1,
-                                  " is a dense layer without units; only the "
-                                  "output layer may leave them to "
-                                  "num_classes"));
-    }
-  }
-
-  // The classes.
-  Layer::Dense* output = layers.back().mutable_dense();
-  int classes = 0;
-  if (c.has_num_classes()) {
-    classes = c.num_classes();
-  } else if (output->has_units()) {
-    classes = output->units();
-  } else if (data != nullptr) {
-    classes = data->num_classes;
-  } else {
-    return Invalid("num_classes",
-                   "is unset and the data was not read to take it from: set "
-                   "num_classes, or resolve the config where data_dir's "
-                   "training labels can be read");
-  }
-  if (classes < 2 || classes > (1 << 20)) {
-    return Invalid("num_classes",
-                   absl::StrCat("is ", classes, "; must be from 2 to 1048576"));
-  }
-  if (output->has_units() && output->units() != classes) {
-    return Invalid("layers",
-                   absl::StrCat("end with a dense layer of ", output->units(),
-                                " units, but the model has ", classes,
-                                " classes: the output layer needs one unit "
-                                "per class (leave its units unset)"));
-  }
-  if (data != nullptr && data->num_classes > classes) {
-    if (c.has_num_classes()) {
-      return Invalid(
-          "num_classes",
-          absl::StrCat("is ", classes, " but the training labels go up to ",
-                       data->num_classes - 1,
-                       ": remove num_classes to take it from the data"));
-    }
-    return Invalid("layers",
-                   absl::StrCat("end with a dense layer of ", classes,
-                                " units, but the training labels go up to ",
-                                data->num_classes - 1,
-                                ": leave the output layer's units unset to "
-                                "take the classes from the data"));
-  }
-  output->set_units(classes);
-
-  // Every field explicit, so that equal models have equal fingerprints.
-  for (Layer& layer : layers) {
-    if (layer.has_conv()) {
-      Layer::Conv* conv = layer.mutable_conv();
-      conv->set_kernel(conv->kernel());
-      conv->set_stride(conv->stride());
-      conv->set_padding(conv->padding());
-    } else if (layer.has_max_pool()) {
-      Layer::MaxPool* pool = layer.mutable_max_pool();
-      pool->set_size(pool->size());
-      if (!pool->has_stride()) pool->set_stride(pool->size());
-    }
-  }
+  if (absl::Status forms = CheckModelForms(c); !forms.ok()) return forms;
+  if (c.layer_sizes_size() > 0) return ResolveLayerSizes(config);
+  absl::StatusOr<Shape> input = InputShape(c, data);
+  if (!input.ok()) return input.status();
+  absl::StatusOr<std::vector<Layer>> layers = ModelLayers(c);
+  if (!layers.ok()) return layers.status();
+  Layer::Dense* output = layers->back().mutable_dense();
+  absl::StatusOr<int> classes = Classes(c, *output, data);
+  if (!classes.ok()) return classes.status();
+  output->set_units(*classes);
+  SpellOutLayerDefaults(&*layers);
   std::vector<const Layer*> pointers;
-  for (const Layer& layer : layers) pointers.push_back(&layer);
-  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(input, pointers);
+  for (const Layer& layer : *layers) pointers.push_back(&layer);
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(*input, pointers);
   if (!layout.ok()) {
-    return Invalid(has_layers ? "layers" : "model",
-                   absl::StrCat("does not fit ", ShapeString(input),
+    return Invalid(c.layers_size() > 0 ? "layers" : "model",
+                   absl::StrCat("does not fit ", ShapeString(*input),
                                 " examples: ", layout.status().message()));
   }
-
-  c.clear_model();
-  c.clear_layers();
-  c.clear_input_shape();
-  c.clear_num_classes();
-  if (IsMlp(*layout)) {
-    // The form configs had before layers, so that an MLP keeps its
-    // fingerprint however it was written.
-    c.add_layer_sizes(static_cast<int>(input.size()));
-    for (const LayerSpec& layer : layout->layers()) {
-      if (layer.kind == LayerSpec::Kind::kDense) {
-        c.add_layer_sizes(layer.out.channels);
-      }
-    }
-    return absl::OkStatus();
-  }
-  for (Layer& layer : layers) *c.add_layers() = std::move(layer);
-  c.add_input_shape(input.height);
-  c.add_input_shape(input.width);
-  c.add_input_shape(input.channels);
-  c.set_num_classes(classes);
+  KeepCanonicalModel(*input, *classes, *layout, *std::move(layers), config);
   return absl::OkStatus();
 }
 

@@ -81,6 +81,104 @@ ModelLayout::ModelLayout(const std::vector<int>& layer_sizes) {
   }
 }
 
+absl::Status ModelLayout::AddDense(int index, const Shape& in,
+                                   const Layer::Dense& dense) {
+  const int units = dense.units();
+  if (!dense.has_units() || units < 1 || units > (1 << 20)) {
+    return LayerError(index, "dense", "units must be from 1 to 1048576");
+  }
+  LayerSpec spec;
+  spec.in = in;
+  spec.kind = LayerSpec::Kind::kDense;
+  spec.out = {1, 1, units};
+  if (in.size() * units > kMaxParams) {
+    return LayerError(
+        index, "dense",
+        absl::StrCat(in.size(), " x ", units, " weights are too many (at most ",
+                     kMaxParams, ")"));
+  }
+  AddParameterized(spec, in.size(), units, /*units_major=*/false);
+  return absl::OkStatus();
+}
+
+absl::Status ModelLayout::AddConv(int index, const Shape& in,
+                                  const Layer::Conv& conv) {
+  const std::string what = absl::StrCat("conv ", conv.kernel(), "x",
+                                        conv.kernel(), "x", conv.filters());
+  if (conv.filters() < 1 || conv.filters() > kMaxSide) {
+    return LayerError(index, what,
+                      absl::StrCat("filters must be from 1 to ", kMaxSide));
+  }
+  if (conv.kernel() < 1 || conv.kernel() > 64) {
+    return LayerError(index, what, "kernel must be from 1 to 64");
+  }
+  if (conv.stride() < 1 || conv.stride() > 64) {
+    return LayerError(index, what, "stride must be from 1 to 64");
+  }
+  if (conv.padding() < 0 || conv.padding() >= conv.kernel()) {
+    return LayerError(index, what, "padding must be from 0 to kernel - 1");
+  }
+  const int64_t padded_h = in.height + 2 * conv.padding();
+  const int64_t padded_w = in.width + 2 * conv.padding();
+  if (padded_h < conv.kernel() || padded_w < conv.kernel()) {
+    return LayerError(
+        index, what,
+        absl::StrCat("its input is ", ShapeString(in),
+                     ", smaller than the kernel even with padding ",
+                     conv.padding(),
+                     ": use smaller kernels or fewer pooling layers "
+                     "for images this small"));
+  }
+  LayerSpec spec;
+  spec.in = in;
+  spec.kind = LayerSpec::Kind::kConv;
+  spec.kernel = conv.kernel();
+  spec.stride = conv.stride();
+  spec.padding = conv.padding();
+  spec.out = {static_cast<int>((padded_h - conv.kernel()) / conv.stride() + 1),
+              static_cast<int>((padded_w - conv.kernel()) / conv.stride() + 1),
+              conv.filters()};
+  const uint64_t fan_in =
+      static_cast<uint64_t>(conv.kernel()) * conv.kernel() * in.channels;
+  if (spec.out.size() > kMaxActivation ||
+      spec.out.height * uint64_t(spec.out.width) * fan_in >
+          kMaxActivation * 64) {
+    return LayerError(index, what,
+                      absl::StrCat("its output ", ShapeString(spec.out),
+                                   " or its patches are too large"));
+  }
+  AddParameterized(spec, fan_in, conv.filters(), /*units_major=*/true);
+  return absl::OkStatus();
+}
+
+absl::Status ModelLayout::AddMaxPool(int index, const Shape& in,
+                                     const Layer::MaxPool& pool) {
+  const int stride = pool.has_stride() ? pool.stride() : pool.size();
+  const std::string what = absl::StrCat("max_pool ", pool.size());
+  if (pool.size() < 1 || pool.size() > 64) {
+    return LayerError(index, what, "size must be from 1 to 64");
+  }
+  if (stride < 1 || stride > 64) {
+    return LayerError(index, what, "stride must be from 1 to 64");
+  }
+  if (in.height < pool.size() || in.width < pool.size()) {
+    return LayerError(
+        index, what,
+        absl::StrCat("its input is ", ShapeString(in),
+                     ", smaller than the window: use fewer pooling "
+                     "layers for images this small"));
+  }
+  LayerSpec spec;
+  spec.in = in;
+  spec.kind = LayerSpec::Kind::kMaxPool;
+  spec.kernel = pool.size();
+  spec.stride = stride;
+  spec.out = {(in.height - pool.size()) / stride + 1,
+              (in.width - pool.size()) / stride + 1, in.channels};
+  layers_.push_back(spec);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelLayout> ModelLayout::Create(
     const Shape& input, absl::Span<const Layer* const> layers) {
   if (input.height < 1 || input.width < 1 || input.channels < 1 ||
@@ -96,107 +194,23 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(
   for (size_t i = 0; i < layers.size(); ++i) {
     const Layer& layer = *layers[i];
     const int index = static_cast<int>(i) + 1;
-    LayerSpec spec;
-    spec.in = shape;
+    absl::Status added;
     switch (layer.kind_case()) {
-      case Layer::kDense: {
-        const int units = layer.dense().units();
-        if (!layer.dense().has_units() || units < 1 || units > (1 << 20)) {
-          return LayerError(index, "dense", "units must be from 1 to 1048576");
-        }
-        spec.kind = LayerSpec::Kind::kDense;
-        spec.out = {1, 1, units};
-        if (shape.size() * units > kMaxParams) {
-          return LayerError(
-              index, "dense",
-              absl::StrCat(shape.size(), " x ", units,
-                           " weights are too many (at most ", kMaxParams, ")"));
-        }
-        layout.AddParameterized(spec, shape.size(), units,
-                                /*units_major=*/false);
+      case Layer::kDense:
+        added = layout.AddDense(index, shape, layer.dense());
+        break;
+      case Layer::kConv:
+        added = layout.AddConv(index, shape, layer.conv());
+        break;
+      case Layer::kMaxPool:
+        added = layout.AddMaxPool(index, shape, layer.max_pool());
+        break;
+      case Layer::kRelu: {
+        LayerSpec relu{LayerSpec::Kind::kRelu};
+        relu.in = relu.out = shape;
+        layout.layers_.push_back(relu);
         break;
       }
-      case Layer::kConv: {
-        const Layer::Conv& conv = layer.conv();
-        const std::string what = absl::StrCat(
-            "conv ", conv.kernel(), "x", conv.kernel(), "x", conv.filters());
-        if (conv.filters() < 1 || conv.filters() > kMaxSide) {
-          return LayerError(
-              index, what,
-              absl::StrCat("filters must be from 1 to ", kMaxSide));
-        }
-        if (conv.kernel() < 1 || conv.kernel() > 64) {
-          return LayerError(index, what, "kernel must be from 1 to 64");
-        }
-        if (conv.stride() < 1 || conv.stride() > 64) {
-          return LayerError(index, what, "stride must be from 1 to 64");
-        }
-        if (conv.padding() < 0 || conv.padding() >= conv.kernel()) {
-          return LayerError(index, what,
-                            "padding must be from 0 to kernel - 1");
-        }
-        const int64_t padded_h = shape.height + 2 * conv.padding();
-        const int64_t padded_w = shape.width + 2 * conv.padding();
-        if (padded_h < conv.kernel() || padded_w < conv.kernel()) {
-          return LayerError(
-              index, what,
-              absl::StrCat("its input is ", ShapeString(shape),
-                           ", smaller than the kernel even with padding ",
-                           conv.padding(),
-                           ": use smaller kernels or fewer pooling layers "
-                           "for images this small"));
-        }
-        spec.kind = LayerSpec::Kind::kConv;
-        spec.kernel = conv.kernel();
-        spec.stride = conv.stride();
-        spec.padding = conv.padding();
-        spec.out = {
-            static_cast<int>((padded_h - conv.kernel()) / conv.stride() + 1),
-            static_cast<int>((padded_w - conv.kernel()) / conv.stride() + 1),
-            conv.filters()};
-        const uint64_t fan_in = static_cast<uint64_t>(conv.kernel()) *
-                                conv.kernel() * shape.channels;
-        if (spec.out.size() > kMaxActivation ||
-            spec.out.height * uint64_t(spec.out.width) * fan_in >
-                kMaxActivation * 64) {
-          return LayerError(index, what,
-                            absl::StrCat("its output ", ShapeString(spec.out),
-                                         " or its patches are too large"));
-        }
-        layout.AddParameterized(spec, fan_in, conv.filters(),
-                                /*units_major=*/true);
-        break;
-      }
-      case Layer::kMaxPool: {
-        const Layer::MaxPool& pool = layer.max_pool();
-        const int stride = pool.has_stride() ? pool.stride() : pool.size();
-        const std::string what = absl::StrCat("max_pool ", pool.size());
-        if (pool.size() < 1 || pool.size() > 64) {
-          return LayerError(index, what, "size must be from 1 to 64");
-        }
-        if (stride < 1 || stride > 64) {
-          return LayerError(index, what, "stride must be from 1 to 64");
-        }
-        if (shape.height < pool.size() || shape.width < pool.size()) {
-          return LayerError(
-              index, what,
-              absl::StrCat("its input is ", ShapeString(shape),
-                           ", smaller than the window: use fewer pooling "
-                           "layers for images this small"));
-        }
-        spec.kind = LayerSpec::Kind::kMaxPool;
-        spec.kernel = pool.size();
-        spec.stride = stride;
-        spec.out = {(shape.height - pool.size()) / stride + 1,
-                    (shape.width - pool.size()) / stride + 1, shape.channels};
-        layout.layers_.push_back(spec);
-        break;
-      }
-      case Layer::kRelu:
-        spec.kind = LayerSpec::Kind::kRelu;
-        spec.out = shape;
-        layout.layers_.push_back(spec);
-        break;
       case Layer::kFlatten:
         continue;  // nothing changes in memory
       case Layer::KIND_NOT_SET:
@@ -204,6 +218,7 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(
                           "say which kind: dense, conv, max_pool, relu or "
                           "flatten");
     }
+    if (!added.ok()) return added;
     if (layout.num_params_ > kMaxParams) {
       return LayerError(
           index, LayerString(layout.layers_.back()),

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
@@ -109,6 +110,13 @@ class ModelLayout {
   // `units_major`) and a bias of `units`.
   void AddParameterized(LayerSpec layer, uint64_t fan_in, uint64_t units,
                         bool units_major);
+  // Create's steps: append the layer `index` (1-based, for messages) of
+  // that kind on an input of shape `in`, or say why it does not fit (as
+  // Create does).
+  absl::Status AddDense(int index, const Shape& in, const Layer::Dense& dense);
+  absl::Status AddConv(int index, const Shape& in, const Layer::Conv& conv);
+  absl::Status AddMaxPool(int index, const Shape& in,
+                          const Layer::MaxPool& pool);
 
   Shape input_;
   std::vector<LayerSpec> layers_;

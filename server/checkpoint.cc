@@ -63,6 +63,117 @@ std::string Directory(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// ReshardedCheckpoint's steps.
+
+// The shard count of the complete set of checkpoints in `dir` (every shard
+// of the count has its file) whose newest file is the newest, among counts
+// other than `num_shards`; 0 when there is no such set.
+int NewestOtherShardCount(const std::string& dir, int num_shards) {
+  // Complete sets of another shard count, by count, with their newest
+  // file's time.
+  std::map<int, std::set<int>> sets;
+  std::map<int, std::filesystem::file_time_type> newest;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    int index = 0, total = 0;
+    char tail = 0;
+    const std::string name = entry.path().filename().string();
+    if (std::sscanf(name.c_str(), "shard-%d-of-%d.ckp%c", &index, &total,
+                    &tail) != 3 ||
+        tail != 't' || name != CheckpointPath("", index, total).substr(1) ||
+        total < 1 || index < 0 || index >= total || total == num_shards) {
+      continue;
+    }
+    sets[total].insert(index);
+    const auto time = entry.last_write_time(error);
+    if (!newest.count(total) || time > newest[total]) newest[total] = time;
+  }
+  int chosen = 0;
+  for (const auto& [total, indexes] : sets) {
+    if (static_cast<int>(indexes.size()) != total) continue;  // incomplete
+    if (chosen == 0 || newest[total] > newest[chosen]) chosen = total;
+  }
+  return chosen;
+}
+
+// Shard `shard` of a set of `num_shards`, read from `path`: it must be this
+// run's (CheckCheckpointMatches, holding `num_weights` weights), and its
+// optimizer state none or one value per parameter, so that it can be cut.
+// FAILED_PRECONDITION (or ReadCheckpoint's DATA_LOSS) otherwise, naming
+// the path.
+absl::StatusOr<ShardCheckpoint> ReadSetPart(const std::string& path,
+                                            uint64_t config_fingerprint,
+                                            int shard, int num_shards,
+                                            uint64_t num_weights) {
+  absl::StatusOr<std::optional<ShardCheckpoint>> read = ReadCheckpoint(path);
+  if (!read.ok()) return read.status();
+  if (!read->has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " went away while it was read"));
+  }
+  ShardCheckpoint& part = **read;
+  absl::Status matches = CheckCheckpointMatches(part, config_fingerprint, shard,
+                                                num_shards, num_weights);
+  if (!matches.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": ", matches.message()));
+  }
+  const bool elementwise =
+      part.optimizer_state().size() == num_weights * sizeof(float);
+  if (!part.optimizer_state().empty() && !elementwise) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path,
+        ": its optimizer state is not one value per parameter, so it "
+        "cannot be cut for another shard count"));
+  }
+  return std::move(part);
+}
+
+// Takes the first part of the set's optimizer, version and per-rank stats
+// into `out`.
+void TakeFirstPart(const ShardCheckpoint& part, ShardCheckpoint* out) {
+  out->set_optimizer(part.optimizer());
+  out->set_version(part.version());
+  *out->mutable_stats()->mutable_samples_applied_by_worker() =
+      part.stats().samples_applied_by_worker();
+  *out->mutable_stats()->mutable_sample_position_by_worker() =
+      part.stats().sample_position_by_worker();
+  *out->mutable_stats()->mutable_samples_skipped_by_worker() =
+      part.stats().samples_skipped_by_worker();
+}
+
+// Merges a later part of the set into `out`: the newest version, and per
+// rank what every part holds (the smallest count). `elementwise`: whether
+// this part's optimizer state is one value per parameter; `set_elementwise`:
+// whether the first part's was. FAILED_PRECONDITION, naming `path`, when
+// its optimizer differs from the first part's.
+absl::Status MergeLaterPart(const ShardCheckpoint& part, bool elementwise,
+                            bool set_elementwise, const std::string& path,
+                            ShardCheckpoint* out) {
+  if (part.optimizer() != out->optimizer() || elementwise != set_elementwise) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": its optimizer differs from its set's"));
+  }
+  out->set_version(std::max(out->version(), part.version()));
+  // What every part of the range holds: the smallest.
+  using RankMap = google::protobuf::Map<int32_t, int64_t>;
+  const std::pair<RankMap*, const RankMap*> maps[] = {
+      {out->mutable_stats()->mutable_samples_applied_by_worker(),
+       &part.stats().samples_applied_by_worker()},
+      {out->mutable_stats()->mutable_sample_position_by_worker(),
+       &part.stats().sample_position_by_worker()},
+      {out->mutable_stats()->mutable_samples_skipped_by_worker(),
+       &part.stats().samples_skipped_by_worker()},
+  };
+  for (const auto& [map, other] : maps) {
+    for (auto& [rank, value] : *map) {
+      auto it = other->find(rank);
+      value = it == other->end() ? 0 : std::min(value, it->second);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string CheckpointPath(const std::string& dir, int shard, int num_shards) {
@@ -217,30 +328,7 @@ absl::Status CheckCheckpointMatches(const ShardCheckpoint& checkpoint,
 absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
     const std::string& dir, uint64_t num_params, int shard, int num_shards,
     uint64_t config_fingerprint) {
-  // Complete sets of another shard count, by count, with their newest
-  // file's time.
-  std::map<int, std::set<int>> sets;
-  std::map<int, std::filesystem::file_time_type> newest;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    int index = 0, total = 0;
-    char tail = 0;
-    const std::string name = entry.path().filename().string();
-    if (std::sscanf(name.c_str(), "shard-%d-of-%d.ckp%c", &index, &total,
-                    &tail) != 3 ||
-        tail != 't' || name != CheckpointPath("", index, total).substr(1) ||
-        total < 1 || index < 0 || index >= total || total == num_shards) {
-      continue;
-    }
-    sets[total].insert(index);
-    const auto time = entry.last_write_time(error);
-    if (!newest.count(total) || time > newest[total]) newest[total] = time;
-  }
-  int chosen = 0;
-  for (const auto& [total, indexes] : sets) {
-    if (static_cast<int>(indexes.size()) != total) continue;  // incomplete
-    if (chosen == 0 || newest[total] > newest[chosen]) chosen = total;
-  }
+  const int chosen = NewestOtherShardCount(dir, num_shards);
   if (chosen == 0) return std::optional<ShardCheckpoint>();
 
   const common::ShardRange range =
@@ -261,70 +349,28 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
     const uint64_t end = std::min(from.end, range.end);
     if (begin >= end) continue;
     const std::string path = CheckpointPath(dir, s, chosen);
-    absl::StatusOr<std::optional<ShardCheckpoint>> read = ReadCheckpoint(path);
-    if (!read.ok()) return read.status();
-    if (!read->has_value()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, " went away while it was read"));
-    }
-    const ShardCheckpoint& part = **read;
-    absl::Status matches = CheckCheckpointMatches(part, config_fingerprint, s,
-                                                  chosen, from.size());
-    if (!matches.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, ": ", matches.message()));
-    }
+    absl::StatusOr<ShardCheckpoint> part =
+        ReadSetPart(path, config_fingerprint, s, chosen, from.size());
+    if (!part.ok()) return part.status();
     const bool elementwise =
-        part.optimizer_state().size() == from.size() * sizeof(float);
-    if (!part.optimizer_state().empty() && !elementwise) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path,
-          ": its optimizer state is not one value per parameter, so it "
-          "cannot be cut for another shard count"));
-    }
+        part->optimizer_state().size() == from.size() * sizeof(float);
     const size_t at = (begin - range.begin) * sizeof(float);
     const size_t from_at = (begin - from.begin) * sizeof(float);
     const size_t bytes = (end - begin) * sizeof(float);
-    weights.replace(at, bytes, part.weights(), from_at, bytes);
+    weights.replace(at, bytes, part->weights(), from_at, bytes);
     // A finished run stays finished at another shard count.
-    if (part.stats().run_closed()) out.mutable_stats()->set_run_closed(true);
+    if (part->stats().run_closed()) out.mutable_stats()->set_run_closed(true);
     if (first) {
-      out.set_optimizer(part.optimizer());
       if (elementwise) state.assign(range.size() * sizeof(float), '\0');
-      out.set_version(part.version());
-      *out.mutable_stats()->mutable_samples_applied_by_worker() =
-          part.stats().samples_applied_by_worker();
-      *out.mutable_stats()->mutable_sample_position_by_worker() =
-          part.stats().sample_position_by_worker();
-      *out.mutable_stats()->mutable_samples_skipped_by_worker() =
-          part.stats().samples_skipped_by_worker();
+      TakeFirstPart(*part, &out);
       first = false;
-    } else {
-      if (part.optimizer() != out.optimizer() ||
-          elementwise != !state.empty()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(path, ": its optimizer differs from its set's"));
-      }
-      out.set_version(std::max(out.version(), part.version()));
-      // What every part of the range holds: the smallest.
-      using RankMap = google::protobuf::Map<int32_t, int64_t>;
-      const std::pair<RankMap*, const RankMap*> maps[] = {
-          {out.mutable_stats()->mutable_samples_applied_by_worker(),
-           &part.stats().samples_applied_by_worker()},
-          {out.mutable_stats()->mutable_sample_position_by_worker(),
-           &part.stats().sample_position_by_worker()},
-          {out.mutable_stats()->mutable_samples_skipped_by_worker(),
-           &part.stats().samples_skipped_by_worker()},
-      };
-      for (const auto& [map, other] : maps) {
-        for (auto& [rank, value] : *map) {
-          auto it = other->find(rank);
-          value = it == other->end() ? 0 : std::min(value, it->second);
-        }
-      }
+    } else if (absl::Status merged = MergeLaterPart(*part, elementwise,
+                                                    !state.empty(), path, &out);
+               !merged.ok()) {
+      return merged;
     }
     if (elementwise)
-      state.replace(at, bytes, part.optimizer_state(), from_at, bytes);
+      state.replace(at, bytes, part->optimizer_state(), from_at, bytes);
   }
   out.set_weights(std::move(weights));
   out.set_optimizer_state(std::move(state));

@@ -38,72 +38,9 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
       return absl::InvalidArgumentError(
           "the first chunk of a push must carry its header");
     }
-    const PushHeader& h = chunk_.header;
-    if (h.shard() != shard_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push for shard ", h.shard(), " reached shard ", shard_,
-                       ": check the order of --servers"));
+    if (absl::Status taken = TakeHeader(chunk_.header); !taken.ok()) {
+      return taken;
     }
-    if (h.worker_rank() < 0 || h.worker_rank() >= num_workers_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker rank ", h.worker_rank(), " is outside [0, ",
-                       num_workers_, ")"));
-    }
-    if (h.length() != shard_size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push of ", h.length(), " values, but shard ", shard_,
-                       " holds ", shard_size_));
-    }
-    if (h.encoding() != encoding_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push encoded as ", PushEncoding_Name(h.encoding()),
-                       " but this run's config makes workers push ",
-                       PushEncoding_Name(encoding_)));
-    }
-    if (encoding_ == ENCODING_ONEBIT && h.bucket_size() != bucket_size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("1-bit push in buckets of ", h.bucket_size(),
-                       " but the config's "
-                       "onebit_bucket_size is ",
-                       bucket_size_));
-    }
-    if (h.base_version() < 0 || h.samples() < 0 || h.sample_offset() < 0) {
-      return absl::InvalidArgumentError(
-          "push header has a negative base_version, samples or "
-          "sample_offset");
-    }
-    if (h.samples() > limits_.max_samples) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push claims ", h.samples(),
-                       " examples; a push of this run "
-                       "summarizes at most ",
-                       limits_.max_samples,
-                       " (batch_size x the steps summed into one push)"));
-    }
-    if (h.sample_offset() > kMaxSampleOffset) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push claims its examples start at ", h.sample_offset(),
-                       ", beyond any run's data (", kMaxSampleOffset, ")"));
-    }
-    if (limits_.slots != nullptr) {
-      if (!limits_.slots->Acquire(h.worker_rank())) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("rank ", h.worker_rank(), " already has ",
-                         limits_.slots->per_rank(),
-                         " pushes in flight to this shard, the most it may"));
-      }
-      slot_rank_ = h.worker_rank();
-    }
-    have_header_ = true;
-    data_.worker_rank = h.worker_rank();
-    data_.base_version = h.base_version();
-    if (h.has_have_version()) data_.have_version = h.have_version();
-    data_.samples = h.samples();
-    data_.sample_offset = h.sample_offset();
-    data_.session = h.session();
-    data_.repeat = h.repeat();
-    data_.resume_point = h.resume_point();
-    values_ = buffers_->Take();
   } else if (chunk_.has_header) {
     return absl::InvalidArgumentError(
         "only the first chunk may carry a header");
@@ -117,6 +54,78 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
       encoding_ == ENCODING_ONEBIT ? AddOneBit(chunk_) : AddFloat32(chunk_);
   reader_.Reset();  // lets go of the message's slices
   return added;
+}
+
+absl::Status PushDecoder::TakeHeader(const PushHeader& h) {
+  if (absl::Status valid = CheckHeader(h); !valid.ok()) return valid;
+  if (limits_.slots != nullptr) {
+    if (!limits_.slots->Acquire(h.worker_rank())) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", h.worker_rank(), " already has ", limits_.slots->per_rank(),
+          " pushes in flight to this shard, the most it may"));
+    }
+    slot_rank_ = h.worker_rank();
+  }
+  have_header_ = true;
+  data_.worker_rank = h.worker_rank();
+  data_.base_version = h.base_version();
+  if (h.has_have_version()) data_.have_version = h.have_version();
+  data_.samples = h.samples();
+  data_.sample_offset = h.sample_offset();
+  data_.session = h.session();
+  data_.repeat = h.repeat();
+  data_.resume_point = h.resume_point();
+  values_ = buffers_->Take();
+  return absl::OkStatus();
+}
+
+absl::Status PushDecoder::CheckHeader(const PushHeader& h) const {
+  if (h.shard() != shard_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push for shard ", h.shard(), " reached shard ", shard_,
+                     ": check the order of --servers"));
+  }
+  if (h.worker_rank() < 0 || h.worker_rank() >= num_workers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", h.worker_rank(), " is outside [0, ",
+                     num_workers_, ")"));
+  }
+  if (h.length() != shard_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push of ", h.length(), " values, but shard ", shard_,
+                     " holds ", shard_size_));
+  }
+  if (h.encoding() != encoding_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push encoded as ", PushEncoding_Name(h.encoding()),
+                     " but this run's config makes workers push ",
+                     PushEncoding_Name(encoding_)));
+  }
+  if (encoding_ == ENCODING_ONEBIT && h.bucket_size() != bucket_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("1-bit push in buckets of ",
+                                                   h.bucket_size(),
+                                                   " but the config's "
+                                                   "onebit_bucket_size is ",
+                                                   bucket_size_));
+  }
+  if (h.base_version() < 0 || h.samples() < 0 || h.sample_offset() < 0) {
+    return absl::InvalidArgumentError(
+        "push header has a negative base_version, samples or "
+        "sample_offset");
+  }
+  if (h.samples() > limits_.max_samples) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push claims ", h.samples(),
+        " examples; a push of this run "
+        "summarizes at most ",
+        limits_.max_samples, " (batch_size x the steps summed into one push)"));
+  }
+  if (h.sample_offset() > kMaxSampleOffset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push claims its examples start at ", h.sample_offset(),
+                     ", beyond any run's data (", kMaxSampleOffset, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PushDecoder::AddFloat32(

@@ -80,6 +80,15 @@ class PushDecoder {
   int64_t wire_bytes() const { return data_.wire_bytes; }
 
  private:
+  // Takes the first chunk's header: checks it (CheckHeader), takes the
+  // rank's slot where limits_.slots is set (RESOURCE_EXHAUSTED when none is
+  // free), keeps what the push says of itself in data_, and takes the
+  // buffer for its values from the pool.
+  absl::Status TakeHeader(const PushHeader& header);
+  // INVALID_ARGUMENT where `header` does not fit this shard and run: another
+  // shard, rank, length, encoding or bucket size, negative counts, more
+  // examples than a push may hold, an offset beyond any run's data.
+  absl::Status CheckHeader(const PushHeader& header) const;
   absl::Status AddFloat32(const common::MessageReader::PushChunkView& chunk);
   absl::Status AddOneBit(const common::MessageReader::PushChunkView& chunk);
   // Gives the rank's slot back, if this push holds one.

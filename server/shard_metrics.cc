@@ -52,22 +52,20 @@ MetricFamily StalenessHistogram(const StatsResponse& stats) {
   return family;
 }
 
-}  // namespace
-
-std::vector<MetricFamily> ShardMetrics::Collect() const {
-  const StatsResponse stats = state_->Stats();
-  std::vector<MetricFamily> families;
-  families.push_back(Gauge("monsoon_shard_version",
-                           "The version of the shard's weights.",
-                           static_cast<double>(stats.version())));
-  families.push_back(Counter("monsoon_shard_pushes_total",
-                             "Pushes applied (in sync, collected).",
-                             static_cast<double>(stats.pushes())));
+// The shard's version and what its pushes and pulls did, from its Stats.
+void AddPushFamilies(const StatsResponse& stats,
+                     std::vector<MetricFamily>* families) {
+  families->push_back(Gauge("monsoon_shard_version",
+                            "The version of the shard's weights.",
+                            static_cast<double>(stats.version())));
+  families->push_back(Counter("monsoon_shard_pushes_total",
+                              "Pushes applied (in sync, collected).",
+                              static_cast<double>(stats.pushes())));
   std::map<std::string, double> rejected;
   for (const auto& [code, count] : stats.rejected_pushes_by_code()) {
     rejected[code] = static_cast<double>(count);
   }
-  families.push_back(LabeledCounter(
+  families->push_back(LabeledCounter(
       "monsoon_shard_rejected_pushes_total",
       "Pushes refused, by the status code they got: INVALID_ARGUMENT "
       "(malformed, out of bounds, an update that would overflow), "
@@ -75,75 +73,90 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
       "a limit), ABORTED (a closed sync step, or a version the shard went "
       "back from), FAILED_PRECONDITION, ...",
       "code", rejected));
-  families.push_back(Counter(
+  families->push_back(Counter(
       "monsoon_shard_refused_updates_total",
       "Updates refused because they would have made a weight or an optimizer "
       "value infinite or NaN.",
       static_cast<double>(stats.refused_updates())));
-  families.push_back(
+  families->push_back(
       Counter("monsoon_shard_backup_dropped_pushes_total",
               "Sync with backup workers: pushes that came after their step had "
               "closed without them, dropped.",
               static_cast<double>(stats.backup_dropped_pushes())));
-  families.push_back(
+  families->push_back(
       Counter("monsoon_shard_duplicate_pushes_total",
               "Pushes acknowledged as repeats of examples already applied.",
               static_cast<double>(stats.duplicate_pushes())));
-  families.push_back(Counter("monsoon_shard_pushed_bytes_total",
-                             "Serialized bytes received in pushes.",
-                             static_cast<double>(stats.bytes_pushed())));
-  families.push_back(Counter("monsoon_shard_pulled_bytes_total",
-                             "Serialized bytes sent in workers' pulls.",
-                             static_cast<double>(stats.bytes_pulled())));
-  families.push_back(Counter("monsoon_shard_samples_total",
-                             "Training examples the pushes summarize.",
-                             static_cast<double>(stats.samples())));
-  families.push_back(PerRank("monsoon_shard_samples_applied_total",
-                             "Training examples in the weights, per rank.",
-                             stats.samples_applied_by_worker()));
-  families.push_back(PerRank(
+  families->push_back(Counter("monsoon_shard_pushed_bytes_total",
+                              "Serialized bytes received in pushes.",
+                              static_cast<double>(stats.bytes_pushed())));
+  families->push_back(Counter("monsoon_shard_pulled_bytes_total",
+                              "Serialized bytes sent in workers' pulls.",
+                              static_cast<double>(stats.bytes_pulled())));
+  families->push_back(Counter("monsoon_shard_samples_total",
+                              "Training examples the pushes summarize.",
+                              static_cast<double>(stats.samples())));
+  families->push_back(PerRank("monsoon_shard_samples_applied_total",
+                              "Training examples in the weights, per rank.",
+                              stats.samples_applied_by_worker()));
+  families->push_back(PerRank(
       "monsoon_shard_samples_skipped_total",
       "Training examples passed over, per rank (a sync step closed without "
       "the rank, or refused).",
       stats.samples_skipped_by_worker()));
-  families.push_back(StalenessHistogram(stats));
-  families.push_back(Gauge("monsoon_shard_waiting_calls",
-                           "Pulls and sync push-pulls waiting for a version.",
-                           static_cast<double>(state_->NumWaiting())));
-  families.push_back(
+  families->push_back(StalenessHistogram(stats));
+}
+
+// Calls waiting, and how long applies, barriers and staleness bounds took.
+void AddTimingFamilies(const ShardState& state, const StatsResponse& stats,
+                       std::vector<MetricFamily>* families) {
+  families->push_back(Gauge("monsoon_shard_waiting_calls",
+                            "Pulls and sync push-pulls waiting for a version.",
+                            static_cast<double>(state.NumWaiting())));
+  families->push_back(
       Gauge("monsoon_shard_max_concurrent_applies",
             "The most pushes seen writing the weights at once.",
             static_cast<double>(stats.max_concurrent_applies())));
-  families.push_back(common::HistogramFamily(
+  families->push_back(common::HistogramFamily(
       "monsoon_shard_apply_seconds",
       "Time each update took to write the weights (in sync, each step's).", "",
-      {{"", state_->apply_seconds().Read()}}));
-  families.push_back(common::HistogramFamily(
+      {{"", state.apply_seconds().Read()}}));
+  families->push_back(common::HistogramFamily(
       "monsoon_shard_barrier_wait_seconds",
       "Sync only: time from a worker's push to the close of its step (the "
       "barrier), per push-pull.",
-      "", {{"", state_->barrier_wait_seconds().Read()}}));
-  families.push_back(common::HistogramFamily(
+      "", {{"", state.barrier_wait_seconds().Read()}}));
+  families->push_back(common::HistogramFamily(
       "monsoon_shard_staleness_wait_seconds",
       "Bounded staleness (max_staleness) only: time a worker's pull waited "
       "for the slowest live worker.",
-      "", {{"", state_->staleness_wait_seconds().Read()}}));
-  families.push_back(
+      "", {{"", state.staleness_wait_seconds().Read()}}));
+}
+
+// The registered workers and when each last called.
+void AddWorkerFamilies(const ShardState& state,
+                       std::vector<MetricFamily>* families) {
+  families->push_back(
       Gauge("monsoon_shard_registered_workers",
             "Worker ranks registered with this shard that have not left.",
-            static_cast<double>(state_->NumRegistered())));
+            static_cast<double>(state.NumRegistered())));
   std::map<std::string, double> contacts;
-  for (const auto& [rank, when] : state_->LastContacts()) {
+  for (const auto& [rank, when] : state.LastContacts()) {
     contacts[std::to_string(rank)] =
         absl::ToDoubleSeconds(when - absl::UnixEpoch());
   }
-  families.push_back(common::LabeledGauge(
+  families->push_back(common::LabeledGauge(
       "monsoon_shard_worker_last_contact_timestamp_seconds",
       "When each worker rank last called this shard, in seconds since the "
       "Unix epoch (a rank that left is not listed).",
       "rank", contacts));
-  const ShardState::CheckpointStats checkpoints = state_->checkpoint_stats();
-  families.push_back(Gauge(
+}
+
+// When checkpoints were written, how long they took, how many failed.
+void AddCheckpointFamilies(const ShardState& state,
+                           std::vector<MetricFamily>* families) {
+  const ShardState::CheckpointStats checkpoints = state.checkpoint_stats();
+  families->push_back(Gauge(
       "monsoon_shard_last_checkpoint_timestamp_seconds",
       "When the last checkpoint write that succeeded ended, in seconds since "
       "the Unix epoch (0: none in this process).",
@@ -151,13 +164,24 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
           ? 0.0
           : absl::ToDoubleSeconds(checkpoints.last_written -
                                   absl::UnixEpoch())));
-  families.push_back(common::HistogramFamily(
+  families->push_back(common::HistogramFamily(
       "monsoon_shard_checkpoint_seconds",
       "Time each checkpoint write took, failed ones included.", "",
-      {{"", state_->checkpoint_seconds().Read()}}));
-  families.push_back(Counter("monsoon_shard_checkpoint_failures_total",
-                             "Checkpoint writes that failed.",
-                             static_cast<double>(checkpoints.failures)));
+      {{"", state.checkpoint_seconds().Read()}}));
+  families->push_back(Counter("monsoon_shard_checkpoint_failures_total",
+                              "Checkpoint writes that failed.",
+                              static_cast<double>(checkpoints.failures)));
+}
+
+}  // namespace
+
+std::vector<MetricFamily> ShardMetrics::Collect() const {
+  const StatsResponse stats = state_->Stats();
+  std::vector<MetricFamily> families;
+  AddPushFamilies(stats, &families);
+  AddTimingFamilies(*state_, stats, &families);
+  AddWorkerFamilies(*state_, &families);
+  AddCheckpointFamilies(*state_, &families);
   return families;
 }
 
