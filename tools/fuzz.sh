@@ -83,9 +83,10 @@ if [ ! -f "$dir/gen/proto/service.pb.cc" ] || [ -n "$(find proto -name \
 fi
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I. -I"$dir/gen"
        -fsanitize=address,undefined -fno-sanitize-recover=undefined)
-sources=(common/config.cc common/model_config.cc common/data_shape.cc
-         common/idx_reader.cc common/model_layout.cc common/onebit.cc
-         common/wire.cc server/buffer_pool.cc server/checkpoint.cc
+sources=(common/config.cc common/config_resolve.cc common/model_config.cc
+         common/data_shape.cc common/idx_reader.cc common/model_layout.cc
+         common/onebit.cc common/wire.cc common/wire_reader.cc
+         server/buffer_pool.cc server/checkpoint.cc
          server/optimizer.cc server/push_decoder.cc
          "$dir/gen/proto/config.pb.cc" "$dir/gen/proto/service.pb.cc"
          "$dir/gen/proto/checkpoint.pb.cc")
