@@ -47,7 +47,7 @@ class LeasedPush : public PendingCall {
 
 }  // namespace
 
-GradientPusher::GradientPusher(ComputeBackend* backend, PsClient* client,
+GradientPusher::GradientPusher(ComputeBackend* backend, ParameterClient* client,
                                const TrainingConfig& config,
                                WorkerCounters* counters)
     : backend_(backend),
@@ -58,7 +58,7 @@ GradientPusher::GradientPusher(ComputeBackend* backend, PsClient* client,
       counters_(counters) {}
 
 absl::StatusOr<std::unique_ptr<GradientPusher>> GradientPusher::Create(
-    ComputeBackend* backend, PsClient* client, const TrainingConfig& config,
+    ComputeBackend* backend, ParameterClient* client, const TrainingConfig& config,
     WorkerCounters* counters) {
   std::unique_ptr<GradientPusher> pusher(
       new GradientPusher(backend, client, config, counters));

@@ -1,6 +1,6 @@
 // GradientPusher: the one way a training loop pushes. It prepares a push
 // from a gradient (or update) in a ComputeBackend's memory and hands it to
-// PsClient shard by shard, so that shard s's RPC is already under way while
+// client (ParameterClient) shard by shard, so that shard s's RPC is already under way while
 // shard s+1's payload is still being prepared: it copies the slice off the
 // device (float32), or quantizes it to 1 bit on the device with the one
 // residual it keeps there (error feedback, Seide et al. 2014) and copies
@@ -27,7 +27,7 @@
 #include "common/wire.h"
 #include "proto/config.pb.h"
 #include "worker/compute_backend.h"
-#include "worker/ps_client.h"
+#include "worker/parameter_client.h"
 #include "worker/worker_counters.h"
 
 namespace monsoon::worker {
@@ -39,7 +39,7 @@ class GradientPusher {
   // counters->residual_norm at most once a second (a copy of the residual
   // off the device and one pass over it).
   static absl::StatusOr<std::unique_ptr<GradientPusher>> Create(
-      ComputeBackend* backend, PsClient* client, const TrainingConfig& config,
+      ComputeBackend* backend, ParameterClient* client, const TrainingConfig& config,
       WorkerCounters* counters = nullptr);
   ~GradientPusher();
   GradientPusher(const GradientPusher&) = delete;
@@ -51,13 +51,13 @@ class GradientPusher {
   // examples. When it returns, device_grads may be overwritten; the RPCs may
   // still run: Wait() on the result gives their outcome. With `pull`, every
   // shard then answers with the weights of the version that includes the
-  // push (see PsClient::StartPush), and device_grads must stay unchanged
+  // push (see ParameterClient::StartPush), and device_grads must stay unchanged
   // until the push has been waited on (a loop that waits for its weights
   // before it computes again does): a backend in host memory then sends
   // them without a copy. An error here means no more shards were sent;
   // those already sent are waited for first.
   // `sample_offset` is where the pushed examples begin in the rank's data
-  // (PsClient::StartPush).
+  // (ParameterClient::StartPush).
   absl::StatusOr<std::unique_ptr<PendingCall>> Push(
       const float* device_grads, const std::vector<int64_t>& base_versions,
       int64_t samples, int64_t sample_offset, const PullTarget* pull = nullptr);
@@ -68,7 +68,7 @@ class GradientPusher {
   int accumulated_steps() const { return accumulated_steps_; }
 
  private:
-  GradientPusher(ComputeBackend* backend, PsClient* client,
+  GradientPusher(ComputeBackend* backend, ParameterClient* client,
                  const TrainingConfig& config, WorkerCounters* counters);
   // Measures the residual's norm into counters_ if a second has passed.
   absl::Status MeasureResidual();
@@ -79,7 +79,7 @@ class GradientPusher {
                                        bool borrow);
 
   ComputeBackend* const backend_;
-  PsClient* const client_;
+  ParameterClient* const client_;
   const TrainingConfig config_;
   const PushEncoding encoding_;
   const int bucket_size_;

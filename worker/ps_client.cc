@@ -41,13 +41,6 @@ std::shared_ptr<grpc::Channel> MakeChannel(
 }
 
 std::unique_ptr<PendingCall> PsClient::PullAsync(
-    int64_t min_version, absl::Duration timeout, absl::Span<float> params,
-    std::vector<int64_t>* versions) {
-  return PullAsync(std::vector<int64_t>(num_shards(), min_version), timeout,
-                   params, versions);
-}
-
-std::unique_ptr<PendingCall> PsClient::PullAsync(
     const std::vector<int64_t>& min_versions, absl::Duration timeout,
     absl::Span<float> params, std::vector<int64_t>* versions,
     bool params_hold_versions) {
@@ -85,15 +78,6 @@ std::unique_ptr<PendingCall> PsClient::PullAsync(
                   config_.onebit_bucket_size());
   }
   return calls;
-}
-
-absl::Status PsClient::Pull(int64_t min_version, absl::Duration timeout,
-                            absl::Span<float> params,
-                            std::vector<int64_t>* versions,
-                            bool params_hold_versions) {
-  return PullAsync(std::vector<int64_t>(num_shards(), min_version), timeout,
-                   params, versions, params_hold_versions)
-      ->Wait();
 }
 
 class ShardedPushImpl : public ShardedPush {

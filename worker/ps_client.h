@@ -33,6 +33,7 @@
 #include "common/wire.h"
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
+#include "worker/parameter_client.h"
 #include "worker/shard_calls.h"
 
 namespace monsoon::worker {
@@ -63,42 +64,7 @@ struct PsClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
-// One shard's finished push payload: `values` values in `encoding`, as
-// common/wire.h lays them out (common::PayloadBytesFor gives the sizes).
-struct ShardPayload {
-  PushEncoding encoding = ENCODING_FLOAT32;
-  uint64_t values = 0;
-  absl::Span<const uint8_t> data;
-  absl::Span<const uint8_t> scales;  // 1-bit only
-};
-
-// Where the weights go that a push's shards answer with (PushPull: one
-// round trip for a push and the pull after it).
-struct PullTarget {
-  absl::Span<float> params;        // all parameters
-  std::vector<int64_t>* versions;  // gets each shard's version
-  absl::Duration timeout;          // for the push and the wait together
-  // `params` hold exactly the weights of the push's base versions (sync:
-  // those of the last pull into them), so that under pull_compression a
-  // shard may answer with the 1-bit difference from them.
-  bool holds_base_versions = false;
-};
-
-// A push to every shard, handed over one shard at a time: each shard's RPC
-// starts as soon as its payload is given, while the caller prepares the
-// next one (copies it off a GPU, say). Every shard must be sent exactly
-// once; Wait() returns the first error, and a shard never sent fails the
-// push with FAILED_PRECONDITION (no RPC reaches that shard). Payload bytes
-// are borrowed through the push's BufferLease, not copied. One thread at a
-// time.
-class ShardedPush : public PendingCall {
- public:
-  // A payload whose encoding or sizes do not fit the shard and the config
-  // makes the push INVALID_ARGUMENT, and that shard gets nothing.
-  virtual void Send(int shard, const ShardPayload& payload) = 0;
-};
-
-class PsClient {
+class PsClient : public ParameterClient {
  public:
   // Registers with every shard, retrying with backoff while they start.
   // UNAVAILABLE names the address that could not be reached in time;
@@ -116,7 +82,8 @@ class PsClient {
   // that now refuses the client (another config) gets its error. The next
   // push is marked as the repeat of a step (PushHeader.repeat): a sync shard
   // that has its examples keeps the first push even if its values differ.
-  absl::Status Reconnect(absl::Duration timeout, absl::Duration log_every);
+  absl::Status Reconnect(absl::Duration timeout,
+                         absl::Duration log_every) override;
 
   // Tells every shard this worker is done (or stopping): its lease ends now,
   // so that no sync step waits for it and its rank is free at once. One
@@ -138,8 +105,10 @@ class PsClient {
   // returned, after every shard was asked.
   absl::Status CloseRun(absl::Duration timeout);
 
-  int num_shards() const { return static_cast<int>(shards_.size()); }
-  const std::vector<common::ShardRange>& ranges() const { return ranges_; }
+  int num_shards() const override { return static_cast<int>(shards_.size()); }
+  const std::vector<common::ShardRange>& ranges() const override {
+    return ranges_;
+  }
   // Versions the shards reported at registration.
   const std::vector<int64_t>& initial_versions() const {
     return initial_versions_;
@@ -148,36 +117,20 @@ class PsClient {
   // examples the shards had passed at registration (applied, or skipped by
   // sync steps that closed without the rank). The least over the shards,
   // except in sync mode, where it is the most: the step the barrier is at.
-  int64_t applied_samples() const { return applied_samples_; }
+  int64_t applied_samples() const override { return applied_samples_; }
   // Replaces PsClientOptions.stop for the calls started from now on (null:
   // none is cancelled; each still has its deadline).
   void set_stop(const absl::Notification* stop) { stop_ = stop; }
-  const TrainingConfig& config() const { return config_; }
-  // Whether shards may answer pulls with 1-bit differences
-  // (pull_compression ONEBIT).
-  bool pull_onebit() const {
-    return config_.pull_compression() == COMPRESSION_ONEBIT;
-  }
+  const TrainingConfig& config() const override { return config_; }
 
-  // Fills `params` (all parameters) once every shard's version is at least
-  // min_version; versions[s] gets shard s's snapshot version. The call fails
-  // with DEADLINE_EXCEEDED after `timeout`.
-  std::unique_ptr<PendingCall> PullAsync(int64_t min_version,
-                                         absl::Duration timeout,
-                                         absl::Span<float> params,
-                                         std::vector<int64_t>* versions);
-  // The same, with shard s's version at least min_versions[s].
-  // With `params_hold_versions`, `params` hold exactly the weights of the
-  // versions in *versions (those of the last pull into them): under
-  // pull_compression a shard then sends the 1-bit difference from them,
-  // which is added in place.
+  using ParameterClient::Pull;
+  using ParameterClient::PullAsync;
+  // See ParameterClient; under pull_compression, a shard sends the 1-bit
+  // difference from the weights `params` hold, added in place.
   std::unique_ptr<PendingCall> PullAsync(
       const std::vector<int64_t>& min_versions, absl::Duration timeout,
       absl::Span<float> params, std::vector<int64_t>* versions,
-      bool params_hold_versions = false);
-  absl::Status Pull(int64_t min_version, absl::Duration timeout,
-                    absl::Span<float> params, std::vector<int64_t>* versions,
-                    bool params_hold_versions = false);
+      bool params_hold_versions = false) override;
 
   // A push computed from base_versions[s] on shard s, summarizing `samples`
   // examples, handed over shard by shard (see ShardedPush). Payload bytes
@@ -193,7 +146,8 @@ class PsClient {
   std::unique_ptr<ShardedPush> StartPush(
       const std::vector<int64_t>& base_versions, int64_t samples,
       int64_t sample_offset, common::BufferLease* lease,
-      std::vector<PushResponse>* results, const PullTarget* pull = nullptr);
+      std::vector<PushResponse>* results,
+      const PullTarget* pull = nullptr) override;
 
   // Pushes float32 `grads` (all parameters) and waits: a convenience for
   // tools and tests over StartPush, whose sample offsets follow on from
@@ -206,8 +160,8 @@ class PsClient {
   absl::StatusOr<std::vector<StatsResponse>> Stats(absl::Duration timeout);
 
   // Serialized bytes this client has sent in pushes and received in pulls.
-  int64_t bytes_pushed() const { return bytes_pushed_.load(); }
-  int64_t bytes_pulled() const { return bytes_pulled_.load(); }
+  int64_t bytes_pushed() const override { return bytes_pushed_.load(); }
+  int64_t bytes_pulled() const override { return bytes_pulled_.load(); }
 
   using Shard = ShardConnection;
 

@@ -21,16 +21,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "proto/service.grpc.pb.h"
+#include "worker/parameter_client.h"
 
 namespace monsoon::worker {
-
-// One request to every shard; Wait() returns the first error, naming the
-// shard and its address.
-class PendingCall {
- public:
-  virtual ~PendingCall() = default;
-  virtual absl::Status Wait() = 0;
-};
 
 // One shard's connection.
 struct ShardConnection {

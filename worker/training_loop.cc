@@ -118,7 +118,7 @@ absl::Status RidingOut(const WorkerContext& c,
   return status;
 }
 
-void PlaceWorker(const PsClient& client, const TrainingConfig& config,
+void PlaceWorker(const ParameterClient& client, const TrainingConfig& config,
                  bool resume, WorkerContext* context) {
   if (resume) {
     context->resume_steps =

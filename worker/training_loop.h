@@ -19,7 +19,7 @@
 #include "proto/config.pb.h"
 #include "worker/dataset.h"
 #include "worker/model/model.h"
-#include "worker/ps_client.h"
+#include "worker/parameter_client.h"
 #include "worker/worker_counters.h"
 
 namespace monsoon::worker {
@@ -42,7 +42,7 @@ struct WorkerContext {
   int num_workers = 1;
   const Dataset* train = nullptr;
   Model* model = nullptr;
-  PsClient* client = nullptr;
+  ParameterClient* client = nullptr;
   // Progress lines every this often (0: never).
   absl::Duration log_interval = absl::Seconds(5);
   // Notified by another thread to stop early (the loop then returns
@@ -80,7 +80,7 @@ struct WorkerContext {
 bool ShardLost(const WorkerContext& context, const absl::Status& status);
 
 // Waits for a lost shard: logs it, then reconnects to every shard
-// (PsClient::Reconnect) for up to the context's shard_lost_timeout, logging
+// (ParameterClient::Reconnect) for up to the context's shard_lost_timeout, logging
 // while it waits. OK once every shard answers again: the loop then pulls
 // afresh and repeats its step (a push the shards already applied is
 // answered as a duplicate). Otherwise the error, saying which shard was
@@ -97,12 +97,12 @@ absl::Status RidingOut(const WorkerContext& context,
                        const std::function<absl::Status()>& resync);
 
 // Where a worker's data starts, from what the servers reported at
-// registration (PsClient::applied_samples): with `resume`, after the steps
+// registration (ParameterClient::applied_samples): with `resume`, after the steps
 // of this rank that every shard has applied (none in a fresh run), its
 // example offsets continuing from there; without, the whole run again, its
 // examples numbered after those applied so that the shards take them as
 // new. Sets the context's resume_steps and sample_origin.
-void PlaceWorker(const PsClient& client, const TrainingConfig& config,
+void PlaceWorker(const ParameterClient& client, const TrainingConfig& config,
                  bool resume, WorkerContext* context);
 
 class TrainingLoop {

@@ -14,7 +14,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "proto/metrics.pb.h"
-#include "worker/ps_client.h"
+#include "worker/parameter_client.h"
 #include "worker/training_loop.h"
 #include "worker/worker_counters.h"
 
@@ -23,14 +23,14 @@ namespace monsoon::worker {
 class WorkerMetrics : public prometheus::Collectable {
  public:
   // Neither is owned; both must outlive this.
-  WorkerMetrics(const WorkerCounters* counters, const PsClient* client)
+  WorkerMetrics(const WorkerCounters* counters, const ParameterClient* client)
       : counters_(counters), client_(client) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   const WorkerCounters* const counters_;
-  const PsClient* const client_;
+  const ParameterClient* const client_;
 };
 
 // The evaluator's metrics: its last point of the curve (Record), served at
