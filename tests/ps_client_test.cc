@@ -634,8 +634,14 @@ class SyncTwoWorkersTest : public ::testing::Test {
 TEST_F(SyncTwoWorkersTest, SyncPushPullWaitsForTheBarrier) {
   const std::vector<float> threes(53, 3.0f);
   std::unique_ptr<ShardedPush> push = Worker0PushesStepZero(absl::Seconds(30));
-  // Worker 0's answer waits for step 0 to close, which needs worker 1.
-  absl::SleepFor(absl::Milliseconds(200));
+  // Worker 0's answer waits for step 0 to close, which needs worker 1: once
+  // both shards hold worker 0's push, the step is still open.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while ((servers[0]->state()->Stats().pushes() < 1 ||
+          servers[1]->state()->Stats().pushes() < 1) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
                        worker0->Stats(absl::Seconds(30)));
   EXPECT_EQ(stats[0].version(), 0);
@@ -662,7 +668,13 @@ TEST_F(SyncTwoWorkersTest,
     std::unique_ptr<ShardedPush> push = worker1->StartPush(
         {0, 0}, 1, /*sample_offset=*/0, &lease1, &answers, nullptr);
     push->Send(1, Float32(absl::MakeConstSpan(ones).subspan(26)));
-    absl::SleepFor(absl::Milliseconds(200));
+    // Held by shard 1's step before the push goes out of scope.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (servers[1]->state()->Stats().pushes() < 1 &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(servers[1]->state()->Stats().pushes(), 1);
   }
   std::unique_ptr<ShardedPush> push = Worker0PushesStepZero(absl::Seconds(60));
   // Shard 1's step 0 closes and it answers; shard 0's waits for worker 1.
