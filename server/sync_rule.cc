@@ -234,6 +234,13 @@ class SyncRule : public UpdateRule {
       return false;
     }
     state_->PassOver(push.worker_rank, push.sample_offset, push.samples);
+    common::Log(
+        "shard %d: passed over rank %d's repeated examples [%d, %d) at step "
+        "%d: this shard went back to a checkpoint before them (rank %d "
+        "resumes at %d)",
+        state_->shard(), push.worker_rank, push.sample_offset,
+        push.sample_offset + push.samples, weights_->version(),
+        push.worker_rank, push.resume_point);
     return true;
   }
 

@@ -631,6 +631,7 @@ TEST_P(ShardRestartTest, WorkersRideOutAShardRestartWithNoBatchAppliedTwice) {
     EXPECT_EQ(stats[1].sample_position_by_worker().at(w), 40000) << w;
   }
   EXPECT_EQ(stats[0].rejected_pushes(), 0);
+  EXPECT_THAT(stats[0].rejected_pushes_by_code(), testing::IsEmpty());
 
   // And the model trained as well as without the failure.
   auto backend = worker::MakeCpuBackend(1);
