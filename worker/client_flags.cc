@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/daemon.h"
 #include "common/tls.h"
@@ -126,6 +127,19 @@ absl::StatusOr<std::unique_ptr<PsClient>> ConnectWithClientFlags(
                      : common::kExitFailure;
   }
   return client;
+}
+
+PsClientOptions ObserverOptions(const std::string& servers,
+                                const TrainingConfig& config,
+                                const absl::Notification* stop) {
+  PsClientOptions options;
+  options.server_addresses =
+      absl::StrSplit(servers, ',', absl::SkipWhitespace());
+  options.config = config;
+  options.worker_rank = -1;
+  options.stop = stop;
+  options.log_every = absl::Seconds(10);
+  return options;
 }
 
 }  // namespace monsoon::worker

@@ -46,6 +46,13 @@ bool RefusedForHowItWasStarted(const absl::Status& connect);
 absl::StatusOr<std::unique_ptr<PsClient>> ConnectWithClientFlags(
     PsClientOptions options, int* exit_code);
 
+// The options of a client of rank -1 (an evaluator, the run's finisher) of
+// `servers` (comma-separated host:port, in shard order), stopped by `stop`,
+// logging every 10 s what it waits for.
+PsClientOptions ObserverOptions(const std::string& servers,
+                                const TrainingConfig& config,
+                                const absl::Notification* stop);
+
 }  // namespace monsoon::worker
 
 #endif  // MONSOON_WORKER_CLIENT_FLAGS_H_

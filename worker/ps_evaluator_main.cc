@@ -15,7 +15,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/daemon.h"
@@ -252,16 +251,11 @@ int main(int argc, char** argv) {
   auto model = monsoon::worker::Model::Create(
       backend->get(), monsoon::common::ModelLayout::FromConfig(*config), 500);
   if (!model.ok()) return Fail(kExitFailure, model.status());
-  monsoon::worker::PsClientOptions options;
-  options.server_addresses =
-      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
-  options.config = *config;
-  options.worker_rank = -1;
-  options.stop = &termination->terminated();
-  options.log_every = absl::Seconds(10);
   int connect_error = kExitFailure;
-  auto client =
-      monsoon::worker::ConnectWithClientFlags(options, &connect_error);
+  auto client = monsoon::worker::ConnectWithClientFlags(
+      monsoon::worker::ObserverOptions(absl::GetFlag(FLAGS_servers), *config,
+                                       &termination->terminated()),
+      &connect_error);
   if (!client.ok()) return Fail(connect_error, client.status());
   // SIGTERM asks for one last evaluation: its calls must not be cancelled by
   // it (each has a deadline).

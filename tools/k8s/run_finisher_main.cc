@@ -10,7 +10,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/daemon.h"
 #include "common/log.h"
@@ -118,16 +117,11 @@ int main(int argc, char** argv) {
                          (*metrics)->port());
   }
 
-  monsoon::worker::PsClientOptions options;
-  options.server_addresses =
-      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipWhitespace());
-  options.config = *config;
-  options.worker_rank = -1;
-  options.stop = &termination->terminated();
-  options.log_every = absl::Seconds(10);
   int connect_error = kExitFailure;
-  auto client =
-      monsoon::worker::ConnectWithClientFlags(options, &connect_error);
+  auto client = monsoon::worker::ConnectWithClientFlags(
+      monsoon::worker::ObserverOptions(absl::GetFlag(FLAGS_servers), *config,
+                                       &termination->terminated()),
+      &connect_error);
   if (!client.ok()) return Fail(connect_error, client.status());
   absl::Status finished = monsoon::tools::FinishRun(client->get(), finish);
   if (!finished.ok()) return Fail(kExitFailure, finished);
