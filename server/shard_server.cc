@@ -202,15 +202,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
 
 absl::Status ShardServer::BuildCore(const ShardServerOptions& options,
                                     const common::ModelLayout& layout) {
-  const common::ShardRange range = common::ShardRangeFor(
-      layout.num_params(), options.num_shards, options.shard);
   state_ = std::make_unique<ShardState>(layout, options.config.seed(),
                                         options.shard, options.num_shards);
   state_->set_lease(options.lease);
   state_->SetNumWorkers(options.num_workers);
   if (std::optional<StalenessBound> bound =
-          MakePolicies(options.config, options.num_workers, range.size())
-              .staleness_bound;
+          StalenessBoundFor(options.config, options.num_workers);
       bound.has_value()) {
     state_->SetStalenessBound(*std::move(bound));
   }

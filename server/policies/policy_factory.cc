@@ -6,12 +6,20 @@
 
 namespace monsoon::server {
 
+std::optional<StalenessBound> StalenessBoundFor(const TrainingConfig& resolved,
+                                                int num_workers) {
+  if (!resolved.has_max_staleness()) return std::nullopt;
+  return StalenessBound(resolved.max_staleness(), num_workers,
+                        resolved.batch_size());
+}
+
 ShardPolicies MakePolicies(const TrainingConfig& resolved, int num_workers,
                            uint64_t shard_size) {
   ShardPolicies policies;
-  if (resolved.has_max_staleness()) {
-    policies.staleness_bound.emplace(resolved.max_staleness(), num_workers,
-                                     resolved.batch_size());
+  if (std::optional<StalenessBound> bound =
+          StalenessBoundFor(resolved, num_workers);
+      bound.has_value()) {
+    policies.staleness_bound.emplace(*bound);
   }
   policies.staleness_rate = StalenessAwareRate(resolved.staleness_lr());
   if (resolved.delay_compensation() > 0) {

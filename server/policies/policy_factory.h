@@ -40,6 +40,10 @@ struct ShardPolicies {
 ShardPolicies MakePolicies(const TrainingConfig& resolved, int num_workers,
                            uint64_t shard_size);
 
+// The bound of `resolved` (max_staleness), alone: what ShardState holds.
+std::optional<StalenessBound> StalenessBoundFor(const TrainingConfig& resolved,
+                                                int num_workers);
+
 // RESOURCE_EXHAUSTED, saying what keeps what and what to do instead, when
 // the shard-sized arrays that `resolved`'s policies keep per worker do not
 // fit `memory` bytes next to the `needed` bytes the shard holds anyway (0
