@@ -20,9 +20,10 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
 
 // ---------------------------------------------------------------------------
 // What ResolveConfig reads from tables: each mode's defaults, and which
-// options each mode takes. A new mode is a row of kModeDefaults (and its bit
-// in the rows of the options only some modes take); a new option that only
-// some modes take is a row of kModeOptions.
+// options each mode takes. A new mode is a row of kModeDefaults (and its
+// line in common/modes.def; a mode takes every option unless a row of
+// kModeOptions leaves its bit out); a new option that only some modes take
+// is a row of kModeOptions.
 
 // A set of modes, one bit per Mode.
 using ModeSet = uint32_t;

@@ -102,6 +102,7 @@ class DownpourRule : public SerialRule {
 }  // namespace
 
 std::unique_ptr<UpdateRule> MakeDownpourRule(const TrainingConfig& resolved,
+                                             int num_workers,
                                              ShardState* state) {
   return std::make_unique<DownpourRule>(
       resolved, state, MakePolicies(resolved, 0, state->size()));

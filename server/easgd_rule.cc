@@ -38,7 +38,8 @@ class EasgdRule : public SerialRule {
 
 }  // namespace
 
-std::unique_ptr<UpdateRule> MakeEasgdRule(ShardState* state) {
+std::unique_ptr<UpdateRule> MakeEasgdRule(const TrainingConfig& resolved,
+                                          int num_workers, ShardState* state) {
   return std::make_unique<EasgdRule>(state);
 }
 

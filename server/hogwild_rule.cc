@@ -40,7 +40,8 @@ class HogwildRule : public UpdateRule {
  public:
   HogwildRule(const TrainingConfig& resolved, ShardState* state)
       : learning_rate_(resolved.learning_rate()),
-        staleness_rate_(MakePolicies(resolved, 0, state->size()).staleness_rate),
+        staleness_rate_(
+            MakePolicies(resolved, 0, state->size()).staleness_rate),
         state_(state),
         live_(state->InitialWeights()) {
     absl::MutexLock lock(&bound_mu_);
@@ -194,6 +195,7 @@ class HogwildRule : public UpdateRule {
 }  // namespace
 
 std::unique_ptr<UpdateRule> MakeHogwildRule(const TrainingConfig& resolved,
+                                            int num_workers,
                                             ShardState* state) {
   return std::make_unique<HogwildRule>(resolved, state);
 }

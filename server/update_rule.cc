@@ -146,15 +146,11 @@ absl::StatusOr<std::shared_ptr<Weights>> RestoreWeightsAndOptimizer(
 std::unique_ptr<UpdateRule> MakeUpdateRule(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state) {
   switch (resolved.mode()) {
-    case SYNC:
-      return MakeSyncRule(resolved, num_workers, state);
-    case DOWNPOUR:
-    case ONEBIT:  // PushDecoder has already decoded the 1-bit payload
-      return MakeDownpourRule(resolved, state);
-    case EASGD:
-      return MakeEasgdRule(state);
-    case HOGWILD:
-      return MakeHogwildRule(resolved, state);
+#define MONSOON_MODE(mode, Impl) \
+  case mode:                     \
+    return Make##Impl##Rule(resolved, num_workers, state);
+#include "common/modes.def"
+#undef MONSOON_MODE
     default:
       return nullptr;
   }

@@ -1,7 +1,7 @@
 // UpdateRule: what a shard does with a push, one implementation per mode
-// (sync_rule.cc, downpour_rule.cc, easgd_rule.cc,
-// hogwild_rule.cc; onebit is downpour after PushDecoder has decoded), chosen by
-// MakeUpdateRule.
+// (sync_rule.cc, downpour_rule.cc, easgd_rule.cc, hogwild_rule.cc; onebit is
+// downpour after PushDecoder has decoded), chosen by MakeUpdateRule from the
+// list in common/modes.def.
 //
 // The service validates every push (length, shard, worker rank, finite
 // values) before a rule sees it; a rule that still refuses one returns an
@@ -260,14 +260,15 @@ class SerialRule : public UpdateRule {
 std::unique_ptr<UpdateRule> MakeUpdateRule(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state);
 
-// Each mode's constructor, for tests and the factory.
-std::unique_ptr<UpdateRule> MakeSyncRule(const TrainingConfig& resolved,
-                                         int num_workers, ShardState* state);
-std::unique_ptr<UpdateRule> MakeDownpourRule(const TrainingConfig& resolved,
-                                             ShardState* state);
-std::unique_ptr<UpdateRule> MakeEasgdRule(ShardState* state);
-std::unique_ptr<UpdateRule> MakeHogwildRule(const TrainingConfig& resolved,
-                                            ShardState* state);
+// Each mode's constructor (common/modes.def), for tests and the factory:
+// std::unique_ptr<UpdateRule> MakeSyncRule(const TrainingConfig& resolved,
+//                                          int num_workers, ShardState* state);
+// and so on.
+#define MONSOON_MODE(mode, Impl)                \
+  std::unique_ptr<UpdateRule> Make##Impl##Rule( \
+      const TrainingConfig& resolved, int num_workers, ShardState* state);
+#include "common/modes.def"
+#undef MONSOON_MODE
 
 }  // namespace monsoon::server
 

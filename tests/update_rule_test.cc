@@ -173,8 +173,7 @@ TEST_F(SyncRuleTest, ARepeatedStepThatTheShardLostIsPassedOverNotPaired) {
     p.data.resume_point = repeat ? 104 : 0;
     return p;
   };
-  ASSERT_OK_AND_ASSIGN(PushResult lost,
-                       rule_->Apply(push(1, 100, true, 9.0f)));
+  ASSERT_OK_AND_ASSIGN(PushResult lost, rule_->Apply(push(1, 100, true, 9.0f)));
   EXPECT_TRUE(lost.duplicate);
   EXPECT_EQ(lost.version, 0);
   EXPECT_EQ(state_.SamplePosition(1), 104);
@@ -428,8 +427,7 @@ TEST_F(SyncRuleTest, ASecondPushWithOtherValuesOrExamplesIsRefused) {
   // has them; the first push stays.
   OwnedPush repeat = other_values;
   repeat.data.repeat = true;
-  EXPECT_THAT(rule_->Apply(repeat),
-              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(rule_->Apply(repeat), StatusIs(absl::StatusCode::kAlreadyExists));
   // The same examples from a restarted process (a new session), computed
   // again: the step has them; the first push stays.
   OwnedPush restarted = other_values;
@@ -459,9 +457,9 @@ TEST_F(SyncRuleTest, StalePushIsAbortedAndLeavesWeightsUnchanged) {
 }
 
 TEST_F(SyncRuleTest, PushFromAFutureVersionIsAbortedAndLeavesWeightsUnchanged) {
-  EXPECT_THAT(rule_->Apply(MakePush(0, 5, Filled(100.0f))),
-              StatusIs(absl::StatusCode::kAborted,
-                       HasSubstr("only at version 0")));
+  EXPECT_THAT(
+      rule_->Apply(MakePush(0, 5, Filled(100.0f))),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("only at version 0")));
   EXPECT_EQ(Weights(*rule_), initial_);
   EXPECT_EQ(state_.version(), 0);
   EXPECT_EQ(state_.Stats().pushes(), 0);
@@ -516,7 +514,7 @@ class DownpourRuleTest : public testing::Test {
             "layer_sizes: [3, 2] mode: DOWNPOUR learning_rate: 0.1 "
             "adagrad_initial_accumulator: 0.1")),
         state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
-        rule_(MakeDownpourRule(config_, &state_)),
+        rule_(MakeDownpourRule(config_, /*num_workers=*/2, &state_)),
         initial_(Weights(*rule_)) {}
 
   TrainingConfig config_;
@@ -610,7 +608,8 @@ TEST(DownpourStalenessTest, TheStalenessAwareRateDividesTheRateByTheStaleness) {
       "staleness_lr: true");
   ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
                    1);
-  std::unique_ptr<UpdateRule> rule = MakeDownpourRule(config, &state);
+  std::unique_ptr<UpdateRule> rule =
+      MakeDownpourRule(config, /*num_workers=*/2, &state);
   std::vector<float> expected = Weights(*rule);
   ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());  // s = 0
   ASSERT_OK(rule->Apply(MakePush(0, 1, Filled(1.0f))).status());  // s = 0
@@ -633,7 +632,8 @@ TEST(DownpourStalenessTest, TheStalenessAwareRateLeavesAdagradsSumAsItIs) {
       "adagrad_initial_accumulator: 0.1 staleness_lr: true");
   ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
                    1);
-  std::unique_ptr<UpdateRule> rule = MakeDownpourRule(config, &state);
+  std::unique_ptr<UpdateRule> rule =
+      MakeDownpourRule(config, /*num_workers=*/2, &state);
   std::vector<float> expected = Weights(*rule);
   ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
   ASSERT_OK(rule->Apply(MakePush(0, 1, Filled(1.0f))).status());
@@ -654,7 +654,8 @@ TEST(DownpourStalenessTest, DelayCompensationUsesWhatTheWorkerLastPulled) {
       "delay_compensation: 0.25");
   ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
                    1);
-  std::unique_ptr<UpdateRule> rule = MakeDownpourRule(config, &state);
+  std::unique_ptr<UpdateRule> rule =
+      MakeDownpourRule(config, /*num_workers=*/2, &state);
   const std::vector<float> w0 = Weights(*rule);
   // Both workers pull version 0.
   rule->Pulled(0, rule->Snapshot());
@@ -692,7 +693,8 @@ TEST(DownpourStalenessTest, ACompensationThatWouldOverflowIsRefused) {
       "delay_compensation: 1");
   ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
                    1);
-  std::unique_ptr<UpdateRule> rule = MakeDownpourRule(config, &state);
+  std::unique_ptr<UpdateRule> rule =
+      MakeDownpourRule(config, /*num_workers=*/2, &state);
   rule->Pulled(1, rule->Snapshot());
   ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
   const std::vector<float> before = Weights(*rule);
@@ -709,9 +711,9 @@ TEST_F(DownpourRuleTest,
        PushFromAFutureVersionIsAbortedAndLeavesWeightsUnchanged) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(1.0f))).status());
   const std::vector<float> before = Weights(*rule_);
-  EXPECT_THAT(rule_->Apply(MakePush(1, 2, Filled(1.0f))),
-              StatusIs(absl::StatusCode::kAborted,
-                       HasSubstr("only at version 1")));
+  EXPECT_THAT(
+      rule_->Apply(MakePush(1, 2, Filled(1.0f))),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("only at version 1")));
   EXPECT_EQ(Weights(*rule_), before);
   EXPECT_EQ(state_.version(), 1);
   EXPECT_EQ(state_.Stats().pushes(), 1);
@@ -838,7 +840,7 @@ class EasgdRuleTest : public testing::Test {
   EasgdRuleTest()
       : config_(ResolvedConfig("layer_sizes: [3, 2] mode: EASGD")),
         state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
-        rule_(MakeEasgdRule(&state_)),
+        rule_(MakeEasgdRule(config_, /*num_workers=*/2, &state_)),
         initial_(Weights(*rule_)) {}
 
   TrainingConfig config_;
@@ -862,9 +864,9 @@ TEST_F(EasgdRuleTest, AddsEachElasticDifferenceToTheCenter) {
   for (float& v : expected) v = v + 0.5f + -0.25f;
   EXPECT_EQ(Weights(*rule_), expected);
 
-  EXPECT_THAT(rule_->Apply(MakePush(0, 3, Filled(1.0f))),
-              StatusIs(absl::StatusCode::kAborted,
-                       HasSubstr("only at version 2")));
+  EXPECT_THAT(
+      rule_->Apply(MakePush(0, 3, Filled(1.0f))),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("only at version 2")));
   EXPECT_EQ(Weights(*rule_), expected);
   EXPECT_THAT(state_.Stats().staleness_counts(), ElementsAre(1, 1));
 }
@@ -886,7 +888,7 @@ class HogwildRuleTest : public testing::Test {
       : config_(ResolvedConfig(
             "layer_sizes: [3, 2] mode: HOGWILD learning_rate: 0.5")),
         state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
-        rule_(MakeHogwildRule(config_, &state_)),
+        rule_(MakeHogwildRule(config_, /*num_workers=*/2, &state_)),
         initial_(Weights(*rule_)) {}
 
   TrainingConfig config_;
@@ -906,9 +908,9 @@ TEST_F(HogwildRuleTest, AppliesPlainSgdAtOnce) {
   for (float& v : expected) v -= 0.5f * 2.0f;
   EXPECT_EQ(Weights(*rule_), expected);
 
-  EXPECT_THAT(rule_->Apply(MakePush(1, 2, Filled(1.0f))),
-              StatusIs(absl::StatusCode::kAborted,
-                       HasSubstr("only at version 1")));
+  EXPECT_THAT(
+      rule_->Apply(MakePush(1, 2, Filled(1.0f))),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("only at version 1")));
   EXPECT_EQ(Weights(*rule_), expected);
 
   const WeightsPtr snapshot = rule_->Snapshot();
@@ -921,7 +923,8 @@ TEST_F(HogwildRuleTest, TheStalenessAwareRateDividesTheRateByTheStaleness) {
   config.set_staleness_lr(true);
   ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
                    1);
-  std::unique_ptr<UpdateRule> rule = MakeHogwildRule(config, &state);
+  std::unique_ptr<UpdateRule> rule =
+      MakeHogwildRule(config, /*num_workers=*/2, &state);
   std::vector<float> expected = Weights(*rule);
   ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
   ASSERT_OK(rule->Apply(MakePush(0, 1, Filled(1.0f))).status());

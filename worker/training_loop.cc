@@ -12,15 +12,11 @@ namespace monsoon::worker {
 
 std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode) {
   switch (mode) {
-    case SYNC:
-      return MakeSyncLoop();
-    case DOWNPOUR:
-    case ONEBIT:  // its GradientPusher quantizes the pushes
-      return MakeDownpourLoop();
-    case EASGD:
-      return MakeEasgdLoop();
-    case HOGWILD:
-      return MakeHogwildLoop();
+#define MONSOON_MODE(mode, Impl) \
+  case mode:                     \
+    return Make##Impl##Loop();
+#include "common/modes.def"
+#undef MONSOON_MODE
     default:
       return nullptr;
   }

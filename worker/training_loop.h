@@ -80,9 +80,9 @@ struct WorkerContext {
 bool ShardLost(const WorkerContext& context, const absl::Status& status);
 
 // Waits for a lost shard: logs it, then reconnects to every shard
-// (ParameterClient::Reconnect) for up to the context's shard_lost_timeout, logging
-// while it waits. OK once every shard answers again: the loop then pulls
-// afresh and repeats its step (a push the shards already applied is
+// (ParameterClient::Reconnect) for up to the context's shard_lost_timeout,
+// logging while it waits. OK once every shard answers again: the loop then
+// pulls afresh and repeats its step (a push the shards already applied is
 // answered as a duplicate). Otherwise the error, saying which shard was
 // lost and for how long.
 absl::Status RideOut(const WorkerContext& context, const absl::Status& lost);
@@ -97,8 +97,8 @@ absl::Status RidingOut(const WorkerContext& context,
                        const std::function<absl::Status()>& resync);
 
 // Where a worker's data starts, from what the servers reported at
-// registration (ParameterClient::applied_samples): with `resume`, after the steps
-// of this rank that every shard has applied (none in a fresh run), its
+// registration (ParameterClient::applied_samples): with `resume`, after the
+// steps of this rank that every shard has applied (none in a fresh run), its
 // example offsets continuing from there; without, the whole run again, its
 // examples numbered after those applied so that the shards take them as
 // new. Sets the context's resume_steps and sample_origin.
@@ -113,12 +113,13 @@ class TrainingLoop {
   virtual absl::StatusOr<WorkerResult> Run(const WorkerContext& context) = 0;
 };
 
-// The loop for `mode`, or nullptr for a mode not built.
+// The loop for `mode` (common/modes.def), or nullptr for a mode not built.
 std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode);
-std::unique_ptr<TrainingLoop> MakeSyncLoop();
-std::unique_ptr<TrainingLoop> MakeDownpourLoop();  // also onebit's
-std::unique_ptr<TrainingLoop> MakeEasgdLoop();
-std::unique_ptr<TrainingLoop> MakeHogwildLoop();
+// Each mode's loop: std::unique_ptr<TrainingLoop> MakeSyncLoop(); and so on.
+#define MONSOON_MODE(mode, Impl) \
+  std::unique_ptr<TrainingLoop> Make##Impl##Loop();
+#include "common/modes.def"
+#undef MONSOON_MODE
 
 // The batches of one worker: config.epochs passes over its partition, each
 // shuffled from (seed, rank, epoch). Every worker gets the same number of
