@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds Monsoon's libFuzzer targets (tests/fuzz/) with clang and runs each
-# for SECONDS on a scratch copy of its seed corpus (tests/fuzz/corpus/<target>).
+# for SECONDS on a scratch copy of its seed corpus (tests/fuzz/corpus/<target>),
+# as many targets at once as there are cores.
 #
 #   tools/fuzz.sh [SECONDS] [TARGET...]     (default: 30 s, every target)
 #   tools/fuzz.sh --write_seeds             (rewrites the seed corpora)
@@ -134,31 +135,56 @@ build() {  # build NAME SOURCE [DEFINES...]
   "$cxx" "${flags[@]}" -fsanitize=fuzzer "$@" "$src" "${objects[@]}" \
     "${libs[@]}" -o "$dir/bin/$name"
 }
-for t in "${targets[@]}"; do
-  case "$t" in
+build_target() {  # build_target TARGET
+  case "$1" in
     push_decoder) build push_decoder tests/fuzz/push_decoder_fuzzer.cc ;;
     onebit_push)
       build onebit_push tests/fuzz/push_decoder_fuzzer.cc -DMONSOON_FUZZ_ONEBIT ;;
     config) build config tests/fuzz/config_fuzzer.cc ;;
     checkpoint) build checkpoint tests/fuzz/checkpoint_fuzzer.cc ;;
   esac
-done
-
-failed=0
-for t in "${targets[@]}"; do
-  corpus="$dir/corpus/$t"
-  artifacts="$dir/artifacts/$t/"
+}
+# Runs TARGET for SECONDS; its exit status goes to $dir/TARGET.rc.
+run_target() {  # run_target TARGET
+  local t=$1 rc
+  local corpus="$dir/corpus/$t" artifacts="$dir/artifacts/$t/"
   mkdir -p "$corpus" "$artifacts"
   cp -n tests/fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null || true
-  log="$dir/$t.log"
   set +e
   ASAN_OPTIONS=allocator_may_return_null=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$dir/bin/$t" -max_total_time="$seconds" -max_len=16384 \
     -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
-    -artifact_prefix="$artifacts" "$corpus" > "$log" 2>&1
+    -artifact_prefix="$artifacts" "$corpus" > "$dir/$t.log" 2>&1
   rc=$?
   set -e
+  echo "$rc" > "$dir/$t.rc"
+}
+# Each fuzzer is one process on one core: the targets are built, then run,
+# as many at a time as there are cores (every target still gets SECONDS of
+# a core to itself).
+each_target() {  # each_target FUNCTION: FUNCTION TARGET for every target
+  local f=$1 t pid status=0
+  local running=()
+  for t in "${targets[@]}"; do
+    "$f" "$t" &
+    running+=($!)
+    if [ ${#running[@]} -ge "$jobs" ]; then
+      wait "${running[0]}" || status=1
+      running=("${running[@]:1}")
+    fi
+  done
+  for pid in "${running[@]+"${running[@]}"}"; do wait "$pid" || status=1; done
+  return "$status"
+}
+each_target build_target
+each_target run_target
+
+failed=0
+for t in "${targets[@]}"; do
+  log="$dir/$t.log"
+  artifacts="$dir/artifacts/$t/"
+  rc=$(cat "$dir/$t.rc")
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
   if [ "$rc" -eq 0 ]; then
     echo "fuzz: $t: clean, $runs executions in ${seconds} s"
