@@ -185,12 +185,16 @@ absl::Status Shard::AdmitPull(const PullRequest& request) {
 
 absl::Status Shard::CheckPushSession(int rank, uint64_t session) {
   absl::Status held = state_->CheckSession(rank, session);
-  if (!held.ok()) state_->RecordRejectedPush(held.code());
+  if (!held.ok()) RejectPush(held);
   return held;
 }
 
-void Shard::RecordRejectedPush(absl::StatusCode code) {
-  state_->RecordRejectedPush(code);
+void Shard::RejectPush(const absl::Status& status) {
+  const int64_t rejected = state_->RecordRejectedPush(status.code());
+  if (rejected <= 10 || (rejected & (rejected - 1)) == 0) {
+    common::LogWarning("shard %d: refused a push (%d so far): %s",
+                       state_->shard(), rejected, status.ToString());
+  }
 }
 
 absl::StatusOr<AppliedPush> Shard::ApplyPush(const PushData& push,
@@ -216,7 +220,7 @@ absl::StatusOr<AppliedPush> Shard::ApplyPush(const PushData& push,
     applied.repeat_in_step = applied.result.duplicate;
     return applied;
   }
-  state_->RecordRejectedPush(code);
+  RejectPush(result.status());
   return result.status();
 }
 

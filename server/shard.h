@@ -70,7 +70,7 @@ class Shard {
 
   // Only the process that holds the rank may push for it: checked as soon
   // as a push's header is in, and again by ApplyPush. A refusal is counted
-  // (RecordRejectedPush).
+  // and logged (RejectPush).
   absl::Status CheckPushSession(int rank, uint64_t session);
 
   // Applies a whole push (its session checked, its rank's lease renewed).
@@ -81,8 +81,10 @@ class Shard {
   // weights. Other refusals are counted.
   absl::StatusOr<AppliedPush> ApplyPush(const PushData& push,
                                         bool answer_repeats);
-  // Counts a push refused before ApplyPush (a bad stream).
-  void RecordRejectedPush(absl::StatusCode code);
+  // Counts a push refused before ApplyPush (a bad stream), and logs why
+  // (the first 10, then the 16th, 32nd, 64th...: a client that sends
+  // nothing but bad pushes cannot flood the log).
+  void RejectPush(const absl::Status& status);
 
   // The version whose weights answer a push-pull: in sync the step's close
   // (the rule answers with the version still collecting until then), in

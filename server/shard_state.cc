@@ -120,8 +120,7 @@ ShardState::Clocks ShardState::ReadClocks(absl::Time now) const {
     absl::MutexLock lock(&stats_mu_);
     applied = applied_samples_;
   }
-  return bound_->Read(applied,
-                      sessions_.LiveRanks(bound_->num_workers(), now));
+  return bound_->Read(applied, sessions_.LiveRanks(bound_->num_workers(), now));
 }
 
 std::vector<ShardState::Waiter> ShardState::TakeReady(const Clocks* clocks) {
@@ -319,10 +318,11 @@ void ShardState::RecordRefusedUpdate() {
   AddSaturating(refused_updates_, 1);
 }
 
-void ShardState::RecordRejectedPush(absl::StatusCode code) {
+int64_t ShardState::RecordRejectedPush(absl::StatusCode code) {
   absl::MutexLock lock(&stats_mu_);
   AddSaturating(rejected_pushes_, 1);
   AddSaturating(rejected_by_code_[absl::StatusCodeToString(code)], 1);
+  return rejected_pushes_;
 }
 
 void ShardState::RecordPulledBytes(int64_t bytes) {

@@ -246,8 +246,8 @@ class ShardState {
   // A sync push of `bytes` on the wire dropped because its step closed
   // without it (backup workers): counted, its bytes with the pushed ones.
   void RecordBackupDrop(int64_t bytes);
-  // A push refused with `code`.
-  void RecordRejectedPush(absl::StatusCode code);
+  // A push refused with `code`; returns the pushes refused so far.
+  int64_t RecordRejectedPush(absl::StatusCode code);
   void RecordPulledBytes(int64_t bytes);
   // The end of a run. The worker count is set before serving, constant
   // after (without it, no rank counts as the last to finish).

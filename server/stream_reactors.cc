@@ -154,7 +154,7 @@ class PushReader {
     absl::Status status = decoder_.Add(*message);
     message->Clear();
     if (!status.ok()) {
-      streams_.shard->RecordRejectedPush(status.code());
+      streams_.shard->RejectPush(status);
       return status;
     }
     if (!session_checked_ && decoder_.has_header()) {
@@ -173,7 +173,7 @@ class PushReader {
   absl::StatusOr<AppliedPush> Apply(bool answer_repeats) {
     absl::StatusOr<PushData> push = decoder_.Finish();
     if (!push.ok()) {
-      streams_.shard->RecordRejectedPush(push.status().code());
+      streams_.shard->RejectPush(push.status());
       return push.status();
     }
     have_version_ = push->have_version;
