@@ -104,6 +104,7 @@ PY
 models="${out}-models"
 "$compare" --model=mlp,lenet --modes=downpour --servers=1 --workers=2 \
   --epochs=2 --data_dir="$bars" --eval_interval_s=0.5 --target=0.9 \
+  --straggler=1:1.5 \
   --report_script="$report" --out_dir="$models" \
   > "$models.log" 2>&1 || { cat "$models.log"; exit 1; }
 /usr/bin/python3 - "$models" <<'PY'
@@ -118,15 +119,30 @@ assert mlp["variant"] == "mlp-downpour", mlp["variant"]
 # The MLP's sizes and LeNet's shape come from the data: 192 values in,
 # 3 classes out.
 assert mlp["config"]["layer_sizes"] == [192, 256, 128, 3], mlp["config"]
-assert mlp["config"]["input_shape"] == "1x1x192", mlp["config"]
-assert lenet["config"]["input_shape"] == "16x12x1", lenet["config"]
-assert lenet["config"]["model"].startswith("conv 5x5x6 pad 2, relu, "
-                                           "max_pool 2"), lenet["config"]
-assert lenet["config"]["model"].endswith("dense 3"), lenet["config"]
+assert mlp["network"]["input_shape"] == "1x1x192", mlp["network"]
+assert lenet["network"]["input_shape"] == "16x12x1", lenet["network"]
+assert lenet["network"]["layers"].startswith("conv 5x5x6 pad 2, relu, "
+                                             "max_pool 2"), lenet["network"]
+assert lenet["network"]["layers"].endswith("dense 3"), lenet["network"]
 # 16x12 -> conv 16x12x6 -> pool 8x6 -> conv 4x2x16 -> pool 2x1x16 = 32
 # values into dense 120.
-assert lenet["config"]["parameters"] == (
-    156 + 2416 + 32 * 120 + 120 + 120 * 84 + 84 + 84 * 3 + 3), lenet["config"]
+assert lenet["network"]["parameters"] == (
+    156 + 2416 + 32 * 120 + 120 + 120 * 84 + 84 + 84 * 3 + 3), lenet["network"]
+# The whole resolved config, defaults included (64-bit integers as strings,
+# as protobuf's JSON mapping writes them), and the comparison's scenario:
+# enough to run it again.
+assert lenet["config"]["layers"][0] == {"conv": {
+    "filters": 6, "kernel": 5, "stride": 1, "padding": 2}}, lenet["config"]
+assert lenet["config"]["input_shape"] == [16, 12, 1], lenet["config"]
+assert lenet["config"]["mode"] == "DOWNPOUR", lenet["config"]
+assert lenet["config"]["backup_workers"] == 0, lenet["config"]
+assert lenet["config"]["seed"] == "1", lenet["config"]
+scenario = results["scenario"]
+assert scenario["stragglers"] == {"1": 1.5}, scenario
+assert scenario["variants"] == ["downpour"], scenario
+assert scenario["models"] == ["mlp", "lenet"], scenario
+assert scenario["servers"] == [1] and scenario["workers"] == [2], scenario
+assert scenario["target_accuracy"] == 0.9, scenario
 for r in results["runs"]:
     assert r["final_test_accuracy"] >= 0.9, (r["name"], r["final_test_accuracy"])
 print("compare_modes_test: mlp and lenet trained on 16x12 images of 3 "

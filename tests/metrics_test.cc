@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 
 namespace monsoon::tools {
@@ -101,6 +102,55 @@ TEST(MetricsTest, StepPhasesAreAnEmptyObjectWithoutPhasesOrCounts) {
   EXPECT_THAT(MetricsJson(run),
               HasSubstr("\"step_phases\": {\"pull\": {\"seconds\": 0, "
                         "\"count\": 0, \"mean_ms\": 0}},\n"));
+}
+
+// The config in metrics.json and results.json is the whole resolved config:
+// what was given (backup_workers: 1 was once missing) and every default.
+TEST(MetricsTest, ConfigJsonIsTheWholeConfigWithItsDefaults) {
+  TrainingConfig config;
+  config.set_mode(SYNC);
+  config.set_backup_workers(1);
+  config.add_layer_sizes(4);
+  config.add_layer_sizes(2);
+  const std::string json = ConfigJson(config);
+  EXPECT_THAT(json, HasSubstr("\"backup_workers\":1"));
+  EXPECT_THAT(json, HasSubstr("\"mode\":\"SYNC\""));
+  EXPECT_THAT(json, HasSubstr("\"layer_sizes\":[4,2]"));
+  EXPECT_THAT(json, HasSubstr("\"seed\":\"1\""));  // a uint64: a string
+
+  // Read back, it is the config with every field present at its value.
+  TrainingConfig read;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &read).ok())
+      << json;
+  const google::protobuf::Descriptor* descriptor = read.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    if (field->is_repeated() ||
+        field->cpp_type() ==
+            google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+      continue;
+    }
+    EXPECT_TRUE(read.GetReflection()->HasField(read, field)) << field->name();
+  }
+  EXPECT_EQ(read.backup_workers(), 1);
+  EXPECT_EQ(read.seed(), config.seed());
+  EXPECT_EQ(read.learning_rate(), config.learning_rate());
+  EXPECT_EQ(read.max_staleness(), config.max_staleness());
+  EXPECT_EQ(read.mode(), SYNC);
+}
+
+TEST(MetricsTest, JsonHasTheNetworkAndTheWholeConfig) {
+  RunMetrics run;
+  run.config.set_mode(DOWNPOUR);
+  run.config.set_backup_workers(1);
+  run.config.add_layer_sizes(4);
+  run.config.add_layer_sizes(2);
+  const std::string json = MetricsJson(run);
+  EXPECT_THAT(json, HasSubstr("  \"network\": {\"layers\": \"dense 2\", "
+                              "\"input_shape\": \"1x1x4\", \"parameters\": 10, "
+                              "\"forward_flops_per_example\": "));
+  EXPECT_THAT(json,
+              HasSubstr("  \"config\": " + ConfigJson(run.config) + ",\n"));
 }
 
 TEST(MetricsTest, JsonHoldsTheDesignFieldsFromStatsAndCurve) {

@@ -310,16 +310,51 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
   return result;
 }
 
+ComparisonScenario ScenarioOf(const ComparisonOptions& options,
+                              const ComparisonResult& result) {
+  ComparisonScenario scenario;
+  for (const Variant& variant : options.variants) {
+    scenario.add_variants(variant.name);
+  }
+  if (options.variants.empty()) {
+    for (Mode mode : options.modes)
+      scenario.add_variants(common::ModeName(mode));
+  }
+  for (Model model : options.models) {
+    scenario.add_models(common::ModelName(model));
+  }
+  for (uint64_t seed : options.seeds) scenario.add_seeds(seed);
+  for (int servers : options.servers) scenario.add_servers(servers);
+  for (int workers : options.workers) scenario.add_workers(workers);
+  for (const auto& [rank, factor] : options.stragglers) {
+    (*scenario.mutable_stragglers())[rank] = factor;
+  }
+  scenario.set_time_limit_s(options.time_limit_s);
+  scenario.set_eval_interval_s(options.eval_interval_s);
+  scenario.set_target_accuracy(options.target_accuracy);
+  scenario.set_link(options.link.has_value() ? options.link->text : "loopback");
+  for (const auto& [rank, rate] : options.worker_rates) {
+    (*scenario.mutable_worker_rates())[rank] = rate;
+  }
+  scenario.set_delay_method(result.delay_method);
+  scenario.set_delay_emulated(result.delay_emulated);
+  scenario.set_chaos(options.chaos);
+  scenario.set_max_restarts(options.max_restarts);
+  scenario.set_tls(!options.tls_dir.empty());
+  return scenario;
+}
+
 std::string ResultsJson(const ComparisonOptions& options,
                         const ComparisonResult& result) {
   std::string json = absl::StrFormat(
       "{\n\"target_accuracy\": %g,\n\"link\": \"%s\",\n"
       "\"chaos\": \"%s\",\n\"delay_emulated\": %s,\n"
-      "\"delay_method\": \"%s\",\n\"runs\": [\n",
+      "\"delay_method\": \"%s\",\n\"scenario\": %s,\n\"runs\": [\n",
       options.target_accuracy,
       options.link.has_value() ? options.link->text : "loopback",
       absl::StrReplaceAll(options.chaos, {{"\\", ""}, {"\"", ""}}),
-      result.delay_emulated ? "true" : "false", result.delay_method);
+      result.delay_emulated ? "true" : "false", result.delay_method,
+      MessageJson(ScenarioOf(options, result)));
   for (size_t i = 0; i < result.runs.size(); ++i) {
     std::string run = MetricsJson(result.runs[i].metrics);
     // Name the run in its object: {"name": "...", ...}.

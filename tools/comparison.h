@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/config.pb.h"
+#include "proto/metrics.pb.h"
 #include "tools/emulated_network.h"
 #include "tools/metrics.h"
 #include "tools/process_supervisor.h"
@@ -102,9 +103,14 @@ struct ComparisonResult {
 absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
                                                ProcessSupervisor* supervisor);
 
-// results.json: {"target_accuracy", "link", "delay_emulated",
-// "delay_method", "runs": [each
-// run's MetricsJson plus "name"]}.
+// What results.json's "scenario" says of `options` and `result`.
+ComparisonScenario ScenarioOf(const ComparisonOptions& options,
+                              const ComparisonResult& result);
+
+// results.json: {"target_accuracy", "link", "chaos", "delay_emulated",
+// "delay_method", "scenario" (ScenarioOf, by MessageJson), "runs": [each
+// run's MetricsJson plus "name", "variant", and with several models or
+// seeds "model" and "seed"]}.
 std::string ResultsJson(const ComparisonOptions& options,
                         const ComparisonResult& result);
 

@@ -30,6 +30,64 @@ std::string JsonQuoted(const std::string& text) {
   return json;
 }
 
+std::string MessageJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options)
+           .ok()) {
+    return "{}";  // only for a string field that is not UTF-8
+  }
+  return json;
+}
+
+std::string ConfigJson(const TrainingConfig& config) {
+  TrainingConfig full = config;
+  const google::protobuf::Reflection* reflection = full.GetReflection();
+  const google::protobuf::Descriptor* descriptor = full.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    if (field->is_repeated() || field->containing_oneof() != nullptr ||
+        reflection->HasField(full, field)) {
+      continue;
+    }
+    using google::protobuf::FieldDescriptor;
+    switch (field->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32:
+        reflection->SetInt32(&full, field, field->default_value_int32());
+        break;
+      case FieldDescriptor::CPPTYPE_INT64:
+        reflection->SetInt64(&full, field, field->default_value_int64());
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        reflection->SetUInt32(&full, field, field->default_value_uint32());
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        reflection->SetUInt64(&full, field, field->default_value_uint64());
+        break;
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        reflection->SetFloat(&full, field, field->default_value_float());
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        reflection->SetDouble(&full, field, field->default_value_double());
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        reflection->SetBool(&full, field, field->default_value_bool());
+        break;
+      case FieldDescriptor::CPPTYPE_ENUM:
+        reflection->SetEnum(&full, field, field->default_value_enum());
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        reflection->SetString(&full, field, field->default_value_string());
+        break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        break;  // a message left out stays out
+    }
+  }
+  return MessageJson(full);
+}
+
 std::vector<int64_t> MergeStalenessCounts(
     const std::vector<StatsResponse>& shards) {
   std::vector<int64_t> counts;
@@ -161,19 +219,11 @@ std::string MetricsJson(const RunMetrics& run) {
   }
   json += "},\n";
   absl::StrAppend(
-      &json, "  \"config\": {\"layer_sizes\": [",
-      absl::StrJoin(c.layer_sizes(), ", "),
-      "], \"model\": ", JsonQuoted(layout.Describe()),
+      &json, "  \"network\": {\"layers\": ", JsonQuoted(layout.Describe()),
       ", \"input_shape\": ", JsonQuoted(common::ShapeString(layout.input())),
       ", \"parameters\": ", layout.num_params(),
-      ", \"forward_flops_per_example\": ", layout.ForwardFlops(),
-      ", \"optimizer\": \"", common::OptimizerName(c.optimizer()),
-      "\", \"learning_rate\": ", Number(c.learning_rate()),
-      ", \"momentum\": ", Number(c.momentum()),
-      ", \"local_learning_rate\": ", Number(c.local_learning_rate()),
-      ", \"batch_size\": ", c.batch_size(), ", \"n_fetch\": ", c.n_fetch(),
-      ", \"n_push\": ", c.n_push(), ", \"epochs\": ", c.epochs(),
-      ", \"seed\": ", c.seed(), "},\n");
+      ", \"forward_flops_per_example\": ", layout.ForwardFlops(), "},\n");
+  absl::StrAppend(&json, "  \"config\": ", ConfigJson(c), ",\n");
   json += "  \"curve\": [";
   for (int i = 0; i < run.curve.points_size(); ++i) {
     const EvalPoint& p = run.curve.points(i);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "google/protobuf/message.h"
 #include "proto/config.pb.h"
 #include "proto/metrics.pb.h"
 #include "proto/service.pb.h"
@@ -77,6 +78,16 @@ void AddWorkerPhases(const WorkerReport& report, RunMetrics* run);
 // it).
 std::string JsonQuoted(const std::string& text);
 
+// `message` as one JSON object, by protobuf's JSON printer: field names as
+// in the .proto, every field present (zeros and empty lists too), enums by
+// name; 64-bit integers are strings, as protobuf's JSON mapping writes them.
+std::string MessageJson(const google::protobuf::Message& message);
+
+// The resolved config as MessageJson writes it, with every field of
+// proto/config.proto: one left at its default is written with its default
+// (the JSON says what the run used, not only what was given).
+std::string ConfigJson(const TrainingConfig& config);
+
 // The JSON object: mode, servers, workers, wall_time_s, train_time_s,
 // samples (trained in this run), samples_per_s (samples / train_time_s),
 // final_test_accuracy, final_test_loss, bytes_pushed,
@@ -91,7 +102,9 @@ std::string JsonQuoted(const std::string& text);
 // summed over shards, the last entry counting every push at least that
 // stale), step_phases {PHASE: {seconds, count, mean_ms}, ...} (summed over
 // the workers' reports, mean_ms = 1000 * seconds / count; {} when no report
-// has phases), config {...}, curve [{time_s, samples, test_accuracy, test_loss,
+// has phases), network {layers (ModelLayout::Describe), input_shape,
+// parameters, forward_flops_per_example}, config {the whole resolved config:
+// ConfigJson}, curve [{time_s, samples, test_accuracy, test_loss,
 // bytes_pushed, bytes_pulled}, ...].
 std::string MetricsJson(const RunMetrics& run);
 
