@@ -101,6 +101,13 @@ absl::StatusOr<TrainingConfig> ResolveConfigWithData(
 uint64_t ConfigFingerprint(const TrainingConfig& resolved) {
   TrainingConfig copy = resolved;
   copy.clear_data_dir();
+  // call_timeout_s is hashed under its old field number (sync_timeout_s,
+  // proto/config.proto), so that a config fingerprints as it did in older
+  // builds and their checkpoints still match.
+  if (copy.has_call_timeout_s()) {
+    copy.set_sync_timeout_s(copy.call_timeout_s());
+    copy.clear_call_timeout_s();
+  }
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream stream(&bytes);
@@ -121,13 +128,22 @@ std::string ModeName(Mode mode) {
   return absl::AsciiStrToLower(Mode_Name(mode));
 }
 
+std::string ModeNames() {
+  const google::protobuf::EnumDescriptor* modes = Mode_descriptor();
+  std::vector<std::string> names;
+  for (int i = 0; i < modes->value_count(); ++i) {
+    const Mode mode = static_cast<Mode>(modes->value(i)->number());
+    if (mode != MODE_UNSPECIFIED) names.push_back(ModeName(mode));
+  }
+  return absl::StrJoin(names, ", ");
+}
+
 absl::StatusOr<Mode> ParseMode(absl::string_view name) {
   Mode mode;
   if (!Mode_Parse(absl::AsciiStrToUpper(name), &mode) ||
       mode == MODE_UNSPECIFIED) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown mode '", name,
-                     "'; use one of sync, downpour, easgd, hogwild, onebit"));
+        absl::StrCat("unknown mode '", name, "'; use one of ", ModeNames()));
   }
   return mode;
 }

@@ -47,6 +47,8 @@ uint64_t ConfigFingerprint(const TrainingConfig& resolved);
 
 // "sync", "downpour", ... and back. ParseMode accepts either case.
 std::string ModeName(Mode mode);
+// Every mode's name, in the enum's order: "sync, downpour, ...".
+std::string ModeNames();
 absl::StatusOr<Mode> ParseMode(absl::string_view name);
 
 // "sgd", "adagrad"; "auto" for OPTIMIZER_AUTO.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/config.h"
+#include "common/log.h"
 #include "common/model_config.h"
 #include "common/model_layout.h"
 
@@ -257,7 +258,7 @@ void FillDefaults(const ModeDefaults& defaults, TrainingConfig* c) {
   c->set_epochs(c->epochs());
   c->set_seed(c->seed());
   c->set_data_dir(c->data_dir());
-  c->set_sync_timeout_s(c->sync_timeout_s());
+  c->set_call_timeout_s(c->call_timeout_s());
   c->set_chunk_bytes(c->chunk_bytes());
   c->set_input_mean(c->input_mean());
   c->set_input_std(c->input_std());
@@ -313,8 +314,8 @@ absl::Status CheckRanges(const TrainingConfig& c) {
   if (c.onebit_bucket_size() < 1 || c.onebit_bucket_size() > (1 << 20)) {
     return Invalid("onebit_bucket_size", "must be in [1, 1048576]");
   }
-  if (c.sync_timeout_s() < 1) {
-    return Invalid("sync_timeout_s", "must be at least 1 second");
+  if (c.call_timeout_s() < 1) {
+    return Invalid("call_timeout_s", "must be at least 1 second");
   }
   return absl::OkStatus();
 }
@@ -366,17 +367,40 @@ void ClearWhatIsOff(TrainingConfig* c) {
   if (c->backup_workers() == 0) c->clear_backup_workers();
 }
 
+// Fields read under an old name: sync_timeout_s is call_timeout_s (it was
+// always every mode's call deadline). The old name alone is taken, with a
+// warning; both with different values is a mistake.
+absl::Status ReadOldNames(TrainingConfig* c) {
+  if (!c->has_sync_timeout_s()) return absl::OkStatus();
+  if (c->has_call_timeout_s() && c->call_timeout_s() != c->sync_timeout_s()) {
+    return Invalid(
+        "sync_timeout_s",
+        absl::StrCat("is the old name of call_timeout_s, and the config "
+                     "gives both, with different values (",
+                     c->sync_timeout_s(), " and ", c->call_timeout_s(),
+                     "): keep call_timeout_s only"));
+  }
+  common::LogWarning(
+      "config: sync_timeout_s is the old name of call_timeout_s (how long "
+      "one call of a worker to a shard may take, in every mode); read as "
+      "call_timeout_s: %d. Rename it in the config.",
+      c->sync_timeout_s());
+  c->set_call_timeout_s(c->sync_timeout_s());
+  c->clear_sync_timeout_s();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
                                              const DataShape* data) {
   TrainingConfig c = input;
+  if (absl::Status renamed = ReadOldNames(&c); !renamed.ok()) return renamed;
   if (absl::Status model = ResolveModel(data, &c); !model.ok()) return model;
   c.set_mode(c.mode());
   const ModeDefaults* defaults = DefaultsFor(c.mode());
   if (defaults == nullptr) {
-    return Invalid("mode",
-                   "must be one of sync, downpour, easgd, hogwild, onebit");
+    return Invalid("mode", absl::StrCat("must be one of ", ModeNames()));
   }
   FillDefaults(*defaults, &c);
   // The checks in this order: a config with several faults is refused for

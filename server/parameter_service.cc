@@ -49,7 +49,7 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
           resolved, num_workers, state, rule,
           policy.max_wait > absl::ZeroDuration()
               ? policy.max_wait
-              : absl::Seconds(resolved.sync_timeout_s()) + absl::Seconds(10)),
+              : absl::Seconds(resolved.call_timeout_s()) + absl::Seconds(10)),
       streams_{&shard_,
                static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
                common::PushEncodingFor(resolved),

@@ -49,8 +49,8 @@ struct ServicePolicy {
   int max_pulls_per_rank = 4;
   // The longest a pull (or a push-pull's wait for its step) waits for a
   // version before it is answered DEADLINE_EXCEEDED. Zero: the config's
-  // sync_timeout_s plus 10 s, so that honest clients, which wait at most
-  // sync_timeout_s, give up first.
+  // call_timeout_s plus 10 s, so that honest clients, which wait at most
+  // call_timeout_s, give up first.
   absl::Duration max_wait = absl::ZeroDuration();
 };
 

@@ -54,7 +54,7 @@ ABSL_FLAG(int, max_pulls_per_rank, 4,
 ABSL_FLAG(double, max_wait_s, 0,
           "Seconds a pull, or a sync push-pull at the barrier, may wait for a "
           "version before it is answered DEADLINE_EXCEEDED; 0: the config's "
-          "sync_timeout_s plus 10, so that honest clients give up first "
+          "call_timeout_s plus 10, so that honest clients give up first "
           "(env MONSOON_MAX_WAIT_S).");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0: "

@@ -184,7 +184,7 @@ TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
   // 200 examples per worker in batches of 20: 10 steps per epoch, 40 in all.
   const TrainingConfig config = ResolvedConfig(
       "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
-      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60");
+      "seed: 3 chunk_bytes: 262144 call_timeout_s: 60");
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   auto backend = worker::MakeCpuBackend(1);
   ASSERT_OK_AND_ASSIGN(
@@ -236,7 +236,7 @@ TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
 TEST_F(ClusterTest, SyncWorkersRestartedAfterTheirStepsResumeWithNothingLeft) {
   const TrainingConfig config = ResolvedConfig(
       "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
-      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60");
+      "seed: 3 chunk_bytes: 262144 call_timeout_s: 60");
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   ASSERT_NO_FATAL_FAILURE(Train(config));
   for (int w = 0; w < kWorkers; ++w) {
@@ -269,7 +269,7 @@ TEST_F(ClusterTest, SyncWorkersRestartedAfterTheirStepsResumeWithNothingLeft) {
 TEST_F(ClusterTest, SyncWorkersRestartedMidStepRejoinIt) {
   const TrainingConfig config = ResolvedConfig(
       "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
-      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60");
+      "seed: 3 chunk_bytes: 262144 call_timeout_s: 60");
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   {
     // Worker 0's step-0 push reaches shard 0 only, then worker 0 dies.
@@ -329,7 +329,7 @@ TEST_F(ClusterTest, SyncWorkersRestartedMidStepRejoinIt) {
 TEST_F(ClusterTest, SyncStepsGoOnWithoutAWorkerWhoseLeaseRanOut) {
   const TrainingConfig config = ResolvedConfig(
       "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
-      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60");
+      "seed: 3 chunk_bytes: 262144 call_timeout_s: 60");
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
   {
     // Worker 0 pushes step 0 to both shards and dies.
@@ -439,7 +439,7 @@ TEST_F(ClusterTest, DownpourWithStalenessBoundZeroKeepsPushesAtMostOneStale) {
 TEST_F(ClusterTest, SyncWithPullCompressionKeepsWorkersEqualToTheShards) {
   const TrainingConfig config = ResolvedConfig(
       "layer_sizes: [20, 16, 10] mode: SYNC batch_size: 20 epochs: 4 "
-      "seed: 3 chunk_bytes: 262144 sync_timeout_s: 60 "
+      "seed: 3 chunk_bytes: 262144 call_timeout_s: 60 "
       "compression: COMPRESSION_ONEBIT pull_compression: COMPRESSION_ONEBIT "
       "onebit_bucket_size: 64");
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
@@ -558,7 +558,7 @@ class ShardRestartTest : public ClusterTest,
 TEST_P(ShardRestartTest, WorkersRideOutAShardRestartWithNoBatchAppliedTwice) {
   const TrainingConfig config = ResolvedConfig(absl::StrCat(
       "layer_sizes: [20, 16, 10] batch_size: 20 epochs: 200 seed: 3 "
-      "chunk_bytes: 262144 sync_timeout_s: 60 mode: ",
+      "chunk_bytes: 262144 call_timeout_s: 60 mode: ",
       GetParam()));
   const std::string dir =
       testutil::TempPath(absl::StrCat("shard_restart_", GetParam()));

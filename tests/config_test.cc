@@ -67,7 +67,8 @@ TEST(ResolveConfigTest, EmptyConfigResolvesToSyncDefaults) {
   EXPECT_EQ(c.epochs(), 3);
   EXPECT_EQ(c.seed(), 1u);
   EXPECT_EQ(c.data_dir(), "/usr/share/datasets/fashion-mnist");
-  EXPECT_EQ(c.sync_timeout_s(), 120);
+  EXPECT_EQ(c.call_timeout_s(), 120);
+  EXPECT_FALSE(c.has_sync_timeout_s());
   EXPECT_EQ(c.chunk_bytes(), 1048576);
   EXPECT_FLOAT_EQ(c.input_mean(), 0.2860f);
   EXPECT_FLOAT_EQ(c.input_std(), 0.3530f);
@@ -209,7 +210,8 @@ TEST(ResolveConfigTest, InvalidValuesAreRefusedNamingTheField) {
       {"n_push: -1", "n_push"},
       {"epochs: 0", "epochs"},
       {"epochs: 100001", "epochs"},
-      {"sync_timeout_s: 0", "sync_timeout_s"},
+      {"call_timeout_s: 0", "call_timeout_s"},
+      {"sync_timeout_s: 0", "call_timeout_s"},
       {"input_std: 0", "input_std"},
       {"input_std: -1", "input_std"},
       {"input_std: nan", "input_std"},
@@ -354,6 +356,43 @@ TEST(ConfigFingerprintTest, EqualConfigsHaveEqualFingerprints) {
             ConfigFingerprint(Resolve("lr_decay_epochs: 10")));
   EXPECT_NE(ConfigFingerprint(Resolve("lr_decay_epochs: 10")),
             ConfigFingerprint(Resolve("lr_decay_epochs: 5")));
+}
+
+// sync_timeout_s, the old name of call_timeout_s, is still read.
+TEST(ResolveConfigTest, TheOldNameOfTheCallTimeoutIsReadAsIt) {
+  const TrainingConfig old_name = Resolve("mode: DOWNPOUR sync_timeout_s: 30");
+  EXPECT_EQ(old_name.call_timeout_s(), 30);
+  EXPECT_FALSE(old_name.has_sync_timeout_s());
+  EXPECT_EQ(Resolve("sync_timeout_s: 30 call_timeout_s: 30").call_timeout_s(),
+            30);
+  const DataShape data = FashionMnist();
+  absl::StatusOr<TrainingConfig> both =
+      ResolveConfig(Parse("sync_timeout_s: 30 call_timeout_s: 40"), &data);
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(both.status().message()),
+              HasSubstr("'sync_timeout_s' is the old name of "
+                        "call_timeout_s"));
+}
+
+// The fingerprints of older builds (their ps_server logs "config %016x"),
+// from before call_timeout_s had its name: a run or a checkpoint of those
+// builds still matches.
+TEST(ConfigFingerprintTest, IsTheSameAsBeforeTheCallTimeoutWasRenamed) {
+  EXPECT_EQ(ConfigFingerprint(Resolve("layer_sizes: [784, 256, 128, 10]")),
+            0xd6d3f87621dc2e6bULL);
+  EXPECT_EQ(ConfigFingerprint(Resolve("layer_sizes: [784, 256, 128, 10] "
+                                      "call_timeout_s: 60 mode: DOWNPOUR")),
+            0xa6d9ff54fc9cc800ULL);
+  EXPECT_EQ(ConfigFingerprint(Resolve("layer_sizes: [784, 256, 128, 10] "
+                                      "sync_timeout_s: 60 mode: DOWNPOUR")),
+            0xa6d9ff54fc9cc800ULL);
+}
+
+TEST(ParseModeTest, TheErrorListsEveryMode) {
+  absl::StatusOr<Mode> mode = ParseMode("bsp");
+  EXPECT_EQ(mode.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(mode.status().message()),
+              HasSubstr("use one of sync, downpour, easgd, hogwild, onebit"));
 }
 
 TEST(ConfigFingerprintTest, DiffersWhenTheLearningRateChanges) {

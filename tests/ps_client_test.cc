@@ -1029,12 +1029,12 @@ TEST(PsClientTest, ReconnectEndsAtOnceForAStopOrARefusal) {
 }
 
 TEST(PsClientTest, AFrozenShardIsUnavailableWithinThePeerTimeout) {
-  // Downpour, whose pushes end at the push deadline (sync_timeout_s) at the
+  // Downpour, whose pushes end at the push deadline (call_timeout_s) at the
   // latest: 600 s, far beyond this test's time limit, so that only the
   // keepalive can end the push below.
   const TrainingConfig config = ResolvedConfig(
       "layer_sizes: [6, 5, 3] mode: DOWNPOUR optimizer: SGD learning_rate: 1 "
-      "momentum: 0 chunk_bytes: 262144 sync_timeout_s: 600");
+      "momentum: 0 chunk_bytes: 262144 call_timeout_s: 600");
   std::vector<std::unique_ptr<server::ShardServer>> servers =
       StartShards(config, 1, 1);
   ASSERT_EQ(servers.size(), 1u);

@@ -39,7 +39,7 @@ class DownpourLoop : public TrainingLoop {
                                                GradientPusher& pusher) {
     PulledParams params(c.model);
     std::vector<int64_t> versions;
-    const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
+    const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
     auto pull = [&] {
       return c.client->Pull(0, timeout, params.span(), &versions);
     };
@@ -82,7 +82,7 @@ class DownpourLoop : public TrainingLoop {
                                              GradientPusher& pusher) {
     PulledParams params(c.model);
     std::vector<int64_t> versions;
-    const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
+    const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
     ProgressLog progress(c, *batches);
 
     PushInFlight in_flight;

@@ -37,7 +37,7 @@ class EasgdLoop : public TrainingLoop {
     float* d = *elastic;
     std::vector<float> center(p);
     std::vector<int64_t> versions;
-    const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
+    const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
     // Start from the center.
     auto first = [&] {
       return c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);

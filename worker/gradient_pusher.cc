@@ -58,8 +58,8 @@ GradientPusher::GradientPusher(ComputeBackend* backend, ParameterClient* client,
       counters_(counters) {}
 
 absl::StatusOr<std::unique_ptr<GradientPusher>> GradientPusher::Create(
-    ComputeBackend* backend, ParameterClient* client, const TrainingConfig& config,
-    WorkerCounters* counters) {
+    ComputeBackend* backend, ParameterClient* client,
+    const TrainingConfig& config, WorkerCounters* counters) {
   std::unique_ptr<GradientPusher> pusher(
       new GradientPusher(backend, client, config, counters));
   const uint64_t params = client->ranges().back().end;

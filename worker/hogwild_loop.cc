@@ -23,7 +23,7 @@ class HogwildLoop : public TrainingLoop {
     if (!pusher.ok()) return pusher.status();
     PulledParams params(c.model);
     std::vector<int64_t> versions;
-    const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
+    const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
     ProgressLog progress(c, *batches);
     PushInFlight in_flight;  // the previous step's push
     auto none = [] { return absl::OkStatus(); };

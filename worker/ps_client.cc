@@ -187,7 +187,7 @@ class ShardedPushImpl : public ShardedPush {
         common::ChunkPlan(encoding, n, bucket,
                           static_cast<uint64_t>(config.chunk_bytes())),
         pull_.has_value() ? pull_->timeout
-                          : absl::Seconds(config.sync_timeout_s()),
+                          : absl::Seconds(config.call_timeout_s()),
         response, &client_->bytes_pushed_, pull_.has_value(),
         pull_.has_value() ? pull_->params.subspan(range.begin, range.size())
                           : absl::Span<float>(),

@@ -139,7 +139,7 @@ class PsClient : public ParameterClient {
   // With `pull`, each shard then sends the weights of the version that
   // includes the push into pull->params, in the same call. Every push has
   // a deadline: pull->timeout with a pull, else the config's
-  // sync_timeout_s.
+  // call_timeout_s.
   // `sample_offset` is where the push's examples begin in this rank's data
   // (PushHeader.sample_offset): a shard that has applied them answers with
   // duplicate set and applies nothing.

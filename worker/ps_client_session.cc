@@ -148,9 +148,8 @@ absl::Status PsClient::Leave(absl::Duration timeout, bool finished) {
   return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
     request.set_shard(s);
     LeaveResponse response;
-    return finished
-               ? shards_[s].stub->FinishRank(context, request, &response)
-               : shards_[s].stub->Leave(context, request, &response);
+    return finished ? shards_[s].stub->FinishRank(context, request, &response)
+                    : shards_[s].stub->Leave(context, request, &response);
   });
 }
 

@@ -27,11 +27,11 @@ class SyncLoop : public TrainingLoop {
     // versions[s]: the step shard s is collecting, which the weights in
     // `params` belong to.
     std::vector<int64_t> versions;
-    const absl::Duration timeout = absl::Seconds(c.config.sync_timeout_s());
+    const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
     auto barrier_error = [&](const absl::Status& status) {
       if (status.code() != absl::StatusCode::kDeadlineExceeded) return status;
       return absl::DeadlineExceededError(absl::StrCat(
-          "waited more than ", c.config.sync_timeout_s(),
+          "waited more than ", c.config.call_timeout_s(),
           " s for the barrier of step ",
           versions.empty()
               ? 0
