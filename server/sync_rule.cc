@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "server/optimizer.h"
 #include "server/policies/policy_factory.h"
+#include "server/sync_barrier_log.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -200,9 +201,9 @@ class SyncRule : public UpdateRule {
     const int rank = push.worker_rank;
     const bool same_examples = push.sample_offset == step_offsets_[rank] &&
                                push.samples == step_samples_[rank];
-    if (same_examples && (push.digest == step_digests_[rank] ||
-                          push.session != step_sessions_[rank] ||
-                          push.repeat)) {
+    if (same_examples &&
+        (push.digest == step_digests_[rank] ||
+         push.session != step_sessions_[rank] || push.repeat)) {
       return absl::AlreadyExistsError(
           absl::StrCat("worker ", rank, " already pushed step ", version,
                        " to shard ", state_->shard()));
@@ -276,45 +277,6 @@ class SyncRule : public UpdateRule {
     sum_plus_zero_ = false;
   }
 
-  // Logs which ranks the step closing now is without, and why, when that
-  // set differs from the last step's (a worker that has gone is named once,
-  // not at every step).
-  void LogMissing() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<int> left, silent;
-    for (int rank = 0; rank < num_workers_; ++rank) {
-      if (arrived_[rank]) continue;
-      (state_->HasLeft(rank) ? left : silent).push_back(rank);
-    }
-    std::vector<int> missing = left;
-    missing.insert(missing.end(), silent.begin(), silent.end());
-    std::sort(missing.begin(), missing.end());
-    if (missing == last_missing_) return;
-    last_missing_ = missing;
-    if (missing.empty()) {
-      common::Log("shard %d: step %d has every worker's gradient again",
-                  state_->shard(), weights_->version());
-      return;
-    }
-    std::string why;
-    if (!left.empty()) {
-      why = absl::StrCat("rank(s) ", absl::StrJoin(left, ","),
-                         " finished or stopped");
-    }
-    if (!silent.empty()) {
-      absl::StrAppend(&why, why.empty() ? "" : "; ", "rank(s) ",
-                      absl::StrJoin(silent, ","),
-                      " made no call for the lease of ",
-                      absl::FormatDuration(state_->lease()),
-                      " (a worker whose steps take longer than that needs a "
-                      "larger --lease_s)");
-    }
-    common::LogWarning(
-        "shard %d: step %d closes with %d of %d workers' gradients: %s; their "
-        "batches are skipped, and the barrier is the live workers' until they "
-        "call again",
-        state_->shard(), weights_->version(), count_, num_workers_, why);
-  }
-
   // Whether every rank that is still alive has pushed this step (and at
   // least one has).
   bool AllLiveArrived(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -344,24 +306,11 @@ class SyncRule : public UpdateRule {
         waiting_since_ = absl::InfiniteFuture();
       } else if (log_every > absl::ZeroDuration() &&
                  now - last_log_ >= log_every) {
-        std::vector<std::string> missing;
-        for (int rank = 0; rank < num_workers_; ++rank) {
-          if (arrived_[rank]) continue;
-          const absl::Duration since = state_->SinceContact(rank, now);
-          missing.push_back(
-              state_->HasLeft(rank) ? absl::StrCat(rank, " (finished)")
-              : since == absl::InfiniteDuration()
-                  ? absl::StrCat(rank, " (never called)")
-                  : absl::StrCat(rank, " (last call ",
-                                 absl::FormatDuration(absl::Trunc(
-                                     since, absl::Milliseconds(100))),
-                                 " ago)"));
-        }
         common::LogWarning("shard %d: step %d has waited %s for rank(s) %s",
                            state_->shard(), weights_->version(),
                            absl::FormatDuration(absl::Trunc(
                                now - waiting_since_, absl::Seconds(1))),
-                           absl::StrJoin(missing, ", "));
+                           DescribeMissingRanks(*state_, arrived_, now));
         last_log_ = now;
       }
     }
@@ -377,7 +326,9 @@ class SyncRule : public UpdateRule {
     // to be dropped. That is the design, not news: no log line.
     const bool by_backup = backup_ > 0 && count_ >= num_workers_ - backup_ &&
                            count_ < num_workers_;
-    if (!by_backup) LogMissing();
+    if (!by_backup) {
+      missing_log_.StepCloses(*state_, arrived_, count_, weights_->version());
+    }
     const Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
                         1.0f / static_cast<float>(count_), sum_plus_zero_};
     // An update that would overflow is refused: the step still closes (the
@@ -426,9 +377,16 @@ class SyncRule : public UpdateRule {
           "learning rate, or the shards' --max_abs_gradient",
           state_->shard(), weights_->version() - 1);
     }
-    // Only now are the step's examples in the weights. A rank missing from
-    // the step (its lease ran out) passes over its batch for it, as large as
-    // the others': when it returns it takes up the step the others are at.
+    SettleExamples(refused, by_backup);
+  }
+
+  // After the step closed (its update `refused` or not; closed for the
+  // backup count or not): only now are the step's examples in the weights.
+  // A rank missing from the step (its lease ran out) passes over its batch
+  // for it, as large as the others': when it returns it takes up the step
+  // the others are at.
+  void SettleExamples(bool refused, bool by_backup)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int64_t batch = 0;
     for (int rank = 0; rank < num_workers_; ++rank) {
       if (arrived_[rank]) batch = std::max(batch, step_samples_[rank]);
@@ -489,8 +447,7 @@ class SyncRule : public UpdateRule {
   // The sum of the step's pushes' largest magnitudes (PushData::max_abs).
   double step_max_abs_ ABSL_GUARDED_BY(mu_) = 0;
   WeightBound weight_bound_ ABSL_GUARDED_BY(mu_);
-  // The ranks the last step closed without (LogMissing).
-  std::vector<int> last_missing_ ABSL_GUARDED_BY(mu_);
+  MissingRanksLog missing_log_ ABSL_GUARDED_BY(mu_);
   // Since when the step in progress has had a push and waited (logging).
   absl::Time waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time last_log_ ABSL_GUARDED_BY(mu_);

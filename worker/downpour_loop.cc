@@ -18,6 +18,100 @@
 namespace monsoon::worker {
 namespace {
 
+// The steps of RunOverlapped: the weights pulled and the versions they are
+// of, the push in flight, and where the examples being summed begin.
+class OverlappedSteps {
+ public:
+  OverlappedSteps(const WorkerContext& c, BatchStream* batches,
+                  GradientPusher& pusher)
+      : c_(c),
+        batches_(batches),
+        pusher_(pusher),
+        params_(c.model),
+        timeout_(absl::Seconds(c.config.call_timeout_s())) {}
+
+  // One step (`step` counts from 0): a pull when one is due (every n_fetch
+  // steps, and after FetchNext), the gradient into *result, a push of the
+  // summed gradient every n_push steps (else the gradient summed), and the
+  // local step.
+  absl::Status Step(int64_t step, absl::StatusOr<BatchResult>* result) {
+    if (fetch_ || step % c_.config.n_fetch() == 0) {
+      if (auto s = Pull(); !s.ok()) return s;
+      fetch_ = false;
+    }
+    PhaseTimer compute(c_.counters, Phase::kCompute);
+    *result = ComputeBatchGradients(c_, *batches_);
+    if (!result->ok()) return result->status();
+    if (pusher_.accumulated_steps() == 0) {
+      first_offset_ = batches_->sample_offset();
+    }
+    // The model's gradient buffer, which the local step below reads but
+    // does not change, goes straight to the pusher on a push step.
+    if (pusher_.accumulated_steps() + 1 == c_.config.n_push()) {
+      compute.Pause();
+      if (auto s = Push(c_.config.n_push(), c_.model->device_gradients());
+          !s.ok()) {
+        return s;
+      }
+    } else if (auto s = pusher_.Accumulate(c_.model->device_gradients());
+               !s.ok()) {
+      return s;
+    }
+    compute.Resume();  // the local step computes too
+    return c_.model->ApplyGradients(c_.config.local_learning_rate(),
+                                    c_.config.local_momentum());
+  }
+
+  // The next step pulls (the first one does anyway): after a lost shard.
+  void FetchNext() { fetch_ = true; }
+
+  // Pushes what the pusher has summed, if anything, and waits for the push
+  // in flight.
+  absl::Status Finish() {
+    const int steps = pusher_.accumulated_steps();
+    if (steps > 0) {
+      if (auto s = Push(steps, nullptr); !s.ok()) return s;
+    }
+    return in_flight_.Finish();
+  }
+
+ private:
+  // Pushes `steps` steps' gradient: device_grads plus what the pusher has
+  // summed. A push that failed on a lost shard is not sent again: that
+  // shard loses it, the others have it.
+  absl::Status Push(int steps, const float* device_grads) {
+    PhaseTimer timer(c_.counters, Phase::kPush);
+    if (auto s = in_flight_.Finish(); !s.ok()) return s;
+    const int64_t samples =
+        static_cast<int64_t>(steps) * batches_->batch_size();
+    absl::StatusOr<std::unique_ptr<PendingCall>> started =
+        pusher_.Push(device_grads, versions_, samples, first_offset_);
+    if (!started.ok()) return started.status();
+    in_flight_.Hold(*std::move(started));
+    return absl::OkStatus();
+  }
+
+  absl::Status Pull() {
+    PhaseTimer timer(c_.counters, Phase::kPull);
+    if (auto s = c_.client->Pull(0, timeout_, params_.span(), &versions_);
+        !s.ok()) {
+      return s;
+    }
+    return params_.Commit();
+  }
+
+  const WorkerContext& c_;
+  BatchStream* const batches_;
+  GradientPusher& pusher_;
+  PulledParams params_;
+  std::vector<int64_t> versions_;
+  const absl::Duration timeout_;
+  PushInFlight in_flight_;
+  int64_t first_offset_ =
+      0;               // where the examples of the push being summed begin
+  bool fetch_ = true;  // the first step, and after a lost shard
+};
+
 class DownpourLoop : public TrainingLoop {
  public:
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
@@ -80,87 +174,27 @@ class DownpourLoop : public TrainingLoop {
   absl::StatusOr<WorkerResult> RunOverlapped(const WorkerContext& c,
                                              BatchStream* batches,
                                              GradientPusher& pusher) {
-    PulledParams params(c.model);
-    std::vector<int64_t> versions;
-    const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
+    OverlappedSteps steps(c, batches, pusher);
     ProgressLog progress(c, *batches);
-
-    PushInFlight in_flight;
-    // Where the examples of the push being summed begin.
-    int64_t first_offset = 0;
-    // Pushes `steps` steps' gradient: device_grads plus what the pusher has
-    // summed. A push that failed on a lost shard is not sent again: that
-    // shard loses it, the others have it.
-    auto push = [&](int steps, const float* device_grads) -> absl::Status {
-      PhaseTimer timer(c.counters, Phase::kPush);
-      if (auto s = in_flight.Finish(); !s.ok()) return s;
-      const int64_t samples =
-          static_cast<int64_t>(steps) * batches->batch_size();
-      absl::StatusOr<std::unique_ptr<PendingCall>> started =
-          pusher.Push(device_grads, versions, samples, first_offset);
-      if (!started.ok()) return started.status();
-      in_flight.Hold(*std::move(started));
-      return absl::OkStatus();
-    };
-    auto pull = [&]() -> absl::Status {
-      PhaseTimer timer(c.counters, Phase::kPull);
-      if (auto s = c.client->Pull(0, timeout, params.span(), &versions);
-          !s.ok()) {
-        return s;
-      }
-      return params.Commit();
-    };
-
-    bool fetch = true;  // the first step, and after a lost shard
     for (int64_t step = 0; batches->Next(); ++step) {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
       absl::StatusOr<BatchResult> result;
-      auto one_step = [&]() -> absl::Status {
-        if (fetch || step % c.config.n_fetch() == 0) {
-          if (auto s = pull(); !s.ok()) return s;
-          fetch = false;
-        }
-        PhaseTimer compute(c.counters, Phase::kCompute);
-        result = ComputeBatchGradients(c, *batches);
-        if (!result.ok()) return result.status();
-        if (pusher.accumulated_steps() == 0) {
-          first_offset = batches->sample_offset();
-        }
-        // The model's gradient buffer, which the local step below reads but
-        // does not change, goes straight to the pusher on a push step.
-        if (pusher.accumulated_steps() + 1 == c.config.n_push()) {
-          compute.Pause();
-          if (auto s = push(c.config.n_push(), c.model->device_gradients());
-              !s.ok()) {
-            return s;
-          }
-        } else if (auto s = pusher.Accumulate(c.model->device_gradients());
-                   !s.ok()) {
-          return s;
-        }
-        compute.Resume();  // the local step computes too
-        return c.model->ApplyGradients(c.config.local_learning_rate(),
-                                       c.config.local_momentum());
-      };
-      auto resync = [&]() -> absl::Status {
-        fetch = true;
+      auto one_step = [&] { return steps.Step(step, &result); };
+      auto resync = [&] {
+        steps.FetchNext();
         return absl::OkStatus();
       };
       if (auto s = RidingOut(c, one_step, resync); !s.ok()) return s;
       progress.Step(result->loss, batches->batch_size());
     }
-    auto finish = [&]() -> absl::Status {
-      if (pusher.accumulated_steps() > 0) {
-        if (auto s = push(pusher.accumulated_steps(), nullptr); !s.ok()) {
-          return s;
-        }
-      }
-      return in_flight.Finish();
-    };
-    auto none = [] { return absl::OkStatus(); };
-    if (auto s = RidingOut(c, finish, none); !s.ok()) return s;
+    // The last steps summed reach the shards too.
+    auto finish = [&] { return steps.Finish(); };
+    if (auto s = RidingOut(c, finish, [] { return absl::OkStatus(); });
+        !s.ok()) {
+      return s;
+    }
     return progress.Finish();
   }
 };

@@ -14,79 +14,127 @@
 namespace monsoon::worker {
 namespace {
 
+// A device buffer of floats, freed when it goes.
+class DeviceFloats {
+ public:
+  DeviceFloats(ComputeBackend* backend, float* data)
+      : backend_(backend), data_(data) {}
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  ~DeviceFloats() { backend_->Free(data_); }
+  float* get() const { return data_; }
+
+ private:
+  ComputeBackend* const backend_;
+  float* const data_;
+};
+
+// The elastic step, on the device: d = alpha * (x - center), then x -= d
+// (x and d of p floats on the device, center on the host).
+absl::Status ElasticStep(ComputeBackend* backend, size_t p, float alpha,
+                         const std::vector<float>& center, float* x, float* d) {
+  if (auto s = backend->CopyToDevice(center.data(), d, p * sizeof(float));
+      !s.ok()) {
+    return s;
+  }
+  backend->Scale(p, -1.0f, d);
+  backend->Axpy(p, 1.0f, x, d);
+  backend->Scale(p, alpha, d);
+  backend->Axpy(p, -1.0f, d, x);
+  return absl::OkStatus();
+}
+
+// A worker's exchanges with the center: its pull, the elastic step and the
+// push of d.
+class Exchanges {
+ public:
+  // `d`: p floats on the device, for the elastic difference.
+  Exchanges(const WorkerContext& c, GradientPusher* pusher, float* d)
+      : c_(c),
+        pusher_(pusher),
+        d_(d),
+        alpha_(c.config.has_alpha() ? c.config.alpha()
+                                    : 0.9f / static_cast<float>(c.num_workers)),
+        center_(c.model->layout().num_params()),
+        timeout_(absl::Seconds(c.config.call_timeout_s())) {}
+
+  // Pulls the center (the start, riding out a lost shard).
+  absl::Status PullCenter() {
+    return c_.client->Pull(0, timeout_, absl::MakeSpan(center_), &versions_);
+  }
+  const std::vector<float>& center() const { return center_; }
+
+  // One exchange for the steps of `samples` examples from `offset`. A shard
+  // lost while pulling the center: the exchange runs again once the shard
+  // is back (nothing has changed yet). Lost while pushing d: x has moved,
+  // so the exchange is not repeated; that shard's center misses this d.
+  absl::Status RideOut(int64_t samples, int64_t offset) {
+    pushing_ = false;
+    return RidingOut(
+        c_, [&] { return Once(samples, offset); },
+        [] { return absl::OkStatus(); });
+  }
+
+ private:
+  absl::Status Once(int64_t samples, int64_t offset) {
+    if (pushing_) return absl::OkStatus();  // lost while pushing: done
+    {
+      PhaseTimer timer(c_.counters, Phase::kPull);
+      if (auto s = PullCenter(); !s.ok()) return s;
+    }
+    // The elastic step and the push (its transfer and the wait for it).
+    PhaseTimer timer(c_.counters, Phase::kPush);
+    if (auto s =
+            ElasticStep(c_.model->backend(), c_.model->layout().num_params(),
+                        alpha_, center_, c_.model->device_params(), d_);
+        !s.ok()) {
+      return s;
+    }
+    pushing_ = true;
+    absl::StatusOr<std::unique_ptr<PendingCall>> push =
+        pusher_->Push(d_, versions_, samples, offset);
+    if (!push.ok()) return push.status();
+    return (*push)->Wait();
+  }
+
+  const WorkerContext& c_;
+  GradientPusher* const pusher_;
+  float* const d_;
+  const float alpha_;
+  std::vector<float> center_;
+  std::vector<int64_t> versions_;
+  const absl::Duration timeout_;
+  bool pushing_ = false;
+};
+
 class EasgdLoop : public TrainingLoop {
  public:
   absl::StatusOr<WorkerResult> Run(const WorkerContext& c) override {
     absl::StatusOr<BatchStream> batches = BatchStream::ForWorker(c);
     if (!batches.ok()) return batches.status();
-    const size_t p = c.model->layout().num_params();
-    const float alpha = c.config.has_alpha()
-                            ? c.config.alpha()
-                            : 0.9f / static_cast<float>(c.num_workers);
     ComputeBackend* backend = c.model->backend();
     absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
         GradientPusher::Create(backend, c.client, c.config, c.counters);
     if (!pusher.ok()) return pusher.status();
-    absl::StatusOr<float*> elastic = backend->AllocateFloats(p);
+    absl::StatusOr<float*> elastic =
+        backend->AllocateFloats(c.model->layout().num_params());
     if (!elastic.ok()) return elastic.status();
-    struct Free {
-      ComputeBackend* backend;
-      float* d;
-      ~Free() { backend->Free(d); }
-    } free_elastic{backend, *elastic};
-    float* d = *elastic;
-    std::vector<float> center(p);
-    std::vector<int64_t> versions;
-    const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
+    const DeviceFloats d(backend, *elastic);
+    Exchanges exchanges(c, pusher->get(), d.get());
     // Start from the center.
-    auto first = [&] {
-      return c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
-    };
+    auto first = [&] { return exchanges.PullCenter(); };
     if (absl::Status status = RidingOut(c, first, first); !status.ok()) {
       return status;
     }
-    if (auto s = c.model->SetParams(center); !s.ok()) return s;
+    if (auto s = c.model->SetParams(exchanges.center()); !s.ok()) return s;
 
     ProgressLog progress(c, *batches);
     int since_exchange = 0;
     int64_t window_offset = 0;  // where the exchanged steps' examples begin
-    // One exchange. A shard lost while pulling the center: the exchange
-    // runs again once the shard is back (nothing has changed yet). Lost
-    // while pushing d: x has moved, so the exchange is not repeated; that
-    // shard's center misses this d.
-    bool pushing = false;
     auto exchange = [&]() -> absl::Status {
-      if (pushing) return absl::OkStatus();  // lost while pushing: done
-      {
-        PhaseTimer timer(c.counters, Phase::kPull);
-        absl::Status pulled =
-            c.client->Pull(0, timeout, absl::MakeSpan(center), &versions);
-        if (!pulled.ok()) return pulled;
-      }
-      // The elastic step and the push (its transfer and the wait for it).
-      PhaseTimer timer(c.counters, Phase::kPush);
-      // d = alpha * (x - center), then x -= d, on the device.
-      float* x = c.model->device_params();
-      if (auto s = backend->CopyToDevice(center.data(), d, p * sizeof(float));
-          !s.ok()) {
-        return s;
-      }
-      backend->Scale(p, -1.0f, d);
-      backend->Axpy(p, 1.0f, x, d);
-      backend->Scale(p, alpha, d);
-      backend->Axpy(p, -1.0f, d, x);
-      pushing = true;
-      absl::StatusOr<std::unique_ptr<PendingCall>> push = (*pusher)->Push(
-          d, versions,
+      absl::Status status = exchanges.RideOut(
           static_cast<int64_t>(since_exchange) * batches->batch_size(),
           window_offset);
-      if (!push.ok()) return push.status();
-      return (*push)->Wait();
-    };
-    auto none = [] { return absl::OkStatus(); };
-    auto exchange_riding_out = [&]() -> absl::Status {
-      pushing = false;
-      absl::Status status = RidingOut(c, exchange, none);
       since_exchange = 0;
       return status;
     };
@@ -105,13 +153,13 @@ class EasgdLoop : public TrainingLoop {
       }
       compute.Pause();
       if (++since_exchange == c.config.tau()) {
-        if (auto s = exchange_riding_out(); !s.ok()) return s;
+        if (auto s = exchange(); !s.ok()) return s;
       }
       progress.Step(result->loss, batches->batch_size());
     }
     // The last local steps reach the center too.
     if (since_exchange > 0) {
-      if (auto s = exchange_riding_out(); !s.ok()) return s;
+      if (auto s = exchange(); !s.ok()) return s;
     }
     return progress.Finish();
   }
