@@ -1,6 +1,7 @@
 #include "server/stream_reactors.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <utility>
 
@@ -173,7 +174,12 @@ class PushReader {
   absl::StatusOr<AppliedPush> Apply(bool answer_repeats) {
     absl::StatusOr<PushData> push = decoder_.Finish();
     if (!push.ok()) {
-      streams_.shard->RejectPush(push.status());
+      // An empty or incomplete stream: a client that ended it short, or one
+      // that cancelled the call (gRPC may end the reads before the
+      // cancellation is known: a worker that gives up on a step's calls
+      // when another shard is lost). Counted when the call is done and it
+      // is known which (Done).
+      ended_short_ = push.status();
       return push.status();
     }
     have_version_ = push->have_version;
@@ -184,12 +190,21 @@ class PushReader {
   std::optional<int64_t> have_version() const { return have_version_; }
   int worker_rank() const { return worker_rank_; }
 
+  // At the call's end (OnDone): a push whose stream ended short is counted
+  // as refused, unless the client cancelled the call.
+  void Done(bool cancelled) {
+    if (!ended_short_.ok() && !cancelled) {
+      streams_.shard->RejectPush(ended_short_);
+    }
+  }
+
  private:
   const StreamContext& streams_;
   PushDecoder decoder_;
   std::optional<int64_t> have_version_;
   int worker_rank_ = 0;
   bool session_checked_ = false;
+  absl::Status ended_short_;  // see Apply
 };
 
 PushResponse ResponseFor(const PushResult& result) {
@@ -225,10 +240,16 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Finish(grpc::Status::OK);
   }
 
-  void OnDone() override { delete this; }
+  void OnCancel() override { cancelled_ = true; }
+
+  void OnDone() override {
+    reader_.Done(cancelled_ || context_->IsCancelled());
+    delete this;
+  }
 
  private:
   grpc::CallbackServerContext* const context_;
+  std::atomic<bool> cancelled_ = false;  // OnCancel ran
   PushReader reader_;
   grpc::ByteBuffer* const response_;
   grpc::ByteBuffer message_;
@@ -363,6 +384,7 @@ class PushPullReactor
   }
 
   void OnCancel() override {
+    cancelled_ = true;
     // A cancellation while the push streams in ends the reads, and the read
     // path finishes the call; once the weights are being written, the
     // write path does.
@@ -371,7 +393,10 @@ class PushPullReactor
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    reader_.Done(cancelled_ || context_->IsCancelled());
+    delete this;
+  }
 
  private:
   // Ends the call once its wait has begun, giving its pull slot back as it
@@ -400,6 +425,7 @@ class PushPullReactor
 
   grpc::CallbackServerContext* const context_;
   const StreamContext& shared_;
+  std::atomic<bool> cancelled_ = false;  // OnCancel ran
   PushReader reader_;
   VersionWait wait_;
   PushResponse response_;

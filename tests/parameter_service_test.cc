@@ -353,7 +353,16 @@ TEST_F(ParameterServiceTest,
     EXPECT_EQ(pulled.version, 0);
     EXPECT_EQ(pulled.values, initial);
   }
-  const StatsResponse stats = RawStats(stub.get());
+  // (A push whose stream ended short is counted when its call is done on
+  // the shard, which may be just after the client has its answer: a
+  // cancelled call is not counted, and gRPC may tell of the cancellation
+  // only then.)
+  StatsResponse stats = RawStats(stub.get());
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30);
+       stats.rejected_pushes() < rejected && absl::Now() < deadline;
+       stats = RawStats(stub.get())) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   EXPECT_EQ(stats.pushes(), 0);
   EXPECT_EQ(stats.rejected_pushes(), rejected);
   EXPECT_EQ(stats.version(), 0);
