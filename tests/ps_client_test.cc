@@ -115,12 +115,16 @@ TEST(PsClientTest, ConnectToAnAddressWhereNoServerRunsIsUnavailableNamingIt) {
   ASSERT_EQ(servers.size(), 2u);
   ReservedPort nobody;
   PsClientOptions options = OptionsFor(servers, config);
-  options.server_addresses[1] = nobody.address();
+  // Shard 0 is the missing one: with a live shard first, its registration
+  // could use up the second on a loaded machine (it did once under
+  // ThreadSanitizer), and the error would name it instead.
+  options.server_addresses[0] = nobody.address();
   options.connect_timeout = absl::Seconds(1);
   EXPECT_THAT(
       PsClient::Connect(options),
       StatusIs(absl::StatusCode::kUnavailable,
-               AllOf(HasSubstr("shard 1"), HasSubstr(nobody.address()))));
+               AllOf(HasSubstr("shard 0 at " + nobody.address()),
+                     HasSubstr("is ps_server running there"))));
 }
 
 TEST(PsClientTest, ConnectWithoutServersIsInvalid) {
@@ -903,7 +907,10 @@ TEST_F(TwoShardsTest, ASecondClientForALiveRankIsAlreadyExists) {
   ASSERT_OK(
       client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights), &versions));
   PsClientOptions options = OptionsFor(cluster.servers, config, /*rank=*/0);
-  options.connect_timeout = absl::Milliseconds(50);
+  // Half the lease: long enough for a Register on a loaded machine (50 ms
+  // was not, under ThreadSanitizer), short enough that the first client's
+  // lease still runs when the second gives up.
+  options.connect_timeout = testutil::kTestLease / 2;
   EXPECT_THAT(PsClient::Connect(options),
               StatusIs(absl::StatusCode::kAlreadyExists,
                        HasSubstr("two workers started with --rank=0")));
@@ -1092,9 +1099,10 @@ TEST_F(TwoShardsTest, AClientThatLeftFreesItsRankAtOnce) {
   ASSERT_OK(
       client->Pull(0, absl::Seconds(10), absl::MakeSpan(weights), &versions));
   ASSERT_OK(client->Leave(absl::Seconds(10)));
-  // Well inside the lease the rank is free.
+  // Well inside the lease the rank is free: a rank still held would be
+  // refused (ALREADY_EXISTS) until half the lease had passed.
   PsClientOptions options = OptionsFor(cluster.servers, config, /*rank=*/0);
-  options.connect_timeout = absl::Milliseconds(50);
+  options.connect_timeout = testutil::kTestLease / 2;
   ASSERT_OK(PsClient::Connect(options).status());
 }
 
