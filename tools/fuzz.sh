@@ -80,17 +80,18 @@ echo "fuzz: building in $dir" >&2
 if [ ! -f "$dir/gen/proto/service.pb.cc" ] || [ -n "$(find proto -name \
      '*.proto' -newer "$dir/gen/proto/service.pb.cc" -print -quit)" ]; then
   protoc --cpp_out="$dir/gen" -I. proto/config.proto proto/service.proto \
-    proto/checkpoint.proto
+    proto/checkpoint.proto proto/log.proto
 fi
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I. -I"$dir/gen"
        -fsanitize=address,undefined -fno-sanitize-recover=undefined)
-sources=(common/config.cc common/config_resolve.cc common/model_config.cc
+sources=(common/config.cc common/config_resolve.cc common/log.cc
+         common/model_config.cc
          common/data_shape.cc common/idx_reader.cc common/model_layout.cc
          common/onebit.cc common/wire.cc common/wire_reader.cc
          server/buffer_pool.cc server/checkpoint.cc
          server/optimizer.cc server/push_decoder.cc
          "$dir/gen/proto/config.pb.cc" "$dir/gen/proto/service.pb.cc"
-         "$dir/gen/proto/checkpoint.pb.cc")
+         "$dir/gen/proto/checkpoint.pb.cc" "$dir/gen/proto/log.pb.cc")
 # Monsoon's sources get coverage instrumentation (fuzzer-no-link), compiled
 # one per core at a time.
 objects=()
@@ -112,7 +113,8 @@ for src in "${sources[@]}"; do
 done
 for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid"; done
 absl=(absl_status absl_statusor absl_strings absl_str_format
-      absl_synchronization absl_time absl_cord absl_hash absl_raw_hash_set)
+      absl_synchronization absl_time absl_cord absl_hash absl_raw_hash_set
+      absl_flags)
 # shellcheck disable=SC2207  # pkg-config's words are the flags
 libs=(-lgrpc++ -lgrpc -lgpr -lprotobuf -lz $(pkg-config --libs "${absl[@]}")
       -lpthread)
