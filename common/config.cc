@@ -101,6 +101,7 @@ absl::StatusOr<TrainingConfig> ResolveConfigWithData(
 uint64_t ConfigFingerprint(const TrainingConfig& resolved) {
   TrainingConfig copy = resolved;
   copy.clear_data_dir();
+  copy.clear_initial_weights();
   // call_timeout_s is hashed under its old field number (sync_timeout_s,
   // proto/config.proto), so that a config fingerprints as it did in older
   // builds and their checkpoints still match.

@@ -42,7 +42,7 @@ absl::StatusOr<TrainingConfig> ResolveConfigWithData(
     const TrainingConfig& config);
 
 // A stable 64-bit hash of everything in a resolved config that must agree
-// between daemons (all but data_dir).
+// between daemons (all but data_dir and initial_weights).
 uint64_t ConfigFingerprint(const TrainingConfig& resolved);
 
 // "sync", "downpour", ... and back. ParseMode accepts either case.

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -310,8 +311,51 @@ absl::StatusOr<Model> ParseModel(absl::string_view name) {
   return model;
 }
 
+namespace {
+
+// A model given as `tensors` (proto/config.proto): nothing else may
+// describe the model, and every tensor needs a name of its own and a shape
+// of positive sides; the whole model below 2^40 parameters.
+absl::Status ResolveExternalModel(TrainingConfig* config) {
+  const TrainingConfig& c = *config;
+  if (c.layers_size() > 0 || c.layer_sizes_size() > 0 ||
+      c.model() != MODEL_AUTO || c.input_shape_size() > 0) {
+    return Invalid("tensors",
+                   "describe an external model, but model, layers, "
+                   "layer_sizes or input_shape is set too: keep only tensors");
+  }
+  absl::flat_hash_set<std::string> names;
+  uint64_t total = 0;
+  for (int i = 0; i < c.tensors_size(); ++i) {
+    const ExternalTensor& t = c.tensors(i);
+    const std::string which = absl::StrCat("tensors[", i, "]");
+    if (t.name().empty()) return Invalid(which, "has no name");
+    if (!names.insert(t.name()).second) {
+      return Invalid(which, absl::StrCat("repeats the name '", t.name(),
+                                         "': each parameter needs its own"));
+    }
+    uint64_t size = 1;
+    for (int64_t side : t.dims()) {
+      if (side < 1 || side > (int64_t{1} << 40)) {
+        return Invalid(which, absl::StrCat("('", t.name(), "') has a side of ",
+                                           side, "; sides must be from 1 to "
+                                           "2^40"));
+      }
+      size *= static_cast<uint64_t>(side);
+      if (size > (uint64_t{1} << 40)) break;
+    }
+    total += size;
+    if (size > (uint64_t{1} << 40) || total > (uint64_t{1} << 40)) {
+      return Invalid(which, "makes the model larger than 2^40 parameters");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 bool ModelNeedsData(const TrainingConfig& c) {
-  if (c.layer_sizes_size() > 0) return false;
+  if (c.layer_sizes_size() > 0 || c.tensors_size() > 0) return false;
   if (c.input_shape_size() == 0) return true;
   if (c.has_num_classes()) return false;
   const Layer* last = LastLayer(c.layers());
@@ -320,6 +364,12 @@ bool ModelNeedsData(const TrainingConfig& c) {
 
 absl::Status ResolveModel(const DataShape* data, TrainingConfig* config) {
   TrainingConfig& c = *config;
+  if (c.tensors_size() > 0) return ResolveExternalModel(config);
+  if (c.has_initial_weights()) {
+    return Invalid("initial_weights",
+                   "is only for a model given as `tensors` (an external "
+                   "model); remove it");
+  }
   if (absl::Status forms = CheckModelForms(c); !forms.ok()) return forms;
   if (c.layer_sizes_size() > 0) return ResolveLayerSizes(config);
   absl::StatusOr<Shape> input = InputShape(c, data);
@@ -341,6 +391,16 @@ absl::Status ResolveModel(const DataShape* data, TrainingConfig* config) {
   }
   KeepCanonicalModel(*input, *classes, *layout, *std::move(layers), config);
   return absl::OkStatus();
+}
+
+absl::Status CheckBuiltInModel(const TrainingConfig& resolved) {
+  if (resolved.tensors_size() == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the config's model is an external one (", resolved.tensors_size(),
+      " tensors, first '", resolved.tensors(0).name(),
+      "'): ps_worker and ps_evaluator run only Monsoon's own models; run the "
+      "model's script with the monsoon Python package instead (README "
+      "\"Bring your own model\")"));
 }
 
 absl::Status CheckDataFitsModel(const TrainingConfig& resolved,

@@ -39,6 +39,12 @@ bool ModelNeedsData(const TrainingConfig& config);
 // says which field is wrong and what to do.
 absl::Status ResolveModel(const DataShape* data, TrainingConfig* config);
 
+// OK where the resolved config's model is one the C++ worker and evaluator
+// run (a preset, layers or layer_sizes); INVALID_ARGUMENT for an external
+// model (`tensors`), saying that a script with the monsoon Python package
+// trains and evaluates it.
+absl::Status CheckBuiltInModel(const TrainingConfig& resolved);
+
 // Whether examples of shape `example` with labels below `classes` fit the
 // resolved config's model: the same shape (for an MLP, the same number of
 // values), and no more classes than the model's. INVALID_ARGUMENT says

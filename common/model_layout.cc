@@ -1,13 +1,21 @@
 #include "common/model_layout.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 
+#include "absl/base/config.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace monsoon::common {
+
+#if !defined(ABSL_IS_LITTLE_ENDIAN)
+#error "initial_weights files are little-endian float32; port ReadInitialWeights."
+#endif
 
 namespace {
 
@@ -230,7 +238,25 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(
   return layout;
 }
 
+ModelLayout ModelLayout::FromTensors(
+    const google::protobuf::RepeatedPtrField<ExternalTensor>& tensors) {
+  ModelLayout layout;
+  for (const ExternalTensor& t : tensors) {
+    // rows: the first side; cols: the product of the others (He
+    // initialization's fan-in where a tensor has more than one side).
+    uint64_t rows = t.dims_size() > 0 ? static_cast<uint64_t>(t.dims(0)) : 1;
+    uint64_t cols = 1;
+    for (int d = 1; d < t.dims_size(); ++d) cols *= t.dims(d);
+    TensorSpec spec{t.name(), layout.num_params_, rows, cols,
+                    t.dims_size() > 1 ? cols : 0};
+    layout.num_params_ += spec.size();
+    layout.tensors_.push_back(std::move(spec));
+  }
+  return layout;
+}
+
 ModelLayout ModelLayout::FromConfig(const TrainingConfig& config) {
+  if (config.tensors_size() > 0) return FromTensors(config.tensors());
   if (config.layer_sizes_size() > 0) {
     return ModelLayout(std::vector<int>(config.layer_sizes().begin(),
                                         config.layer_sizes().end()));
@@ -285,6 +311,39 @@ ShardRange ShardRangeFor(uint64_t num_params, int num_shards, int shard) {
   auto start = [&](uint64_t i) { return i * q + (i * r) / s; };
   return {start(static_cast<uint64_t>(shard)),
           start(static_cast<uint64_t>(shard) + 1)};
+}
+
+absl::StatusOr<std::vector<float>> ReadInitialWeights(const std::string& path,
+                                                      uint64_t num_params,
+                                                      ShardRange range) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial_weights '", path, "' cannot be read: ", std::strerror(errno)));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(in.tellg());
+  if (bytes != num_params * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial_weights '", path, "' holds ", bytes, " bytes, but the model's ",
+        num_params, " parameters need ", num_params * sizeof(float),
+        ": write it again from the same model (monsoon.torch.export_layout)"));
+  }
+  std::vector<float> values(range.size());
+  in.seekg(static_cast<std::streamoff>(range.begin * sizeof(float)));
+  in.read(reinterpret_cast<char*>(values.data()),
+          static_cast<std::streamsize>(values.size() * sizeof(float)));
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial_weights '", path, "': reading failed"));
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return absl::DataLossError(absl::StrCat(
+          "initial_weights '", path, "': parameter ", range.begin + i,
+          " is ", values[i], ", not a finite number"));
+    }
+  }
+  return values;
 }
 
 uint64_t SplitMix64(uint64_t x) {

@@ -82,8 +82,14 @@ class ModelLayout {
   static absl::StatusOr<ModelLayout> Create(
       const Shape& input, absl::Span<const Layer* const> layers);
 
+  // The parameters of an external model (TrainingConfig.tensors): no
+  // layers, each tensor's rows its first side and cols the product of the
+  // others. The tensors must have passed ResolveConfig.
+  static ModelLayout FromTensors(
+      const google::protobuf::RepeatedPtrField<ExternalTensor>& tensors);
+
   // The layout of a resolved config (common/config.h's ResolveConfig): its
-  // layer_sizes or its layers. The config must have passed ResolveConfig;
+  // tensors, layer_sizes or layers. The config must have passed ResolveConfig;
   // otherwise the layout has no layers and no parameters.
   static ModelLayout FromConfig(const TrainingConfig& config);
 
@@ -141,6 +147,15 @@ float InitialValue(const ModelLayout& layout, uint64_t seed, uint64_t index);
 // Fills out[i] = InitialValue(layout, seed, begin + i).
 void InitialValues(const ModelLayout& layout, uint64_t seed, uint64_t begin,
                    absl::Span<float> out);
+
+// The values [range.begin, range.end) of an initial-weights file
+// (TrainingConfig.initial_weights): num_params little-endian float32. A
+// file that cannot be read, or whose size is not num_params * 4 bytes,
+// gives INVALID_ARGUMENT naming the path and what was wrong; a value that
+// is not finite, DATA_LOSS naming its index.
+absl::StatusOr<std::vector<float>> ReadInitialWeights(const std::string& path,
+                                                      uint64_t num_params,
+                                                      ShardRange range);
 
 // SplitMix64: a counter-based generator for reproducible randomness.
 uint64_t SplitMix64(uint64_t x);

@@ -204,6 +204,12 @@ absl::Status ShardServer::BuildCore(const ShardServerOptions& options,
                                     const common::ModelLayout& layout) {
   state_ = std::make_unique<ShardState>(layout, options.config.seed(),
                                         options.shard, options.num_shards);
+  if (!options.config.initial_weights().empty()) {
+    absl::StatusOr<std::vector<float>> initial = common::ReadInitialWeights(
+        options.config.initial_weights(), layout.num_params(), state_->range());
+    if (!initial.ok()) return initial.status();
+    state_->SetInitialValues(*std::move(initial));
+  }
   state_->set_lease(options.lease);
   state_->SetNumWorkers(options.num_workers);
   if (std::optional<StalenessBound> bound =

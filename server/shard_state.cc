@@ -68,8 +68,12 @@ WeightsPtr Weights::Share(const std::shared_ptr<Weights>& weights) {
 
 std::shared_ptr<Weights> ShardState::InitialWeights() {
   FloatBufferPool::Buffer values = buffers_.Take();
-  common::InitialValues(layout_, seed_, range_.begin,
-                        absl::MakeSpan(values.get(), size()));
+  if (initial_values_.size() == size()) {
+    std::copy(initial_values_.begin(), initial_values_.end(), values.get());
+  } else {
+    common::InitialValues(layout_, seed_, range_.begin,
+                          absl::MakeSpan(values.get(), size()));
+  }
   return std::make_shared<Weights>(0, std::move(values), size());
 }
 

@@ -85,8 +85,14 @@ class ShardState {
   common::ShardRange range() const { return range_; }
   size_t size() const { return range_.size(); }
 
-  // Version 0: value i is InitialValue(layout, seed, range().begin + i).
+  // Version 0: value i is InitialValue(layout, seed, range().begin + i),
+  // or values[i] after SetInitialValues.
   std::shared_ptr<Weights> InitialWeights();
+  // Version 0's values from elsewhere (an external model's initial-weights
+  // file): size() of them. Call before the rule is made.
+  void SetInitialValues(std::vector<float> values) {
+    initial_values_ = std::move(values);
+  }
   // Buffers of size() floats (pushes, new versions, snapshots).
   FloatBufferPool& buffers() { return buffers_; }
   // Weights of `version` in a pool buffer holding a copy of `values`.
@@ -274,6 +280,7 @@ class ShardState {
   const common::ShardRange range_;
   const common::ModelLayout layout_;
   const uint64_t seed_;
+  std::vector<float> initial_values_;  // SetInitialValues; empty: the seed's
   FloatBufferPool buffers_;
 
   mutable absl::Mutex waiters_mu_;

@@ -84,6 +84,47 @@ TEST(ResolveConfigTest, EmptyConfigResolvesToSyncDefaults) {
   EXPECT_TRUE(c.has_input_std());
 }
 
+TEST(ResolveConfigTest, ExternalModelTensors) {
+  TrainingConfig config;
+  config.add_tensors()->set_name("fc.weight");
+  config.mutable_tensors(0)->add_dims(10);
+  config.mutable_tensors(0)->add_dims(784);
+  config.set_initial_weights("/somewhere/run.weights");
+  absl::StatusOr<TrainingConfig> resolved = ResolveConfig(config);
+  ASSERT_OK(resolved.status());
+  EXPECT_EQ(ModelLayout::FromConfig(*resolved).num_params(), 7840u);
+  EXPECT_THAT(CheckBuiltInModel(*resolved),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("first 'fc.weight'")));
+  // The path is not part of the fingerprint; the tensors are.
+  TrainingConfig moved = *resolved;
+  moved.set_initial_weights("/elsewhere/run.weights");
+  EXPECT_EQ(ConfigFingerprint(moved), ConfigFingerprint(*resolved));
+  moved.mutable_tensors(0)->set_dims(0, 11);
+  EXPECT_NE(ConfigFingerprint(moved), ConfigFingerprint(*resolved));
+
+  TrainingConfig twice = config;
+  *twice.add_tensors() = config.tensors(0);
+  EXPECT_THAT(ResolveConfig(twice),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("repeats the name 'fc.weight'")));
+  TrainingConfig empty_side = config;
+  empty_side.mutable_tensors(0)->set_dims(1, 0);
+  EXPECT_THAT(ResolveConfig(empty_side),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("has a side of 0")));
+  TrainingConfig both = config;
+  both.set_model(LENET);
+  EXPECT_THAT(ResolveConfig(both),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("keep only tensors")));
+  TrainingConfig no_tensors;
+  no_tensors.set_initial_weights("/w");
+  EXPECT_THAT(ResolveConfig(no_tensors),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only for a model given as `tensors`")));
+}
+
 TEST(ResolveConfigTest, DownpourDefaultsToAdagradWithoutMomentum) {
   const TrainingConfig c = Resolve("mode: DOWNPOUR");
   EXPECT_EQ(c.mode(), DOWNPOUR);

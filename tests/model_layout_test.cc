@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -290,6 +292,51 @@ TEST(UniformValuesTest, RepeatableAndWithinScale) {
   // The scale only stretches the same draws.
   const std::vector<float> unit = UniformValues(10000, 7);
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], 2.0f * unit[i]);
+}
+
+TEST(ModelLayoutTest, ExternalTensorsAreLaidOutInOrder) {
+  TrainingConfig config;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "tensors { name: 'conv.weight' dims: [6, 1, 5, 5] } "
+      "tensors { name: 'conv.bias' dims: 6 } tensors { name: 'scale' }",
+      &config));
+  const ModelLayout layout = ModelLayout::FromConfig(config);
+  EXPECT_TRUE(layout.layers().empty());
+  ASSERT_EQ(layout.tensors().size(), 3u);
+  EXPECT_EQ(layout.tensors()[0].rows, 6u);
+  EXPECT_EQ(layout.tensors()[0].cols, 25u);
+  EXPECT_EQ(layout.tensors()[0].fan_in, 25u);  // He's bound for weights
+  EXPECT_EQ(layout.tensors()[1].offset, 150u);
+  EXPECT_EQ(layout.tensors()[1].fan_in, 0u);  // a bias starts at 0
+  EXPECT_EQ(layout.tensors()[2].offset, 156u);
+  EXPECT_EQ(layout.tensors()[2].size(), 1u);  // a scalar
+  EXPECT_EQ(layout.num_params(), 157u);
+}
+
+TEST(ReadInitialWeightsTest, ReadsAShardsSliceAndRefusesDamage) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::vector<float> values = {1, 2, 3, 4, 5};
+  {
+    std::ofstream out(dir + "/w", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(values.data()), 20);
+  }
+  EXPECT_THAT(ReadInitialWeights(dir + "/w", 5, ShardRangeFor(5, 2, 1)),
+              testutil::IsOkAndHolds(ElementsAre(3, 4, 5)));
+  EXPECT_THAT(ReadInitialWeights(dir + "/w", 6, ShardRangeFor(6, 1, 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("holds 20 bytes, but the model's 6 "
+                                 "parameters need 24")));
+  EXPECT_THAT(ReadInitialWeights(dir + "/none", 5, ShardRangeFor(5, 1, 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cannot be read")));
+  const float nan = std::nanf("");
+  {
+    std::ofstream out(dir + "/nan", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&nan), 4);
+  }
+  EXPECT_THAT(ReadInitialWeights(dir + "/nan", 1, ShardRangeFor(1, 1, 0)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("parameter 0 is nan")));
 }
 
 }  // namespace

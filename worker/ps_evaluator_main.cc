@@ -20,6 +20,7 @@
 #include "common/daemon.h"
 #include "common/log.h"
 #include "common/metrics_exporter.h"
+#include "common/model_config.h"
 #include "common/model_layout.h"
 #include "common/termination.h"
 #include "common/tls.h"
@@ -243,6 +244,10 @@ int main(int argc, char** argv) {
   auto config = monsoon::common::LoadResolvedConfig(
       absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
   if (!config.ok()) return Fail(kExitConfigError, config.status());
+  if (absl::Status built_in = monsoon::common::CheckBuiltInModel(*config);
+      !built_in.ok()) {
+    return Fail(kExitConfigError, built_in);
+  }
   auto test =
       monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTest);
   if (!test.ok()) return Fail(kExitConfigError, test.status());

@@ -19,6 +19,7 @@
 #include "common/daemon.h"
 #include "common/log.h"
 #include "common/metrics_exporter.h"
+#include "common/model_config.h"
 #include "common/model_layout.h"
 #include "common/termination.h"
 #include "common/tls.h"
@@ -333,6 +334,10 @@ int main(int argc, char** argv) {
   auto config = monsoon::common::LoadResolvedConfig(
       absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_data_dir));
   if (!config.ok()) return Fail(kExitConfigError, config.status());
+  if (absl::Status built_in = monsoon::common::CheckBuiltInModel(*config);
+      !built_in.ok()) {
+    return Fail(kExitConfigError, built_in);
+  }
   const int rank = absl::GetFlag(FLAGS_rank);
   const int num_workers = absl::GetFlag(FLAGS_num_workers);
   if (absl::Status checked = CheckWorkerFlags(); !checked.ok()) {
