@@ -1,0 +1,233 @@
+#include "worker/script_worker.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/model_layout.h"
+#include "worker/cpu_backend.h"
+
+namespace monsoon::worker {
+namespace {
+
+bool Overlapped(const TrainingConfig& c) {
+  return (c.mode() == DOWNPOUR || c.mode() == ONEBIT) &&
+         (c.n_push() > 1 || c.n_fetch() > 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ScriptWorker>> ScriptWorker::Create(
+    ParameterClient* client, const TrainingConfig& config, int rank,
+    int num_workers, absl::Duration shard_lost_timeout) {
+  if (config.tensors_size() == 0) {
+    return absl::InvalidArgumentError(
+        "the run's config has no `tensors`: a script's model must be the "
+        "run's model (write the config with monsoon.torch.export_layout and "
+        "start the shards with it)");
+  }
+  std::unique_ptr<ScriptWorker> worker(new ScriptWorker(
+      client, config, rank, num_workers, shard_lost_timeout));
+  absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =
+      GradientPusher::Create(worker->backend_.get(), client, config,
+                             &worker->counters_);
+  if (!pusher.ok()) return pusher.status();
+  worker->pusher_ = *std::move(pusher);
+  return worker;
+}
+
+ScriptWorker::ScriptWorker(ParameterClient* client,
+                           const TrainingConfig& config, int rank,
+                           int num_workers, absl::Duration shard_lost_timeout)
+    : client_(client),
+      config_(config),
+      num_params_(static_cast<int64_t>(
+          common::ModelLayout::FromConfig(config).num_params())),
+      backend_(MakeCpuBackend()),
+      timeout_(absl::Seconds(config.call_timeout_s())),
+      next_offset_(client->applied_samples()) {
+  context_.config = config;
+  context_.rank = rank;
+  context_.num_workers = num_workers;
+  context_.client = client;
+  context_.counters = &counters_;
+  context_.shard_lost_timeout = shard_lost_timeout;
+}
+
+ScriptWorker::~ScriptWorker() { in_flight_.Finish().IgnoreError(); }
+
+bool ScriptWorker::StepReplacesParams() const {
+  return config_.mode() == SYNC || config_.mode() == HOGWILD ||
+         ((config_.mode() == DOWNPOUR || config_.mode() == ONEBIT) &&
+          !Overlapped(config_));
+}
+
+absl::Status ScriptWorker::CheckSize(const char* what, size_t size) const {
+  if (static_cast<int64_t>(size) == num_params_) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " hold ", size, " values, but the run's model has ",
+                   num_params_, " parameters"));
+}
+
+absl::Status ScriptWorker::Pull(absl::Span<float> params) {
+  if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
+  auto pull = [&] { return client_->Pull(0, timeout_, params, &versions_); };
+  PhaseTimer timer(&counters_, Phase::kPull);
+  return RidingOut(context_, pull, pull);
+}
+
+absl::StatusOr<bool> ScriptWorker::Step(absl::Span<const float> grads,
+                                        int64_t samples,
+                                        absl::Span<float> params) {
+  if (auto s = CheckSize("grads", grads.size()); !s.ok()) return s;
+  if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
+  if (samples < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step sums over at least 1 example, not ", samples));
+  }
+  if (versions_.empty()) {
+    return absl::FailedPreconditionError(
+        "no weights pulled yet: pull the shards' weights into the model "
+        "first (monsoon.torch.broadcast_parameters)");
+  }
+  const int64_t offset = next_offset_;
+  next_offset_ += samples;
+  ++steps_;
+  counters_.steps.fetch_add(1);
+  counters_.samples.fetch_add(samples);
+  const Mode mode = config_.mode();
+  auto pull = [&] { return client_->Pull(0, timeout_, params, &versions_); };
+  if (mode == SYNC || ((mode == DOWNPOUR || mode == ONEBIT) &&
+                       !Overlapped(config_))) {
+    // One round trip: the push's answer carries the weights that include
+    // it (sync: once the step's barrier closes). A shard that has the push
+    // already (a repeat after a lost shard) answers it as a duplicate.
+    const PullTarget next{params, &versions_, timeout_,
+                          /*holds_base_versions=*/true};
+    auto step = [&]() -> absl::Status {
+      PhaseTimer timer(&counters_, Phase::kPushPull);
+      absl::StatusOr<std::unique_ptr<PendingCall>> push =
+          pusher_->Push(grads.data(), versions_, samples, offset, &next);
+      if (!push.ok()) return push.status();
+      return (*push)->Wait();
+    };
+    if (auto s = RidingOut(context_, step, pull); !s.ok()) return s;
+    return true;
+  }
+  if (mode == HOGWILD) {
+    // The push runs while the next step computes; the weights are pulled
+    // now. A push lost on a shard is not sent again (as in hogwild_loop).
+    auto push = [&]() -> absl::Status {
+      PhaseTimer timer(&counters_, Phase::kPush);
+      if (auto s = in_flight_.Finish(); !s.ok()) return s;
+      absl::StatusOr<std::unique_ptr<PendingCall>> started =
+          pusher_->Push(grads.data(), versions_, samples, offset);
+      if (!started.ok()) return started.status();
+      in_flight_.Hold(*std::move(started));
+      return absl::OkStatus();
+    };
+    auto none = [] { return absl::OkStatus(); };
+    if (auto s = RidingOut(context_, push, none); !s.ok()) return s;
+    if (auto s = Pull(params); !s.ok()) return s;
+    return true;
+  }
+  if (mode == EASGD) {
+    if (since_exchange_ == 0) {
+      first_offset_ = offset;
+      summed_samples_ = 0;
+    }
+    summed_samples_ += samples;
+    return false;
+  }
+  // downpour and onebit, pushing every n_push steps: the gradient summed.
+  if (pusher_->accumulated_steps() == 0) {
+    first_offset_ = offset;
+    summed_samples_ = 0;
+  }
+  summed_samples_ += samples;
+  if (pusher_->accumulated_steps() + 1 < config_.n_push()) {
+    if (auto s = pusher_->Accumulate(grads.data()); !s.ok()) return s;
+    return false;
+  }
+  if (auto s = PushAsync(grads.data(), summed_samples_); !s.ok()) return s;
+  return false;
+}
+
+absl::Status ScriptWorker::PushAsync(const float* grads, int64_t samples) {
+  // A push that fails on a lost shard is not sent again: that shard loses
+  // it, the others have it (as in downpour_loop).
+  bool sent = false;
+  auto push = [&]() -> absl::Status {
+    if (sent) return absl::OkStatus();
+    PhaseTimer timer(&counters_, Phase::kPush);
+    if (auto s = in_flight_.Finish(); !s.ok()) return s;
+    sent = true;
+    absl::StatusOr<std::unique_ptr<PendingCall>> started =
+        pusher_->Push(grads, versions_, samples, first_offset_);
+    if (!started.ok()) return started.status();
+    in_flight_.Hold(*std::move(started));
+    return absl::OkStatus();
+  };
+  return RidingOut(context_, push, [] { return absl::OkStatus(); });
+}
+
+absl::Status ScriptWorker::AfterLocalStep(absl::Span<float> params) {
+  if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
+  if (config_.mode() == EASGD) {
+    if (++since_exchange_ < config_.tau()) return absl::OkStatus();
+    return Exchange(params);
+  }
+  if (Overlapped(config_) && steps_ % config_.n_fetch() == 0) {
+    return Pull(params);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScriptWorker::Exchange(absl::Span<float> params) {
+  const size_t p = params.size();
+  center_.resize(p);
+  elastic_.resize(p);
+  const float alpha = config_.has_alpha()
+                          ? config_.alpha()
+                          : 0.9f / static_cast<float>(context_.num_workers);
+  // Lost while pulling the centre: the exchange runs again once the shard
+  // is back. Lost while pushing d: x has moved, so it is not repeated.
+  bool pushing = false;
+  auto once = [&]() -> absl::Status {
+    if (pushing) return absl::OkStatus();
+    {
+      PhaseTimer timer(&counters_, Phase::kPull);
+      if (auto s = client_->Pull(0, timeout_, absl::MakeSpan(center_),
+                                 &versions_);
+          !s.ok()) {
+        return s;
+      }
+    }
+    PhaseTimer timer(&counters_, Phase::kPush);
+    for (size_t i = 0; i < p; ++i) {
+      elastic_[i] = alpha * (params[i] - center_[i]);
+      params[i] -= elastic_[i];
+    }
+    pushing = true;
+    absl::StatusOr<std::unique_ptr<PendingCall>> push = pusher_->Push(
+        elastic_.data(), versions_, summed_samples_, first_offset_);
+    if (!push.ok()) return push.status();
+    return (*push)->Wait();
+  };
+  since_exchange_ = 0;
+  return RidingOut(context_, once, [] { return absl::OkStatus(); });
+}
+
+absl::Status ScriptWorker::Finish(absl::Span<float> params) {
+  if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
+  if (config_.mode() == EASGD && since_exchange_ > 0) {
+    return Exchange(params);
+  }
+  if (pusher_->accumulated_steps() > 0) {
+    if (auto s = PushAsync(nullptr, summed_samples_); !s.ok()) return s;
+  }
+  auto finish = [&] { return in_flight_.Finish(); };
+  return RidingOut(context_, finish, [] { return absl::OkStatus(); });
+}
+
+}  // namespace monsoon::worker

@@ -1,0 +1,98 @@
+// ScriptWorker: a worker whose training loop belongs to someone else: a
+// script (PyTorch, through the monsoon Python package) computes each step's
+// gradient into one flat float32 buffer of all parameters and hands it
+// over; ScriptWorker does with it what the mode's loop (worker/*_loop.cc)
+// does with its own gradients, on the same ParameterClient and
+// GradientPusher, so that every mode, 1-bit pushes with their residual,
+// staleness options and riding out a lost shard work the same for both.
+//
+// A step, from the script's side:
+//   1. backward pass: gradients into `grads`;
+//   2. Step(grads, samples, params): true when `params` now hold the
+//      shards' weights for the next step (sync; downpour and onebit with
+//      n_push = n_fetch = 1; hogwild), false when the script takes its own
+//      local optimizer step (downpour and onebit otherwise, easgd);
+//   3. after a local step, AfterLocalStep(params): downpour's pull every
+//      n_fetch steps, easgd's exchange with the centre every tau steps.
+// Finish() pushes what is still summed and waits for the push in flight.
+//
+// `params` and `grads` are the script's memory (the model's parameters and
+// gradients, viewed as flat float32 arrays): pulls land in `params` without
+// a copy. CPU memory only. One thread at a time.
+#ifndef MONSOON_WORKER_SCRIPT_WORKER_H_
+#define MONSOON_WORKER_SCRIPT_WORKER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/config.pb.h"
+#include "worker/compute_backend.h"
+#include "worker/gradient_pusher.h"
+#include "worker/parameter_client.h"
+#include "worker/training_loop.h"
+#include "worker/worker_counters.h"
+
+namespace monsoon::worker {
+
+class ScriptWorker {
+ public:
+  // `client` (connected with `config`, the resolved one) must outlive the
+  // worker. INVALID_ARGUMENT for a config whose model is not external
+  // (TrainingConfig.tensors): a script's parameters define the model.
+  static absl::StatusOr<std::unique_ptr<ScriptWorker>> Create(
+      ParameterClient* client, const TrainingConfig& config, int rank,
+      int num_workers, absl::Duration shard_lost_timeout = absl::Minutes(5));
+  ~ScriptWorker();
+
+  int64_t num_params() const { return num_params_; }
+  // Whether Step replaces the weights itself (no local step for the script).
+  bool StepReplacesParams() const;
+
+  // The shards' current weights into `params` (num_params() values).
+  absl::Status Pull(absl::Span<float> params);
+  // See the file comment. `samples`: the examples the gradient sums over.
+  absl::StatusOr<bool> Step(absl::Span<const float> grads, int64_t samples,
+                            absl::Span<float> params);
+  absl::Status AfterLocalStep(absl::Span<float> params);
+  // The last steps' sums reach the shards; the push in flight is waited for.
+  absl::Status Finish(absl::Span<float> params);
+
+  int64_t steps() const { return steps_; }
+  const WorkerCounters& counters() const { return counters_; }
+
+ private:
+  ScriptWorker(ParameterClient* client, const TrainingConfig& config,
+               int rank, int num_workers, absl::Duration shard_lost_timeout);
+  // INVALID_ARGUMENT unless the span holds num_params() values.
+  absl::Status CheckSize(const char* what, size_t size) const;
+  // Pushes `steps` steps' gradient (grads plus the pusher's sum; null:
+  // only the sum) without waiting, after the push in flight.
+  absl::Status PushAsync(const float* grads, int64_t samples);
+  // easgd: pull the centre, d = alpha (x - centre), x -= d, push d.
+  absl::Status Exchange(absl::Span<float> params);
+
+  ParameterClient* const client_;
+  const TrainingConfig config_;
+  const int64_t num_params_;
+  std::unique_ptr<ComputeBackend> backend_;  // the host's memory
+  std::unique_ptr<GradientPusher> pusher_;
+  WorkerCounters counters_;
+  WorkerContext context_;  // for RidingOut
+  const absl::Duration timeout_;
+  std::vector<int64_t> versions_;  // of the weights last pulled
+  PushInFlight in_flight_;
+  int64_t steps_ = 0;
+  int64_t next_offset_ = 0;   // where the next step's examples begin
+  int64_t first_offset_ = 0;  // of the steps being summed (downpour, easgd)
+  int64_t summed_samples_ = 0;
+  int since_exchange_ = 0;  // easgd
+  std::vector<float> center_, elastic_;  // easgd
+};
+
+}  // namespace monsoon::worker
+
+#endif  // MONSOON_WORKER_SCRIPT_WORKER_H_
