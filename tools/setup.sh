@@ -5,6 +5,10 @@
 #   tools/setup.sh               the build, the tests and the demo
 #   tools/setup.sh --build-only  only what `bazel build` of the daemons needs
 #                                (the images' build stage, tools/Dockerfile)
+#
+# Without --build-only it then builds the monsoon Python package's extension
+# and installs the package for python3 (tools/install_python.sh), so that
+# `import monsoon.torch` works.
 set -euo pipefail
 
 build_only=0
@@ -33,6 +37,8 @@ if [ "$build_only" -eq 0 ]; then
   prometheus             # tests/prometheus_test.py scrapes a local run
   clang libfuzzer-14-dev pkg-config  # tools/fuzz.sh (libFuzzer targets)
   llvm                   # llvm-symbolizer: sanitizer reports with file:line
+  python3-dev pybind11-dev  # the monsoon Python package's extension (worker/python)
+  python3-torch          # PyTorch scripts as workers, and their tests
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
   python3 python3-matplotlib  # compare_modes' report and plots
   python3-yaml           # tests/k8s_manifests_test.py reads the rendered manifests
@@ -54,7 +60,13 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
+install_python() {
+  if [ "$build_only" -eq 0 ]; then
+    "$(dirname "$0")/install_python.sh"
+  fi
+}
 if [ ${#missing[@]} -eq 0 ]; then
+  install_python
   exit 0
 fi
 
@@ -70,3 +82,4 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 $sudo apt-get update -q
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+install_python

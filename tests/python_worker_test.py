@@ -1,0 +1,273 @@
+"""PyTorch scripts as Monsoon workers (monsoon.torch), against real shards.
+
+Each test starts ps_server processes on loopback with a config written by
+monsoon.torch.export_layout, runs the worker script below once per rank as
+its own python3 process (the way launchers run them), and checks what the
+workers end with:
+  - sync: both workers end with bit-identical weights, equal to plain
+    PyTorch's SGD on the mean of the two ranks' gradients, step by step;
+  - every other mode: the run ends, and the model has learned (a separable
+    task: the loss on a fixed set falls well below its start);
+  - a parameter with no gradient pushes zeros and nothing hangs;
+  - the model's parameters share memory with what the C++ side pulls into;
+  - a model whose names, shapes or order differ is refused naming the first
+    difference; calls before init() and non-float32 parameters are refused.
+Skips where torch is not installed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+RUNFILES = os.environ.get("TEST_SRCDIR", "")
+PS_SERVER = os.path.join(RUNFILES, "monsoon", "server", "ps_server")
+
+WORKER = r'''
+import json, sys
+import torch
+import torch.nn.functional as F
+import monsoon.torch as mt
+
+steps, extra, lr = int(sys.argv[1]), sys.argv[2] == "extra", float(sys.argv[3])
+mt.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                            torch.nn.Linear(8, 2))
+if extra:  # a parameter that gets no gradient
+    model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
+opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+                              named_parameters=model.named_parameters())
+with torch.no_grad():  # the pull must land in the parameters' own memory
+    for p in model.parameters():
+        p.fill_(123.0)
+mt.broadcast_parameters(model)
+start = [p.detach().clone() for p in model.parameters()]
+g = torch.Generator().manual_seed(100 + mt.rank())
+for step in range(steps):
+    x = torch.randn(8, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step(samples=8)
+mt.finish()
+print("RESULT " + json.dumps({
+    "names": [name for name, _ in model.named_parameters()],
+    "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+    "start": [p.reshape(-1).tolist() for p in start],
+    "steps": opt.steps}))
+'''
+
+
+def model_for_test():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 2))
+
+
+def eval_loss(model):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(512, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model(x), y).item()
+
+
+def load_flat(model, flat):
+    with torch.no_grad():
+        offset = 0
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(torch.tensor(flat[offset:offset + n]).view_as(p))
+            offset += n
+
+
+@unittest.skipIf(torch is None, "python3-torch is not installed")
+class PythonWorkerTest(unittest.TestCase):
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="monsoon-py-")
+        self.servers = []
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = os.pathsep.join(sys.path)
+        self.script = os.path.join(self.dir, "worker.py")
+        with open(self.script, "w") as f:
+            f.write(WORKER)
+
+    def tearDown(self):
+        for server in self.servers:
+            server.terminate()
+        for server in self.servers:
+            server.wait(timeout=30)
+
+    def write_config(self, base, model=None, name="run.config"):
+        import monsoon.torch as mt
+        base_path = os.path.join(self.dir, name + ".base")
+        with open(base_path, "w") as f:
+            f.write(base)
+        path = os.path.join(self.dir, name)
+        mt.export_layout(model or model_for_test(), path, base_path)
+        return path
+
+    def start_shards(self, config, shards=2, workers=2):
+        addresses = []
+        for s in range(shards):
+            port_file = os.path.join(self.dir, "port%d" % s)
+            self.servers.append(subprocess.Popen(
+                [PS_SERVER, "--shard=%d" % s, "--num_shards=%d" % shards,
+                 "--num_workers=%d" % workers, "--config=" + config,
+                 "--listen=127.0.0.1:0", "--port_file=" + port_file,
+                 "--log_every_s=0"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            deadline = time.time() + 60
+            while not (os.path.exists(port_file) and open(port_file).read().strip()):
+                self.assertLess(time.time(), deadline, "shard %d did not start" % s)
+                self.assertIsNone(self.servers[-1].poll(), "shard %d exited" % s)
+                time.sleep(0.05)
+            addresses.append("127.0.0.1:" + open(port_file).read().strip())
+        return ",".join(addresses)
+
+    def run_workers(self, config, servers, workers=2, steps=40, extra=False,
+                    expect_ok=True, local_lr=0.05):
+        procs = []
+        for r in range(workers):
+            env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
+                       MONSOON_NUM_WORKERS=str(workers), MONSOON_CONFIG=config,
+                       MONSOON_CONNECT_TIMEOUT_S="20")
+            procs.append(subprocess.Popen(
+                [sys.executable, self.script, str(steps),
+                 "extra" if extra else "plain", str(local_lr)],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True))
+        results = []
+        for r, p in enumerate(procs):
+            out, err = p.communicate(timeout=240)
+            if not expect_ok:
+                results.append((p.returncode, err))
+                continue
+            self.assertEqual(p.returncode, 0, "worker %d failed:\n%s" % (r, err))
+            line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
+            results.append(json.loads(line[len("RESULT "):]))
+        return results
+
+    def test_sync_matches_pytorch_sgd_on_the_mean_gradient(self):
+        config = self.write_config(
+            "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n")
+        results = self.run_workers(config, self.start_shards(config), steps=5)
+        self.assertEqual(results[0]["params"], results[1]["params"])
+        self.assertEqual([r["steps"] for r in results], [5, 5])
+        # The same steps in plain PyTorch: each rank's gradient on the same
+        # weights, averaged, then w -= 0.1 * mean.
+        model = model_for_test()
+        gens = [torch.Generator().manual_seed(100 + r) for r in range(2)]
+        for _ in range(5):
+            grads = []
+            for g in gens:
+                x = torch.randn(8, 4, generator=g)
+                y = (x[:, 0] > 0).long()
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                grads.append([p.grad.clone() for p in model.parameters()])
+            with torch.no_grad():
+                for i, p in enumerate(model.parameters()):
+                    p -= 0.1 * (grads[0][i] + grads[1][i]) / 2
+        expected = [p.detach().reshape(-1).tolist() for p in model.parameters()]
+        for got, want in zip(results[0]["params"], expected):
+            for a, b in zip(got, want):
+                self.assertAlmostEqual(a, b, delta=1e-6)
+        # The shards started from the exported model's weights.
+        self.assertEqual(results[0]["start"],
+                         [p.detach().reshape(-1).tolist()
+                          for p in model_for_test().parameters()])
+
+    def check_learns(self, base, steps=60, local_lr=0.05):
+        config = self.write_config(base)
+        results = self.run_workers(config, self.start_shards(config), steps=steps,
+                                   local_lr=local_lr)
+        model = model_for_test()
+        before = eval_loss(model)
+        for r in results:
+            self.assertEqual(r["steps"], steps)
+            load_flat(model, [v for t in r["params"] for v in t])
+            after = eval_loss(model)
+            self.assertLess(after, 0.8 * before, (before, after))
+
+    def test_downpour_learns(self):
+        self.check_learns("mode: DOWNPOUR batch_size: 8 learning_rate: 0.1\n")
+
+    def test_downpour_with_local_steps_learns(self):
+        self.check_learns(
+            "mode: DOWNPOUR batch_size: 8 learning_rate: 0.1 n_push: 3 n_fetch: 2\n")
+
+    def test_onebit_learns(self):
+        self.check_learns("mode: ONEBIT batch_size: 8 learning_rate: 0.1\n")
+
+    def test_hogwild_learns(self):
+        self.check_learns("mode: HOGWILD batch_size: 8 learning_rate: 0.1\n")
+
+    def test_easgd_learns(self):
+        # The script's own SGD takes the local steps.
+        self.check_learns("mode: EASGD batch_size: 8 tau: 4\n", local_lr=0.2)
+
+    def test_parameter_without_gradient_pushes_zeros(self):
+        model = model_for_test()
+        model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
+        config = self.write_config(
+            "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n", model)
+        results = self.run_workers(config, self.start_shards(config), steps=3,
+                                   extra=True)
+        # Zero gradients leave it at 1.
+        unused = results[0]["names"].index("unused")
+        self.assertEqual(results[0]["params"][unused], [1.0, 1.0, 1.0])
+        self.assertEqual(results[0]["params"], results[1]["params"])
+
+    def test_differing_model_is_refused_naming_the_difference(self):
+        import monsoon.torch as mt
+        other = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                    torch.nn.Linear(8, 3))
+        config = self.write_config("mode: SYNC\n", other)
+        results = self.run_workers(config, "127.0.0.1:1", steps=1,
+                                   expect_ok=False)
+        for code, err in results:
+            self.assertNotEqual(code, 0)
+            self.assertIn("parameter 2 ('2.weight') has shape [2, 8] here but "
+                          "[3, 8] in the run's model", err)
+        run = [("0.weight", [8, 4]), ("0.bias", [8])]
+        self.assertIn("parameter 0 is '0.bias' here but '0.weight'",
+                      mt.first_difference(list(reversed(run)), run))
+        self.assertIn("this model has 3 parameters, the run's 2: 'x' is here",
+                      mt.first_difference(run + [("x", [1])], run))
+        self.assertIsNone(mt.first_difference(run, run))
+
+    def test_calls_before_init_and_bad_tensors_are_refused(self):
+        code = (
+            "import torch, monsoon.torch as mt\n"
+            "m = torch.nn.Linear(2, 2)\n"
+            "try:\n"
+            "    mt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1),"
+            " named_parameters=m.named_parameters())\n"
+            "except RuntimeError as e: print('E1', e)\n"
+            "mt.init()\n"
+            "m = m.double()\n"
+            "try:\n"
+            "    mt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1),"
+            " named_parameters=m.named_parameters())\n"
+            "except TypeError as e: print('E2', e)\n")
+        out = subprocess.run([sys.executable, "-c", code], env=self.env,
+                             capture_output=True, text=True, timeout=120)
+        self.assertIn("E1 monsoon.torch.DistributedOptimizer before "
+                      "monsoon.torch.init()", out.stdout, out.stderr)
+        self.assertIn("E2 parameter weight is torch.float64; monsoon trains "
+                      "float32 parameters", out.stdout, out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

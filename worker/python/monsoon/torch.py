@@ -1,0 +1,277 @@
+"""monsoon.torch: a PyTorch training script as a Monsoon worker.
+
+    import monsoon.torch as mt
+    mt.init()                      # MONSOON_* environment, or keywords
+    model = MyNet()
+    opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  named_parameters=model.named_parameters())
+    mt.broadcast_parameters(model)  # start from the shards' weights
+    for x, y in loader:
+        opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+    mt.finish()                    # leaves as finished, so the run can end
+
+What opt.step() does is the run's mode (the config's `mode`):
+  sync      pushes the gradient and waits for the step's weights (the
+            barrier); the shards' rule applies it, not the wrapped optimizer.
+  downpour, onebit
+            with n_push = n_fetch = 1 (the default) the same round trip
+            without a barrier; otherwise pushes the gradient summed over
+            n_push steps, takes a local step with the wrapped optimizer and
+            pulls every n_fetch steps. onebit pushes 1 bit per value with
+            its residual.
+  hogwild   pushes without waiting for the push, then pulls.
+  easgd     local steps with the wrapped optimizer; every tau steps an
+            exchange with the centre (x -= alpha (x - centre), pushed).
+
+The model's parameters become views into one flat float32 buffer (and their
+gradients into another), which the C++ client reads and writes in place
+through the buffer protocol: no copy, and no link against libtorch. Buffers
+that are not parameters (BatchNorm's running statistics) stay each worker's
+own. CPU tensors only.
+
+The run's model is its parameters' names, shapes and order: the shards hold
+what `export_layout` wrote (the config's `tensors` and the initial weights
+of the model that wrote it); a worker whose model differs is refused,
+naming the first difference.
+"""
+
+import os
+import sys
+
+import numpy
+import torch
+
+from monsoon import _monsoon
+
+Error = _monsoon.Error
+
+# Variables that the Python side reads itself (not C++ flags).
+_PYTHON_VARIABLES = {"MONSOON_EXPORT_LAYOUT", "MONSOON_PYTHON"}
+
+_state = {}
+
+
+def init(**settings):
+    """Reads the run's settings: MONSOON_<NAME> environment variables (as the
+    launchers set them), then `settings` (servers, rank, num_workers, config,
+    tls_ca, tls_cert, tls_key, auth_token_file, connect_timeout_s, ...),
+    which win. Connects nothing yet (DistributedOptimizer does)."""
+    overrides = [(k, ",".join(v) if isinstance(v, (list, tuple)) else str(v))
+                 for k, v in settings.items()]
+    unknown = _monsoon.configure(overrides)
+    for variable in unknown:
+        if variable not in _PYTHON_VARIABLES:
+            print("monsoon: warning: %s names no setting; ignored" % variable,
+                  file=sys.stderr)
+    _state.clear()
+    _state["initialized"] = True
+
+
+def _require_init(what):
+    if not _state.get("initialized"):
+        raise RuntimeError(
+            "monsoon.torch.%s before monsoon.torch.init(): call init() first, "
+            "at the top of the script" % what)
+
+
+def rank():
+    _require_init("rank()")
+    return int(_monsoon.flag("rank"))
+
+
+def num_workers():
+    _require_init("num_workers()")
+    return int(_monsoon.flag("num_workers"))
+
+
+def run_config():
+    """The run's resolved config, as far as a script needs it: mode, tensors
+    (name and shape of each parameter), batch_size, learning_rate, epochs,
+    seed."""
+    _require_init("run_config()")
+    return _monsoon.read_config("")
+
+
+def layout_of(named_parameters):
+    """[(name, [dims...]), ...] of a model's named parameters, in order:
+    what the run's config holds as `tensors`."""
+    return [(name, list(p.shape)) for name, p in named_parameters]
+
+
+def _check_tensor(name, p):
+    if p.dtype != torch.float32:
+        raise TypeError(
+            "parameter %s is %s; monsoon trains float32 parameters: "
+            "call model.float() first" % (name, p.dtype))
+    if p.device.type != "cpu":
+        raise TypeError(
+            "parameter %s is on %s; this build of monsoon moves CPU tensors "
+            "only: keep the model on the CPU" % (name, p.device))
+
+
+def export_layout(model, path, base_config="", weights_path=None):
+    """Writes the run's config for `model` to `path`: `base_config` (a
+    text-format config file, or every default) with the model's parameters
+    as `tensors`, and its current weights to `weights_path` (default
+    path + ".weights") as the shards' initial weights. Start the shards
+    with --config=path."""
+    named = list(model.named_parameters())
+    for name, p in named:
+        _check_tensor(name, p)
+    weights_path = weights_path or path + ".weights"
+    flat = torch.cat([p.detach().reshape(-1) for _, p in named])
+    flat.numpy().astype("<f4").tofile(weights_path)
+    _monsoon.write_layout(base_config, layout_of(named),
+                          os.path.abspath(weights_path), path)
+
+
+def first_difference(mine, run):
+    """The first difference between two layouts ([(name, dims)]), as a
+    sentence; None when they are the same."""
+    for i, ((name, dims), (run_name, run_dims)) in enumerate(zip(mine, run)):
+        if name != run_name:
+            return ("parameter %d is '%s' here but '%s' in the run's model "
+                    "(a different model, or parameters in another order)"
+                    % (i, name, run_name))
+        if list(dims) != list(run_dims):
+            return ("parameter %d ('%s') has shape %s here but %s in the "
+                    "run's model" % (i, name, list(dims), list(run_dims)))
+    if len(mine) != len(run):
+        longer, which = (mine, "here") if len(mine) > len(run) else (run, "in the run's model only")
+        return ("this model has %d parameters, the run's %d: '%s' is %s"
+                % (len(mine), len(run), longer[min(len(mine), len(run))][0], which))
+    return None
+
+
+class DistributedOptimizer:
+    """Wraps `optimizer` (whose local steps downpour, onebit and easgd take)
+    so that step() does what the run's mode does. Connects to the shards.
+    `named_parameters`: model.named_parameters(), the parameters
+    `optimizer` updates, whose names and shapes must be the run's."""
+
+    def __init__(self, optimizer, named_parameters):
+        _require_init("DistributedOptimizer")
+        self.optimizer = optimizer
+        self._named = list(named_parameters)
+        for name, p in self._named:
+            _check_tensor(name, p)
+        export = os.environ.get("MONSOON_EXPORT_LAYOUT")
+        if export:
+            # A launcher's first run of the script: write the layout and stop.
+            export_layout(_Params(self._named), export, _monsoon.flag("config"))
+            print("monsoon: wrote the model's layout to %s" % export)
+            sys.exit(0)
+        config = run_config()
+        difference = first_difference(layout_of(self._named), config["tensors"])
+        if difference is not None:
+            raise ValueError("this worker's model is not the run's: " + difference)
+        self._batch_size = config["batch_size"]
+        self._flatten()
+        self._worker = _monsoon.Worker()
+        _state["optimizer"] = self
+
+    def _flatten(self):
+        sizes = [p.numel() for _, p in self._named]
+        self._params = torch.empty(sum(sizes), dtype=torch.float32)
+        self._grads = torch.zeros(sum(sizes), dtype=torch.float32)
+        self._views = []
+        offset = 0
+        with torch.no_grad():
+            for (_, p), n in zip(self._named, sizes):
+                view = self._params[offset:offset + n].view_as(p)
+                view.copy_(p.data)
+                p.data = view
+                p.grad = self._grads[offset:offset + n].view_as(p)
+                self._views.append((offset, n))
+                offset += n
+        self._params_np = self._params.numpy()
+        self._grads_np = self._grads.numpy()
+
+    def _gather_grads(self):
+        # Autograd adds into p.grad in place, so it normally is still the view;
+        # a parameter without a gradient this step pushes zeros, and a
+        # gradient that autograd replaced is copied back into the buffer.
+        for (name, p), (offset, n) in zip(self._named, self._views):
+            view = self._grads[offset:offset + n].view_as(p)
+            if p.grad is None:
+                view.zero_()
+                p.grad = view
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+                p.grad = view
+
+    @property
+    def mode(self):
+        return self._worker.mode
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients in place (they are views into one buffer)."""
+        self._grads.zero_()
+
+    def pull(self):
+        """The shards' current weights into the model's parameters."""
+        self._worker.pull(self._params_np)
+
+    def step(self, closure=None, samples=None):
+        """The mode's step on the gradients of the last backward pass.
+        `samples`: the examples they sum over (default: the config's
+        batch_size)."""
+        loss = closure() if closure is not None else None
+        self._gather_grads()
+        replaced = self._worker.step(self._grads_np, int(samples or self._batch_size),
+                                     self._params_np)
+        if not replaced:
+            self.optimizer.step()
+            self._worker.after_local_step(self._params_np)
+        return loss
+
+    def finish(self, finished=True):
+        self._worker.finish(self._params_np, finished)
+
+    @property
+    def steps(self):
+        return self._worker.steps
+
+    @property
+    def bytes_pushed(self):
+        return self._worker.bytes_pushed
+
+    @property
+    def bytes_pulled(self):
+        return self._worker.bytes_pulled
+
+
+class _Params:
+    """Something with named_parameters(), for export_layout."""
+
+    def __init__(self, named):
+        self._named = named
+
+    def named_parameters(self):
+        return iter(self._named)
+
+
+def _optimizer(what):
+    _require_init(what)
+    opt = _state.get("optimizer")
+    if opt is None:
+        raise RuntimeError(
+            "monsoon.torch.%s before a DistributedOptimizer was made: wrap the "
+            "optimizer first (it connects to the shards)" % what)
+    return opt
+
+
+def broadcast_parameters(model=None):
+    """Every worker starts from the shards' weights: pulls them into the
+    model's parameters (those the DistributedOptimizer was given)."""
+    _optimizer("broadcast_parameters").pull()
+
+
+def finish(finished=True):
+    """Pushes what is still summed, then leaves the shards; with `finished`
+    the rank counts as done, so that the run can end."""
+    _optimizer("finish").finish(finished)

@@ -1,0 +1,262 @@
+// _monsoon: the C++ side of the monsoon Python package, over pybind11. A
+// PyTorch script's worker (ScriptWorker on a PsClient) and the run's layout
+// file; monsoon/torch.py is the API scripts use. Tensors cross as
+// float32 buffers (the buffer protocol: a CPU tensor's .numpy() view), so
+// nothing here links against libtorch and one build works with any torch.
+// The flags are ps_worker's (worker/client_flags.h and those below), read
+// from MONSOON_<NAME> variables as the daemons read them, or set by
+// configure(). Every call that waits on the network releases the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/flag_env.h"
+#include "common/model_layout.h"
+#include "worker/client_flags.h"
+#include "worker/ps_client.h"
+#include "worker/script_worker.h"
+
+ABSL_FLAG(std::string, servers, "",
+          "Comma-separated host:port of every shard, in shard order (env "
+          "MONSOON_SERVERS).");
+ABSL_FLAG(int, rank, 0, "This worker's rank, 0-based (env MONSOON_RANK).");
+ABSL_FLAG(int, num_workers, 1,
+          "Worker replicas in the run (env MONSOON_NUM_WORKERS).");
+ABSL_FLAG(std::string, config, "",
+          "The run's text-format TrainingConfig, with the model's `tensors` "
+          "(env MONSOON_CONFIG).");
+ABSL_FLAG(double, shard_lost_timeout_s, 300,
+          "How long to wait for a lost shard to come back.");
+
+namespace monsoon::python {
+namespace {
+
+namespace py = pybind11;
+
+// Raised for a Status that is not OK: "CODE: message".
+class StatusError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) throw StatusError(status.ToString());
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> value) {
+  Check(value.status());
+  return *std::move(value);
+}
+
+// A float32, C-contiguous buffer's values; ValueError otherwise.
+absl::Span<float> FloatSpan(py::buffer buffer, const char* what) {
+  py::buffer_info info = buffer.request(/*writable=*/true);
+  if (info.format != py::format_descriptor<float>::format() ||
+      info.itemsize != sizeof(float)) {
+    throw py::value_error(absl::StrCat(
+        what, " must be float32 (format 'f'), not format '", info.format,
+        "': monsoon keeps the model's parameters as float32"));
+  }
+  py::ssize_t expected = sizeof(float);
+  for (int d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      throw py::value_error(
+          absl::StrCat(what, " must be contiguous (C order)"));
+    }
+    expected *= info.shape[d];
+  }
+  return absl::MakeSpan(static_cast<float*>(info.ptr),
+                        static_cast<size_t>(info.size));
+}
+
+// configure(): MONSOON_<NAME> variables, then `overrides` (flag name to
+// value). Returns the MONSOON_ variables that name no flag.
+std::vector<std::string> Configure(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> unknown = Check(common::ApplyFlagEnvironment());
+  for (const auto& [name, value] : overrides) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) {
+      throw py::value_error(absl::StrCat("monsoon has no setting '", name,
+                                         "'"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      throw py::value_error(absl::StrCat("setting ", name, "=", value, ": ",
+                                         error));
+    }
+  }
+  return unknown;
+}
+
+std::string FlagValue(const std::string& name) {
+  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) {
+    throw py::value_error(absl::StrCat("monsoon has no setting '", name, "'"));
+  }
+  return flag->CurrentValue();
+}
+
+using Tensors = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+Tensors TensorsOf(const TrainingConfig& config) {
+  Tensors tensors;
+  for (const ExternalTensor& t : config.tensors()) {
+    tensors.emplace_back(t.name(),
+                         std::vector<int64_t>(t.dims().begin(), t.dims().end()));
+  }
+  return tensors;
+}
+
+// The resolved config at `path` ("" for --config), as a dict of what a
+// script needs: mode, tensors, batch_size, learning_rate.
+py::dict ReadConfig(std::string path) {
+  if (path.empty()) path = absl::GetFlag(FLAGS_config);
+  TrainingConfig config = Check(common::LoadResolvedConfig(path));
+  py::dict out;
+  out["mode"] = common::ModeName(config.mode());
+  out["tensors"] = TensorsOf(config);
+  out["batch_size"] = config.batch_size();
+  out["learning_rate"] = config.learning_rate();
+  out["epochs"] = config.epochs();
+  out["seed"] = config.seed();
+  return out;
+}
+
+// Writes a config (`base`, or every default) with `tensors` and
+// initial_weights = `weights` to `out`, after checking it resolves.
+void WriteLayout(const std::string& base, const Tensors& tensors,
+                 const std::string& weights, const std::string& out) {
+  TrainingConfig config;
+  if (!base.empty()) config = Check(common::LoadConfigFile(base));
+  config.clear_tensors();
+  for (const auto& [name, dims] : tensors) {
+    ExternalTensor* t = config.add_tensors();
+    t->set_name(name);
+    for (int64_t d : dims) t->add_dims(d);
+  }
+  config.set_initial_weights(weights);
+  Check(common::ResolveConfig(config).status());
+  std::ofstream file(out);
+  file << common::ConfigToText(config);
+  if (!file.flush()) {
+    throw StatusError(absl::StrCat("cannot write the layout to ", out));
+  }
+}
+
+// A script's worker: its client of the shards and the mode's steps.
+class Worker {
+ public:
+  Worker() {
+    const TrainingConfig config =
+        Check(common::LoadResolvedConfig(absl::GetFlag(FLAGS_config)));
+    worker::PsClientOptions options;
+    options.server_addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers),
+                                              ',', absl::SkipWhitespace());
+    if (options.server_addresses.empty()) {
+      throw py::value_error(
+          "no servers: set MONSOON_SERVERS (host:port of every shard, in "
+          "shard order) or pass servers= to monsoon.torch.init, or start the "
+          "script with launch_local --worker_cmd");
+    }
+    options.config = config;
+    options.worker_rank = absl::GetFlag(FLAGS_rank);
+    options.num_workers = absl::GetFlag(FLAGS_num_workers);
+    options.log_every = absl::Seconds(10);
+    int exit_code = 0;
+    py::gil_scoped_release release;
+    client_ = Check(worker::ConnectWithClientFlags(options, &exit_code));
+    worker_ = Check(worker::ScriptWorker::Create(
+        client_.get(), config, options.worker_rank, options.num_workers,
+        absl::Seconds(absl::GetFlag(FLAGS_shard_lost_timeout_s))));
+    mode_ = common::ModeName(config.mode());
+  }
+
+  void Pull(py::buffer params) {
+    absl::Span<float> p = FloatSpan(params, "params");
+    py::gil_scoped_release release;
+    Check(worker_->Pull(p));
+  }
+  bool Step(py::buffer grads, int64_t samples, py::buffer params) {
+    absl::Span<float> g = FloatSpan(grads, "grads");
+    absl::Span<float> p = FloatSpan(params, "params");
+    py::gil_scoped_release release;
+    return Check(worker_->Step(g, samples, p));
+  }
+  void AfterLocalStep(py::buffer params) {
+    absl::Span<float> p = FloatSpan(params, "params");
+    py::gil_scoped_release release;
+    Check(worker_->AfterLocalStep(p));
+  }
+  // Finishes the mode's steps and leaves the shards: `finished` counts the
+  // rank as done (the run can end once every rank is).
+  void Finish(py::buffer params, bool finished) {
+    absl::Span<float> p = FloatSpan(params, "params");
+    py::gil_scoped_release release;
+    absl::Status done = worker_->Finish(p);
+    absl::Status left = client_->Leave(absl::Seconds(2), finished && done.ok());
+    Check(done);
+    Check(left);
+  }
+
+  const std::string& mode() const { return mode_; }
+  int64_t num_params() const { return worker_->num_params(); }
+  bool step_replaces_params() const { return worker_->StepReplacesParams(); }
+  int64_t steps() const { return worker_->steps(); }
+  int64_t bytes_pushed() const { return client_->bytes_pushed(); }
+  int64_t bytes_pulled() const { return client_->bytes_pulled(); }
+
+ private:
+  std::unique_ptr<worker::PsClient> client_;
+  std::unique_ptr<worker::ScriptWorker> worker_;
+  std::string mode_;
+};
+
+}  // namespace
+}  // namespace monsoon::python
+
+PYBIND11_MODULE(_monsoon, m) {
+  namespace py = pybind11;
+  using monsoon::python::StatusError;
+  using monsoon::python::Worker;
+  using monsoon::python::Configure;
+  using monsoon::python::FlagValue;
+  using monsoon::python::ReadConfig;
+  using monsoon::python::WriteLayout;
+  m.doc() = "Monsoon's C++ worker for PyTorch scripts (use monsoon.torch)";
+  py::register_exception<StatusError>(m, "Error", PyExc_RuntimeError);
+  m.def("configure", &Configure, py::arg("overrides"));
+  m.def("flag", &FlagValue, py::arg("name"));
+  m.def("read_config", &ReadConfig, py::arg("path") = "");
+  m.def("write_layout", &WriteLayout, py::arg("base"), py::arg("tensors"),
+        py::arg("weights"), py::arg("out"));
+  py::class_<Worker>(m, "Worker")
+      .def(py::init<>())
+      .def("pull", &Worker::Pull, py::arg("params"))
+      .def("step", &Worker::Step, py::arg("grads"), py::arg("samples"),
+           py::arg("params"))
+      .def("after_local_step", &Worker::AfterLocalStep, py::arg("params"))
+      .def("finish", &Worker::Finish, py::arg("params"),
+           py::arg("finished") = true)
+      .def_property_readonly("mode", &Worker::mode)
+      .def_property_readonly("num_params", &Worker::num_params)
+      .def_property_readonly("step_replaces_params",
+                             &Worker::step_replaces_params)
+      .def_property_readonly("steps", &Worker::steps)
+      .def_property_readonly("bytes_pushed", &Worker::bytes_pushed)
+      .def_property_readonly("bytes_pulled", &Worker::bytes_pulled);
+}
