@@ -260,13 +260,29 @@ class PythonWorkerTest(unittest.TestCase):
             "try:\n"
             "    mt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1),"
             " named_parameters=m.named_parameters())\n"
-            "except TypeError as e: print('E2', e)\n")
-        out = subprocess.run([sys.executable, "-c", code], env=self.env,
+            "except TypeError as e: print('E2', e)\n"
+            "m = m.float()\n"
+            "try:\n"
+            "    mt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1),"
+            " named_parameters=m.named_parameters())\n"
+            "except ValueError as e: print('E3', e)\n"
+            "open('mlp.config', 'w').write('layer_sizes: [2, 2]')\n"
+            "mt.init(config='mlp.config')\n"
+            "try:\n"
+            "    mt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1),"
+            " named_parameters=m.named_parameters())\n"
+            "except ValueError as e: print('E4', e)\n")
+        env = {k: v for k, v in self.env.items() if k != "MONSOON_CONFIG"}
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=self.dir,
                              capture_output=True, text=True, timeout=120)
         self.assertIn("E1 monsoon.torch.DistributedOptimizer before "
                       "monsoon.torch.init()", out.stdout, out.stderr)
         self.assertIn("E2 parameter weight is torch.float64; monsoon trains "
                       "float32 parameters", out.stdout, out.stderr)
+        self.assertIn("E3 no run config: set MONSOON_CONFIG", out.stdout,
+                      out.stderr)
+        self.assertIn("E4 the run's config (mlp.config) describes one of "
+                      "Monsoon's own models", out.stdout, out.stderr)
 
 
 if __name__ == "__main__":

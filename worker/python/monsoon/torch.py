@@ -161,7 +161,18 @@ class DistributedOptimizer:
             export_layout(_Params(self._named), export, _monsoon.flag("config"))
             print("monsoon: wrote the model's layout to %s" % export)
             sys.exit(0)
+        if not _monsoon.flag("config"):
+            raise ValueError(
+                "no run config: set MONSOON_CONFIG (or init(config=...)) to the "
+                "config the shards were started with, written by "
+                "monsoon.torch.export_layout")
         config = run_config()
+        if not config["tensors"]:
+            raise ValueError(
+                "the run's config (%s) describes one of Monsoon's own models, not "
+                "this script's: write it with monsoon.torch.export_layout(model, "
+                "path, base_config) and start the shards with it"
+                % _monsoon.flag("config"))
         difference = first_difference(layout_of(self._named), config["tensors"])
         if difference is not None:
             raise ValueError("this worker's model is not the run's: " + difference)
