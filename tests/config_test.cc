@@ -84,6 +84,34 @@ TEST(ResolveConfigTest, EmptyConfigResolvesToSyncDefaults) {
   EXPECT_TRUE(c.has_input_std());
 }
 
+// Found by the config fuzzer: an MLP given as layers on a wide input
+// resolved, but its canonical form (layer_sizes) was refused for an input
+// of more than 2^20 values. Both forms now take the same limits.
+TEST(ResolveConfigTest, AnMlpResolvesAgainInItsCanonicalForm) {
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig parsed,
+      ParseConfigText("layers { dense { units: 84 } } layers { relu {} } "
+                      "layers { dense { units: 10 } } "
+                      "input_shape: [28, 28, 8576]"));
+  ASSERT_OK_AND_ASSIGN(TrainingConfig resolved, ResolveConfig(parsed));
+  EXPECT_THAT(resolved.layer_sizes(), ElementsAre(6723584, 84, 10));
+  ASSERT_OK_AND_ASSIGN(TrainingConfig again,
+                       ParseConfigText(ConfigToText(resolved)));
+  ASSERT_OK_AND_ASSIGN(TrainingConfig resolved_again, ResolveConfig(again));
+  EXPECT_EQ(ConfigFingerprint(resolved_again), ConfigFingerprint(resolved));
+
+  ASSERT_OK_AND_ASSIGN(parsed,
+                       ParseConfigText("layer_sizes: [1048576, 4096, 10]"));
+  EXPECT_THAT(ResolveConfig(parsed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("describe a model of 4295012362 parameters; "
+                                 "at most 2^31")));
+  ASSERT_OK_AND_ASSIGN(parsed, ParseConfigText("layer_sizes: [16777217, 10]"));
+  EXPECT_THAT(ResolveConfig(parsed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the input needs 1 to 16777216 values")));
+}
+
 TEST(ResolveConfigTest, ExternalModelTensors) {
   TrainingConfig config;
   config.add_tensors()->set_name("fc.weight");
