@@ -1,0 +1,105 @@
+"""LeNet on Fashion-MNIST in PyTorch, trained through Monsoon's shards.
+
+A plain PyTorch script with the monsoon.torch lines added (marked "# +").
+Rank r trains examples r, r + W, r + 2W, ... of the training set, shuffled
+each epoch; rank 0 prints the test accuracy after each epoch. The data is
+Debian's dataset-fashion-mnist (tools/setup.sh installs it).
+
+By hand, with two shards and two workers (the README's "Bring your own
+model"):
+  MONSOON_EXPORT_LAYOUT=run.config MONSOON_CONFIG=base.config \\
+      python3 lenet_fashion_mnist.py          # writes run.config, exits
+  ps_server --shard=0 --num_shards=2 --num_workers=2 --config=run.config \\
+      --listen=127.0.0.1:5000 &               # and shard 1 on :5001
+  MONSOON_SERVERS=127.0.0.1:5000,127.0.0.1:5001 MONSOON_CONFIG=run.config \\
+      MONSOON_NUM_WORKERS=2 MONSOON_RANK=0 python3 lenet_fashion_mnist.py &
+  # ... and MONSOON_RANK=1
+"""
+
+import argparse
+import gzip
+import struct
+
+import numpy
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import monsoon.torch as mt  # +
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = struct.unpack(">" + "I" * dims, data[4:4 + 4 * dims])
+    return numpy.frombuffer(data, dtype=numpy.uint8,
+                            offset=4 + 4 * dims).reshape(shape)
+
+
+def load(data_dir, split):
+    images = read_idx("%s/%s-images-idx3-ubyte.gz" % (data_dir, split))
+    labels = read_idx("%s/%s-labels-idx1-ubyte.gz" % (data_dir, split))
+    x = torch.from_numpy(images.astype(numpy.float32) / 255.0).unsqueeze(1)
+    return (x - 0.2860) / 0.3530, torch.from_numpy(labels.astype(numpy.int64))
+
+
+class LeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def accuracy(model, x, y):
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.02,
+                        help="the local steps' rate (downpour, easgd)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    mt.init()  # +
+    torch.manual_seed(args.seed)
+    model = LeNet()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    opt = mt.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # +
+    mt.broadcast_parameters(model)  # +
+    x, y = load(args.data_dir, "train")
+    test_x, test_y = load(args.data_dir, "t10k")
+    rank, workers = mt.rank(), mt.num_workers()  # +
+    mine = torch.arange(rank, len(x), workers)
+    steps = len(x) // workers // args.batch_size  # the same for every rank
+    for epoch in range(args.epochs):
+        order = mine[torch.randperm(len(mine), generator=torch.Generator()
+                                    .manual_seed(args.seed * 1000 + epoch))]
+        for step in range(steps):
+            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
+            opt.zero_grad()
+            F.cross_entropy(model(x[batch]), y[batch]).backward()
+            opt.step(samples=len(batch))
+        if rank == 0:
+            print("epoch %d: test accuracy %.4f" % (epoch + 1,
+                                                     accuracy(model, test_x, test_y)),
+                  flush=True)
+    mt.finish()  # +
+
+
+if __name__ == "__main__":
+    main()
