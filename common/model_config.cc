@@ -55,10 +55,10 @@ absl::Status ResolveLayerSizes(TrainingConfig* c) {
   if (c->layer_sizes_size() < 2) {
     return Invalid("layer_sizes", "needs at least an input and an output size");
   }
-  // The limits of the same MLP given as layers (common/model_layout.cc),
-  // so that a model resolves in either form: an input of up to 2^24
-  // values, layers of up to 2^20 units, at most 2^31 parameters.
-  uint64_t params = 0;
+  // The input may have as many values as the same MLP given as layers
+  // takes (common/model_layout.cc), so that a model resolves in either
+  // form; layers have up to 2^20 units. (The parameter count is the
+  // shards' to refuse, by what fits a shard: ShardServer::Start.)
   for (int i = 0; i < c->layer_sizes_size(); ++i) {
     const int size = c->layer_sizes(i);
     if (i == 0 && (size <= 0 || size > (1 << 24))) {
@@ -71,14 +71,6 @@ absl::Status ResolveLayerSizes(TrainingConfig* c) {
                      absl::StrCat("has size ", size,
                                   "; every layer needs 1 to 1048576 units"));
     }
-    if (i > 0) {
-      params += (static_cast<uint64_t>(c->layer_sizes(i - 1)) + 1) * size;
-    }
-  }
-  if (params > (uint64_t{1} << 31)) {
-    return Invalid("layer_sizes",
-                   absl::StrCat("describe a model of ", params,
-                                " parameters; at most 2^31"));
   }
   const int classes = c->layer_sizes(c->layer_sizes_size() - 1);
   if (classes < 2) {
