@@ -96,6 +96,11 @@ ABSL_FLAG(bool, tls, false,
           "and certificates made in OUT_DIR/tls (openssl, through "
           "tools/make_certs.sh); --tls_dir uses certificates of your own. "
           "Not with --link.");
+ABSL_FLAG(std::string, device, "cpu",
+          "The workers' and evaluator's compute backend: cpu (OpenBLAS), "
+          "cuda (GPU 0), cuda:N, or auto (GPU 0 where there is a usable one, "
+          "else the CPU). A GPU needs binaries built with "
+          "bazel build --config=cuda; several workers share one GPU.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: beside this binary).");
@@ -324,7 +329,8 @@ absl::Status SetOptionsFromFlags(ComparisonOptions* options) {
   options->bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
                          ? monsoon::tools::DefaultBinDir()
                          : absl::GetFlag(FLAGS_bin_dir);
-  return absl::OkStatus();
+  options->device = absl::GetFlag(FLAGS_device);
+  return monsoon::tools::CheckDeviceName(options->device);
 }
 
 }  // namespace

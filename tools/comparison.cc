@@ -251,6 +251,7 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
             run.servers = servers;
             run.workers = workers;
             run.bin_dir = options.bin_dir;
+            run.device = options.device;
             run.work_dir = work_dir;
             run.eval_interval_s = options.eval_interval_s;
             run.time_limit_s = options.time_limit_s;

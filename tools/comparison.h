@@ -76,6 +76,8 @@ struct ComparisonOptions {
   std::string chaos;
   // LocalClusterOptions.tls_dir for every run.
   std::string tls_dir;
+  // LocalClusterOptions.device for every run.
+  std::string device = "cpu";
 };
 
 struct ComparedRun {

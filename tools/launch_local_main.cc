@@ -40,6 +40,11 @@ ABSL_FLAG(std::string, metrics_out, "",
           "Write the run's metrics (JSON) "
           "here; they are printed either way.");
 ABSL_FLAG(double, eval_interval_s, 2, "Seconds between evaluations.");
+ABSL_FLAG(std::string, device, "cpu",
+          "The workers' and evaluator's compute backend: cpu (OpenBLAS), "
+          "cuda (GPU 0), cuda:N, or auto (GPU 0 where there is a usable one, "
+          "else the CPU). A GPU needs binaries built with "
+          "bazel build --config=cuda; several workers share one GPU.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: found beside this binary).");
@@ -279,6 +284,11 @@ int main(int argc, char** argv) {
                         ? monsoon::tools::DefaultBinDir()
                         : absl::GetFlag(FLAGS_bin_dir);
   options.eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
+  options.device = absl::GetFlag(FLAGS_device);
+  if (absl::Status ok = monsoon::tools::CheckDeviceName(options.device);
+      !ok.ok()) {
+    return Fail(kExitConfigError, ok);
+  }
   absl::StatusOr<std::string> work_dir = MakeWorkDir();
   if (!work_dir.ok()) return Fail(kExitFailure, work_dir.status());
   options.work_dir = *work_dir;

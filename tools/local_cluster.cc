@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <vector>
 
@@ -786,6 +787,22 @@ absl::Status ClusterRun::ReadCurve() {
 
 }  // namespace
 
+absl::Status CheckDeviceName(absl::string_view device) {
+  if (device == "cpu" || device == "auto" || device == "cuda") {
+    return absl::OkStatus();
+  }
+  absl::string_view number = device;
+  int index = 0;
+  if (absl::ConsumePrefix(&number, "cuda:") &&
+      absl::SimpleAtoi(number, &index) && index >= 0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--device='", device,
+      "': the workers' device is cpu, auto (a GPU where there is one), cuda "
+      "or cuda:N (GPU N)"));
+}
+
 absl::StatusOr<int> FreePortRange(int count) {
   auto bind_loopback = [](int port) -> int {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -802,15 +819,33 @@ absl::StatusOr<int> FreePortRange(int count) {
     }
     return fd;
   };
+  // Below the kernel's range of ephemeral ports where there is room: a port
+  // in that range that is free now can be taken by any process's next
+  // outgoing connection (a worker's, to a shard) before the daemon it was
+  // meant for binds it. Else the kernel's pick of a free port, then the
+  // ones after it.
+  int ephemeral_low = 32768;  // Linux's default
+  int read_low = 0;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+      range >> read_low && read_low > 0) {
+    ephemeral_low = read_low;
+  }
+  const int below_low = 10000;
+  const int below_high = ephemeral_low - count;  // first port at most this
+  std::mt19937 random(std::random_device{}());
   for (int attempt = 0; attempt < 200; ++attempt) {
-    // The kernel's pick of a free port, then the ones after it.
-    const int probe = bind_loopback(0);
-    if (probe < 0) break;
-    sockaddr_in bound{};
-    socklen_t length = sizeof(bound);
-    getsockname(probe, reinterpret_cast<sockaddr*>(&bound), &length);
-    close(probe);
-    const int first = ntohs(bound.sin_port);
+    int first = 0;
+    if (attempt < 100 && below_high > below_low) {
+      first = std::uniform_int_distribution<int>(below_low, below_high)(random);
+    } else {
+      const int probe = bind_loopback(0);
+      if (probe < 0) break;
+      sockaddr_in bound{};
+      socklen_t length = sizeof(bound);
+      getsockname(probe, reinterpret_cast<sockaddr*>(&bound), &length);
+      close(probe);
+      first = ntohs(bound.sin_port);
+    }
     if (first + count > 65536) continue;
     std::vector<int> held;
     for (int port = first; port < first + count; ++port) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/config.pb.h"
 #include "tools/chaos.h"
 #include "tools/metrics.h"
@@ -41,6 +42,11 @@ std::string ExecutablePath();
 // bazel-bin/tools/<tool>, bazel-bin (holding server/ and worker/). "." if
 // this program's path cannot be read.
 std::string DefaultBinDir();
+
+// Checks a --device value for the workers and the evaluator: cpu, auto,
+// cuda or cuda:N (N >= 0). INVALID_ARGUMENT naming the value otherwise.
+// Whether a GPU is there is the daemons' to find out.
+absl::Status CheckDeviceName(absl::string_view device);
 
 // Makes a throwaway CA and a server and a client certificate for loopback
 // in `dir` with tools/make_certs.sh (found in this tool's runfiles), for
@@ -89,7 +95,7 @@ struct LocalClusterOptions {
   // Where the config, port files and the curve are written (must exist).
   std::string work_dir;
   double eval_interval_s = 2;
-  std::string device = "cpu";
+  std::string device = "cpu";  // the workers' and evaluator's --device
   // Seconds a server may take to start listening.
   double start_timeout_s = 30;
   // Stop training after this many seconds (0: train every epoch): workers
