@@ -39,6 +39,15 @@ TEST_F(CpuBackendTest, NamesItself) {
             "cpu (OpenBLAS, 1 thread)");
 }
 
+TEST_F(CpuBackendTest, CannotRecordWorkAndRunsNoneOfIt) {
+  std::vector<float> y(4, 1.0f);
+  absl::StatusOr<std::unique_ptr<CapturedWork>> work =
+      backend_->CaptureWork([&] { backend_->Fill(4, 2.0f, y.data()); });
+  EXPECT_EQ(work.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(work.status().message(), HasSubstr("cannot record work"));
+  EXPECT_EQ(y, std::vector<float>(4, 1.0f));
+}
+
 TEST_F(CpuBackendTest, CopiesRoundTripThroughAllocatedMemory) {
   ASSERT_OK_AND_ASSIGN(float* floats, backend_->AllocateFloats(5));
   ASSERT_OK_AND_ASSIGN(int32_t * ints, backend_->AllocateInts(3));

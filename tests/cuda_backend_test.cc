@@ -409,6 +409,47 @@ TEST_F(CudaBackendTest, AxpyScaleAndFillMatchTheCpu) {
   }
 }
 
+TEST_F(CudaBackendTest, RecordedWorkRunsOnlyWhenReplayedAndThenExactly) {
+  const size_t n = 235146;
+  auto y = RandomValues(n, 11);
+  const auto x = RandomValues(n, 12);
+  float* dy = Upload(y);
+  float* dx = Upload(x);
+  // y = 0.5 * (y + x): an Axpy and a Scale, each one rounding per element.
+  absl::StatusOr<std::unique_ptr<CapturedWork>> work = gpu_->CaptureWork([&] {
+    gpu_->Axpy(n, 1.0f, dx, dy);
+    gpu_->Scale(n, 0.5f, dy);
+  });
+  ASSERT_OK(work.status());
+  // Recording ran nothing.
+  EXPECT_TRUE(Identical(Download(dy, n), y));
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE(replay);
+    ASSERT_OK((*work)->Replay());
+    cpu_->Axpy(n, 1.0f, x.data(), y.data());
+    cpu_->Scale(n, 0.5f, y.data());
+    EXPECT_TRUE(Identical(Download(dy, n), y));
+  }
+  // Operations outside the recording still run at once.
+  gpu_->Fill(n, 3.0f, dy);
+  EXPECT_EQ(Download(dy, n), std::vector<float>(n, 3.0f));
+}
+
+TEST_F(CudaBackendTest, AFailedOperationFailsItsRecording) {
+  float* y = Allocate<float>(16);
+  absl::StatusOr<std::unique_ptr<CapturedWork>> work = gpu_->CaptureWork([&] {
+    gpu_->Fill(16, 1.0f, y);
+    gpu_->Gemm(false, false, -1, 4, 4, 1.0f, y, y, 0.0f, y);
+  });
+  EXPECT_THAT(work.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cublasSgemm: CUBLAS_STATUS_INVALID_VALUE")));
+  // The error was reported by the recording, not kept for later.
+  EXPECT_OK(gpu_->Synchronize());
+  gpu_->Fill(16, 2.0f, y);
+  EXPECT_EQ(Download(y, 16), std::vector<float>(16, 2.0f));
+}
+
 // Gradients (or residuals, at a smaller scale) with the cases the codec
 // must get right once added up: exact zeros and -0 (both quantize to 1), and
 // a first bucket of up to 64 values with no negative one.

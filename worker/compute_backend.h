@@ -17,6 +17,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -39,6 +41,16 @@ struct WindowGeometry {
   int out_width = 1;
   // Values of one patch: kernel * kernel * channels.
   int patch() const { return kernel * kernel * channels; }
+};
+
+// Work recorded by ComputeBackend::CaptureWork. Used by one thread at a
+// time, and destroyed before its backend.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  // Issues the recorded work again, queued like the operations it recorded
+  // (Synchronize waits for it).
+  virtual absl::Status Replay() = 0;
 };
 
 class ComputeBackend {
@@ -140,6 +152,19 @@ class ComputeBackend {
 
   // Waits for all queued work; the first error since the last call.
   virtual absl::Status Synchronize() = 0;
+
+  // Records the device work that `work` issues on this backend (the
+  // operations above on device buffers: no copies to or from the host, no
+  // Synchronize) without running it, for CapturedWork::Replay to issue
+  // again, all of it at once (a CUDA graph: one launch instead of one per
+  // operation). Replays read and write the same buffers as the recording.
+  // UNIMPLEMENTED where the backend cannot record (the CPU runs each
+  // operation as it is called); otherwise the first error of the recording.
+  virtual absl::StatusOr<std::unique_ptr<CapturedWork>> CaptureWork(
+      const std::function<void()>& work) {
+    (void)work;
+    return absl::UnimplementedError(Name() + " cannot record work");
+  }
 };
 
 }  // namespace monsoon::worker

@@ -7,6 +7,8 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <limits>
 #include <string>
 #include <utility>
@@ -304,6 +306,38 @@ class CudaBackend : public ComputeBackend {
                                            bucket_size, out)));
   }
 
+  absl::StatusOr<std::unique_ptr<CapturedWork>> CaptureWork(
+      const std::function<void()>& work) override {
+    Activate();
+    if (auto s = Check(CudaStatus(
+            "cudaStreamBeginCapture",
+            cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed)));
+        !s.ok()) {
+      return s;
+    }
+    work();
+    cudaGraph_t graph = nullptr;
+    absl::Status ended =
+        CudaStatus("cudaStreamEndCapture", cudaStreamEndCapture(stream_, &graph));
+    // An operation that failed during the recording left its error here.
+    absl::Status first = std::move(first_error_);
+    first_error_ = absl::OkStatus();
+    if (first.ok()) first = ended;
+    if (!first.ok()) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      return first;
+    }
+    cudaGraphExec_t exec = nullptr;
+    if (auto s = CudaStatus("cudaGraphInstantiate",
+                            cudaGraphInstantiate(&exec, graph, 0));
+        !s.ok()) {
+      cudaGraphDestroy(graph);
+      return s;
+    }
+    return std::unique_ptr<CapturedWork>(
+        new CudaGraph(this, graph, exec));
+  }
+
   absl::Status Synchronize() override {
     Activate();
     Record(CudaStatus("cudaStreamSynchronize", cudaStreamSynchronize(stream_)));
@@ -313,6 +347,27 @@ class CudaBackend : public ComputeBackend {
   }
 
  private:
+  class CudaGraph : public CapturedWork {
+   public:
+    CudaGraph(CudaBackend* backend, cudaGraph_t graph, cudaGraphExec_t exec)
+        : backend_(backend), graph_(graph), exec_(exec) {}
+    ~CudaGraph() override {
+      backend_->Activate();
+      cudaGraphExecDestroy(exec_);
+      cudaGraphDestroy(graph_);
+    }
+    absl::Status Replay() override {
+      backend_->Activate();
+      return backend_->Check(CudaStatus(
+          "cudaGraphLaunch", cudaGraphLaunch(exec_, backend_->stream_)));
+    }
+
+   private:
+    CudaBackend* backend_;
+    cudaGraph_t graph_;
+    cudaGraphExec_t exec_;
+  };
+
   struct Slot {
     char* host = nullptr;        // kStagingSlotBytes of pinned memory
     cudaEvent_t done = nullptr;  // recorded behind the slot's last copy

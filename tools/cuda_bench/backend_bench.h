@@ -72,6 +72,8 @@ struct BenchReport {
   // The square sgemm (2 * square^3 flops per call); 0 when skipped.
   double square_flops = 0;
   PhaseTiming square_gemm;
+  // What could not be measured, and why (printed after the phases).
+  std::vector<std::string> notes;
 };
 
 // Runs every measurement. INVALID_ARGUMENT for options out of range, or a
