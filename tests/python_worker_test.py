@@ -67,6 +67,34 @@ print("RESULT " + json.dumps({
 '''
 
 
+EVALUATOR = r'''
+import json
+import torch
+import torch.nn.functional as F
+import monsoon.torch as mt
+
+mt.init()
+assert mt.is_evaluator()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                            torch.nn.Linear(8, 2))
+
+def evaluate(m):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(512, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    with torch.no_grad():
+        out = m(x)
+        return ((out.argmax(1) == y).float().mean().item(),
+                F.cross_entropy(out, y).item())
+
+points = mt.evaluate_every(model, evaluate, interval_s=0.2)
+print("RESULT " + json.dumps({
+    "points": points,
+    "params": [p.detach().reshape(-1).tolist() for p in model.parameters()]}))
+'''
+
+
 def model_for_test():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
@@ -141,7 +169,9 @@ class PythonWorkerTest(unittest.TestCase):
         for r in range(workers):
             env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
                        MONSOON_NUM_WORKERS=str(workers), MONSOON_CONFIG=config,
-                       MONSOON_CONNECT_TIMEOUT_S="20")
+                       MONSOON_CONNECT_TIMEOUT_S="20",
+                       MONSOON_REPORT_OUT=os.path.join(
+                           self.dir, "worker-%d.report" % r))
             procs.append(subprocess.Popen(
                 [sys.executable, self.script, str(steps),
                  "extra" if extra else "plain", str(local_lr)],
@@ -187,6 +217,50 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertEqual(results[0]["start"],
                          [p.detach().reshape(-1).tolist()
                           for p in model_for_test().parameters()])
+
+    def test_evaluator_curve_and_worker_reports(self):
+        config = self.write_config(
+            "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n")
+        servers = self.start_shards(config)
+        evaluator_script = os.path.join(self.dir, "evaluator.py")
+        with open(evaluator_script, "w") as f:
+            f.write(EVALUATOR)
+        curve = os.path.join(self.dir, "curve.textproto")
+        evaluator = subprocess.Popen(
+            [sys.executable, evaluator_script],
+            env=dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="-1",
+                     MONSOON_CONFIG=config, MONSOON_CURVE_OUT=curve,
+                     MONSOON_CONNECT_TIMEOUT_S="20"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        results = self.run_workers(config, servers, steps=20)
+        # The evaluator ends by itself once every worker has finished.
+        out, err = evaluator.communicate(timeout=120)
+        self.assertEqual(evaluator.returncode, 0, err)
+        line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
+        got = json.loads(line[len("RESULT "):])
+        final = got["points"][-1]
+        # The final weights are the workers' (sync: both the same), and the
+        # point counts every example: 2 workers x 20 steps x 8.
+        self.assertEqual(got["params"], results[0]["params"])
+        self.assertEqual(final["samples"], 2 * 20 * 8)
+        self.assertEqual(final["version"], 20)
+        model = model_for_test()
+        load_flat(model, [v for t in results[0]["params"] for v in t])
+        self.assertAlmostEqual(final["test_loss"], eval_loss(model), delta=1e-6)
+        text = open(curve).read()
+        self.assertEqual(text.count("points {"), len(got["points"]))
+        self.assertIn("run_finished: true", text)
+        self.assertIn("samples: 320", text)
+        # Each worker wrote the report the launchers read: 20 steps of 8
+        # examples, where their time went, done.
+        for r in range(2):
+            report = open(os.path.join(self.dir, "worker-%d.report" % r)).read()
+            self.assertIn("rank: %d\n" % r if r else "steps: 20\n", report)
+            self.assertIn("steps: 20\n", report)
+            self.assertIn("samples: 160\n", report)
+            self.assertIn('outcome: "done"', report)
+            self.assertIn('phase: "compute"\n  count: 19\n', report)
+            self.assertIn('phase: "push_pull"\n  count: 20\n', report)
 
     def check_learns(self, base, steps=60, local_lr=0.05):
         config = self.write_config(base)

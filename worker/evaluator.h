@@ -4,16 +4,32 @@
 #ifndef MONSOON_WORKER_EVALUATOR_H_
 #define MONSOON_WORKER_EVALUATOR_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/metrics.pb.h"
 #include "worker/dataset.h"
 #include "worker/model/model.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::worker {
+
+// A point of the curve without its accuracy and loss: the shards' counters
+// (samples from shard 0, bytes summed), then their current weights pulled
+// into `params` (no waiting), so that the weights include at least those
+// samples; time_s since `start`, version of shard 0.
+absl::StatusOr<EvalPoint> PullSnapshot(PsClient* client,
+                                       absl::Span<float> params,
+                                       absl::Time start);
+
+// Whether every shard says that every worker has finished.
+bool EveryWorkerFinished(PsClient& client);
+
+// Writes `curve` to `path` in text format, atomically.
+absl::Status WriteCurve(const std::string& path, const EvalCurve& curve);
 
 class Evaluator {
  public:

@@ -121,13 +121,6 @@ std::optional<monsoon::EvalCurve> EarlierCurve(const std::string& path,
 }
 
 // Replaces `path` atomically, so that a reader never sees half a file.
-absl::Status WriteCurve(const std::string& path,
-                        const monsoon::EvalCurve& curve) {
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(curve, &text);
-  return monsoon::common::WriteFileAtomically(path, text);
-}
-
 // The curve to add to, with time 0 in *start: the one an evaluator
 // restarted (a rescheduled pod) finds in --curve_out, else a new one from
 // now.
@@ -146,17 +139,6 @@ monsoon::EvalCurve StartCurve(absl::Time* start) {
   }
   curve.set_start_unix_s(absl::ToDoubleSeconds(*start - absl::UnixEpoch()));
   return curve;
-}
-
-// Whether every shard says that every worker has finished.
-bool EveryWorkerFinished(PsClient& client) {
-  absl::StatusOr<std::vector<monsoon::StatsResponse>> stats =
-      client.Stats(absl::Seconds(10));
-  return stats.ok() && !stats->empty() &&
-         std::all_of(stats->begin(), stats->end(),
-                     [](const monsoon::StatsResponse& shard) {
-                       return shard.workers_finished();
-                     });
 }
 
 // One point of the curve. The last one (`last`) is the run's result: a
@@ -192,7 +174,7 @@ int EvaluateUntilTheEnd(const TerminationWatcher& termination, PsClient& client,
     last = termination.terminated().WaitForNotificationWithTimeout(interval);
     // Asked before the evaluation: weights pulled after every shard said
     // so are the final ones (a worker leaves after its last push).
-    if (until_finished && !last && EveryWorkerFinished(client)) {
+    if (until_finished && !last && monsoon::worker::EveryWorkerFinished(client)) {
       monsoon::common::Log(
           "ps_evaluator: every worker has finished; evaluating the final "
           "weights");
@@ -214,7 +196,7 @@ int EvaluateUntilTheEnd(const TerminationWatcher& termination, PsClient& client,
         point->time_s(), point->samples(), point->version(),
         point->test_accuracy(), point->test_loss(), last ? "  (final)" : "");
     if (!absl::GetFlag(FLAGS_curve_out).empty()) {
-      absl::Status written = WriteCurve(absl::GetFlag(FLAGS_curve_out), curve);
+      absl::Status written = monsoon::worker::WriteCurve(absl::GetFlag(FLAGS_curve_out), curve);
       if (!written.ok()) return Fail(kExitFailure, written);
     }
   }

@@ -22,10 +22,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/flag_env.h"
 #include "common/model_layout.h"
+#include "proto/metrics.pb.h"
 #include "worker/client_flags.h"
+#include "worker/evaluator.h"
 #include "worker/ps_client.h"
 #include "worker/script_worker.h"
 
@@ -40,6 +45,16 @@ ABSL_FLAG(std::string, config, "",
           "(env MONSOON_CONFIG).");
 ABSL_FLAG(double, shard_lost_timeout_s, 300,
           "How long to wait for a lost shard to come back.");
+ABSL_FLAG(std::string, report_out, "",
+          "Where a worker writes its monsoon.WorkerReport (text format) when "
+          "it finishes: steps, examples, where the steps' time went (env "
+          "MONSOON_REPORT_OUT; the launchers set it).");
+ABSL_FLAG(std::string, curve_out, "",
+          "Where the evaluator writes its curve, a text-format "
+          "monsoon.EvalCurve (env MONSOON_CURVE_OUT).");
+ABSL_FLAG(double, interval_s, 2,
+          "Seconds between the evaluator's evaluations (env "
+          "MONSOON_INTERVAL_S).");
 
 namespace monsoon::python {
 namespace {
@@ -195,7 +210,17 @@ class Worker {
     absl::Span<float> g = FloatSpan(grads, "grads");
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
-    return Check(worker_->Step(g, samples, p));
+    const absl::Time begin = absl::Now();
+    // The script's time since the last step ended: its forward and
+    // backward pass (and a local optimizer step), the "compute" phase.
+    if (steps_timed_ > 0) compute_s_ += absl::ToDoubleSeconds(begin - step_end_);
+    if (steps_timed_ == 0) first_step_ = begin;
+    absl::StatusOr<bool> replaced = worker_->Step(g, samples, p);
+    step_end_ = absl::Now();
+    exchange_s_ += absl::ToDoubleSeconds(step_end_ - begin);
+    ++steps_timed_;
+    samples_ += samples;
+    return Check(std::move(replaced));
   }
   void AfterLocalStep(py::buffer params) {
     absl::Span<float> p = FloatSpan(params, "params");
@@ -203,14 +228,19 @@ class Worker {
     Check(worker_->AfterLocalStep(p));
   }
   // Finishes the mode's steps and leaves the shards: `finished` counts the
-  // rank as done (the run can end once every rank is).
+  // rank as done (the run can end once every rank is). Writes the report
+  // (--report_out) either way.
   void Finish(py::buffer params, bool finished) {
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
     absl::Status done = worker_->Finish(p);
     absl::Status left = client_->Leave(absl::Seconds(2), finished && done.ok());
+    absl::Status reported = WriteReport(!done.ok() ? done.ToString()
+                                        : !left.ok() ? left.ToString()
+                                                     : "done");
     Check(done);
     Check(left);
+    Check(reported);
   }
 
   const std::string& mode() const { return mode_; }
@@ -221,9 +251,101 @@ class Worker {
   int64_t bytes_pulled() const { return client_->bytes_pulled(); }
 
  private:
+  // The launchers read it as they read ps_worker's: examples trained, the
+  // time from the first step to the last, and its phases.
+  absl::Status WriteReport(const std::string& outcome) const {
+    const std::string path = absl::GetFlag(FLAGS_report_out);
+    if (path.empty()) return absl::OkStatus();
+    WorkerReport report;
+    report.set_rank(absl::GetFlag(FLAGS_rank));
+    report.set_steps(steps_timed_);
+    report.set_samples(samples_);
+    if (steps_timed_ > 0) {
+      report.set_first_step_unix_s(absl::ToUnixMicros(first_step_) / 1e6);
+      report.set_last_step_unix_s(absl::ToUnixMicros(step_end_) / 1e6);
+      PhaseTime* compute = report.add_phases();
+      compute->set_phase("compute");
+      compute->set_count(steps_timed_ - 1);
+      compute->set_seconds(compute_s_);
+      PhaseTime* exchange = report.add_phases();
+      exchange->set_phase(worker_->StepReplacesParams() ? "push_pull" : "push");
+      exchange->set_count(steps_timed_);
+      exchange->set_seconds(exchange_s_);
+    }
+    report.set_outcome(outcome);
+    return common::WriteFileAtomically(path, report.DebugString());
+  }
+
   std::unique_ptr<worker::PsClient> client_;
   std::unique_ptr<worker::ScriptWorker> worker_;
   std::string mode_;
+  int64_t steps_timed_ = 0;
+  int64_t samples_ = 0;
+  absl::Time first_step_;
+  absl::Time step_end_;
+  double compute_s_ = 0;   // between steps: the script's own work
+  double exchange_s_ = 0;  // inside Step: pushes, pulls, the barrier
+};
+
+// The evaluator's client (rank -1): pulls the shards' current weights and
+// their counters, and writes the curve (--curve_out) the C++ evaluator
+// writes, with the script's accuracy and loss.
+class Observer {
+ public:
+  Observer() : start_(absl::Now()) {
+    const TrainingConfig config =
+        Check(common::LoadResolvedConfig(absl::GetFlag(FLAGS_config)));
+    int exit_code = 0;
+    py::gil_scoped_release release;
+    client_ = Check(worker::ConnectWithClientFlags(
+        worker::ObserverOptions(absl::GetFlag(FLAGS_servers), config, nullptr),
+        &exit_code));
+    curve_.set_start_unix_s(absl::ToUnixMicros(start_) / 1e6);
+  }
+
+  // Pulls the weights into `params`; the point's time_s, samples, version
+  // and bytes.
+  py::dict Snapshot(py::buffer params) {
+    absl::Span<float> p = FloatSpan(params, "params");
+    EvalPoint point;
+    {
+      py::gil_scoped_release release;
+      point = Check(worker::PullSnapshot(client_.get(), p, start_));
+    }
+    py::dict out;
+    out["time_s"] = point.time_s();
+    out["samples"] = point.samples();
+    out["version"] = point.version();
+    out["bytes_pushed"] = point.bytes_pushed();
+    out["bytes_pulled"] = point.bytes_pulled();
+    return out;
+  }
+
+  bool EveryWorkerFinished() {
+    py::gil_scoped_release release;
+    return worker::EveryWorkerFinished(*client_);
+  }
+
+  // Adds a point (Snapshot's, with test_accuracy and test_loss) to the
+  // curve and writes it.
+  void Record(const py::dict& point, bool run_finished) {
+    EvalPoint* p = curve_.add_points();
+    p->set_time_s(point["time_s"].cast<double>());
+    p->set_samples(point["samples"].cast<int64_t>());
+    p->set_version(point["version"].cast<int64_t>());
+    p->set_bytes_pushed(point["bytes_pushed"].cast<int64_t>());
+    p->set_bytes_pulled(point["bytes_pulled"].cast<int64_t>());
+    p->set_test_accuracy(point["test_accuracy"].cast<double>());
+    p->set_test_loss(point["test_loss"].cast<double>());
+    curve_.set_run_finished(run_finished);
+    const std::string path = absl::GetFlag(FLAGS_curve_out);
+    if (!path.empty()) Check(worker::WriteCurve(path, curve_));
+  }
+
+ private:
+  const absl::Time start_;
+  std::unique_ptr<worker::PsClient> client_;
+  EvalCurve curve_;
 };
 
 }  // namespace
@@ -259,4 +381,11 @@ PYBIND11_MODULE(_monsoon, m) {
       .def_property_readonly("steps", &Worker::steps)
       .def_property_readonly("bytes_pushed", &Worker::bytes_pushed)
       .def_property_readonly("bytes_pulled", &Worker::bytes_pulled);
+  py::class_<monsoon::python::Observer>(m, "Observer")
+      .def(py::init<>())
+      .def("snapshot", &monsoon::python::Observer::Snapshot, py::arg("params"))
+      .def("every_worker_finished",
+           &monsoon::python::Observer::EveryWorkerFinished)
+      .def("record", &monsoon::python::Observer::Record, py::arg("point"),
+           py::arg("run_finished"));
 }

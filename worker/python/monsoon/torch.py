@@ -79,6 +79,13 @@ def rank():
     return int(_monsoon.flag("rank"))
 
 
+def is_evaluator():
+    """Whether this process is the run's evaluator (the launchers start the
+    script once more with MONSOON_RANK=-1): it should call evaluate_every
+    instead of training."""
+    return rank() < 0
+
+
 def num_workers():
     _require_init("num_workers()")
     return int(_monsoon.flag("num_workers"))
@@ -286,3 +293,80 @@ def finish(finished=True):
     """Pushes what is still summed, then leaves the shards; with `finished`
     the rank counts as done, so that the run can end."""
     _optimizer("finish").finish(finished)
+
+
+def evaluate_every(model, eval_fn, interval_s=None):
+    """The evaluator's loop: every `interval_s` (default MONSOON_INTERVAL_S,
+    2 s) pulls the shards' current weights into `model`'s parameters, calls
+    eval_fn(model) -> (test_accuracy, test_loss) and adds a point to the
+    run's curve (MONSOON_CURVE_OUT, the text-format monsoon.EvalCurve the C++
+    evaluator writes). Returns after a last evaluation once every worker has
+    finished, or on SIGTERM or SIGINT (as the launchers stop the C++
+    evaluator); returns the curve's points as dicts."""
+    import signal
+    import threading
+
+    _require_init("evaluate_every")
+    if not is_evaluator():
+        raise RuntimeError(
+            "monsoon.torch.evaluate_every in a worker (rank %d): only the "
+            "evaluator (MONSOON_RANK=-1, started so by the launchers) "
+            "evaluates; check mt.is_evaluator() first" % rank())
+    named = list(model.named_parameters())
+    for name, p in named:
+        _check_tensor(name, p)
+    config = run_config()
+    difference = first_difference(layout_of(named), config["tensors"])
+    if difference is not None:
+        raise ValueError("the evaluator's model is not the run's: " + difference)
+    interval = float(interval_s if interval_s is not None
+                     else _monsoon.flag("interval_s"))
+    params = torch.empty(sum(p.numel() for _, p in named), dtype=torch.float32)
+    params_np = params.numpy()
+    observer = _monsoon.Observer()
+    stop = threading.Event()
+    signals = {}
+
+    def on_signal(number, frame):
+        stop.set()
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signals[number] = signal.signal(number, on_signal)
+    points = []
+    try:
+        last = False
+        while not last:
+            last = stop.wait(interval)
+            finished = not last and observer.every_worker_finished()
+            last = last or finished
+            try:
+                point = observer.snapshot(params_np)
+            except Error as error:
+                print("monsoon: cannot evaluate now: %s" % error, file=sys.stderr)
+                if last:
+                    raise
+                continue
+            offset = 0
+            with torch.no_grad():
+                for _, p in named:
+                    n = p.numel()
+                    p.copy_(params[offset:offset + n].view_as(p))
+                    offset += n
+            was_training = model.training
+            model.eval()
+            try:
+                accuracy, loss = eval_fn(model)
+            finally:
+                model.train(was_training)
+            point["test_accuracy"] = float(accuracy)
+            point["test_loss"] = float(loss)
+            observer.record(point, finished)
+            points.append(point)
+            print("eval: %.1f s  samples %d  version %d  test accuracy %.4f  "
+                  "loss %.4f%s" % (point["time_s"], point["samples"],
+                                   point["version"], accuracy, loss,
+                                   "  (final)" if last else ""), flush=True)
+    finally:
+        for number, handler in signals.items():
+            signal.signal(number, handler)
+    return points
