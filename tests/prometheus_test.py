@@ -159,8 +159,11 @@ scrape_configs:
              "--metrics_linger_s=8", "--work_dir=" + run_dir],
             stdout=open(os.path.join(work, "cluster.log"), "w"),
             stderr=subprocess.STDOUT)
-        # Until Prometheus has scraped every daemon up, with pushes applied
-        # and an evaluation made.
+        # Until Prometheus has scraped every daemon up, with pushes applied,
+        # steps taken by both workers and an evaluation made (each target is
+        # scraped on its own schedule: on a busy machine a worker's last
+        # scrape can predate its first step while the shards already count
+        # the other's pushes).
         deadline = time.time() + 90
         at = None
         while time.time() < deadline:
@@ -170,7 +173,9 @@ scrape_configs:
             up = query(api, 'up{job="monsoon"} == 1', now)
             pushes = query(api, "monsoon_shard_pushes_total > 0", now)
             evals = query(api, "monsoon_evaluator_evaluations_total > 0", now)
-            if len(up) == daemons and len(pushes) == 2 and evals:
+            stepped = query(api, "monsoon_worker_steps_total > 0", now)
+            if (len(up) == daemons and len(pushes) == 2 and len(stepped) == 2
+                    and evals):
                 at = now
                 break
             time.sleep(0.5)
