@@ -101,6 +101,13 @@ ABSL_FLAG(std::string, device, "cpu",
           "cuda (GPU 0), cuda:N, or auto (GPU 0 where there is a usable one, "
           "else the CPU). A GPU needs binaries built with "
           "bazel build --config=cuda; several workers share one GPU.");
+ABSL_FLAG(std::string, worker_cmd, "",
+          "Run this command (by /bin/sh) as each worker, and as the "
+          "evaluator, instead of the C++ daemons: a PyTorch script using "
+          "monsoon.torch ('python3 train.py'); every mode then trains the "
+          "script's model (launch_local --help says more).");
+ABSL_FLAG(std::string, evaluator_cmd, "",
+          "With --worker_cmd: the evaluator's command (default the same).");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: beside this binary).");
@@ -330,6 +337,13 @@ absl::Status SetOptionsFromFlags(ComparisonOptions* options) {
                          ? monsoon::tools::DefaultBinDir()
                          : absl::GetFlag(FLAGS_bin_dir);
   options->device = absl::GetFlag(FLAGS_device);
+  options->worker_cmd = absl::GetFlag(FLAGS_worker_cmd);
+  options->evaluator_cmd = absl::GetFlag(FLAGS_evaluator_cmd);
+  if (options->worker_cmd.empty() && !options->evaluator_cmd.empty()) {
+    return absl::InvalidArgumentError(
+        "--evaluator_cmd is for a comparison of --worker_cmd scripts; give "
+        "--worker_cmd too");
+  }
   return monsoon::tools::CheckDeviceName(options->device);
 }
 

@@ -252,6 +252,8 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
             run.workers = workers;
             run.bin_dir = options.bin_dir;
             run.device = options.device;
+            run.worker_cmd = options.worker_cmd;
+            run.evaluator_cmd = options.evaluator_cmd;
             run.work_dir = work_dir;
             run.eval_interval_s = options.eval_interval_s;
             run.time_limit_s = options.time_limit_s;

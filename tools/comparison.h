@@ -76,8 +76,10 @@ struct ComparisonOptions {
   std::string chaos;
   // LocalClusterOptions.tls_dir for every run.
   std::string tls_dir;
-  // LocalClusterOptions.device for every run.
+  // LocalClusterOptions.device, worker_cmd and evaluator_cmd for every run.
   std::string device = "cpu";
+  std::string worker_cmd;
+  std::string evaluator_cmd;
 };
 
 struct ComparedRun {

@@ -45,6 +45,15 @@ ABSL_FLAG(std::string, device, "cpu",
           "cuda (GPU 0), cuda:N, or auto (GPU 0 where there is a usable one, "
           "else the CPU). A GPU needs binaries built with "
           "bazel build --config=cuda; several workers share one GPU.");
+ABSL_FLAG(std::string, worker_cmd, "",
+          "Run this command (by /bin/sh) as each worker instead of ps_worker: "
+          "a PyTorch script using monsoon.torch, e.g. 'python3 train.py'. It "
+          "is first run once with MONSOON_EXPORT_LAYOUT to learn its model; "
+          "each rank then gets MONSOON_SERVERS, _RANK, _NUM_WORKERS, _CONFIG, "
+          "_REPORT_OUT and the token and TLS settings. The evaluator runs it "
+          "too, with MONSOON_RANK=-1 (worker/python/README.md).");
+ABSL_FLAG(std::string, evaluator_cmd, "",
+          "With --worker_cmd: the evaluator's command (default the same).");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: found beside this binary).");
@@ -218,6 +227,15 @@ absl::Status MakeTlsIfAsked(LocalClusterOptions* options, int* exit_code) {
 // What the run will be, before it starts.
 void LogPlan(const LocalClusterOptions& options) {
   const monsoon::TrainingConfig& config = options.config;
+  if (!options.worker_cmd.empty()) {
+    monsoon::common::Log(
+        "launch: mode %s, %d servers, %d workers running '%s', %d epochs, "
+        "batch %d, lr %g; the model is the script's; work dir %s",
+        monsoon::common::ModeName(config.mode()), options.servers,
+        options.workers, options.worker_cmd, config.epochs(),
+        config.batch_size(), config.learning_rate(), options.work_dir);
+    return;
+  }
   const monsoon::common::ModelLayout layout =
       monsoon::common::ModelLayout::FromConfig(config);
   monsoon::common::Log(
@@ -288,6 +306,14 @@ int main(int argc, char** argv) {
   if (absl::Status ok = monsoon::tools::CheckDeviceName(options.device);
       !ok.ok()) {
     return Fail(kExitConfigError, ok);
+  }
+  options.worker_cmd = absl::GetFlag(FLAGS_worker_cmd);
+  options.evaluator_cmd = absl::GetFlag(FLAGS_evaluator_cmd);
+  if (options.worker_cmd.empty() && !options.evaluator_cmd.empty()) {
+    return Fail(kExitConfigError,
+                absl::InvalidArgumentError(
+                    "--evaluator_cmd is for a run of --worker_cmd scripts; "
+                    "give --worker_cmd too"));
   }
   absl::StatusOr<std::string> work_dir = MakeWorkDir();
   if (!work_dir.ok()) return Fail(kExitFailure, work_dir.status());

@@ -26,8 +26,10 @@
 #include "common/config.h"
 #include "common/daemon.h"
 #include "common/log.h"
+#include "common/model_layout.h"
 #include "common/tls.h"
 #include "tools/progress_poller.h"
+#include "tools/script_workers.h"
 #include "worker/ps_client.h"
 
 namespace monsoon::tools {
@@ -182,6 +184,12 @@ class ClusterRun {
   absl::Status StartDelayProxies();
 
   // 2. The evaluator and the workers, started together.
+  // Starts a worker or the evaluator: `argv` and `env`, or `script` (a
+  // --worker_cmd) with argv's flags as its environment.
+  absl::StatusOr<int> StartClient(const std::string& role,
+                                  const std::vector<std::string>& argv,
+                                  std::vector<std::string> env,
+                                  const std::string& script);
   absl::Status StartEvaluator();
   absl::Status StartWorkers();
   void StartProgressPoller();
@@ -503,7 +511,10 @@ absl::Status ClusterRun::StartEvaluator() {
     argv.push_back(MetricsFlag(options_.servers + options_.workers));
   }
   if (json_logs_) argv.push_back("--log_format=json");
-  absl::StatusOr<int> evaluator = sup_.Start("eval", argv);
+  std::string script = options_.evaluator_cmd.empty() ? options_.worker_cmd
+                                                      : options_.evaluator_cmd;
+  if (!script.empty()) argv.push_back("--rank=-1");
+  absl::StatusOr<int> evaluator = StartClient("eval", argv, {}, script);
   if (!evaluator.ok()) return evaluator.status();
   evaluator_ = *evaluator;
   return absl::OkStatus();
@@ -541,11 +552,19 @@ absl::Status ClusterRun::StartWorkers() {
       daemon.argv = Placed(options_.placement->worker_prefix[r], daemon.argv);
     }
     daemon.env = {"OPENBLAS_NUM_THREADS=1"};
-    absl::StatusOr<int> id = sup_.Start(daemon.role, daemon.argv, daemon.env);
+    absl::StatusOr<int> id = StartClient(daemon.role, daemon.argv, daemon.env,
+                                         options_.worker_cmd);
     if (!id.ok()) return id.status();
     daemon.id = *id;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> ClusterRun::StartClient(
+    const std::string& role, const std::vector<std::string>& argv,
+    std::vector<std::string> env, const std::string& script) {
+  if (script.empty()) return sup_.Start(role, argv, env);
+  return sup_.Start(role, ScriptArgv(script, argv, &env), env);
 }
 
 void ClusterRun::StartProgressPoller() {
@@ -692,7 +711,10 @@ bool ClusterRun::Restart(Daemon& daemon, bool worker) {
     std::remove(daemon.report.c_str());
     SetArg(&daemon.argv, "--report_out=", "--report_out=" + daemon.report);
   }
-  absl::StatusOr<int> id = sup_.Start(daemon.role, daemon.argv, daemon.env);
+  absl::StatusOr<int> id =
+      worker ? StartClient(daemon.role, daemon.argv, daemon.env,
+                           options_.worker_cmd)
+             : sup_.Start(daemon.role, daemon.argv, daemon.env);
   if (!id.ok()) {
     failed_ = id.status();
     return false;
@@ -865,7 +887,23 @@ absl::StatusOr<int> FreePortRange(int count) {
 
 absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                                            ProcessSupervisor* supervisor) {
-  return ClusterRun(options, supervisor).Run();
+  if (options.worker_cmd.empty()) return ClusterRun(options, supervisor).Run();
+  absl::StatusOr<TrainingConfig> config =
+      ExportScriptLayout(options.worker_cmd, options.config, options.work_dir,
+                         supervisor, absl::Minutes(2));
+  if (!config.ok()) return config.status();
+  LocalClusterOptions script_options = options;
+  script_options.config = *std::move(config);
+  // A script registers when it makes its DistributedOptimizer and may then
+  // load data or evaluate for seconds without a call: with the 3 s lease
+  // of C++ workers, sync steps would close without it (its examples
+  // skipped).
+  script_options.lease_s = std::max(options.lease_s, 30.0);
+  common::Log(
+      "launch: the script's model: %d tensors, %d parameters",
+      script_options.config.tensors_size(),
+      common::ModelLayout::FromConfig(script_options.config).num_params());
+  return ClusterRun(script_options, supervisor).Run();
 }
 
 }  // namespace monsoon::tools

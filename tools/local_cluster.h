@@ -96,6 +96,13 @@ struct LocalClusterOptions {
   std::string work_dir;
   double eval_interval_s = 2;
   std::string device = "cpu";  // the workers' and evaluator's --device
+  // A training script run by /bin/sh in place of ps_worker, once per rank,
+  // with the MONSOON_* environment monsoon.torch reads (tools/
+  // script_workers.h); the run's model is then the script's. The evaluator
+  // runs evaluator_cmd, or the same script (MONSOON_RANK=-1). Empty: the
+  // C++ daemons.
+  std::string worker_cmd;
+  std::string evaluator_cmd;
   // Seconds a server may take to start listening.
   double start_timeout_s = 30;
   // Stop training after this many seconds (0: train every epoch): workers
