@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover
 
 RUNFILES = os.environ.get("TEST_SRCDIR", "")
 PS_SERVER = os.path.join(RUNFILES, "monsoon", "server", "ps_server")
+LAUNCH_LOCAL = os.path.join(RUNFILES, "monsoon", "tools", "launch_local")
 
 WORKER = r'''
 import json, sys
@@ -92,6 +93,43 @@ points = mt.evaluate_every(model, evaluate, interval_s=0.2)
 print("RESULT " + json.dumps({
     "points": points,
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()]}))
+'''
+
+
+LAUNCHED = r'''
+import sys
+import torch
+import torch.nn.functional as F
+import monsoon.torch as mt
+
+mt.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                            torch.nn.Linear(8, 2))
+
+def evaluate(m):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(512, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    with torch.no_grad():
+        out = m(x)
+        return ((out.argmax(1) == y).float().mean().item(),
+                F.cross_entropy(out, y).item())
+
+if mt.is_evaluator():
+    mt.evaluate_every(model, evaluate)
+    sys.exit(0)
+opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                              named_parameters=model.named_parameters())
+mt.broadcast_parameters(model)
+g = torch.Generator().manual_seed(100 + mt.rank())
+for step in range(30):
+    x = torch.randn(8, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step(samples=8)
+mt.finish()
 '''
 
 
@@ -261,6 +299,50 @@ class PythonWorkerTest(unittest.TestCase):
             self.assertIn('outcome: "done"', report)
             self.assertIn('phase: "compute"\n  count: 19\n', report)
             self.assertIn('phase: "push_pull"\n  count: 20\n', report)
+
+    def test_launch_local_runs_the_script_as_workers_and_evaluator(self):
+        script = os.path.join(self.dir, "launched.py")
+        with open(script, "w") as f:
+            f.write(LAUNCHED)
+        metrics_path = os.path.join(self.dir, "metrics.json")
+        run = subprocess.run(
+            [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
+             "--mode=downpour", "--servers=2", "--workers=2", "--epochs=1",
+             "--batch_size=8", "--eval_interval_s=0.5", "--metrics_port=0",
+             "--max_restarts=0", "--metrics_out=" + metrics_path,
+             "--work_dir=" + os.path.join(self.dir, "run")],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stdout[-4000:])
+        self.assertIn("the script's model: 4 tensors, 58 parameters", run.stdout)
+        metrics = json.load(open(metrics_path))
+        # Every example each worker trained, none skipped or repeated.
+        self.assertEqual(metrics["samples"], 2 * 30 * 8)
+        self.assertEqual(metrics["samples_skipped"], 0)
+        self.assertEqual(metrics["duplicate_pushes"], 0)
+        self.assertEqual(metrics["pushes"], 2 * 30)  # shard 0's
+        # The script's evaluator measured the curve, whose last point is
+        # the trained model's: every example in, well below the exported
+        # model's loss.
+        curve = metrics["curve"]
+        self.assertGreaterEqual(len(curve), 1)
+        self.assertEqual(curve[-1]["samples"], 2 * 30 * 8)
+        self.assertLess(metrics["final_test_loss"],
+                        0.8 * eval_loss(model_for_test()))
+
+    def test_launch_local_says_when_the_script_writes_no_layout(self):
+        script = os.path.join(self.dir, "nolayout.py")
+        with open(script, "w") as f:
+            f.write("import monsoon.torch as mt\nmt.init()\n")
+        run = subprocess.run(
+            [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
+             "--metrics_port=0", "--work_dir=" + os.path.join(self.dir, "run")],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=120)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("--worker_cmd exited without writing its model's layout",
+                      run.stdout)
+        self.assertIn("DistributedOptimizer", run.stdout)
 
     def check_learns(self, base, steps=60, local_lr=0.05):
         config = self.write_config(base)

@@ -5,6 +5,11 @@ Rank r trains examples r, r + W, r + 2W, ... of the training set, shuffled
 each epoch; rank 0 prints the test accuracy after each epoch. The data is
 Debian's dataset-fashion-mnist (tools/setup.sh installs it).
 
+With the launchers, every mode on the same script (the script also runs as
+the evaluator):
+  launch_local --worker_cmd='python3 lenet_fashion_mnist.py' --mode=sync
+  compare_modes --worker_cmd='python3 lenet_fashion_mnist.py' --epochs=2
+
 By hand, with two shards and two workers (the README's "Bring your own
 model"):
   MONSOON_EXPORT_LAYOUT=run.config MONSOON_CONFIG=base.config \\
@@ -65,11 +70,21 @@ def accuracy(model, x, y):
         return (model(x).argmax(1) == y).float().mean().item()
 
 
+def evaluate(model, x, y):
+    """(test accuracy, test loss), what mt.evaluate_every wants."""
+    with torch.no_grad():
+        out = model(x)
+        return ((out.argmax(1) == y).float().mean().item(),
+                F.cross_entropy(out, y).item())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
-    parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="default: the run config's")
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help="default: the run config's")
     parser.add_argument("--lr", type=float, default=0.02,
                         help="the local steps' rate (downpour, easgd)")
     parser.add_argument("--seed", type=int, default=1)
@@ -78,12 +93,19 @@ def main():
     mt.init()  # +
     torch.manual_seed(args.seed)
     model = LeNet()
+    if mt.is_evaluator():  # the launchers' evaluator: the same script, rank -1
+        test_x, test_y = load(args.data_dir, "t10k")
+        mt.evaluate_every(model, lambda m: evaluate(m, test_x, test_y))
+        return
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     opt = mt.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # +
     mt.broadcast_parameters(model)  # +
     x, y = load(args.data_dir, "train")
     test_x, test_y = load(args.data_dir, "t10k")
     rank, workers = mt.rank(), mt.num_workers()  # +
+    config = mt.run_config()
+    args.epochs = args.epochs or config["epochs"]
+    args.batch_size = args.batch_size or config["batch_size"]
     mine = torch.arange(rank, len(x), workers)
     steps = len(x) // workers // args.batch_size  # the same for every rank
     for epoch in range(args.epochs):

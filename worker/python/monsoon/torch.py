@@ -301,8 +301,9 @@ def evaluate_every(model, eval_fn, interval_s=None):
     eval_fn(model) -> (test_accuracy, test_loss) and adds a point to the
     run's curve (MONSOON_CURVE_OUT, the text-format monsoon.EvalCurve the C++
     evaluator writes). Returns after a last evaluation once every worker has
-    finished, or on SIGTERM or SIGINT (as the launchers stop the C++
-    evaluator); returns the curve's points as dicts."""
+    finished (SIGTERM is then ignored: the script may exit in peace), or on
+    SIGTERM or SIGINT (as the launchers stop the C++ evaluator); returns
+    the curve's points as dicts."""
     import signal
     import threading
 
@@ -369,4 +370,9 @@ def evaluate_every(model, eval_fn, interval_s=None):
     finally:
         for number, handler in signals.items():
             signal.signal(number, handler)
+        if points and last and not stop.is_set():
+            # The run ended and its last point is written: the launcher's
+            # SIGTERM, which may come while the script exits, has nothing
+            # left to stop.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return points
