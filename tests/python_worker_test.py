@@ -68,14 +68,14 @@ print("RESULT " + json.dumps({
 '''
 
 
-EVALUATOR = r'''
-import json
+# The tests' model and its evaluation, as a script's first lines.
+SCRIPT_MODEL = r'''
+import json, sys
 import torch
 import torch.nn.functional as F
 import monsoon.torch as mt
 
 mt.init()
-assert mt.is_evaluator()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
                             torch.nn.Linear(8, 2))
@@ -88,34 +88,18 @@ def evaluate(m):
         out = m(x)
         return ((out.argmax(1) == y).float().mean().item(),
                 F.cross_entropy(out, y).item())
+'''
 
+EVALUATOR = SCRIPT_MODEL + r'''
+assert mt.is_evaluator()
 points = mt.evaluate_every(model, evaluate, interval_s=0.2)
 print("RESULT " + json.dumps({
     "points": points,
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()]}))
 '''
 
-
-LAUNCHED = r'''
-import sys
-import torch
-import torch.nn.functional as F
-import monsoon.torch as mt
-
-mt.init()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
-                            torch.nn.Linear(8, 2))
-
-def evaluate(m):
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(512, 4, generator=g)
-    y = (x[:, 0] > 0).long()
-    with torch.no_grad():
-        out = m(x)
-        return ((out.argmax(1) == y).float().mean().item(),
-                F.cross_entropy(out, y).item())
-
+# Run by launch_local --worker_cmd: the evaluator, or a worker of 30 steps.
+LAUNCHED = SCRIPT_MODEL + r'''
 if mt.is_evaluator():
     mt.evaluate_every(model, evaluate)
     sys.exit(0)
@@ -131,6 +115,8 @@ for step in range(30):
     opt.step(samples=8)
 mt.finish()
 '''
+
+
 
 
 def model_for_test():
