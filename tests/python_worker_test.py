@@ -11,12 +11,16 @@ workers end with:
   - a parameter with no gradient pushes zeros and nothing hangs;
   - the model's parameters share memory with what the C++ side pulls into;
   - a model whose names, shapes or order differ is refused naming the first
-    difference; calls before init() and non-float32 parameters are refused.
+    difference; calls before init() and non-float32 parameters are refused;
+  - the script as the evaluator, and under launch_local --worker_cmd;
+  - SIGTERM ends a worker after its step, with its report, exit 143.
 Skips where torch is not installed.
 """
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -117,6 +121,25 @@ mt.finish()
 '''
 
 
+
+
+# Trains until SIGTERM; says it has taken a step by writing a file.
+ENDLESS = SCRIPT_MODEL + r'''
+import os, time
+opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                              named_parameters=model.named_parameters())
+mt.broadcast_parameters(model)
+g = torch.Generator().manual_seed(100 + mt.rank())
+while True:
+    x = torch.randn(8, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step(samples=8)
+    if opt.steps == 1:
+        open(sys.argv[1] + "-%d" % mt.rank(), "w").close()
+    time.sleep(0.005)
+'''
 
 
 def model_for_test():
@@ -329,6 +352,42 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertIn("--worker_cmd exited without writing its model's layout",
                       run.stdout)
         self.assertIn("DistributedOptimizer", run.stdout)
+
+    def test_sigterm_ends_a_worker_after_its_step_with_its_report(self):
+        config = self.write_config("mode: DOWNPOUR batch_size: 8\n")
+        servers = self.start_shards(config)
+        script = os.path.join(self.dir, "endless.py")
+        with open(script, "w") as f:
+            f.write(ENDLESS)
+        stepped = os.path.join(self.dir, "stepped")
+        procs = []
+        for r in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, script, stepped],
+                env=dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
+                         MONSOON_NUM_WORKERS="2", MONSOON_CONFIG=config,
+                         MONSOON_REPORT_OUT=os.path.join(
+                             self.dir, "worker-%d.report" % r)),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        deadline = time.time() + 120
+        while not all(os.path.exists("%s-%d" % (stepped, r)) for r in range(2)):
+            self.assertLess(time.time(), deadline, "the workers took no step")
+            for p in procs:
+                self.assertIsNone(p.poll(), p.stderr.read() if p.poll() else "")
+            time.sleep(0.05)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for r, p in enumerate(procs):
+            _, err = p.communicate(timeout=60)
+            # As ps_worker: 128 + SIGTERM, after the step and a report.
+            self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+            self.assertIn("rank %d stopped by signal 15 after" % r, err)
+            report = open(os.path.join(self.dir, "worker-%d.report" % r)).read()
+            self.assertIn('outcome: "stopped by signal 15"', report)
+            steps = int(re.search(r"^steps: (\d+)$", report, re.M).group(1))
+            samples = int(re.search(r"^samples: (\d+)$", report, re.M).group(1))
+            self.assertGreaterEqual(steps, 1)
+            self.assertEqual(samples, 8 * steps)
 
     def check_learns(self, base, steps=60, local_lr=0.05):
         config = self.write_config(base)

@@ -229,15 +229,17 @@ class Worker {
   }
   // Finishes the mode's steps and leaves the shards: `finished` counts the
   // rank as done (the run can end once every rank is). Writes the report
-  // (--report_out) either way.
-  void Finish(py::buffer params, bool finished) {
+  // (--report_out) either way, with `outcome` ("" for "done") unless
+  // something failed.
+  void Finish(py::buffer params, bool finished, const std::string& outcome) {
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
     absl::Status done = worker_->Finish(p);
     absl::Status left = client_->Leave(absl::Seconds(2), finished && done.ok());
-    absl::Status reported = WriteReport(!done.ok() ? done.ToString()
+    absl::Status reported = WriteReport(!done.ok()   ? done.ToString()
                                         : !left.ok() ? left.ToString()
-                                                     : "done");
+                                        : outcome.empty() ? "done"
+                                                          : outcome);
     Check(done);
     Check(left);
     Check(reported);
@@ -373,7 +375,7 @@ PYBIND11_MODULE(_monsoon, m) {
            py::arg("params"))
       .def("after_local_step", &Worker::AfterLocalStep, py::arg("params"))
       .def("finish", &Worker::Finish, py::arg("params"),
-           py::arg("finished") = true)
+           py::arg("finished") = true, py::arg("outcome") = "")
       .def_property_readonly("mode", &Worker::mode)
       .def_property_readonly("num_params", &Worker::num_params)
       .def_property_readonly("step_replaces_params",

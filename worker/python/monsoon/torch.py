@@ -187,6 +187,8 @@ class DistributedOptimizer:
         self._flatten()
         self._worker = _monsoon.Worker()
         _state["optimizer"] = self
+        self._stop_signal = None
+        _stop_on_sigterm(self)
 
     def _flatten(self):
         sizes = [p.numel() for _, p in self._named]
@@ -245,7 +247,21 @@ class DistributedOptimizer:
         if not replaced:
             self.optimizer.step()
             self._worker.after_local_step(self._params_np)
+        if self._stop_signal is not None:
+            self._stop()
         return loss
+
+    def _stop(self):
+        """After SIGTERM (a launcher's time limit, Kubernetes stopping a
+        pod): the step in flight is done; leave without finishing the run,
+        write the report and exit 128 + the signal, as ps_worker does."""
+        number = self._stop_signal
+        self._worker.finish(self._params_np, False,
+                            "stopped by signal %d" % number)
+        print("monsoon: rank %d stopped by signal %d after %d steps"
+              % (rank(), number, self._worker.steps), file=sys.stderr,
+              flush=True)
+        sys.exit(128 + number)
 
     def finish(self, finished=True):
         self._worker.finish(self._params_np, finished)
@@ -261,6 +277,23 @@ class DistributedOptimizer:
     @property
     def bytes_pulled(self):
         return self._worker.bytes_pulled
+
+
+def _stop_on_sigterm(optimizer):
+    """SIGTERM ends the script at the end of its next step (opt._stop)
+    rather than at once, where the script left Python's default for it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(number, frame):
+        optimizer._stop_signal = number
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 class _Params:
