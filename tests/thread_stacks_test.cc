@@ -25,8 +25,9 @@ void* TouchTls(void* arg) {
 }
 
 TEST(ThreadStacksTest, CountsThisBinarysStaticTls) {
+  // At least this file's; the libraries' come on top (a sanitizer's
+  // runtime alone holds several hundred KiB).
   EXPECT_GE(StaticTlsBytes(), kTlsBytes);
-  EXPECT_LT(StaticTlsBytes(), kTlsBytes + 64 * 1024);
 }
 
 TEST(ThreadStacksTest, ASmallStackIsRaisedByTheStaticTls) {
