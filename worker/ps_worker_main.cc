@@ -110,10 +110,6 @@ monsoon::common::DaemonInfo Info() {
   return info;
 }
 
-double UnixSeconds(absl::Time t) {
-  return t == absl::InfinitePast() ? 0 : absl::ToUnixMicros(t) * 1e-6;
-}
-
 // Writes --report_out, if set; a failure to write is logged, not fatal.
 void WriteReport(int rank, int64_t resumed_steps,
                  const monsoon::worker::WorkerResult& progress,
@@ -121,24 +117,8 @@ void WriteReport(int rank, int64_t resumed_steps,
                  const std::string& outcome) {
   const std::string path = absl::GetFlag(FLAGS_report_out);
   if (path.empty()) return;
-  monsoon::WorkerReport report;
-  report.set_rank(rank);
-  report.set_steps(progress.steps);
-  report.set_samples(progress.samples);
-  report.set_resumed_steps(resumed_steps);
-  report.set_first_step_unix_s(UnixSeconds(progress.first_step));
-  report.set_last_step_unix_s(UnixSeconds(progress.last_step));
-  report.set_outcome(outcome);
-  for (int p = 0; p < monsoon::worker::kNumPhases; ++p) {
-    const monsoon::common::Histogram::Snapshot phase =
-        counters.phases[p].Read();
-    if (phase.count == 0) continue;
-    monsoon::PhaseTime* time = report.add_phases();
-    time->set_phase(
-        monsoon::worker::PhaseName(static_cast<monsoon::worker::Phase>(p)));
-    time->set_count(static_cast<int64_t>(phase.count));
-    time->set_seconds(phase.sum);
-  }
+  const monsoon::WorkerReport report = monsoon::worker::MakeWorkerReport(
+      rank, resumed_steps, progress, counters, outcome);
   std::string text;
   google::protobuf::TextFormat::PrintToString(report, &text);
   std::ofstream out(path);

@@ -10,6 +10,37 @@
 
 namespace monsoon::worker {
 
+namespace {
+
+double UnixSeconds(absl::Time t) {
+  return t == absl::InfinitePast() ? 0 : absl::ToUnixMicros(t) * 1e-6;
+}
+
+}  // namespace
+
+WorkerReport MakeWorkerReport(int rank, int64_t resumed_steps,
+                              const WorkerResult& progress,
+                              const WorkerCounters& counters,
+                              const std::string& outcome) {
+  WorkerReport report;
+  report.set_rank(rank);
+  report.set_steps(progress.steps);
+  report.set_samples(progress.samples);
+  report.set_resumed_steps(resumed_steps);
+  report.set_first_step_unix_s(UnixSeconds(progress.first_step));
+  report.set_last_step_unix_s(UnixSeconds(progress.last_step));
+  report.set_outcome(outcome);
+  for (int p = 0; p < kNumPhases; ++p) {
+    const common::Histogram::Snapshot phase = counters.phases[p].Read();
+    if (phase.count == 0) continue;
+    PhaseTime* time = report.add_phases();
+    time->set_phase(PhaseName(static_cast<Phase>(p)));
+    time->set_count(static_cast<int64_t>(phase.count));
+    time->set_seconds(phase.sum);
+  }
+  return report;
+}
+
 std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode) {
   switch (mode) {
 #define MONSOON_MODE(mode, Impl) \

@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "proto/config.pb.h"
+#include "proto/metrics.pb.h"
 #include "worker/dataset.h"
 #include "worker/model/model.h"
 #include "worker/parameter_client.h"
@@ -34,6 +35,14 @@ struct WorkerResult {
   absl::Time first_step = absl::InfinitePast();
   absl::Time last_step = absl::InfinitePast();
 };
+
+// The report a worker writes for the launchers (--report_out, a
+// monsoon.WorkerReport): its steps, examples, first and last step, and the
+// time of each phase that ran (from `counters`).
+WorkerReport MakeWorkerReport(int rank, int64_t resumed_steps,
+                              const WorkerResult& progress,
+                              const WorkerCounters& counters,
+                              const std::string& outcome);
 
 // What a loop needs; nothing here is owned by the loop.
 struct WorkerContext {

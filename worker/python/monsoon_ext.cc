@@ -33,6 +33,8 @@
 #include "worker/evaluator.h"
 #include "worker/ps_client.h"
 #include "worker/script_worker.h"
+#include "worker/training_loop.h"
+#include "worker/worker_counters.h"
 
 ABSL_FLAG(std::string, servers, "",
           "Comma-separated host:port of every shard, in shard order (env "
@@ -213,13 +215,18 @@ class Worker {
     const absl::Time begin = absl::Now();
     // The script's time since the last step ended: its forward and
     // backward pass (and a local optimizer step), the "compute" phase.
-    if (steps_timed_ > 0) compute_s_ += absl::ToDoubleSeconds(begin - step_end_);
-    if (steps_timed_ == 0) first_step_ = begin;
+    if (progress_.steps > 0) {
+      Observe(worker::Phase::kCompute, begin - progress_.last_step);
+    } else {
+      progress_.first_step = begin;
+    }
     absl::StatusOr<bool> replaced = worker_->Step(g, samples, p);
-    step_end_ = absl::Now();
-    exchange_s_ += absl::ToDoubleSeconds(step_end_ - begin);
-    ++steps_timed_;
-    samples_ += samples;
+    progress_.last_step = absl::Now();
+    Observe(worker_->StepReplacesParams() ? worker::Phase::kPushPull
+                                          : worker::Phase::kPush,
+            progress_.last_step - begin);
+    ++progress_.steps;
+    progress_.samples += samples;
     return Check(std::move(replaced));
   }
   void AfterLocalStep(py::buffer params) {
@@ -253,40 +260,26 @@ class Worker {
   int64_t bytes_pulled() const { return client_->bytes_pulled(); }
 
  private:
-  // The launchers read it as they read ps_worker's: examples trained, the
-  // time from the first step to the last, and its phases.
+  // The launchers read it as they read ps_worker's.
   absl::Status WriteReport(const std::string& outcome) const {
     const std::string path = absl::GetFlag(FLAGS_report_out);
     if (path.empty()) return absl::OkStatus();
-    WorkerReport report;
-    report.set_rank(absl::GetFlag(FLAGS_rank));
-    report.set_steps(steps_timed_);
-    report.set_samples(samples_);
-    if (steps_timed_ > 0) {
-      report.set_first_step_unix_s(absl::ToUnixMicros(first_step_) / 1e6);
-      report.set_last_step_unix_s(absl::ToUnixMicros(step_end_) / 1e6);
-      PhaseTime* compute = report.add_phases();
-      compute->set_phase("compute");
-      compute->set_count(steps_timed_ - 1);
-      compute->set_seconds(compute_s_);
-      PhaseTime* exchange = report.add_phases();
-      exchange->set_phase(worker_->StepReplacesParams() ? "push_pull" : "push");
-      exchange->set_count(steps_timed_);
-      exchange->set_seconds(exchange_s_);
-    }
-    report.set_outcome(outcome);
-    return common::WriteFileAtomically(path, report.DebugString());
+    return common::WriteFileAtomically(
+        path, worker::MakeWorkerReport(absl::GetFlag(FLAGS_rank), 0, progress_,
+                                       counters_, outcome)
+                  .DebugString());
+  }
+
+  void Observe(worker::Phase phase, absl::Duration time) {
+    counters_.phases[static_cast<int>(phase)].Observe(
+        absl::ToDoubleSeconds(time));
   }
 
   std::unique_ptr<worker::PsClient> client_;
   std::unique_ptr<worker::ScriptWorker> worker_;
   std::string mode_;
-  int64_t steps_timed_ = 0;
-  int64_t samples_ = 0;
-  absl::Time first_step_;
-  absl::Time step_end_;
-  double compute_s_ = 0;   // between steps: the script's own work
-  double exchange_s_ = 0;  // inside Step: pushes, pulls, the barrier
+  worker::WorkerResult progress_;  // steps, examples, first and last step
+  worker::WorkerCounters counters_;  // the phases' time
 };
 
 // The evaluator's client (rank -1): pulls the shards' current weights and
