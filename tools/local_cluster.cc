@@ -184,8 +184,8 @@ class ClusterRun {
   absl::Status StartDelayProxies();
 
   // 2. The evaluator and the workers, started together.
-  // Starts a worker or the evaluator: `argv` and `env`, or `script` (a
-  // --worker_cmd) with argv's flags as its environment.
+  // Starts a daemon: `argv` and `env`, or `script` (a --worker_cmd, for a
+  // worker or the evaluator) with argv's flags as its environment.
   absl::StatusOr<int> StartClient(const std::string& role,
                                   const std::vector<std::string>& argv,
                                   std::vector<std::string> env,
@@ -711,10 +711,8 @@ bool ClusterRun::Restart(Daemon& daemon, bool worker) {
     std::remove(daemon.report.c_str());
     SetArg(&daemon.argv, "--report_out=", "--report_out=" + daemon.report);
   }
-  absl::StatusOr<int> id =
-      worker ? StartClient(daemon.role, daemon.argv, daemon.env,
-                           options_.worker_cmd)
-             : sup_.Start(daemon.role, daemon.argv, daemon.env);
+  absl::StatusOr<int> id = StartClient(daemon.role, daemon.argv, daemon.env,
+                                       worker ? options_.worker_cmd : "");
   if (!id.ok()) {
     failed_ = id.status();
     return false;
