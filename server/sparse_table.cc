@@ -1,0 +1,353 @@
+#include "server/sparse_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_layout.h"
+#include "common/sparse_ids.h"
+
+namespace monsoon::server {
+namespace {
+
+// Slots are 32-bit.
+constexpr int64_t kMaxRows = (int64_t{1} << 31) - 1;
+constexpr int kMaxDim = 4096;
+
+absl::Status Invalid(const SparseTableConfig& config, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("sparse table '", config.name(), "': ", what));
+}
+
+int StateFloats(const SparseTableConfig& config) {
+  switch (config.optimizer()) {
+    case SparseTableConfig::SPARSE_ADAGRAD:
+      return config.dim();
+    case SparseTableConfig::SPARSE_ROWWISE_ADAGRAD:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+// 24 random bits of `bits` as a uniform value in [-1, 1).
+double Uniform(uint64_t bits) {
+  return static_cast<double>(bits >> 40) / (1ull << 23) - 1.0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
+    const SparseTableConfig& config, uint64_t seed) {
+  const std::string& name = config.name();
+  if (name.empty() || name.size() > 64 ||
+      !std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse table name '", name,
+        "': give 1 to 64 characters of a-z, 0-9 and _"));
+  }
+  if (config.dim() < 1 || config.dim() > kMaxDim) {
+    return Invalid(config, absl::StrCat("dim ", config.dim(),
+                                        " is outside [1, ", kMaxDim, "]"));
+  }
+  if (!SparseTableConfig::Optimizer_IsValid(config.optimizer())) {
+    return Invalid(config, "unknown optimizer");
+  }
+  const float acc = config.adagrad_initial_accumulator();
+  if (!(std::isfinite(acc) && acc > 0)) {
+    return Invalid(config, absl::StrCat("adagrad_initial_accumulator ", acc,
+                                        " must be finite and above 0"));
+  }
+  if (config.has_init_scale() &&
+      !(std::isfinite(config.init_scale()) && config.init_scale() >= 0 &&
+        config.init_scale() <= 1e3f)) {
+    return Invalid(config, absl::StrCat("init_scale ", config.init_scale(),
+                                        " is outside [0, 1000]"));
+  }
+  if (config.admit_min_count() < 1 || config.admit_min_count() > 1000000) {
+    return Invalid(config, absl::StrCat("admit_min_count ",
+                                        config.admit_min_count(),
+                                        " is outside [1, 1000000]"));
+  }
+  const float p = config.admit_probability();
+  if (!(p > 0 && p <= 1)) {
+    return Invalid(config, absl::StrCat("admit_probability ", p,
+                                        " is outside (0, 1]"));
+  }
+  if (!config.has_max_rows()) {
+    return Invalid(config,
+                   "give max_rows, the most rows a shard holds of it (memory "
+                   "is bounded by the config)");
+  }
+  if (config.max_rows() < 1 || config.max_rows() > kMaxRows) {
+    return Invalid(config, absl::StrCat("max_rows ", config.max_rows(),
+                                        " is outside [1, ", kMaxRows, "]"));
+  }
+  if (!SparseTableConfig::AtMaxRows_IsValid(config.at_max_rows())) {
+    return Invalid(config, "unknown at_max_rows");
+  }
+  if (config.evict_unseen_steps() < 0) {
+    return Invalid(config, absl::StrCat("evict_unseen_steps ",
+                                        config.evict_unseen_steps(),
+                                        " is negative (0: never)"));
+  }
+  return std::unique_ptr<SparseTable>(new SparseTable(config, seed));
+}
+
+SparseTable::SparseTable(const SparseTableConfig& config, uint64_t seed)
+    : config_(config),
+      dim_(config.dim()),
+      state_floats_(StateFloats(config)),
+      stride_(dim_ + state_floats_),
+      row_seed_(common::SplitMix64(seed) ^
+                common::HashStringId(config.name())),
+      init_scale_(config.has_init_scale()
+                      ? config.init_scale()
+                      : static_cast<float>(1.0 / std::sqrt(dim_))) {}
+
+void SparseTable::InitialRow(uint64_t id, absl::Span<float> out) const {
+  const uint64_t base = common::SplitMix64(row_seed_ ^ id);
+  for (int c = 0; c < dim_; ++c) {
+    out[c] = init_scale_ == 0
+                 ? 0.0f
+                 : static_cast<float>(
+                       init_scale_ *
+                       Uniform(common::SplitMix64(base + static_cast<uint64_t>(c))));
+  }
+}
+
+bool SparseTable::Admits(uint64_t id, uint32_t count) const {
+  if (count < static_cast<uint32_t>(config_.admit_min_count())) return false;
+  const float p = config_.admit_probability();
+  if (p >= 1) return true;
+  const uint64_t bits = common::SplitMix64(
+      row_seed_ ^ common::SplitMix64(id) ^ (count * 0x9e3779b97f4a7c15ull));
+  return (Uniform(bits) + 1.0) / 2.0 < p;
+}
+
+absl::Status SparseTable::Pull(absl::Span<const uint64_t> ids,
+                               absl::Span<float> out) const {
+  if (out.size() != ids.size() * static_cast<size_t>(dim_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse table '", config_.name(), "': a pull of ", ids.size(),
+        " rows of ", dim_, " values needs ", ids.size() * dim_,
+        " values, not ", out.size()));
+  }
+  absl::ReaderMutexLock lock(&mu_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    float* into = out.data() + i * dim_;
+    auto it = index_.find(ids[i]);
+    if (it == index_.end()) {
+      InitialRow(ids[i], absl::MakeSpan(into, dim_));
+    } else {
+      const float* row = slab_.data() + size_t{it->second} * stride_;
+      std::copy(row, row + dim_, into);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SparseTable::ApplyRow(float* row, const float* grad,
+                           float learning_rate) const {
+  float* state = row + dim_;
+  switch (config_.optimizer()) {
+    case SparseTableConfig::SPARSE_ADAGRAD:
+      for (int c = 0; c < dim_; ++c) {
+        state[c] += grad[c] * grad[c];
+        row[c] -= learning_rate * grad[c] / std::sqrt(state[c]);
+      }
+      break;
+    case SparseTableConfig::SPARSE_ROWWISE_ADAGRAD: {
+      float sum = 0;
+      for (int c = 0; c < dim_; ++c) sum += grad[c] * grad[c];
+      state[0] += sum / static_cast<float>(dim_);
+      const float scale = learning_rate / std::sqrt(state[0]);
+      for (int c = 0; c < dim_; ++c) row[c] -= scale * grad[c];
+      break;
+    }
+    default:
+      for (int c = 0; c < dim_; ++c) row[c] -= learning_rate * grad[c];
+  }
+}
+
+uint32_t SparseTable::NewRow(uint64_t id, int64_t step) {
+  uint32_t slot;
+  if (!free_.empty()) {
+    slot = free_.back();
+    free_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.emplace_back();
+    slab_.resize(slab_.size() + stride_);
+  }
+  slots_[slot] = {id, step};
+  float* row = slab_.data() + size_t{slot} * stride_;
+  InitialRow(id, absl::MakeSpan(row, dim_));
+  std::fill(row + dim_, row + stride_, config_.adagrad_initial_accumulator());
+  index_.emplace(id, slot);
+  ++stats_.created;
+  return slot;
+}
+
+void SparseTable::EvictSlot(uint32_t slot) {
+  index_.erase(slots_[slot].id);
+  free_.push_back(slot);
+  ++stats_.evicted;
+}
+
+int64_t SparseTable::EvictLeastRecent(
+    int64_t needed, const absl::flat_hash_set<uint64_t>& keep) {
+  std::vector<std::pair<int64_t, uint32_t>> candidates;  // (last push, slot)
+  candidates.reserve(index_.size());
+  for (const auto& [id, slot] : index_) {
+    if (!keep.contains(id)) {
+      candidates.emplace_back(slots_[slot].last_pushed, slot);
+    }
+  }
+  const int64_t count = std::min<int64_t>(
+      candidates.size(), std::max<int64_t>(needed, config_.max_rows() / 10));
+  std::nth_element(candidates.begin(), candidates.begin() + count,
+                   candidates.end());
+  for (int64_t i = 0; i < count; ++i) EvictSlot(candidates[i].second);
+  return count;
+}
+
+absl::StatusOr<SparsePushResult> SparseTable::Push(
+    absl::Span<const uint64_t> ids, absl::Span<const float> grads,
+    float learning_rate, int64_t step) {
+  const std::string& name = config_.name();
+  auto refuse = [this](absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.refused_pushes;
+    return status;
+  };
+  if (grads.size() != ids.size() * static_cast<size_t>(dim_)) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "sparse table '", name, "': a push of ", ids.size(), " rows of ", dim_,
+        " values has ", grads.size(), " values")));
+  }
+  if (!std::isfinite(learning_rate) || learning_rate < 0) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("sparse table '", name, "': learning rate ",
+                     learning_rate, " is not a finite rate >= 0")));
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!std::isfinite(grads[i])) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "sparse table '", name, "': the gradient of id ", ids[i / dim_],
+          " holds ", grads[i], " (value ", i % dim_,
+          "); nothing of the push was applied")));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  auto refuse_locked = [this](absl::Status status) {
+    ++stats_.refused_pushes;
+    return status;
+  };
+  // Look every id up, and count the rows the push would create, before
+  // writing anything. kNone: no row; kNotAdmitted: no row, and none made.
+  constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+  std::vector<uint32_t> slots(ids.size(), kNone);
+  std::vector<uint32_t> counts(ids.size(), 0);  // pushes of a pending id
+  absl::flat_hash_set<uint64_t> in_push;
+  in_push.reserve(ids.size());
+  int64_t existing = 0, admitted_new = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!in_push.insert(ids[i]).second) {
+      return refuse_locked(absl::InvalidArgumentError(absl::StrCat(
+          "sparse table '", name, "': id ", ids[i],
+          " appears twice in one push (a worker sums a batch's repeats)")));
+    }
+    auto it = index_.find(ids[i]);
+    if (it != index_.end()) {
+      slots[i] = it->second;
+      ++existing;
+      continue;
+    }
+    auto pending = pending_.find(ids[i]);
+    counts[i] = (pending == pending_.end() ? 0 : pending->second) + 1;
+    if (Admits(ids[i], counts[i])) ++admitted_new;
+  }
+  const int64_t max_rows = config_.max_rows();
+  const int64_t rows = static_cast<int64_t>(index_.size());
+  if (existing + admitted_new > max_rows) {
+    return refuse_locked(absl::ResourceExhaustedError(absl::StrCat(
+        "sparse table '", name, "': one push of ", existing + admitted_new,
+        " rows cannot fit in max_rows ", max_rows,
+        "; raise max_rows, or push fewer ids at a time")));
+  }
+  const bool evict = config_.at_max_rows() == SparseTableConfig::EVICT_LEAST_RECENT;
+  if (rows + admitted_new > max_rows && !evict) {
+    return refuse_locked(absl::ResourceExhaustedError(absl::StrCat(
+        "sparse table '", name, "' holds ", rows, " rows of its max_rows ",
+        max_rows, " on this shard, and this push would create ", admitted_new,
+        " more; nothing was applied. Raise max_rows, or let rows go: "
+        "at_max_rows: EVICT_LEAST_RECENT or evict_unseen_steps")));
+  }
+
+  // Checked: apply. Making room evicts rows outside the push: there are
+  // enough, since the push's own rows fit (above).
+  SparsePushResult result;
+  if (rows + admitted_new > max_rows) {
+    result.evicted = EvictLeastRecent(rows + admitted_new - max_rows, in_push);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint32_t slot = slots[i];
+    if (slot != kNone) slots_[slot].last_pushed = step;
+    if (slot == kNone) {
+      if (!Admits(ids[i], counts[i])) {
+        if (pending_.size() >= static_cast<size_t>(max_rows) &&
+            !pending_.contains(ids[i])) {
+          pending_.clear();  // bounded: counting starts again
+        }
+        pending_[ids[i]] = counts[i];
+        ++result.not_admitted;
+        continue;
+      }
+      if (counts[i] > 1) pending_.erase(ids[i]);
+      slot = NewRow(ids[i], step);
+      ++result.created;
+    }
+    ApplyRow(slab_.data() + size_t{slot} * stride_,
+             grads.data() + i * dim_, learning_rate);
+    ++result.updated;
+  }
+  stats_.row_updates += result.updated;
+  stats_.not_admitted += result.not_admitted;
+  return result;
+}
+
+int64_t SparseTable::EvictUnseen(int64_t step) {
+  const int64_t unseen = config_.evict_unseen_steps();
+  if (unseen <= 0) return 0;
+  absl::MutexLock lock(&mu_);
+  std::vector<uint32_t> old;
+  for (const auto& [id, slot] : index_) {
+    if (slots_[slot].last_pushed < step - unseen) old.push_back(slot);
+  }
+  for (uint32_t slot : old) EvictSlot(slot);
+  return static_cast<int64_t>(old.size());
+}
+
+bool SparseTable::Contains(uint64_t id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return index_.contains(id);
+}
+
+SparseTableStats SparseTable::stats() const {
+  absl::ReaderMutexLock lock(&mu_);
+  SparseTableStats stats = stats_;
+  stats.rows = static_cast<int64_t>(index_.size());
+  stats.bytes = static_cast<int64_t>(
+      slab_.capacity() * sizeof(float) + slots_.capacity() * sizeof(Slot) +
+      free_.capacity() * sizeof(uint32_t) +
+      (index_.capacity() + pending_.capacity()) *
+          (sizeof(uint64_t) + sizeof(uint32_t) + 1));
+  return stats;
+}
+
+}  // namespace monsoon::server
