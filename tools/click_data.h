@@ -1,0 +1,59 @@
+// Synthetic click data shaped like Criteo's: 13 dense fields and 26
+// categorical ones whose ids follow a power law (an id of rank r is drawn
+// with probability about 1 / (r + 1)) over Criteo's own cardinalities, up
+// to ten million ids a field, and labels drawn from a planted logistic
+// model, so that the best AUC and log loss any model can reach on the test
+// set are known (planted.json).
+//
+// A line of train.libsvm / test.libsvm (common/libsvm_reader.h):
+//   LABEL 0:0:x0 ... 12:12:x12 13:ID:1 ... 38:ID:1
+// dense field j holds id j with its value; categorical field 13 + f holds
+// the id ((f + 1) << 48) | rank. Everything is a function of the seed.
+#ifndef MONSOON_TOOLS_CLICK_DATA_H_
+#define MONSOON_TOOLS_CLICK_DATA_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/libsvm_reader.h"
+
+namespace monsoon::tools {
+
+inline constexpr int kClickDenseFields = 13;
+inline constexpr int kClickCategoricalFields = 26;
+
+struct ClickDataOptions {
+  int64_t train_examples = 100000;
+  int64_t test_examples = 20000;
+  uint64_t seed = 1;
+  // Multiplies every field's cardinality (at least 2 ids a field): small
+  // data sets for tests.
+  double id_scale = 1.0;
+};
+
+// What the planted model reaches, and the data's shape.
+struct PlantedResult {
+  double test_auc = 0;
+  double test_logloss = 0;
+  double train_ctr = 0;
+  double test_ctr = 0;
+  std::vector<int64_t> cardinalities;  // per categorical field
+};
+
+// Criteo's cardinalities (the Kaggle set's 26 categorical fields) times
+// `id_scale`.
+std::vector<int64_t> ClickCardinalities(double id_scale);
+
+// The planted model's logit for an example as LibsvmReader reads it.
+double PlantedLogit(uint64_t seed, const common::SparseExample& example);
+
+// Writes DIR/train.libsvm, DIR/test.libsvm and DIR/planted.json (DIR must
+// exist); each file is written beside and renamed into place.
+absl::StatusOr<PlantedResult> WriteClickData(const ClickDataOptions& options,
+                                             const std::string& dir);
+
+}  // namespace monsoon::tools
+
+#endif  // MONSOON_TOOLS_CLICK_DATA_H_

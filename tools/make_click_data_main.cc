@@ -1,0 +1,67 @@
+// make_click_data: writes a Criteo-shaped synthetic click data set with a
+// planted model (tools/click_data.h): DIR/train.libsvm, DIR/test.libsvm and
+// DIR/planted.json, the planted model's test AUC and log loss, the best any
+// model can reach on it.
+//
+//   bazel run //tools:make_click_data -- --out=/tmp/click --examples=1000000
+//
+// Exit codes: 0 when written, 2 for a bad flag, 1 for any other failure.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "tools/click_data.h"
+
+ABSL_FLAG(std::string, out, "", "Folder to write into (made if missing).");
+ABSL_FLAG(int64_t, examples, 100000, "Training examples.");
+ABSL_FLAG(int64_t, test_examples, 0, "Test examples (0: a fifth of --examples).");
+ABSL_FLAG(uint64_t, seed, 1, "Seeds the planted model and the draws.");
+ABSL_FLAG(double, id_scale, 1.0,
+          "Multiplies Criteo's cardinalities (up to 10.1M ids a field), in "
+          "(0, 1]: smaller tables.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Writes a Criteo-shaped synthetic click data set (13 dense and 26 "
+      "categorical fields, power-law ids, labels from a planted logistic "
+      "model) as libsvm files, with the planted model's test AUC.\n\n"
+      "  make_click_data --out=DIR [--examples=N] [--seed=S]");
+  absl::ParseCommandLine(argc, argv);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  monsoon::tools::ClickDataOptions options;
+  options.train_examples = absl::GetFlag(FLAGS_examples);
+  options.test_examples = absl::GetFlag(FLAGS_test_examples) > 0
+                              ? absl::GetFlag(FLAGS_test_examples)
+                              : options.train_examples / 5;
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.id_scale = absl::GetFlag(FLAGS_id_scale);
+  if (out.empty()) {
+    std::fprintf(stderr, "make_click_data: give --out=DIR\n");
+    return 2;
+  }
+  if (mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "make_click_data: cannot make %s\n", out.c_str());
+    return 1;
+  }
+  absl::StatusOr<monsoon::tools::PlantedResult> result =
+      monsoon::tools::WriteClickData(options, out);
+  if (!result.ok()) {
+    std::fprintf(stderr, "make_click_data: %s\n",
+                 result.status().ToString().c_str());
+    return result.status().code() == absl::StatusCode::kInvalidArgument ? 2
+                                                                         : 1;
+  }
+  std::printf(
+      "make_click_data: %lld train and %lld test examples in %s (clicks: "
+      "%.3f and %.3f); the planted model's test AUC %.4f, log loss %.4f\n",
+      static_cast<long long>(options.train_examples),
+      static_cast<long long>(options.test_examples), out.c_str(),
+      result->train_ctr, result->test_ctr, result->test_auc,
+      result->test_logloss);
+  return 0;
+}
