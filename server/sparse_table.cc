@@ -1,5 +1,7 @@
 #include "server/sparse_table.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -95,10 +97,31 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
                                         config.evict_unseen_steps(),
                                         " is negative (0: never)"));
   }
-  return std::unique_ptr<SparseTable>(new SparseTable(config, seed));
+  // Address space for every row, in whole huge pages; MAP_NORESERVE: only
+  // the rows made take memory.
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t row_bytes =
+      sizeof(float) * static_cast<size_t>(config.dim() + StateFloats(config));
+  const size_t bytes =
+      (static_cast<size_t>(config.max_rows()) * row_bytes + kHugePage - 1) /
+      kHugePage * kHugePage;
+  void* slab = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (slab == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sparse table '", name, "': cannot reserve ", bytes >> 20,
+        " MiB of address space for max_rows ", config.max_rows(), " rows of ",
+        row_bytes, " bytes; lower max_rows"));
+  }
+  madvise(slab, bytes, MADV_HUGEPAGE);  // a hint: 4 KiB pages work too
+  return std::unique_ptr<SparseTable>(
+      new SparseTable(config, seed, static_cast<float*>(slab), bytes));
 }
 
-SparseTable::SparseTable(const SparseTableConfig& config, uint64_t seed)
+SparseTable::~SparseTable() { munmap(slab_, slab_bytes_); }
+
+SparseTable::SparseTable(const SparseTableConfig& config, uint64_t seed,
+                         float* slab, size_t slab_bytes)
     : config_(config),
       dim_(config.dim()),
       state_floats_(StateFloats(config)),
@@ -107,7 +130,9 @@ SparseTable::SparseTable(const SparseTableConfig& config, uint64_t seed)
                 common::HashStringId(config.name())),
       init_scale_(config.has_init_scale()
                       ? config.init_scale()
-                      : static_cast<float>(1.0 / std::sqrt(dim_))) {}
+                      : static_cast<float>(1.0 / std::sqrt(dim_))),
+      slab_(slab),
+      slab_bytes_(slab_bytes) {}
 
 void SparseTable::InitialRow(uint64_t id, absl::Span<float> out) const {
   const uint64_t base = common::SplitMix64(row_seed_ ^ id);
@@ -144,7 +169,7 @@ absl::Status SparseTable::Pull(absl::Span<const uint64_t> ids,
     if (it == index_.end()) {
       InitialRow(ids[i], absl::MakeSpan(into, dim_));
     } else {
-      const float* row = slab_.data() + size_t{it->second} * stride_;
+      const float* row = slab_ + size_t{it->second} * stride_;
       std::copy(row, row + dim_, into);
     }
   }
@@ -181,11 +206,10 @@ uint32_t SparseTable::NewRow(uint64_t id, int64_t step) {
     free_.pop_back();
   } else {
     slot = static_cast<uint32_t>(slots_.size());
-    slots_.emplace_back();
-    slab_.resize(slab_.size() + stride_);
+    slots_.emplace_back();  // below max_rows: Push checked
   }
   slots_[slot] = {id, step};
-  float* row = slab_.data() + size_t{slot} * stride_;
+  float* row = slab_ + size_t{slot} * stride_;
   InitialRow(id, absl::MakeSpan(row, dim_));
   std::fill(row + dim_, row + stride_, config_.adagrad_initial_accumulator());
   index_.emplace(id, slot);
@@ -312,7 +336,7 @@ absl::StatusOr<SparsePushResult> SparseTable::Push(
       slot = NewRow(ids[i], step);
       ++result.created;
     }
-    ApplyRow(slab_.data() + size_t{slot} * stride_,
+    ApplyRow(slab_ + size_t{slot} * stride_,
              grads.data() + i * dim_, learning_rate);
     ++result.updated;
   }
@@ -343,7 +367,8 @@ SparseTableStats SparseTable::stats() const {
   SparseTableStats stats = stats_;
   stats.rows = static_cast<int64_t>(index_.size());
   stats.bytes = static_cast<int64_t>(
-      slab_.capacity() * sizeof(float) + slots_.capacity() * sizeof(Slot) +
+      slots_.size() * stride_ * sizeof(float) +
+      slots_.capacity() * sizeof(Slot) +
       free_.capacity() * sizeof(uint32_t) +
       (index_.capacity() + pending_.capacity()) *
           (sizeof(uint64_t) + sizeof(uint32_t) + 1));

@@ -9,6 +9,12 @@
 // Every push is checked whole before anything is written: sizes, repeated
 // ids, non-finite values, and room under max_rows.
 //
+// The slab is one mapping of max_rows rows reserved at creation (address
+// space only: pages are committed as rows are made, and a growing table is
+// never copied, so memory stays within the rows held), with a hint for huge
+// pages: a push touches rows anywhere in a table of hundreds of MB, where
+// 4 KiB pages cost a TLB miss a row (where the kernel grants them).
+//
 // Thread-safe: one mutex per table. (Hogwild's lock-free rows come with the
 // wire that feeds them.)
 #ifndef MONSOON_SERVER_SPARSE_TABLE_H_
@@ -54,6 +60,9 @@ class SparseTable {
   // range (see SparseTableConfig). `seed`: the run's.
   static absl::StatusOr<std::unique_ptr<SparseTable>> Create(
       const SparseTableConfig& config, uint64_t seed);
+  ~SparseTable();
+  SparseTable(const SparseTable&) = delete;
+  SparseTable& operator=(const SparseTable&) = delete;
 
   const SparseTableConfig& config() const { return config_; }
   int dim() const { return dim_; }
@@ -86,7 +95,8 @@ class SparseTable {
   SparseTableStats stats() const;
 
  private:
-  SparseTable(const SparseTableConfig& config, uint64_t seed);
+  SparseTable(const SparseTableConfig& config, uint64_t seed, float* slab,
+              size_t slab_bytes);
 
   struct Slot {
     uint64_t id = 0;
@@ -112,9 +122,10 @@ class SparseTable {
   const int stride_;        // dim_ + state_floats_
   const uint64_t row_seed_;  // the run's seed mixed with the table's name
   const float init_scale_;
+  float* const slab_;  // max_rows rows; slot s at s * stride_
+  const size_t slab_bytes_;
 
   mutable absl::Mutex mu_;
-  std::vector<float> slab_ ABSL_GUARDED_BY(mu_);  // slot s at s * stride_
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint32_t> index_ ABSL_GUARDED_BY(mu_);

@@ -10,6 +10,12 @@
 // relaxed atomics, one value at a time. A last row times the worker's 1-bit
 // encoder (quantization with error feedback) on a push of the same size.
 //
+// The sparse rows (server/sparse_table.h): a push of --sparse_batch
+// distinct ids drawn at random from a table of --sparse_rows rows (row-wise
+// Adagrad, d = 16 and 64), in rows per second, against a SAXPY streaming
+// over the whole table's memory in the same run, as rows per second: what
+// memory bandwidth allows when nothing is looked up.
+//
 //   bazel build //tools/bench:apply_bench
 //   bazel-bin/tools/bench/apply_bench            # table
 //   bazel-bin/tools/bench/apply_bench --json     # one object per rule
@@ -17,6 +23,7 @@
 // Exit codes: 0 after a report, 2 for a bad flag, 1 for any other failure.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -31,8 +38,10 @@
 #include "common/model_layout.h"
 #include "common/onebit.h"
 #include "common/process_tuning.h"
+#include "proto/sparse_table.pb.h"
 #include "common/wire.h"
 #include "server/shard_state.h"
+#include "server/sparse_table.h"
 #include "server/update_rule.h"
 #include "tools/bench/bench_util.h"
 
@@ -40,6 +49,9 @@ ABSL_FLAG(int, values, 1 << 20, "Values per push (a shard's size).");
 ABSL_FLAG(int, repeats, 50, "Timed pushes per rule (medians).");
 ABSL_FLAG(int, warmup, 5, "Untimed pushes before them.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per rule.");
+ABSL_FLAG(int, sparse_rows, 1 << 20,
+          "Rows of the sparse cases' tables (0: no sparse cases).");
+ABSL_FLAG(int, sparse_batch, 512, "Distinct ids per sparse push.");
 
 namespace monsoon::tools {
 namespace {
@@ -80,6 +92,88 @@ double TimeUs(F&& run) {
   const absl::Time start = absl::Now();
   run();
   return absl::ToDoubleMicroseconds(absl::Now() - start);
+}
+
+// Row-wise Adagrad on a table of `rows` rows of `dim`, pushes of `batch`
+// distinct ids; 0 after its row, 1 on failure.
+int SparseCase(int dim, int rows, int batch, int repeats, int warmup,
+               bool json) {
+  SparseTableConfig config;
+  config.set_name(absl::StrCat("bench_d", dim));
+  config.set_dim(dim);
+  config.set_optimizer(SparseTableConfig::SPARSE_ROWWISE_ADAGRAD);
+  config.set_max_rows(rows);
+  absl::StatusOr<std::unique_ptr<server::SparseTable>> table =
+      server::SparseTable::Create(config, /*seed=*/1);
+  if (!table.ok()) {
+    std::fprintf(stderr, "apply_bench: %s\n", table.status().ToString().c_str());
+    return 1;
+  }
+  // Every row made first (creating is not what is timed), then pushes of
+  // ids in a random order: each push `batch` distinct rows anywhere.
+  std::vector<uint64_t> order(rows);
+  for (int i = 0; i < rows; ++i) order[i] = static_cast<uint64_t>(i);
+  const std::vector<float> grads =
+      common::UniformValues(static_cast<size_t>(batch) * dim, 21, 1e-2f);
+  int64_t step = 0;
+  for (int i = 0; i + batch <= rows; i += batch) {
+    absl::StatusOr<server::SparsePushResult> r = (*table)->Push(
+        absl::MakeConstSpan(order).subspan(i, batch), grads, 0.01f, ++step);
+    if (!r.ok()) {
+      std::fprintf(stderr, "apply_bench: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+  }
+  for (int i = rows - 1; i > 0; --i) {  // Fisher-Yates from SplitMix64
+    std::swap(order[i], order[common::SplitMix64(i) % (i + 1)]);
+  }
+  // The reference streams the table's memory: (dim + 1) floats a row.
+  const size_t stream = static_cast<size_t>(rows) * (dim + 1);
+  std::vector<float> x(stream, 1.0f), y(stream, 0.0f);
+  std::vector<double> push_us, saxpy_us;
+  const int windows = rows / batch;
+  for (int i = 0; i < warmup + repeats; ++i) {
+    const auto ids =
+        absl::MakeConstSpan(order).subspan((i % windows) * batch, batch);
+    absl::StatusOr<server::SparsePushResult> r;
+    const double a =
+        TimeUs([&] { r = (*table)->Push(ids, grads, 0.01f, ++step); });
+    if (!r.ok() || r->updated != batch) {
+      std::fprintf(stderr, "apply_bench: sparse push: %s\n",
+                   r.ok() ? "not every row updated"
+                          : r.status().ToString().c_str());
+      return 1;
+    }
+    const double b = TimeUs(
+        [&] { cblas_saxpy(stream, 1e-3f, x.data(), 1, y.data(), 1); });
+    if (i >= warmup) {
+      push_us.push_back(a);
+      saxpy_us.push_back(b);
+    }
+  }
+  const double rows_per_s = batch / (Summarize(push_us).p50 * 1e-6);
+  const double stream_rows_per_s = rows / (Summarize(saxpy_us).p50 * 1e-6);
+  const std::string name = absl::StrCat("sparse_rowwise_adagrad_d", dim);
+  if (json) {
+    JsonLine line;
+    line.Add("rule", name)
+        .Add("dim", dim)
+        .Add("table_rows", rows)
+        .Add("ids_per_push", batch)
+        .Add("repeats", repeats)
+        .Add("p50_us", Summarize(push_us).p50)
+        .Add("rows_per_s", rows_per_s)
+        .Add("saxpy_stream_p50_us", Summarize(saxpy_us).p50)
+        .Add("saxpy_stream_rows_per_s", stream_rows_per_s)
+        .Add("ratio", rows_per_s / stream_rows_per_s);
+    std::printf("%s\n", line.str().c_str());
+  } else {
+    std::printf("%-28s %10.1f %12.3g %12.0f %14.3g %6.3f\n", name.c_str(),
+                Summarize(push_us).p50, rows_per_s, Summarize(saxpy_us).p50,
+                stream_rows_per_s, rows_per_s / stream_rows_per_s);
+  }
+  std::fflush(stdout);
+  return 0;
 }
 
 int Main() {
@@ -201,6 +295,29 @@ int Main() {
     if (sink == 42) std::printf(" ");  // keeps the digests computed
     Print("sync_push_digest", values, repeats, Summarize(digest_us),
           Summarize(saxpy_us), json);
+  }
+  const int sparse_rows = absl::GetFlag(FLAGS_sparse_rows);
+  const int sparse_batch = absl::GetFlag(FLAGS_sparse_batch);
+  if (sparse_rows > 0) {
+    if (sparse_batch < 1 || sparse_batch > sparse_rows) {
+      std::fprintf(stderr,
+                   "apply_bench: --sparse_batch: from 1 to --sparse_rows\n");
+      return kUsageError;
+    }
+    if (!json) {
+      std::printf(
+          "\nsparse rows: pushes of %d distinct ids at random in a table of "
+          "%d rows; the reference streams the table's memory (SAXPY)\n",
+          sparse_batch, sparse_rows);
+      std::printf("%-28s %10s %12s %12s %14s %6s\n", "rule", "p50 us",
+                  "rows/s", "stream us", "stream rows/s", "ratio");
+    }
+    for (int dim : {16, 64}) {
+      if (int code = SparseCase(dim, sparse_rows, sparse_batch, repeats,
+                                warmup, json)) {
+        return code;
+      }
+    }
   }
   return 0;
 }
