@@ -485,6 +485,27 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertIn("E4 the run's config (mlp.config) describes one of "
                       "Monsoon's own models", out.stdout, out.stderr)
 
+    def test_run_config_gives_the_local_steps_rate_and_momentum(self):
+        # What a script's wrapped optimizer takes to step locally as ps_worker
+        # does: the resolved local rate and momentum (easgd's defaults 0.01
+        # and 0.9; another mode's 0.05 and 0; a given value as given).
+        code = (
+            "import sys, monsoon.torch as mt\n"
+            "mt.init(config=sys.argv[1])\n"
+            "c = mt.run_config()\n"
+            "print('RC', c['mode'], ' '.join('%g' % round(c[k], 6) for k in "
+            "('local_learning_rate', 'local_momentum', 'learning_rate')))\n")
+        cases = [("mode: EASGD\n", "RC easgd 0.01 0.9 "),
+                 ("mode: DOWNPOUR\n", "RC downpour 0.05 0 "),
+                 ("mode: EASGD local_learning_rate: 0.03 local_momentum: 0.5 "
+                  "learning_rate: 0.2\n", "RC easgd 0.03 0.5 0.2")]
+        for i, (base, expected) in enumerate(cases):
+            config = self.write_config(base, name="rc%d.config" % i)
+            out = subprocess.run([sys.executable, "-c", code, config],
+                                 env=self.env, cwd=self.dir,
+                                 capture_output=True, text=True, timeout=120)
+            self.assertIn(expected, out.stdout, out.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -16,6 +16,15 @@ accuracy:
           forward/backward on a local copy and then one rpc_sync that sends
           the gradients and returns the weights after the server's plain SGD
           update (w -= lr * g, under a lock).
+  monsoon this process is one worker of a Monsoon run, through the monsoon
+          package (monsoon.torch), started by train_bench --worker=torch
+          or `launch_local --worker_cmd='python3 torch_reference.py
+          --mode=monsoon --model=...'`: the same model and loop as ddp, the
+          run's mode, batch, epochs and rules from the run's config (the
+          shards' rule in sync; the local rate and momentum of the config
+          where the mode steps locally); worker r trains the r-th contiguous
+          1/W. As the evaluator (rank -1) it evaluates when the launcher
+          asks. The launcher reports the figures, from the workers' reports.
 
 Only training steps are timed: from just before the first step to just after
 the last one, over all workers (total samples / (latest end - earliest
@@ -361,6 +370,36 @@ def run_single(args):
             {"accuracy": accuracy, "loss": loss})
 
 
+def run_monsoon(args):
+    """Mode monsoon: one Monsoon worker (or the evaluator) of a launcher's
+    run, through monsoon.torch; returns the launcher's exit status."""
+    try:
+        import monsoon.torch as mt  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise UsageError("the monsoon package is not installed (%s): run "
+                         "./tools/setup.sh or tools/install_python.sh" % e)
+    mt.init()
+    model = build_model(args, args.seed)
+    if mt.is_evaluator():
+        test_set = load_split(args, "t10k")
+        mt.evaluate_every(model, lambda m: evaluate(m, test_set))
+        return 0
+    config = mt.run_config()
+    args.batch_size, args.epochs = config["batch_size"], config["epochs"]
+    optimizer = mt.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=config["local_learning_rate"],
+                        momentum=config["local_momentum"]),
+        named_parameters=model.named_parameters())
+    mt.broadcast_parameters(model)
+    x, y = load_split(args, "train")
+    start, end, samples = run_steps(x, y, mt.rank(), mt.num_workers(), args,
+                                    _sgd_step_fn(model, optimizer))
+    mt.finish()
+    print(f"torch_reference: monsoon rank {mt.rank()}: {samples} samples in "
+          f"{end - start:.2f} s", flush=True)
+    return 0
+
+
 def _ddp_worker(rank, args, port, results):
     """Mode ddp, one process: DistributedDataParallel over gloo."""
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
@@ -662,11 +701,14 @@ def parse_args(argv):
         "(training steps only) and final test accuracy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument(
-        "--mode", choices=("single", "ddp", "rpc_ps"), default="single",
+        "--mode", choices=("single", "ddp", "rpc_ps", "monsoon"),
+        default="single",
         help="single: one process, SGD+momentum 0.9 on all data; ddp: "
         "--workers processes with DistributedDataParallel (gloo), "
         "SGD+momentum 0.9; rpc_ps: one torch.distributed.rpc parameter "
-        "server (plain SGD) and --workers trainers, one rpc_sync per step")
+        "server (plain SGD) and --workers trainers, one rpc_sync per step; "
+        "monsoon: one worker of a Monsoon run (train_bench --worker=torch, "
+        "launch_local --worker_cmd), batch, epochs and workers from the run")
     parser.add_argument(
         "--workers", type=int, default=2,
         help="training processes (ddp, rpc_ps); worker r trains on the r-th "
@@ -730,6 +772,8 @@ def main(argv):
     _import_deps(args.threads)
     try:
         check_setup(args)
+        if args.mode == "monsoon":
+            return run_monsoon(args)
         if args.mode == "single":
             train, evaluation = run_single(args)
         elif args.mode == "ddp":

@@ -13,14 +13,24 @@
 //                        trainers, one push-and-pull RPC per step.
 // Where torch is missing, the references are skipped, and the table says so.
 //
+// --worker=torch runs each case with PyTorch workers instead of ps_worker:
+// torch_reference.py --mode=monsoon (the reference's own model and loop,
+// through the monsoon package) as every worker, so that a PyTorch model
+// through Monsoon is held against DDP and the RPC parameter server on the
+// same model, data, batch and cores. Each row also gives a step's compute
+// and exchange (push, pull) in ms, from the workers' reports: the torch
+// worker's exchange less ps_worker's is the Python side's cost.
+//
 //   bazel build //tools/bench:train_bench
 //   bazel-bin/tools/bench/train_bench                     # the table
 //   bazel-bin/tools/bench/train_bench --modes=sync --workers=1,2 --json
+//   bazel-bin/tools/bench/train_bench --worker=cpp,torch --modes=sync,downpour
 //
 // Exit codes: 0 after a report, 2 for a bad flag, 1 for any other failure,
 // 130 on Ctrl-C.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -66,6 +76,11 @@ ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and worker/ps_{worker,evaluator} "
           "(default: found beside this binary).");
 ABSL_FLAG(bool, json, false, "Print one JSON object per case.");
+ABSL_FLAG(std::string, worker, "cpp",
+          "Comma-separated kinds of Monsoon worker: cpp (ps_worker), torch "
+          "(tools/bench/torch_reference.py --mode=monsoon, PyTorch's model "
+          "through the monsoon package, which ./tools/setup.sh installs for "
+          "--python).");
 
 namespace monsoon::tools {
 namespace {
@@ -160,9 +175,24 @@ absl::StatusOr<double> RunReference(const std::string& script,
   return JsonNumber(output.substr(line), "samples_per_s");
 }
 
-// One Monsoon run's samples/s.
-absl::StatusOr<double> RunMonsoon(Mode mode, Model model, int workers,
-                                  ProcessSupervisor* supervisor) {
+// One Monsoon run: samples/s, and a step's compute and exchange.
+struct MonsoonRun {
+  double samples_per_s = 0;
+  double compute_ms = 0;   // per step, averaged over the workers' steps
+  double exchange_ms = 0;  // push, pull and push-pull per step
+};
+
+// ps_worker, or PyTorch's model through the monsoon package.
+enum class WorkerKind { kCpp, kTorch };
+
+const char* WorkerKindName(WorkerKind kind) {
+  return kind == WorkerKind::kCpp ? "cpp" : "torch";
+}
+
+absl::StatusOr<MonsoonRun> RunMonsoon(Mode mode, Model model, int workers,
+                                      WorkerKind kind,
+                                      const std::string& script,
+                                      ProcessSupervisor* supervisor) {
   TrainingConfig config;
   config.set_mode(mode);
   config.set_model(model);
@@ -185,6 +215,11 @@ absl::StatusOr<double> RunMonsoon(Mode mode, Model model, int workers,
   options.work_dir = dir;
   // Idle until training ends, then one evaluation.
   options.eval_interval_s = 1e6;
+  if (kind == WorkerKind::kTorch) {
+    options.worker_cmd = absl::StrCat(
+        absl::GetFlag(FLAGS_python), " ", script,
+        " --mode=monsoon --threads=1 --model=", common::ModelName(model));
+  }
   // The daemons' lines go nowhere; failures come back as errors naming
   // the process.
   supervisor->set_line_sink([](int, const std::string&) {});
@@ -195,7 +230,15 @@ absl::StatusOr<double> RunMonsoon(Mode mode, Model model, int workers,
   if (metrics->train_time_s <= 0) {
     return absl::InternalError("the run trained no steps");
   }
-  return metrics->trained_samples / metrics->train_time_s;
+  MonsoonRun run;
+  run.samples_per_s = metrics->trained_samples / metrics->train_time_s;
+  const double steps = static_cast<double>(metrics->trained_samples) /
+                       absl::GetFlag(FLAGS_batch_size);
+  for (const auto& [phase, total] : metrics->step_phases) {
+    double& into = phase == "compute" ? run.compute_ms : run.exchange_ms;
+    into += 1e3 * total.seconds / steps;
+  }
+  return run;
 }
 
 int Fail(int code, const absl::Status& status) {
@@ -236,41 +279,65 @@ int Main(ProcessSupervisor* supervisor) {
                     "give at least one mode and worker count, and positive "
                     "--repeats, --servers and --epochs"));
   }
-  std::string script;
-  std::string no_reference;
-  if (absl::GetFlag(FLAGS_reference)) {
-    script = FindTorchScript();
-    if (script.empty()) {
-      no_reference =
-          "tools/bench/torch_reference.py not found (--torch_script=PATH)";
+  std::vector<WorkerKind> kinds;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_worker), ',', absl::SkipEmpty())) {
+    if (name != "cpp" && name != "torch") {
+      return Fail(kUsageError,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "--worker takes cpp and torch, not '", name, "'")));
     }
-  } else {
+    kinds.push_back(name == "cpp" ? WorkerKind::kCpp : WorkerKind::kTorch);
+  }
+  if (kinds.empty()) {
+    return Fail(kUsageError,
+                absl::InvalidArgumentError("--worker: give cpp, torch or both"));
+  }
+  const std::string script = FindTorchScript();
+  const bool torch_workers =
+      std::find(kinds.begin(), kinds.end(), WorkerKind::kTorch) != kinds.end();
+  if (torch_workers && script.empty()) {
+    return Fail(kUsageError,
+                absl::NotFoundError("--worker=torch needs "
+                                    "tools/bench/torch_reference.py (run from "
+                                    "the repository, or --torch_script=PATH)"));
+  }
+  std::string no_reference;
+  if (!absl::GetFlag(FLAGS_reference)) {
     no_reference = "--noreference";
+  } else if (script.empty()) {
+    no_reference =
+        "tools/bench/torch_reference.py not found (--torch_script=PATH)";
   }
 
   // Runs in turn, repetition by repetition, so that drift hits every case.
-  std::map<std::string, std::vector<double>> monsoon, torch;
-  auto case_name = [](Model model, Mode mode, int workers) {
+  std::map<std::string, std::vector<double>> rates, compute_ms, exchange_ms,
+      torch;
+  auto case_name = [](Model model, Mode mode, int workers, WorkerKind kind) {
     return absl::StrCat(common::ModelName(model), "-", common::ModeName(mode),
-                        "-s", absl::GetFlag(FLAGS_servers), "-w", workers);
+                        "-s", absl::GetFlag(FLAGS_servers), "-w", workers,
+                        kind == WorkerKind::kTorch ? "-torch" : "");
   };
   for (int rep = 0; rep < repeats; ++rep) {
     for (Model model : models)
       for (int workers : worker_counts) {
         std::map<std::string, bool> references_done;
         for (Mode mode : modes) {
-          const std::string name = case_name(model, mode, workers);
-          common::Log("train_bench: run %d/%d: %s", rep + 1, repeats, name);
-          absl::StatusOr<double> rate =
-              RunMonsoon(mode, model, workers, supervisor);
-          if (!rate.ok()) {
-            return Fail(
-                rate.status().code() == absl::StatusCode::kCancelled ? 130 : 1,
-                absl::Status(
-                    rate.status().code(),
-                    absl::StrCat(name, ": ", rate.status().message())));
+          for (WorkerKind kind : kinds) {
+            const std::string name = case_name(model, mode, workers, kind);
+            common::Log("train_bench: run %d/%d: %s", rep + 1, repeats, name);
+            absl::StatusOr<MonsoonRun> run =
+                RunMonsoon(mode, model, workers, kind, script, supervisor);
+            if (!run.ok()) {
+              return Fail(
+                  run.status().code() == absl::StatusCode::kCancelled ? 130 : 1,
+                  absl::Status(run.status().code(),
+                               absl::StrCat(name, ": ", run.status().message())));
+            }
+            rates[name].push_back(run->samples_per_s);
+            compute_ms[name].push_back(run->compute_ms);
+            exchange_ms[name].push_back(run->exchange_ms);
           }
-          monsoon[name].push_back(*rate);
           const Reference reference = ReferenceFor(mode, workers, model);
           if (!no_reference.empty() || references_done[reference.name()]) {
             continue;
@@ -292,46 +359,56 @@ int Main(ProcessSupervisor* supervisor) {
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) {
     std::printf(
-        "\n%d epochs, batch %d per worker, %d shard(s); medians of %d\n",
+        "\n%d epochs, batch %d per worker, %d shard(s); medians of %d; a "
+        "step's compute and exchange (push, pull) in ms, from the workers' "
+        "reports\n",
         absl::GetFlag(FLAGS_epochs), absl::GetFlag(FLAGS_batch_size),
         absl::GetFlag(FLAGS_servers), repeats);
     if (!no_reference.empty()) {
       std::printf("no PyTorch reference: %s\n", no_reference.c_str());
     }
-    std::printf("%-24s %12s  %-18s %12s %7s\n", "monsoon run", "samples/s",
-                "pytorch", "samples/s", "ratio");
+    std::printf("%-30s %10s %8s %9s  %-18s %10s %7s\n", "monsoon run",
+                "samples/s", "compute", "exchange", "pytorch", "samples/s",
+                "ratio");
   }
   for (Model model : models)
     for (int workers : worker_counts) {
       for (Mode mode : modes) {
-        const std::string name = case_name(model, mode, workers);
-        const Reference reference = ReferenceFor(mode, workers, model);
-        const Summary ours = Summarize(monsoon[name]);
-        const Summary ref = Summarize(torch[reference.name()]);
-        const bool have_ref = ref.count > 0;
-        if (json) {
-          JsonLine line;
-          line.Add("case", name)
-              .Add("mode", common::ModeName(mode))
-              .Add("model", common::ModelName(model))
-              .Add("servers", absl::GetFlag(FLAGS_servers))
-              .Add("workers", workers)
-              .Add("repeats", repeats)
-              .Add("samples_per_s", ours.p50)
-              .Add("reference", reference.name())
-              .Add("reference_samples_per_s", have_ref ? ref.p50 : 0.0)
-              .Add("ratio", have_ref ? ours.p50 / ref.p50 : 0.0)
-              .Add("runs", absl::StrJoin(monsoon[name], " "))
-              .Add("reference_runs",
-                   absl::StrJoin(torch[reference.name()], " "));
-          std::printf("%s\n", line.str().c_str());
-        } else {
-          std::printf("%-24s %12.0f  %-18s %12s %7s\n", name.c_str(), ours.p50,
-                      reference.name().c_str(),
-                      have_ref ? absl::StrFormat("%.0f", ref.p50).c_str() : "-",
-                      have_ref
-                          ? absl::StrFormat("%.2fx", ours.p50 / ref.p50).c_str()
-                          : "-");
+        for (WorkerKind kind : kinds) {
+          const std::string name = case_name(model, mode, workers, kind);
+          const Reference reference = ReferenceFor(mode, workers, model);
+          const Summary ours = Summarize(rates[name]);
+          const double compute = Summarize(compute_ms[name]).p50;
+          const double exchange = Summarize(exchange_ms[name]).p50;
+          const Summary ref = Summarize(torch[reference.name()]);
+          const bool have_ref = ref.count > 0;
+          if (json) {
+            JsonLine line;
+            line.Add("case", name)
+                .Add("mode", common::ModeName(mode))
+                .Add("model", common::ModelName(model))
+                .Add("worker", WorkerKindName(kind))
+                .Add("servers", absl::GetFlag(FLAGS_servers))
+                .Add("workers", workers)
+                .Add("repeats", repeats)
+                .Add("samples_per_s", ours.p50)
+                .Add("compute_ms_per_step", compute)
+                .Add("exchange_ms_per_step", exchange)
+                .Add("reference", reference.name())
+                .Add("reference_samples_per_s", have_ref ? ref.p50 : 0.0)
+                .Add("ratio", have_ref ? ours.p50 / ref.p50 : 0.0)
+                .Add("runs", absl::StrJoin(rates[name], " "))
+                .Add("reference_runs",
+                     absl::StrJoin(torch[reference.name()], " "));
+            std::printf("%s\n", line.str().c_str());
+          } else {
+            std::printf(
+                "%-30s %10.0f %8.2f %9.2f  %-18s %10s %7s\n", name.c_str(),
+                ours.p50, compute, exchange, reference.name().c_str(),
+                have_ref ? absl::StrFormat("%.0f", ref.p50).c_str() : "-",
+                have_ref ? absl::StrFormat("%.2fx", ours.p50 / ref.p50).c_str()
+                         : "-");
+          }
         }
       }
     }
@@ -346,7 +423,9 @@ int main(int argc, char** argv) {
       "Times Monsoon's modes end to end against PyTorch on the same model, "
       "data, batch, epochs and cores (medians of runs in turn).\n\n"
       "  train_bench\n  train_bench --modes=sync --workers=1,2 --repeats=5\n"
-      "  train_bench --model=mlp,lenet");
+      "  train_bench --model=mlp,lenet\n"
+      "  train_bench --worker=cpp,torch   # PyTorch workers through Monsoon "
+      "too");
   // Before any thread: the supervisor takes over SIGINT, SIGTERM, SIGCHLD.
   monsoon::tools::ProcessSupervisor supervisor;
   absl::ParseCommandLine(argc, argv);

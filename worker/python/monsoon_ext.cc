@@ -140,7 +140,8 @@ Tensors TensorsOf(const TrainingConfig& config) {
 }
 
 // The resolved config at `path` ("" for --config), as a dict of what a
-// script needs: mode, tensors, batch_size, learning_rate.
+// script needs: mode, tensors, batch_size, the shards' and the local steps'
+// rates.
 py::dict ReadConfig(std::string path) {
   if (path.empty()) path = absl::GetFlag(FLAGS_config);
   TrainingConfig config = Check(common::LoadResolvedConfig(path));
@@ -149,6 +150,8 @@ py::dict ReadConfig(std::string path) {
   out["tensors"] = TensorsOf(config);
   out["batch_size"] = config.batch_size();
   out["learning_rate"] = config.learning_rate();
+  out["local_learning_rate"] = config.local_learning_rate();
+  out["local_momentum"] = config.local_momentum();
   out["epochs"] = config.epochs();
   out["seed"] = config.seed();
   return out;
@@ -232,7 +235,14 @@ class Worker {
   void AfterLocalStep(py::buffer params) {
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
-    Check(worker_->AfterLocalStep(p));
+    const absl::Time begin = absl::Now();
+    absl::Status status = worker_->AfterLocalStep(p);
+    // Downpour's fetch every n_fetch steps, easgd's exchange with the
+    // centre (a pull, then the difference pushed): the step's exchange, in
+    // the report as "pull", not in the next step's "compute".
+    progress_.last_step = absl::Now();
+    Observe(worker::Phase::kPull, progress_.last_step - begin);
+    Check(std::move(status));
   }
   // Finishes the mode's steps and leaves the shards: `finished` counts the
   // rank as done (the run can end once every rank is). Writes the report

@@ -94,7 +94,9 @@ def num_workers():
 def run_config():
     """The run's resolved config, as far as a script needs it: mode, tensors
     (name and shape of each parameter), batch_size, learning_rate, epochs,
-    seed."""
+    seed, and local_learning_rate and local_momentum, the rate and momentum
+    the C++ worker's local steps use (downpour, onebit, easgd): a script's
+    wrapped optimizer takes them to follow the run's config."""
     _require_init("run_config()")
     return _monsoon.read_config("")
 
