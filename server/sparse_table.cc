@@ -4,12 +4,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/model_layout.h"
 #include "common/sparse_ids.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "sparse table snapshots are little-endian float32; port Snapshot and Restore."
+#endif
 
 namespace monsoon::server {
 namespace {
@@ -373,6 +378,120 @@ SparseTableStats SparseTable::stats() const {
       (index_.capacity() + pending_.capacity()) *
           (sizeof(uint64_t) + sizeof(uint32_t) + 1));
   return stats;
+}
+
+SparseTableSnapshot SparseTable::Snapshot(uint32_t buckets) const {
+  absl::ReaderMutexLock lock(&mu_);
+  SparseTableSnapshot snapshot;
+  *snapshot.mutable_config() = config_;
+  snapshot.set_buckets(buckets);
+  std::string* rows = snapshot.mutable_rows();
+  rows->reserve(index_.size() * stride_ * sizeof(float));
+  // In slot order: the same table always writes the same bytes.
+  std::vector<std::pair<uint32_t, uint64_t>> order;
+  order.reserve(index_.size());
+  for (const auto& [id, slot] : index_) order.emplace_back(slot, id);
+  std::sort(order.begin(), order.end());
+  for (const auto& [slot, id] : order) {
+    snapshot.add_ids(id);
+    snapshot.add_last_pushed(slots_[slot].last_pushed);
+    rows->append(reinterpret_cast<const char*>(slab_ + size_t{slot} * stride_),
+                 stride_ * sizeof(float));
+  }
+  std::vector<std::pair<uint64_t, uint32_t>> pending(pending_.begin(),
+                                                     pending_.end());
+  std::sort(pending.begin(), pending.end());
+  for (const auto& [id, count] : pending) {
+    snapshot.add_pending_ids(id);
+    snapshot.add_pending_counts(count);
+  }
+  return snapshot;
+}
+
+absl::StatusOr<int64_t> SparseTable::Restore(
+    const SparseTableSnapshot& snapshot, uint32_t first_bucket,
+    uint32_t last_bucket, uint32_t buckets) {
+  const std::string& name = config_.name();
+  const SparseTableConfig& theirs = snapshot.config();
+  if (theirs.name() != name || theirs.dim() != dim_ ||
+      theirs.optimizer() != config_.optimizer()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sparse table '", name, "' (dim ", dim_, ", optimizer ",
+        SparseTableConfig::Optimizer_Name(config_.optimizer()),
+        "): the snapshot is of table '", theirs.name(), "' (dim ",
+        theirs.dim(), ", optimizer ",
+        SparseTableConfig::Optimizer_Name(theirs.optimizer()), ")"));
+  }
+  if (snapshot.buckets() != buckets) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sparse table '", name, "': the snapshot places rows in ",
+        snapshot.buckets(), " buckets, this run in ", buckets));
+  }
+  const size_t n = static_cast<size_t>(snapshot.ids_size());
+  const size_t row_bytes = stride_ * sizeof(float);
+  if (static_cast<size_t>(snapshot.last_pushed_size()) != n ||
+      snapshot.rows().size() != n * row_bytes ||
+      snapshot.pending_ids_size() != snapshot.pending_counts_size()) {
+    return absl::DataLossError(absl::StrCat(
+        "sparse table '", name, "': the snapshot's ", n, " ids, ",
+        snapshot.last_pushed_size(), " ages and ", snapshot.rows().size(),
+        " bytes of rows (", row_bytes, " a row) disagree"));
+  }
+  const float* rows = reinterpret_cast<const float*>(snapshot.rows().data());
+  std::vector<size_t> mine;
+  absl::flat_hash_set<uint64_t> seen;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t id = snapshot.ids(static_cast<int>(i));
+    if (!seen.insert(id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparse table '", name, "': id ", id, " is twice in the snapshot"));
+    }
+    const uint32_t bucket = common::BucketOfId(id, buckets);
+    if (bucket < first_bucket || bucket >= last_bucket) continue;
+    for (int c = 0; c < stride_; ++c) {
+      float v;
+      std::memcpy(&v, reinterpret_cast<const char*>(rows) + i * row_bytes +
+                          c * sizeof(float),
+                  sizeof(float));
+      if (!std::isfinite(v) || (c >= dim_ && !(v > 0))) {
+        return absl::DataLossError(absl::StrCat(
+            "sparse table '", name, "': the snapshot's row of id ", id,
+            " holds ", v, c >= dim_ ? " as an accumulator" : "",
+            " (value ", c, ")"));
+      }
+    }
+    mine.push_back(i);
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t i : mine) {
+    if (index_.contains(snapshot.ids(static_cast<int>(i)))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparse table '", name, "': id ", snapshot.ids(static_cast<int>(i)),
+          " already has a row here"));
+    }
+  }
+  if (static_cast<int64_t>(index_.size() + mine.size()) > config_.max_rows()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sparse table '", name, "': restoring ", mine.size(), " rows beside ",
+        index_.size(), " passes max_rows ", config_.max_rows(),
+        "; raise max_rows"));
+  }
+  for (size_t i : mine) {
+    const uint64_t id = snapshot.ids(static_cast<int>(i));
+    uint32_t slot = NewRow(id, snapshot.last_pushed(static_cast<int>(i)));
+    --stats_.created;  // restored, not created
+    std::memcpy(slab_ + size_t{slot} * stride_,
+                reinterpret_cast<const char*>(rows) + i * row_bytes, row_bytes);
+  }
+  for (int i = 0; i < snapshot.pending_ids_size(); ++i) {
+    const uint64_t id = snapshot.pending_ids(i);
+    const uint32_t bucket = common::BucketOfId(id, buckets);
+    if (bucket < first_bucket || bucket >= last_bucket) continue;
+    if (pending_.size() < static_cast<size_t>(config_.max_rows())) {
+      pending_[id] = std::max(pending_[id], snapshot.pending_counts(i));
+    }
+  }
+  return static_cast<int64_t>(mine.size());
 }
 
 }  // namespace monsoon::server

@@ -94,6 +94,22 @@ class SparseTable {
 
   SparseTableStats stats() const;
 
+  // The table's rows, their state and its admission counts. `buckets`: the
+  // run's virtual buckets, recorded for Restore.
+  SparseTableSnapshot Snapshot(uint32_t buckets) const;
+
+  // Adds the rows of `snapshot` (another shard's, or this one's before a
+  // restart) whose bucket is in `range` of `buckets`, values and state bit
+  // for bit, and their admission counts. Everything is checked first:
+  // FAILED_PRECONDITION for a snapshot of another table (name, dim,
+  // optimizer) or bucket count; DATA_LOSS for sizes that disagree, a
+  // non-finite value or an accumulator not above 0; INVALID_ARGUMENT for an
+  // id already here or twice in it; RESOURCE_EXHAUSTED when the rows would
+  // pass max_rows. Nothing is added then. Returns the rows added.
+  absl::StatusOr<int64_t> Restore(const SparseTableSnapshot& snapshot,
+                                  uint32_t first_bucket, uint32_t last_bucket,
+                                  uint32_t buckets);
+
  private:
   SparseTable(const SparseTableConfig& config, uint64_t seed, float* slab,
               size_t slab_bytes);

@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "common/sparse_ids.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
@@ -14,6 +16,7 @@ namespace monsoon::server {
 namespace {
 
 using ::monsoon::testutil::IsOk;
+using ::monsoon::testutil::IsOkAndHolds;
 using ::monsoon::testutil::StatusIs;
 using ::testing::HasSubstr;
 
@@ -266,6 +269,120 @@ TEST(SparseTableTest, ConcurrentPushesAndPullsLoseNoUpdate) {
     }
   }
   EXPECT_EQ(table->stats().row_updates, kWriters * kPushes * kIds);
+}
+
+// Each id's row bytes (values and state) in a snapshot.
+std::map<uint64_t, std::string> RowsOf(const SparseTableSnapshot& snapshot) {
+  std::map<uint64_t, std::string> rows;
+  const size_t bytes = snapshot.rows().size() / std::max(1, snapshot.ids_size());
+  for (int i = 0; i < snapshot.ids_size(); ++i) {
+    rows[snapshot.ids(i)] = snapshot.rows().substr(i * bytes, bytes);
+  }
+  return rows;
+}
+
+constexpr char kReshard[] =
+    "name: 'emb' dim: 3 max_rows: 1000 optimizer: SPARSE_ROWWISE_ADAGRAD "
+    "admit_min_count: 2";
+
+TEST(SparseTableTest, SnapshotsRestoreBitForBitOnAnotherShardCount) {
+  constexpr uint32_t kBuckets = 64;
+  std::vector<std::unique_ptr<SparseTable>> two;
+  for (int s = 0; s < 2; ++s) two.push_back(Make(kReshard));
+  // 200 ids pushed twice (admitted on the second push, then stepped), 20
+  // pushed once (pending), each on its shard of 2.
+  for (int round = 0; round < 2; ++round) {
+    for (uint64_t id = 0; id < 220; ++id) {
+      if (id >= 200 && round == 1) continue;
+      const float g = 0.1f * static_cast<float>(id % 7) - 0.3f;
+      ASSERT_THAT(two[common::ShardOfId(id, kBuckets, 2)]->Push(
+                      {id}, {g, 2 * g, -g}, 0.05f, round + 1),
+                  IsOk());
+    }
+  }
+  std::map<uint64_t, std::string> before;
+  std::vector<SparseTableSnapshot> snapshots;
+  for (const auto& table : two) {
+    snapshots.push_back(table->Snapshot(kBuckets));
+    for (const auto& row : RowsOf(snapshots.back())) before.insert(row);
+  }
+  ASSERT_EQ(before.size(), 200u);
+
+  std::vector<std::unique_ptr<SparseTable>> three;
+  int64_t restored = 0;
+  for (int s = 0; s < 3; ++s) {
+    three.push_back(Make(kReshard));
+    const common::BucketRange range = common::BucketsOfShard(s, kBuckets, 3);
+    for (const SparseTableSnapshot& snapshot : snapshots) {
+      absl::StatusOr<int64_t> added =
+          three[s]->Restore(snapshot, range.first, range.last, kBuckets);
+      ASSERT_THAT(added, IsOk());
+      restored += *added;
+    }
+  }
+  EXPECT_EQ(restored, 200);
+  std::map<uint64_t, std::string> after;
+  for (int s = 0; s < 3; ++s) {
+    for (const auto& [id, bytes] : RowsOf(three[s]->Snapshot(kBuckets))) {
+      EXPECT_EQ(common::ShardOfId(id, kBuckets, 3), s) << id;
+      after[id] = bytes;
+    }
+  }
+  EXPECT_EQ(after, before);  // values and accumulators, bit for bit
+  // The pending ids kept their count: one more push admits them.
+  for (uint64_t id = 200; id < 220; ++id) {
+    SparseTable& table = *three[common::ShardOfId(id, kBuckets, 3)];
+    absl::StatusOr<SparsePushResult> r = table.Push({id}, {1, 1, 1}, 0.05f, 3);
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->created, 1) << id;
+  }
+}
+
+TEST(SparseTableTest, DamagedOrForeignSnapshotsAreRefusedWithNothingAdded) {
+  auto source = Make(kReshard);
+  ASSERT_THAT(source->Push({1, 2}, std::vector<float>(6, 1.0f), 0.1f, 1), IsOk());
+  ASSERT_THAT(source->Push({1, 2}, std::vector<float>(6, 1.0f), 0.1f, 2), IsOk());
+  const SparseTableSnapshot good = source->Snapshot(16);
+  ASSERT_EQ(good.ids_size(), 2);
+  auto restore = [](const SparseTableSnapshot& snapshot,
+                    const std::string& config = kReshard, uint32_t buckets = 16) {
+    auto table = Make(config);
+    absl::StatusOr<int64_t> result =
+        table->Restore(snapshot, 0, buckets, buckets);
+    EXPECT_EQ(table->stats().rows, result.ok() ? *result : 0);
+    return result;
+  };
+  SparseTableSnapshot nan = good;
+  float bad = NAN;
+  nan.mutable_rows()->replace(4, 4, reinterpret_cast<const char*>(&bad), 4);
+  EXPECT_THAT(restore(nan), StatusIs(absl::StatusCode::kDataLoss,
+                                     HasSubstr("holds nan (value 1)")));
+  SparseTableSnapshot zero_accumulator = good;
+  float zero = 0;
+  zero_accumulator.mutable_rows()->replace(12, 4,
+                                           reinterpret_cast<const char*>(&zero), 4);
+  EXPECT_THAT(restore(zero_accumulator),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("holds 0 as an accumulator")));
+  SparseTableSnapshot cut = good;
+  cut.mutable_rows()->resize(20);
+  EXPECT_THAT(restore(cut), StatusIs(absl::StatusCode::kDataLoss,
+                                     HasSubstr("disagree")));
+  EXPECT_THAT(restore(good, "name: 'emb' dim: 4 max_rows: 1000"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the snapshot is of table 'emb' (dim 3")));
+  EXPECT_THAT(restore(good, kReshard, 32),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("places rows in 16 buckets, this run in 32")));
+  EXPECT_THAT(restore(good, "name: 'emb' dim: 3 max_rows: 1"),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("passes max_rows 1")));
+  auto twice = Make(kReshard);
+  ASSERT_THAT(twice->Restore(good, 0, 16, 16), IsOkAndHolds(2));
+  EXPECT_THAT(twice->Restore(good, 0, 16, 16),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("id 1 already has a row here")));
+  EXPECT_THAT(restore(good), IsOkAndHolds(2));
 }
 
 }  // namespace
