@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/model_config.h"
 #include "common/model_layout.h"
+#include "common/sparse_table_config.h"
 
 namespace monsoon::common {
 namespace {
@@ -411,6 +412,10 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
   if (absl::Status s = CheckRanges(c); !s.ok()) return s;
   if (absl::Status s = CheckModeOptions(c, kModeOptions); !s.ok()) return s;
   if (absl::Status s = CheckDecayAndChunkRanges(c); !s.ok()) return s;
+  if (absl::Status s = ValidateSparseTables(c.sparse_tables(), c.sparse_buckets());
+      !s.ok()) {
+    return s;
+  }
   ClearWhatIsOff(&c);
   return c;
 }

@@ -41,7 +41,8 @@ int StepsPerPush(const TrainingConfig& resolved) {
 ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state,
                                            UpdateRule* rule,
-                                           ServicePolicy policy)
+                                           ServicePolicy policy,
+                                           ShardSparseTables* sparse)
     : auth_token_(std::move(policy.auth_token)),
       push_slots_(policy.max_pushes_per_rank),
       pull_slots_(policy.max_pulls_per_rank),
@@ -49,7 +50,8 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
           resolved, num_workers, state, rule,
           policy.max_wait > absl::ZeroDuration()
               ? policy.max_wait
-              : absl::Seconds(resolved.call_timeout_s()) + absl::Seconds(10)),
+              : absl::Seconds(resolved.call_timeout_s()) + absl::Seconds(10),
+          sparse),
       streams_{&shard_,
                static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
                common::PushEncodingFor(resolved),
@@ -170,6 +172,30 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Stats(
     StatsResponse* response) {
   grpc::Status status = Authenticate(context);
   if (status.ok()) *response = shard_.Stats();
+  return Answer(context, status);
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(
+    grpc::CallbackServerContext* context, const SparsePullRequest* request,
+    SparsePullResponse* response) {
+  grpc::Status status = Authenticate(context);
+  if (status.ok()) {
+    absl::StatusOr<SparsePullResponse> rows = shard_.SparsePull(*request);
+    status = ToGrpcStatus(rows.status());
+    if (rows.ok()) *response = *std::move(rows);
+  }
+  return Answer(context, status);
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePush(
+    grpc::CallbackServerContext* context, const SparsePushRequest* request,
+    SparsePushResponse* response) {
+  grpc::Status status = Authenticate(context);
+  if (status.ok()) {
+    absl::StatusOr<SparsePushResponse> applied = shard_.SparsePush(*request);
+    status = ToGrpcStatus(applied.status());
+    if (applied.ok()) *response = *std::move(applied);
+  }
   return Answer(context, status);
 }
 

@@ -31,7 +31,9 @@ using RawParameterService = ParameterService::WithCallbackMethod_Register<
                     ParameterService::WithCallbackMethod_Leave<
                         ParameterService::WithCallbackMethod_FinishRank<
                             ParameterService::WithCallbackMethod_CloseRun<
-                                ParameterService::Service>>>>>>>>;
+                                ParameterService::WithCallbackMethod_SparsePull<
+                                    ParameterService::WithCallbackMethod_SparsePush<
+                                        ParameterService::Service>>>>>>>>>>;
 
 // What a shard's service lets clients do.
 struct ServicePolicy {
@@ -56,10 +58,12 @@ struct ServicePolicy {
 
 class ParameterServiceImpl final : public RawParameterService {
  public:
-  // `state` and `rule` are not owned and must outlive the service.
+  // `state`, `rule` and `sparse` (the shard's sparse tables; null: none)
+  // are not owned and must outlive the service.
   ParameterServiceImpl(const TrainingConfig& resolved, int num_workers,
                        ShardState* state, UpdateRule* rule,
-                       ServicePolicy policy = {});
+                       ServicePolicy policy = {},
+                       ShardSparseTables* sparse = nullptr);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -84,6 +88,12 @@ class ParameterServiceImpl final : public RawParameterService {
   grpc::ServerUnaryReactor* CloseRun(grpc::CallbackServerContext* context,
                                      const CloseRunRequest* request,
                                      CloseRunResponse* response) override;
+  grpc::ServerUnaryReactor* SparsePull(grpc::CallbackServerContext* context,
+                                       const SparsePullRequest* request,
+                                       SparsePullResponse* response) override;
+  grpc::ServerUnaryReactor* SparsePush(grpc::CallbackServerContext* context,
+                                       const SparsePushRequest* request,
+                                       SparsePushResponse* response) override;
 
  private:
   // OK, or UNAUTHENTICATED when the call lacks the run's token.

@@ -13,12 +13,15 @@
 namespace monsoon::server {
 
 Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
-             UpdateRule* rule, absl::Duration max_wait)
+             UpdateRule* rule, absl::Duration max_wait,
+             ShardSparseTables* sparse)
     : fingerprint_(common::ConfigFingerprint(resolved)),
       num_workers_(num_workers),
       state_(state),
       rule_(rule),
-      max_wait_(max_wait) {}
+      max_wait_(max_wait),
+      learning_rate_(resolved.learning_rate()),
+      sparse_(sparse) {}
 
 absl::Status Shard::CheckCaller(uint64_t fingerprint, int shard) const {
   if (fingerprint != fingerprint_) {
@@ -187,6 +190,51 @@ absl::Status Shard::CheckPushSession(int rank, uint64_t session) {
   absl::Status held = state_->CheckSession(rank, session);
   if (!held.ok()) RejectPush(held);
   return held;
+}
+
+absl::Status Shard::CheckSparseCaller(const SparseCaller& caller, bool push) {
+  if (absl::Status s = CheckCaller(caller.config_fingerprint(), caller.shard());
+      !s.ok()) {
+    return s;
+  }
+  if (sparse_ == nullptr || sparse_->empty()) {
+    return absl::FailedPreconditionError(
+        "this run has no sparse tables (TrainingConfig.sparse_tables)");
+  }
+  const int rank = caller.worker_rank();
+  if (rank < (push ? 0 : -1) || rank >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", rank, " is outside [", push ? 0 : -1, ", ",
+        num_workers_, "): check --num_workers"));
+  }
+  if (rank == -1) return absl::OkStatus();
+  if (push) {
+    if (absl::Status held = CheckPushSession(rank, caller.session());
+        !held.ok()) {
+      return held;
+    }
+    state_->Touch(rank);  // renews the rank's lease
+    return absl::OkStatus();
+  }
+  return state_->CheckSession(rank, caller.session());
+}
+
+absl::StatusOr<SparsePullResponse> Shard::SparsePull(
+    const SparsePullRequest& request) {
+  if (absl::Status s = CheckSparseCaller(request.caller(), /*push=*/false);
+      !s.ok()) {
+    return s;
+  }
+  return sparse_->Pull(request);
+}
+
+absl::StatusOr<SparsePushResponse> Shard::SparsePush(
+    const SparsePushRequest& request) {
+  if (absl::Status s = CheckSparseCaller(request.caller(), /*push=*/true);
+      !s.ok()) {
+    return s;
+  }
+  return sparse_->Push(request, learning_rate_, state_->version());
 }
 
 void Shard::RejectPush(const absl::Status& status) {

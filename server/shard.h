@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "proto/config.pb.h"
 #include "proto/service.pb.h"
+#include "server/shard_sparse_tables.h"
 #include "server/shard_state.h"
 #include "server/update_rule.h"
 
@@ -42,8 +43,11 @@ class Shard {
   // `num_workers`: the run's worker count (every daemon's --num_workers).
   // `max_wait`: how long a pull waits for a version before it is answered
   // DEADLINE_EXCEEDED (see WaitExpired).
+  // `sparse`: the shard's sparse tables, not owned (null: the run has
+  // none).
   Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
-        UpdateRule* rule, absl::Duration max_wait);
+        UpdateRule* rule, absl::Duration max_wait,
+        ShardSparseTables* sparse = nullptr);
 
   // Checks that the caller belongs to this run (config fingerprint, shard,
   // worker and shard counts, rank) and opens the rank's session. Refusals:
@@ -103,6 +107,16 @@ class Shard {
   // waited for (the slowest worker, under bounded staleness).
   absl::Status WaitExpired(const char* what, int64_t min_version) const;
 
+  // Rows of a sparse table by id (ShardSparseTables): the caller's run and
+  // shard checked as for Leave, and a worker rank's session (a push also
+  // renews its lease; pulls of rank -1, an evaluator, need none). A push
+  // applies at the run's learning rate, marking its rows with the shard's
+  // version. FAILED_PRECONDITION when the run has no sparse tables.
+  absl::StatusOr<SparsePullResponse> SparsePull(
+      const SparsePullRequest& request);
+  absl::StatusOr<SparsePushResponse> SparsePush(
+      const SparsePushRequest& request);
+
   StatsResponse Stats() const { return state_->Stats(); }
 
   int num_workers() const { return num_workers_; }
@@ -113,6 +127,8 @@ class Shard {
  private:
   // OK when a call from `fingerprint` for `shard` belongs to this shard.
   absl::Status CheckCaller(uint64_t fingerprint, int shard) const;
+  // The checks of a sparse call's caller; `push`: a rank of -1 may not.
+  absl::Status CheckSparseCaller(const SparseCaller& caller, bool push);
   // The checks of Leave and FinishRank; then ends the session.
   absl::Status EndSession(const LeaveRequest& request, const char* what);
 
@@ -122,6 +138,8 @@ class Shard {
   ShardState* const state_;
   UpdateRule* const rule_;
   const absl::Duration max_wait_;
+  const float learning_rate_;
+  ShardSparseTables* const sparse_;
 };
 
 }  // namespace monsoon::server

@@ -221,6 +221,11 @@ absl::Status ShardServer::BuildCore(const ShardServerOptions& options,
   if (rule_ == nullptr) {
     return absl::InvalidArgumentError("no update rule for this mode");
   }
+  absl::StatusOr<std::unique_ptr<ShardSparseTables>> sparse =
+      ShardSparseTables::Create(options.config, options.shard,
+                                options.num_shards);
+  if (!sparse.ok()) return sparse.status();
+  sparse_ = *std::move(sparse);
   config_fingerprint_ = common::ConfigFingerprint(options.config);
   return absl::OkStatus();
 }
@@ -247,7 +252,8 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
       options.config, options.num_workers, state_.get(), rule_.get(),
       ServicePolicy{options.auth_token, options.max_abs_gradient,
                     options.max_pushes_per_rank, options.max_pulls_per_rank,
-                    options.max_wait});
+                    options.max_wait},
+      sparse_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

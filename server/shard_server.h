@@ -25,6 +25,7 @@
 #include "common/metrics_exporter.h"
 #include "proto/config.pb.h"
 #include "server/parameter_service.h"
+#include "server/shard_sparse_tables.h"
 #include "server/shard_state.h"
 #include "server/shard_ticker.h"
 #include "server/update_rule.h"
@@ -119,6 +120,8 @@ class ShardServer {
   std::string address() const;
   ShardState* state() { return state_.get(); }
   UpdateRule* rule() { return rule_.get(); }
+  // The shard's sparse tables (empty when the run has none).
+  const ShardSparseTables* sparse_tables() const { return sparse_.get(); }
   // The version the shard resumed from, or -1 when it started afresh.
   int64_t resumed_version() const { return resumed_version_; }
   // Whether it resumed from the checkpoints of another shard count.
@@ -179,6 +182,7 @@ class ShardServer {
   bool resharded_ = false;
   std::unique_ptr<ShardState> state_;
   std::unique_ptr<UpdateRule> rule_;
+  std::unique_ptr<ShardSparseTables> sparse_;
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   // After state_, so that it stops serving metrics before the state goes.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model_layout.h"
 #include "common/sparse_ids.h"
+#include "common/sparse_table_config.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "sparse table snapshots are little-endian float32; port Snapshot and Restore."
@@ -18,15 +19,6 @@
 
 namespace monsoon::server {
 namespace {
-
-// Slots are 32-bit.
-constexpr int64_t kMaxRows = (int64_t{1} << 31) - 1;
-constexpr int kMaxDim = 4096;
-
-absl::Status Invalid(const SparseTableConfig& config, const std::string& what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("sparse table '", config.name(), "': ", what));
-}
 
 int StateFloats(const SparseTableConfig& config) {
   switch (config.optimizer()) {
@@ -48,60 +40,10 @@ double Uniform(uint64_t bits) {
 
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
     const SparseTableConfig& config, uint64_t seed) {
+  if (absl::Status valid = common::ValidateSparseTable(config); !valid.ok()) {
+    return valid;
+  }
   const std::string& name = config.name();
-  if (name.empty() || name.size() > 64 ||
-      !std::all_of(name.begin(), name.end(), [](char c) {
-        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-      })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sparse table name '", name,
-        "': give 1 to 64 characters of a-z, 0-9 and _"));
-  }
-  if (config.dim() < 1 || config.dim() > kMaxDim) {
-    return Invalid(config, absl::StrCat("dim ", config.dim(),
-                                        " is outside [1, ", kMaxDim, "]"));
-  }
-  if (!SparseTableConfig::Optimizer_IsValid(config.optimizer())) {
-    return Invalid(config, "unknown optimizer");
-  }
-  const float acc = config.adagrad_initial_accumulator();
-  if (!(std::isfinite(acc) && acc > 0)) {
-    return Invalid(config, absl::StrCat("adagrad_initial_accumulator ", acc,
-                                        " must be finite and above 0"));
-  }
-  if (config.has_init_scale() &&
-      !(std::isfinite(config.init_scale()) && config.init_scale() >= 0 &&
-        config.init_scale() <= 1e3f)) {
-    return Invalid(config, absl::StrCat("init_scale ", config.init_scale(),
-                                        " is outside [0, 1000]"));
-  }
-  if (config.admit_min_count() < 1 || config.admit_min_count() > 1000000) {
-    return Invalid(config, absl::StrCat("admit_min_count ",
-                                        config.admit_min_count(),
-                                        " is outside [1, 1000000]"));
-  }
-  const float p = config.admit_probability();
-  if (!(p > 0 && p <= 1)) {
-    return Invalid(config, absl::StrCat("admit_probability ", p,
-                                        " is outside (0, 1]"));
-  }
-  if (!config.has_max_rows()) {
-    return Invalid(config,
-                   "give max_rows, the most rows a shard holds of it (memory "
-                   "is bounded by the config)");
-  }
-  if (config.max_rows() < 1 || config.max_rows() > kMaxRows) {
-    return Invalid(config, absl::StrCat("max_rows ", config.max_rows(),
-                                        " is outside [1, ", kMaxRows, "]"));
-  }
-  if (!SparseTableConfig::AtMaxRows_IsValid(config.at_max_rows())) {
-    return Invalid(config, "unknown at_max_rows");
-  }
-  if (config.evict_unseen_steps() < 0) {
-    return Invalid(config, absl::StrCat("evict_unseen_steps ",
-                                        config.evict_unseen_steps(),
-                                        " is negative (0: never)"));
-  }
   // Address space for every row, in whole huge pages; MAP_NORESERVE: only
   // the rows made take memory.
   constexpr size_t kHugePage = size_t{2} << 20;

@@ -159,6 +159,23 @@ class PsClient : public ParameterClient {
 
   absl::StatusOr<std::vector<StatsResponse>> Stats(absl::Duration timeout);
 
+  // Sparse tables (TrainingConfig.sparse_tables): the rows of `ids` of
+  // table `table` into `out` (dim values per id, in order; repeats are
+  // asked once), each id asked of the shard that owns its bucket, the
+  // shards at once. NOT_FOUND for a table the run does not have;
+  // INVALID_ARGUMENT when `out` has another size; a shard's error, naming
+  // it.
+  absl::Status SparsePull(const std::string& table,
+                          absl::Span<const uint64_t> ids,
+                          absl::Span<float> out, absl::Duration timeout);
+  // Row gradients `grads` (dim values per id) of `ids`, repeats summed,
+  // each to the shard of its bucket, the shards at once; each shard's
+  // answer summed into *result (if not null). The errors of SparsePull.
+  absl::Status SparsePush(const std::string& table,
+                          absl::Span<const uint64_t> ids,
+                          absl::Span<const float> grads, absl::Duration timeout,
+                          SparsePushResponse* result = nullptr);
+
   // Serialized bytes this client has sent in pushes and received in pulls.
   int64_t bytes_pushed() const override { return bytes_pushed_.load(); }
   int64_t bytes_pulled() const override { return bytes_pulled_.load(); }
@@ -179,6 +196,15 @@ class PsClient : public ParameterClient {
       const std::function<grpc::Status(int s, grpc::ClientContext* context)>&
           call);
   PsClient() = default;
+  // The dim of `table`: NOT_FOUND when the run has no such table.
+  absl::StatusOr<int> SparseDim(const std::string& table) const;
+  // One request per shard for `table` (the caller's run, shard, rank and
+  // session filled in), each distinct id in its shard's, with
+  // add_row(shard, index in ids, request) called after each id is added.
+  template <typename Request, typename AddRow>
+  std::vector<Request> SparseRequests(const std::string& table,
+                                      const std::vector<uint64_t>& ids,
+                                      const AddRow& add_row) const;
   // Registers with shard s, retrying with backoff while it is unreachable,
   // until `deadline`; logs the wait every `log_every` (zero: never). `why`
   // ends the message of the UNAVAILABLE it returns at the deadline.
