@@ -347,11 +347,16 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
         common::ShardRangeFor(num_params, chosen, s);
     const uint64_t begin = std::max(from.begin, range.begin);
     const uint64_t end = std::min(from.end, range.end);
-    if (begin >= end) continue;
     const std::string path = CheckpointPath(dir, s, chosen);
     absl::StatusOr<ShardCheckpoint> part =
         ReadSetPart(path, config_fingerprint, s, chosen, from.size());
     if (!part.ok()) return part.status();
+    // Every file's sparse rows: the new shard keeps those of its buckets
+    // (ShardServer::Resume).
+    for (const std::string& table : part->sparse_tables()) {
+      out.add_sparse_tables(table);
+    }
+    if (begin >= end) continue;
     const bool elementwise =
         part->optimizer_state().size() == from.size() * sizeof(float);
     const size_t at = (begin - range.begin) * sizeof(float);

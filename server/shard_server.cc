@@ -21,6 +21,7 @@
 #include "common/float_bytes.h"
 #include "common/log.h"
 #include "common/model_layout.h"
+#include "common/sparse_ids.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
 #include "server/policies/policy_factory.h"
@@ -348,8 +349,38 @@ absl::Status ShardServer::Resume() {
     return absl::FailedPreconditionError(
         absl::StrCat(checkpoint_path_, ": ", restored.message()));
   }
+  if (absl::Status rows = RestoreSparseTables(checkpoint); !rows.ok()) {
+    return rows;
+  }
   state_->RestoreStats(checkpoint.stats());
   resumed_version_ = checkpoint.version();
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::RestoreSparseTables(
+    const ShardCheckpoint& checkpoint) {
+  const std::string& where = resharded_ ? checkpoint_dir_ : checkpoint_path_;
+  const common::BucketRange mine = common::BucketsOfShard(
+      state_->shard(), sparse_->buckets(), state_->num_shards());
+  for (const std::string& bytes : checkpoint.sparse_tables()) {
+    SparseTableSnapshot snapshot;
+    if (!snapshot.ParseFromString(bytes)) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": a sparse table's rows do not parse"));
+    }
+    absl::StatusOr<SparseTable*> table =
+        sparse_->Find(snapshot.config().name());
+    if (!table.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": ", table.status().message()));
+    }
+    absl::StatusOr<int64_t> restored = (*table)->Restore(
+        snapshot, mine.first, mine.last, sparse_->buckets());
+    if (!restored.ok()) {
+      return absl::Status(restored.status().code(),
+                          absl::StrCat(where, ": ", restored.status().message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -389,6 +420,12 @@ absl::Status ShardServer::WriteCheckpointLocked(int64_t* version) {
   checkpoint.set_optimizer(saved.optimizer);
   checkpoint.set_optimizer_state(saved.optimizer_state);
   *checkpoint.mutable_stats() = saved.stats;
+  // The rows as they are now: pushes that arrive while the weights above
+  // are written may be in them or not, as with an asynchronous push.
+  for (const auto& table : sparse_->tables()) {
+    table->Snapshot(sparse_->buckets())
+        .SerializeToString(checkpoint.add_sparse_tables());
+  }
   return WriteCheckpoint(checkpoint_path_, checkpoint);
 }
 

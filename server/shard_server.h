@@ -23,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/metrics_exporter.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 #include "server/parameter_service.h"
 #include "server/shard_sparse_tables.h"
@@ -196,6 +197,8 @@ class ShardServer {
   // stopped in Shutdown.
   std::unique_ptr<ShardTicker> ticker_;
 
+  // The checkpoint's sparse rows of this shard's buckets into its tables.
+  absl::Status RestoreSparseTables(const ShardCheckpoint& checkpoint);
   // SaveCheckpoint's write, timed by it.
   absl::Status WriteCheckpointLocked(int64_t* version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);

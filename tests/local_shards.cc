@@ -8,7 +8,8 @@
 namespace monsoon::testutil {
 
 std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
-    const TrainingConfig& config, int num_shards, int num_workers) {
+    const TrainingConfig& config, int num_shards, int num_workers,
+    const std::string& checkpoint_dir) {
   std::vector<std::unique_ptr<server::ShardServer>> servers;
   for (int s = 0; s < num_shards; ++s) {
     server::ShardServerOptions options;
@@ -18,6 +19,7 @@ std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
     options.num_workers = num_workers;
     options.listen_address = "127.0.0.1:0";
     options.lease = kTestLease;
+    options.checkpoint_dir = checkpoint_dir;
     absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
         server::ShardServer::Start(options);
     EXPECT_TRUE(server.ok()) << server.status();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -21,10 +22,11 @@ namespace monsoon::testutil {
 inline constexpr absl::Duration kTestLease = absl::Seconds(2);
 
 // Starts shards 0 .. num_shards-1 of `config` on port 0 of 127.0.0.1, with
-// the lease kTestLease. A shard that does not start is a test failure and
-// is left out.
+// the lease kTestLease (and checkpoints in `checkpoint_dir`, if given). A
+// shard that does not start is a test failure and is left out.
 std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
-    const TrainingConfig& config, int num_shards, int num_workers);
+    const TrainingConfig& config, int num_shards, int num_workers,
+    const std::string& checkpoint_dir = "");
 
 // Options for a client of those shards, with a 10 s connect timeout.
 worker::PsClientOptions ClientOptions(

@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/config.h"
@@ -157,6 +160,67 @@ TEST_F(RawCallTest, ARunWithoutTablesSaysSo) {
   grpc::Status status = PullFromShard0("emb", 0);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(status.error_message(), HasSubstr("this run has no sparse tables"));
+}
+
+// Each row's bytes (values and state) over every shard's table, and the
+// shard that holds it.
+std::map<uint64_t, std::pair<std::string, int>> AllRows(
+    const std::vector<std::unique_ptr<server::ShardServer>>& servers) {
+  std::map<uint64_t, std::pair<std::string, int>> rows;
+  for (size_t s = 0; s < servers.size(); ++s) {
+    const SparseTableSnapshot snapshot =
+        servers[s]->sparse_tables()->tables()[0]->Snapshot(64);
+    const size_t bytes = snapshot.rows().size() /
+                         std::max(1, snapshot.ids_size());
+    for (int i = 0; i < snapshot.ids_size(); ++i) {
+      EXPECT_TRUE(rows.emplace(snapshot.ids(i),
+                               std::make_pair(snapshot.rows().substr(
+                                                  i * bytes, bytes),
+                                              static_cast<int>(s)))
+                      .second)
+          << "id " << snapshot.ids(i) << " on two shards";
+    }
+  }
+  return rows;
+}
+
+TEST(SparseWireTest, CheckpointedRowsRestoreBitForBitOnTwoAndThreeShards) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [4, 2] mode: DOWNPOUR learning_rate: 0.1 "
+      "sparse_buckets: 64 sparse_tables { name: 'emb' dim: 3 "
+      "optimizer: SPARSE_ROWWISE_ADAGRAD max_rows: 1000 }");
+  const std::string dir = testutil::FreshDir("sparse_checkpoints");
+  std::map<uint64_t, std::pair<std::string, int>> before;
+  {
+    auto servers = testutil::StartLocalShards(config, 2, 1, dir);
+    ASSERT_EQ(servers.size(), 2u);
+    absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+        worker::PsClient::Connect(testutil::ClientOptions(servers, config));
+    ASSERT_THAT(client, IsOk());
+    for (int step = 0; step < 5; ++step) {
+      std::vector<uint64_t> ids;
+      std::vector<float> grads;
+      for (uint64_t id = 0; id < 40; ++id) {
+        ids.push_back(id * 7919 + step % 2);
+        for (int c = 0; c < 3; ++c) grads.push_back(0.01f * (id + c) - 0.2f);
+      }
+      ASSERT_THAT((*client)->SparsePush("emb", ids, grads, kTimeout), IsOk());
+    }
+    before = AllRows(servers);
+    ASSERT_EQ(before.size(), 80u);
+    for (auto& server : servers) ASSERT_THAT(server->SaveCheckpoint(), IsOk());
+  }
+  // The same shard count resumes its own rows; three take theirs from both.
+  for (int shards : {2, 3}) {
+    auto servers = testutil::StartLocalShards(config, shards, 1, dir);
+    ASSERT_EQ(servers.size(), static_cast<size_t>(shards));
+    const auto after = AllRows(servers);
+    ASSERT_EQ(after.size(), before.size());
+    for (const auto& [id, row] : after) {
+      EXPECT_EQ(row.first, before.at(id).first) << "id " << id;
+      EXPECT_EQ(row.second, common::ShardOfId(id, 64, shards)) << "id " << id;
+    }
+  }
 }
 
 TEST(SparseWireTest, BadTableConfigsAreRefusedAtResolution) {
