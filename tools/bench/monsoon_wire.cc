@@ -98,4 +98,69 @@ absl::Status MonsoonWire::PushPull() {
   return Push(&pull);
 }
 
+absl::StatusOr<std::unique_ptr<SparseWire>> SparseWire::Start(int dim,
+                                                             int64_t rows,
+                                                             int batch) {
+  std::unique_ptr<SparseWire> wire(new SparseWire());
+  TrainingConfig config;
+  // A token dense model beside the table: the shard holds one anyway.
+  config.add_layer_sizes(4);
+  config.add_layer_sizes(2);
+  config.set_mode(DOWNPOUR);
+  SparseTableConfig* table = config.add_sparse_tables();
+  table->set_name("emb");
+  table->set_dim(dim);
+  table->set_max_rows(rows);
+  absl::StatusOr<TrainingConfig> resolved = common::ResolveConfig(config);
+  if (!resolved.ok()) return resolved.status();
+
+  server::ShardServerOptions options;
+  options.config = *resolved;
+  options.num_workers = 1;
+  options.listen_address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
+      server::ShardServer::Start(options);
+  if (!server.ok()) return server.status();
+  wire->server_ = *std::move(server);
+  worker::PsClientOptions client_options;
+  client_options.server_addresses = {wire->server_->address()};
+  client_options.config = *resolved;
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(client_options);
+  if (!client.ok()) return client.status();
+  wire->client_ = *std::move(client);
+  wire->dim_ = dim;
+  wire->rows_ = rows;
+  wire->ids_.resize(batch);
+  wire->grads_ = common::UniformValues(static_cast<size_t>(batch) * dim,
+                                       /*seed=*/5, 1e-2f);
+  wire->pulled_.resize(static_cast<size_t>(batch) * dim);
+  return wire;
+}
+
+void SparseWire::NextIds() {
+  for (uint64_t& id : ids_) {
+    id = common::SplitMix64(++draws_) % static_cast<uint64_t>(rows_);
+  }
+}
+
+absl::Status SparseWire::Push() {
+  NextIds();
+  const int64_t before = client_->bytes_pushed();
+  absl::Status status =
+      client_->SparsePush("emb", ids_, grads_, absl::Seconds(30));
+  push_bytes_ = static_cast<uint64_t>(client_->bytes_pushed() - before);
+  return status;
+}
+
+absl::Status SparseWire::Pull() {
+  NextIds();
+  const int64_t before = client_->bytes_pulled();
+  absl::Status status = client_->SparsePull("emb", ids_,
+                                            absl::MakeSpan(pulled_),
+                                            absl::Seconds(30));
+  pull_bytes_ = static_cast<uint64_t>(client_->bytes_pulled() - before);
+  return status;
+}
+
 }  // namespace monsoon::tools

@@ -49,6 +49,37 @@ class MonsoonWire {
   int64_t next_offset_ = 0;  // the pushes' sample offsets
 };
 
+// A shard holding one sparse table (row-wise Adagrad, rows of `dim`, up to
+// `rows`, none made yet) and its client: each call pushes or pulls the rows
+// of `batch` ids drawn at random from [0, rows) through PsClient's sparse
+// calls, as a worker of a click model would.
+class SparseWire {
+ public:
+  static absl::StatusOr<std::unique_ptr<SparseWire>> Start(int dim,
+                                                           int64_t rows,
+                                                           int batch);
+  // The next batch's ids: a push of their row gradients, or a pull.
+  absl::Status Push();
+  absl::Status Pull();
+  // The serialized bytes the client sent (push) or received (pull) in its
+  // last call of each.
+  uint64_t push_bytes() const { return push_bytes_; }
+  uint64_t pull_bytes() const { return pull_bytes_; }
+
+ private:
+  SparseWire() = default;
+  void NextIds();
+
+  std::unique_ptr<server::ShardServer> server_;
+  std::unique_ptr<worker::PsClient> client_;
+  int dim_ = 0;
+  int64_t rows_ = 0;
+  uint64_t draws_ = 0;
+  std::vector<uint64_t> ids_;
+  std::vector<float> grads_, pulled_;
+  uint64_t push_bytes_ = 0, pull_bytes_ = 0;
+};
+
 }  // namespace monsoon::tools
 
 #endif  // MONSOON_TOOLS_BENCH_MONSOON_WIRE_H_

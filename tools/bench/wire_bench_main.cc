@@ -12,6 +12,13 @@
 //   pull_float32_<N>MiB    one pull of the shard's weights
 //   pushpull_float32_<N>MiB  a push and the pull of the version it makes
 //                          (a sync step's exchange)
+//   sparse_push_d<D>_b<B>  the row gradients of B ids drawn at random from
+//                          a table of --sparse_rows rows of D values
+//                          (PsClient.SparsePush; rows made on first push)
+//   sparse_pull_d<D>_b<B>  the rows of B such ids (PsClient.SparsePull)
+// A sparse case's reference moves the same serialized bytes; each row also
+// says how many times fewer bytes it moves than a dense push of the whole
+// table (rows x D float32 values).
 //
 //   bazel build //tools/bench:wire_bench
 //   bazel-bin/tools/bench/wire_bench                 # table
@@ -51,6 +58,9 @@ ABSL_FLAG(std::string, cases, "",
           "Run only the cases whose names start with one of these "
           "comma-separated prefixes (e.g. push_float32,pull); empty: all.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per case.");
+ABSL_FLAG(int64_t, sparse_rows, 10000000,
+          "Rows of the sparse cases' table (0: no sparse cases).");
+ABSL_FLAG(int, sparse_batch, 512, "Ids per sparse push or pull.");
 
 namespace monsoon::tools {
 namespace {
@@ -122,6 +132,68 @@ absl::Status RunCase(const Case& c, int warmup, int repeats, bool json) {
                 s.p50, s.p90, gbps, r.p50, raw_gbps, r.p50 / s.p50);
   }
   std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+// The sparse cases (see the file comment): rows per second, against the raw
+// stream of the same bytes, and the bytes against a dense push of the table.
+absl::Status SparseCases(RawGrpcClient& raw, int warmup, int repeats,
+                         bool json) {
+  const int64_t rows = absl::GetFlag(FLAGS_sparse_rows);
+  const int batch = absl::GetFlag(FLAGS_sparse_batch);
+  for (int dim : {16, 64}) {
+    absl::StatusOr<std::unique_ptr<SparseWire>> wire =
+        SparseWire::Start(dim, rows, batch);
+    if (!wire.ok()) return wire.status();
+    SparseWire* w = wire->get();
+    for (bool push : {true, false}) {
+      const std::string name = absl::StrCat(push ? "sparse_push" : "sparse_pull",
+                                            "_d", dim, "_b", batch);
+      if (!Selected(name)) continue;
+      std::vector<double> ours, reference;
+      uint64_t bytes = 0;
+      for (int i = 0; i < warmup + repeats; ++i) {
+        absl::StatusOr<double> a =
+            Time([w, push] { return push ? w->Push() : w->Pull(); });
+        if (!a.ok()) return a.status();
+        bytes = push ? w->push_bytes() : w->pull_bytes();
+        absl::StatusOr<double> b = Time([&raw, bytes, push] {
+          return push ? raw.Push(bytes, bytes) : raw.Pull(bytes, bytes);
+        });
+        if (!b.ok()) return b.status();
+        if (i >= warmup) {
+          ours.push_back(*a);
+          reference.push_back(*b);
+        }
+      }
+      const Summary s = Summarize(ours);
+      const Summary r = Summarize(reference);
+      const double rows_per_s = batch / (s.p50 * 1e-6);
+      const double dense_bytes = static_cast<double>(rows) * dim * sizeof(float);
+      if (json) {
+        JsonLine line;
+        line.Add("case", name)
+            .Add("dim", dim)
+            .Add("ids", batch)
+            .Add("table_rows", static_cast<long long>(rows))
+            .Add("wire_bytes", static_cast<long long>(bytes))
+            .Add("dense_push_bytes", dense_bytes)
+            .Add("times_fewer_bytes_than_dense", dense_bytes / bytes)
+            .Add("repeats", repeats)
+            .Add("p50_us", s.p50)
+            .Add("rows_per_s", rows_per_s)
+            .Add("raw_grpc_p50_us", r.p50)
+            .Add("ratio", r.p50 / s.p50);
+        std::printf("%s\n", line.str().c_str());
+      } else {
+        std::printf("%-26s %9.0f %9.0f %10.3g %9.0f %9llu %6.2f %12.0f\n",
+                    name.c_str(), s.p50, s.p90, rows_per_s, r.p50,
+                    static_cast<unsigned long long>(bytes), r.p50 / s.p50,
+                    dense_bytes / bytes);
+      }
+      std::fflush(stdout);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -212,6 +284,23 @@ int Main() {
           return 1;
         }
       }
+    }
+  }
+  if (absl::GetFlag(FLAGS_sparse_rows) > 0) {
+    if (absl::GetFlag(FLAGS_sparse_batch) < 1) {
+      std::fprintf(stderr, "wire_bench: --sparse_batch >= 1\n");
+      return kUsageError;
+    }
+    if (!json) {
+      std::printf("\nsparse: one shard, a table of %lld rows\n",
+                  static_cast<long long>(absl::GetFlag(FLAGS_sparse_rows)));
+      std::printf("%-26s %9s %9s %10s %9s %9s %6s %12s\n", "case", "p50 us",
+                  "p90 us", "rows/s", "raw p50", "bytes", "ratio",
+                  "x < dense");
+    }
+    if (absl::Status s = SparseCases(raw, warmup, repeats, json); !s.ok()) {
+      std::fprintf(stderr, "wire_bench: sparse: %s\n", s.ToString().c_str());
+      return 1;
     }
   }
   return 0;
