@@ -175,6 +175,51 @@ void AddCheckpointFamilies(const ShardState& state,
 
 }  // namespace
 
+// Each sparse table's rows, memory and what its pushes did, by table.
+void AddSparseFamilies(const ShardSparseTables& sparse,
+                       std::vector<MetricFamily>* families) {
+  if (sparse.empty()) return;
+  std::map<std::string, double> rows, bytes, created, evicted, updates,
+      not_admitted, refused;
+  for (const auto& table : sparse.tables()) {
+    const SparseTableStats s = table->stats();
+    const std::string& name = table->config().name();
+    rows[name] = static_cast<double>(s.rows);
+    bytes[name] = static_cast<double>(s.bytes);
+    created[name] = static_cast<double>(s.created);
+    evicted[name] = static_cast<double>(s.evicted);
+    updates[name] = static_cast<double>(s.row_updates);
+    not_admitted[name] = static_cast<double>(s.not_admitted);
+    refused[name] = static_cast<double>(s.refused_pushes);
+  }
+  families->push_back(common::LabeledGauge(
+      "monsoon_shard_sparse_rows", "Rows a sparse table holds on this shard.",
+      "table", rows));
+  families->push_back(common::LabeledGauge(
+      "monsoon_shard_sparse_bytes",
+      "Memory of a sparse table's rows, state and index on this shard, about.",
+      "table", bytes));
+  families->push_back(LabeledCounter("monsoon_shard_sparse_rows_created_total",
+                                     "Rows made (an admitted id's first push).",
+                                     "table", created));
+  families->push_back(LabeledCounter(
+      "monsoon_shard_sparse_rows_evicted_total",
+      "Rows evicted (at max_rows, or unseen for evict_unseen_steps).", "table",
+      evicted));
+  families->push_back(LabeledCounter("monsoon_shard_sparse_row_updates_total",
+                                     "Row gradients applied.", "table",
+                                     updates));
+  families->push_back(LabeledCounter(
+      "monsoon_shard_sparse_not_admitted_total",
+      "Row gradients dropped: their id not admitted yet.", "table",
+      not_admitted));
+  families->push_back(LabeledCounter(
+      "monsoon_shard_sparse_refused_pushes_total",
+      "Sparse pushes refused whole (sizes, repeats, non-finite values, "
+      "max_rows).",
+      "table", refused));
+}
+
 std::vector<MetricFamily> ShardMetrics::Collect() const {
   const StatsResponse stats = state_->Stats();
   std::vector<MetricFamily> families;
@@ -182,6 +227,7 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
   AddTimingFamilies(*state_, stats, &families);
   AddWorkerFamilies(*state_, &families);
   AddCheckpointFamilies(*state_, &families);
+  if (sparse_ != nullptr) AddSparseFamilies(*sparse_, &families);
   return families;
 }
 

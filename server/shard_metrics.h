@@ -2,7 +2,8 @@
 // read from ShardState at each scrape, so that they count exactly what the
 // Stats RPC counts (and continue across a restart from a checkpoint, as its
 // counters do). Names follow Prometheus' conventions: a monsoon_shard_
-// prefix, _total counters, base units; the only label is a worker's rank.
+// prefix, _total counters, base units; the labels are a worker's rank and a
+// sparse table's name.
 // Thread-safe.
 #ifndef MONSOON_SERVER_SHARD_METRICS_H_
 #define MONSOON_SERVER_SHARD_METRICS_H_
@@ -11,19 +12,24 @@
 
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
+#include "server/shard_sparse_tables.h"
 #include "server/shard_state.h"
 
 namespace monsoon::server {
 
 class ShardMetrics : public prometheus::Collectable {
  public:
-  // `state` is not owned and must outlive this.
-  explicit ShardMetrics(const ShardState* state) : state_(state) {}
+  // `state` and `sparse` (the shard's sparse tables; null: none) are not
+  // owned and must outlive this.
+  explicit ShardMetrics(const ShardState* state,
+                        const ShardSparseTables* sparse = nullptr)
+      : state_(state), sparse_(sparse) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   const ShardState* const state_;
+  const ShardSparseTables* const sparse_;
 };
 
 }  // namespace monsoon::server

@@ -287,7 +287,7 @@ absl::Status ShardServer::StartMetrics(const ShardServerOptions& options) {
                                   {{"shard", absl::StrCat(options.shard)}}));
   if (!metrics.ok()) return metrics.status();
   metrics_ = *std::move(metrics);
-  metrics_->Add(std::make_shared<ShardMetrics>(state_.get()));
+  metrics_->Add(std::make_shared<ShardMetrics>(state_.get(), sparse_.get()));
   return absl::OkStatus();
 }
 

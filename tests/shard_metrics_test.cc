@@ -17,6 +17,7 @@
 #include "common/model_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/shard_sparse_tables.h"
 #include "server/shard_state.h"
 #include "tests/status_matchers.h"
 
@@ -173,6 +174,62 @@ TEST(ShardMetricsTest, TimingsWorkersAndCheckpointsAreServed) {
     EXPECT_NEAR(metric.gauge.value, now, 60) << metric.label[0].value;
   }
   EXPECT_THAT(ranks, ElementsAre("1", "2"));
+}
+
+TEST(ShardMetricsTest, SparseTablesAreServedByTable) {
+  ShardState state(Layout(), 1, 0, 1);
+  TrainingConfig config;
+  SparseTableConfig* emb = config.add_sparse_tables();
+  emb->set_name("emb");
+  emb->set_dim(2);
+  emb->set_max_rows(3);
+  emb->set_optimizer(SparseTableConfig::SPARSE_SGD);
+  emb->set_admit_min_count(2);
+  SparseTableConfig* ads = config.add_sparse_tables();
+  ads->set_name("ads");
+  ads->set_dim(4);
+  ads->set_max_rows(10);
+  absl::StatusOr<std::unique_ptr<ShardSparseTables>> sparse =
+      ShardSparseTables::Create(config, 0, 1);
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  SparseTable& table = *(*sparse)->tables()[0];
+  // Ids are admitted on their second push: 1, 2 and 3 make the table full,
+  // and 4's second push, which would make a fourth row, is refused.
+  const std::vector<float> g(6, 1.0f);
+  ASSERT_TRUE(table.Push({1, 2, 3}, g, 1, 1).ok());
+  ASSERT_TRUE(table.Push({1, 2}, {g.data(), 4}, 1, 2).ok());
+  ASSERT_TRUE(table.Push({3}, {g.data(), 2}, 1, 3).ok());
+  ASSERT_TRUE(table.Push({4}, {g.data(), 2}, 1, 4).ok());
+  ASSERT_FALSE(table.Push({4}, {g.data(), 2}, 1, 5).ok());
+  const std::vector<prometheus::MetricFamily> families =
+      ShardMetrics(&state, sparse->get()).Collect();
+  auto value = [&](const std::string& name, const std::string& which) {
+    const prometheus::MetricFamily* family = Find(families, name);
+    EXPECT_NE(family, nullptr) << name;
+    if (family == nullptr) return -1.0;
+    for (const auto& metric : family->metric) {
+      if (metric.label.size() == 1 && metric.label[0].name == "table" &&
+          metric.label[0].value == which) {
+        return family->type == prometheus::MetricType::Gauge
+                   ? metric.gauge.value
+                   : metric.counter.value;
+      }
+    }
+    ADD_FAILURE() << name << " has no table " << which;
+    return -1.0;
+  };
+  EXPECT_EQ(value("monsoon_shard_sparse_rows", "emb"), 3);
+  EXPECT_EQ(value("monsoon_shard_sparse_rows", "ads"), 0);
+  EXPECT_EQ(value("monsoon_shard_sparse_rows_created_total", "emb"), 3);
+  EXPECT_EQ(value("monsoon_shard_sparse_row_updates_total", "emb"), 3);
+  EXPECT_EQ(value("monsoon_shard_sparse_not_admitted_total", "emb"), 4);
+  EXPECT_EQ(value("monsoon_shard_sparse_refused_pushes_total", "emb"), 1);
+  EXPECT_EQ(value("monsoon_shard_sparse_rows_evicted_total", "emb"), 0);
+  EXPECT_GT(value("monsoon_shard_sparse_bytes", "emb"), 0);
+  // A shard without tables serves none of these.
+  const std::vector<prometheus::MetricFamily> plain =
+      ShardMetrics(&state).Collect();
+  EXPECT_EQ(Find(plain, "monsoon_shard_sparse_rows"), nullptr);
 }
 
 TEST(ShardMetricsTest, NoCheckpointYetIsZero) {
