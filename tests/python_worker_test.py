@@ -506,6 +506,57 @@ class PythonWorkerTest(unittest.TestCase):
                                  capture_output=True, text=True, timeout=120)
             self.assertIn(expected, out.stdout, out.stderr)
 
+    def test_sparse_rows_are_pulled_and_pushed_by_id(self):
+        # Rows of a table of dim 2 start at 0 (init_scale 0); SGD at the
+        # run's rate 0.5: id 5 pushed twice in one call sums its gradients.
+        config = self.write_config(
+            "mode: DOWNPOUR learning_rate: 0.5 batch_size: 8 "
+            "sparse_tables { name: 'emb' dim: 2 optimizer: SPARSE_SGD "
+            "init_scale: 0 max_rows: 100 }\n")
+        servers = self.start_shards(config, shards=2, workers=1)
+        code = (
+            "import json, torch, monsoon.torch as mt\n"
+            "mt.init()\n"
+            "m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),"
+            " torch.nn.Linear(8, 2))\n"
+            "try:\n"
+            "    mt.sparse_pull('emb', torch.tensor([1]))\n"
+            "except RuntimeError as e: print('E0', e)\n"
+            "opt = mt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1),"
+            " named_parameters=m.named_parameters())\n"
+            "ids = torch.tensor([[5, 9], [5, 123456789]])\n"
+            "g = torch.tensor([[[1., 2.], [3., 4.]], [[10., 20.], [-2., 0.]]])\n"
+            "done = mt.sparse_push('emb', ids, g)\n"
+            "rows = mt.sparse_pull('emb', torch.tensor([123456789, 5, 9, 7]))\n"
+            "try:\n"
+            "    mt.sparse_push('emb', ids, g[0])\n"
+            "except ValueError as e: print('E1', e)\n"
+            "try:\n"
+            "    mt.sparse_pull('ads', ids)\n"
+            "except ValueError as e: print('E2', e)\n"
+            "mt.finish()\n"
+            "print('RESULT ' + json.dumps({'done': done, 'shape': list(rows.shape),"
+            " 'rows': rows.tolist()}))\n")
+        env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="0",
+                   MONSOON_NUM_WORKERS="1", MONSOON_CONFIG=config,
+                   MONSOON_CONNECT_TIMEOUT_S="20")
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=self.dir,
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        result = json.loads([l for l in out.stdout.splitlines()
+                             if l.startswith("RESULT ")][-1][len("RESULT "):])
+        self.assertEqual(result["done"], {"updated": 3, "created": 3,
+                                          "not_admitted": 0, "evicted": 0})
+        self.assertEqual(result["shape"], [4, 2])
+        self.assertEqual(result["rows"], [[1.0, 0.0], [-5.5, -11.0],
+                                          [-1.5, -2.0], [0.0, 0.0]])
+        self.assertIn("E0 monsoon.torch.sparse_pull before "
+                      "monsoon.torch.DistributedOptimizer", out.stdout)
+        self.assertIn("E1 sparse_push: grads of shape (2, 2) for ids of shape "
+                      "(2, 2) and table 'emb' of dim 2", out.stdout)
+        self.assertIn("E2 no sparse table 'ads' in the run's config (its "
+                      "tables: emb)", out.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -100,6 +100,29 @@ absl::Span<float> FloatSpan(py::buffer buffer, const char* what) {
                         static_cast<size_t>(info.size));
 }
 
+// A contiguous buffer of 64-bit integers (numpy or torch int64, or uint64)
+// as sparse ids: an int64 id is its bit pattern (torch has no uint64).
+absl::Span<const uint64_t> IdSpan(py::buffer buffer) {
+  py::buffer_info info = buffer.request();
+  const std::string& f = info.format;
+  if (info.itemsize != sizeof(uint64_t) ||
+      (f != "q" && f != "Q" && f != "l" && f != "L" && f != "<q" &&
+       f != "<Q" && f != "<l" && f != "<L")) {
+    throw py::value_error(absl::StrCat(
+        "sparse ids must be 64-bit integers (int64 or uint64), not format '",
+        f, "'"));
+  }
+  py::ssize_t expected = sizeof(uint64_t);
+  for (int d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      throw py::value_error("sparse ids must be contiguous (C order)");
+    }
+    expected *= info.shape[d];
+  }
+  return absl::MakeConstSpan(static_cast<const uint64_t*>(info.ptr),
+                             static_cast<size_t>(info.size));
+}
+
 // configure(): MONSOON_<NAME> variables, then `overrides` (flag name to
 // value). Returns the MONSOON_ variables that name no flag.
 std::vector<std::string> Configure(
@@ -152,6 +175,11 @@ py::dict ReadConfig(std::string path) {
   out["learning_rate"] = config.learning_rate();
   out["local_learning_rate"] = config.local_learning_rate();
   out["local_momentum"] = config.local_momentum();
+  py::dict tables;  // sparse table name -> dim
+  for (const SparseTableConfig& table : config.sparse_tables()) {
+    tables[py::str(table.name())] = table.dim();
+  }
+  out["sparse_tables"] = tables;
   out["epochs"] = config.epochs();
   out["seed"] = config.seed();
   return out;
@@ -204,12 +232,38 @@ class Worker {
         client_.get(), config, options.worker_rank, options.num_workers,
         absl::Seconds(absl::GetFlag(FLAGS_shard_lost_timeout_s))));
     mode_ = common::ModeName(config.mode());
+    call_timeout_ = absl::Seconds(config.call_timeout_s());
   }
 
   void Pull(py::buffer params) {
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
     Check(worker_->Pull(p));
+  }
+  // Rows of sparse table `table` for `ids` into `out` (float32, dim values
+  // per id); repeats are asked once.
+  void SparsePull(const std::string& table, py::buffer ids, py::buffer out) {
+    absl::Span<const uint64_t> i = IdSpan(ids);
+    absl::Span<float> o = FloatSpan(out, "out");
+    py::gil_scoped_release release;
+    Check(client_->SparsePull(table, i, o, call_timeout_));
+  }
+  // Row gradients of `ids` (float32, dim values per id), repeats summed.
+  py::dict SparsePush(const std::string& table, py::buffer ids,
+                      py::buffer grads) {
+    absl::Span<const uint64_t> i = IdSpan(ids);
+    absl::Span<float> g = FloatSpan(grads, "grads");
+    SparsePushResponse response;
+    {
+      py::gil_scoped_release release;
+      Check(client_->SparsePush(table, i, g, call_timeout_, &response));
+    }
+    py::dict out;
+    out["updated"] = response.updated();
+    out["created"] = response.created();
+    out["not_admitted"] = response.not_admitted();
+    out["evicted"] = response.evicted();
+    return out;
   }
   bool Step(py::buffer grads, int64_t samples, py::buffer params) {
     absl::Span<float> g = FloatSpan(grads, "grads");
@@ -288,6 +342,7 @@ class Worker {
   std::unique_ptr<worker::PsClient> client_;
   std::unique_ptr<worker::ScriptWorker> worker_;
   std::string mode_;
+  absl::Duration call_timeout_;  // the config's call_timeout_s
   worker::WorkerResult progress_;  // steps, examples, first and last step
   worker::WorkerCounters counters_;  // the phases' time
 };
@@ -377,6 +432,10 @@ PYBIND11_MODULE(_monsoon, m) {
       .def("step", &Worker::Step, py::arg("grads"), py::arg("samples"),
            py::arg("params"))
       .def("after_local_step", &Worker::AfterLocalStep, py::arg("params"))
+      .def("sparse_pull", &Worker::SparsePull, py::arg("table"), py::arg("ids"),
+           py::arg("out"))
+      .def("sparse_push", &Worker::SparsePush, py::arg("table"),
+           py::arg("ids"), py::arg("grads"))
       .def("finish", &Worker::Finish, py::arg("params"),
            py::arg("finished") = true, py::arg("outcome") = "")
       .def_property_readonly("mode", &Worker::mode)

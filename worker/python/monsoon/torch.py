@@ -96,7 +96,8 @@ def run_config():
     (name and shape of each parameter), batch_size, learning_rate, epochs,
     seed, and local_learning_rate and local_momentum, the rate and momentum
     the C++ worker's local steps use (downpour, onebit, easgd): a script's
-    wrapped optimizer takes them to follow the run's config."""
+    wrapped optimizer takes them to follow the run's config; sparse_tables,
+    each sparse table's name and dim."""
     _require_init("run_config()")
     return _monsoon.read_config("")
 
@@ -316,6 +317,53 @@ def _optimizer(what):
             "monsoon.torch.%s before a DistributedOptimizer was made: wrap the "
             "optimizer first (it connects to the shards)" % what)
     return opt
+
+
+def _sparse_worker(what):
+    _require_init(what)
+    optimizer = _state.get("optimizer")
+    if optimizer is None:
+        raise RuntimeError(
+            "monsoon.torch.%s before monsoon.torch.DistributedOptimizer: make "
+            "the optimizer first (it connects to the shards)" % what)
+    return optimizer
+
+
+def _sparse_dim(table):
+    tables = run_config()["sparse_tables"]
+    if table not in tables:
+        raise ValueError("no sparse table %r in the run's config (its tables: "
+                         "%s)" % (table, ", ".join(sorted(tables)) or "none"))
+    return tables[table]
+
+
+def sparse_pull(table, ids):
+    """The rows of sparse table `table` (the config's sparse_tables) for
+    `ids`, an int64 tensor of any shape: a float32 tensor of shape
+    ids.shape + (dim,). Each id is asked of the shard that owns it, repeats
+    once; a row not made yet reads as its initial values."""
+    optimizer = _sparse_worker("sparse_pull")
+    ids = ids.detach().to(torch.int64).contiguous()
+    out = torch.empty(tuple(ids.shape) + (_sparse_dim(table),),
+                      dtype=torch.float32)
+    optimizer._worker.sparse_pull(table, ids.numpy(), out.numpy())
+    return out
+
+
+def sparse_push(table, ids, grads):
+    """Row gradients `grads` (float32, shape ids.shape + (dim,)) of `ids` to
+    the shards, repeats summed, applied at once with the table's optimizer
+    and the run's learning rate. Returns what the shards did: updated,
+    created, not_admitted, evicted."""
+    optimizer = _sparse_worker("sparse_push")
+    ids = ids.detach().to(torch.int64).contiguous()
+    dim = _sparse_dim(table)
+    grads = grads.detach().to(torch.float32).contiguous()
+    if tuple(grads.shape) != tuple(ids.shape) + (dim,):
+        raise ValueError("sparse_push: grads of shape %s for ids of shape %s "
+                         "and table %r of dim %d; give ids.shape + (dim,)"
+                         % (tuple(grads.shape), tuple(ids.shape), table, dim))
+    return optimizer._worker.sparse_push(table, ids.numpy(), grads.numpy())
 
 
 def broadcast_parameters(model=None):
