@@ -1,6 +1,7 @@
 // ResolveConfig (common/config.h): the defaults that depend on the mode,
 // which options each mode takes, and the ranges of every field, read from
 // the tables below where they differ by mode.
+#include <cmath>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -415,6 +416,12 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
   if (absl::Status s = ValidateSparseTables(c.sparse_tables(), c.sparse_buckets());
       !s.ok()) {
     return s;
+  }
+  // The resolved config says the scale the rows start with.
+  for (SparseTableConfig& table : *c.mutable_sparse_tables()) {
+    if (!table.has_init_scale()) {
+      table.set_init_scale(static_cast<float>(1.0 / std::sqrt(table.dim())));
+    }
   }
   ClearWhatIsOff(&c);
   return c;

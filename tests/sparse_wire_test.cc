@@ -231,6 +231,16 @@ TEST(SparseWireTest, BadTableConfigsAreRefusedAtResolution) {
   EXPECT_THAT(common::ResolveConfig(*parsed, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("two tables are named 'a'")));
+  // Resolution writes out the scale the rows start with.
+  parsed = common::ParseConfigText(
+      "layer_sizes: [4, 2] sparse_tables { name: 'a' dim: 16 max_rows: 5 } "
+      "sparse_tables { name: 'b' dim: 4 max_rows: 5 init_scale: 0 }");
+  ASSERT_THAT(parsed, IsOk());
+  absl::StatusOr<TrainingConfig> resolved =
+      common::ResolveConfig(*parsed, nullptr);
+  ASSERT_THAT(resolved, IsOk());
+  EXPECT_EQ(resolved->sparse_tables(0).init_scale(), 0.25f);
+  EXPECT_EQ(resolved->sparse_tables(1).init_scale(), 0.0f);
   parsed = common::ParseConfigText(
       "layer_sizes: [4, 2] sparse_tables { name: 'a' dim: 2 }");
   ASSERT_THAT(parsed, IsOk());

@@ -361,6 +361,15 @@ class Observer {
         worker::ObserverOptions(absl::GetFlag(FLAGS_servers), config, nullptr),
         &exit_code));
     curve_.set_start_unix_s(absl::ToUnixMicros(start_) / 1e6);
+    call_timeout_ = absl::Seconds(config.call_timeout_s());
+  }
+
+  // As Worker::SparsePull: the shards' rows, for an evaluation.
+  void SparsePull(const std::string& table, py::buffer ids, py::buffer out) {
+    absl::Span<const uint64_t> i = IdSpan(ids);
+    absl::Span<float> o = FloatSpan(out, "out");
+    py::gil_scoped_release release;
+    Check(client_->SparsePull(table, i, o, call_timeout_));
   }
 
   // Pulls the weights into `params`; the point's time_s, samples, version
@@ -405,6 +414,7 @@ class Observer {
  private:
   const absl::Time start_;
   std::unique_ptr<worker::PsClient> client_;
+  absl::Duration call_timeout_;  // the config's call_timeout_s
   EvalCurve curve_;
 };
 
@@ -450,6 +460,8 @@ PYBIND11_MODULE(_monsoon, m) {
       .def("snapshot", &monsoon::python::Observer::Snapshot, py::arg("params"))
       .def("every_worker_finished",
            &monsoon::python::Observer::EveryWorkerFinished)
+      .def("sparse_pull", &monsoon::python::Observer::SparsePull,
+           py::arg("table"), py::arg("ids"), py::arg("out"))
       .def("record", &monsoon::python::Observer::Record, py::arg("point"),
            py::arg("run_finished"));
 }

@@ -319,14 +319,18 @@ def _optimizer(what):
     return opt
 
 
-def _sparse_worker(what):
+def _sparse_client(what):
+    """What calls the shards for a sparse call: the worker's, or (in
+    evaluate_every's eval_fn) the evaluator's."""
     _require_init(what)
+    if _state.get("observer") is not None:
+        return _state["observer"]
     optimizer = _state.get("optimizer")
     if optimizer is None:
         raise RuntimeError(
             "monsoon.torch.%s before monsoon.torch.DistributedOptimizer: make "
             "the optimizer first (it connects to the shards)" % what)
-    return optimizer
+    return optimizer._worker
 
 
 def _sparse_dim(table):
@@ -341,12 +345,13 @@ def sparse_pull(table, ids):
     """The rows of sparse table `table` (the config's sparse_tables) for
     `ids`, an int64 tensor of any shape: a float32 tensor of shape
     ids.shape + (dim,). Each id is asked of the shard that owns it, repeats
-    once; a row not made yet reads as its initial values."""
-    optimizer = _sparse_worker("sparse_pull")
+    once; a row not made yet reads as its initial values. Also in the
+    evaluator's eval_fn (evaluate_every)."""
+    client = _sparse_client("sparse_pull")
     ids = ids.detach().to(torch.int64).contiguous()
     out = torch.empty(tuple(ids.shape) + (_sparse_dim(table),),
                       dtype=torch.float32)
-    optimizer._worker.sparse_pull(table, ids.numpy(), out.numpy())
+    client.sparse_pull(table, ids.numpy(), out.numpy())
     return out
 
 
@@ -355,7 +360,10 @@ def sparse_push(table, ids, grads):
     the shards, repeats summed, applied at once with the table's optimizer
     and the run's learning rate. Returns what the shards did: updated,
     created, not_admitted, evicted."""
-    optimizer = _sparse_worker("sparse_push")
+    if is_evaluator():
+        raise RuntimeError("monsoon.torch.sparse_push in the evaluator: only "
+                           "workers push")
+    client = _sparse_client("sparse_push")
     ids = ids.detach().to(torch.int64).contiguous()
     dim = _sparse_dim(table)
     grads = grads.detach().to(torch.float32).contiguous()
@@ -363,7 +371,7 @@ def sparse_push(table, ids, grads):
         raise ValueError("sparse_push: grads of shape %s for ids of shape %s "
                          "and table %r of dim %d; give ids.shape + (dim,)"
                          % (tuple(grads.shape), tuple(ids.shape), table, dim))
-    return optimizer._worker.sparse_push(table, ids.numpy(), grads.numpy())
+    return client.sparse_push(table, ids.numpy(), grads.numpy())
 
 
 def broadcast_parameters(model=None):
@@ -408,6 +416,7 @@ def evaluate_every(model, eval_fn, interval_s=None):
     params = torch.empty(sum(p.numel() for _, p in named), dtype=torch.float32)
     params_np = params.numpy()
     observer = _monsoon.Observer()
+    _state["observer"] = observer  # for sparse_pull in eval_fn
     stop = threading.Event()
     signals = {}
 
