@@ -80,18 +80,19 @@ echo "fuzz: building in $dir" >&2
 if [ ! -f "$dir/gen/proto/service.pb.cc" ] || [ -n "$(find proto -name \
      '*.proto' -newer "$dir/gen/proto/service.pb.cc" -print -quit)" ]; then
   protoc --cpp_out="$dir/gen" -I. proto/config.proto proto/service.proto \
-    proto/checkpoint.proto proto/log.proto
+    proto/checkpoint.proto proto/log.proto proto/sparse_table.proto
 fi
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I. -I"$dir/gen"
        -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 sources=(common/config.cc common/config_resolve.cc common/log.cc
-         common/model_config.cc
+         common/model_config.cc common/sparse_table_config.cc
          common/data_shape.cc common/idx_reader.cc common/model_layout.cc
          common/onebit.cc common/wire.cc common/wire_reader.cc
          server/buffer_pool.cc server/checkpoint.cc
          server/optimizer.cc server/push_decoder.cc
          "$dir/gen/proto/config.pb.cc" "$dir/gen/proto/service.pb.cc"
-         "$dir/gen/proto/checkpoint.pb.cc" "$dir/gen/proto/log.pb.cc")
+         "$dir/gen/proto/checkpoint.pb.cc" "$dir/gen/proto/log.pb.cc"
+         "$dir/gen/proto/sparse_table.pb.cc")
 # Monsoon's sources get coverage instrumentation (fuzzer-no-link), compiled
 # one per core at a time.
 objects=()
