@@ -52,6 +52,20 @@ std::vector<float> Probabilities(const Batch& batch,
   return p;
 }
 
+// The batch's rows from the shards, and its click probabilities.
+absl::Status PullAndPredict(PsClient* client, const SparseLrOptions& options,
+                            const Batch& batch, std::vector<float>* p) {
+  std::vector<float> rows(batch.ids.size());
+  if (absl::Status s = client->SparsePull(options.table, batch.ids,
+                                          absl::MakeSpan(rows),
+                                          options.call_timeout);
+      !s.ok()) {
+    return s;
+  }
+  *p = Probabilities(batch, rows);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SparseLrProgress> TrainSparseLr(PsClient* client,
@@ -83,14 +97,11 @@ absl::StatusOr<SparseLrProgress> TrainSparseLr(PsClient* client,
       }
       if (batch.size() > 0) {
         // A step: the batch's rows, the gradient of its mean log loss.
-        std::vector<float> rows(batch.ids.size());
-        if (absl::Status s = client->SparsePull(options.table, batch.ids,
-                                                absl::MakeSpan(rows),
-                                                options.call_timeout);
+        std::vector<float> p;
+        if (absl::Status s = PullAndPredict(client, options, batch, &p);
             !s.ok()) {
           return s;
         }
-        const std::vector<float> p = Probabilities(batch, rows);
         std::vector<float> grads(batch.ids.size());
         const float scale = 1.0f / static_cast<float>(batch.size());
         for (size_t e = 0; e < batch.size(); ++e) {
@@ -137,14 +148,11 @@ absl::StatusOr<ClickMetrics> EvaluateSparseLr(PsClient* client,
     if (*more) batch.Add(example);
     if (batch.size() > 0 &&
         (!*more || batch.size() == static_cast<size_t>(options.batch_size))) {
-      std::vector<float> rows(batch.ids.size());
-      if (absl::Status s = client->SparsePull(options.table, batch.ids,
-                                              absl::MakeSpan(rows),
-                                              options.call_timeout);
+      std::vector<float> p;
+      if (absl::Status s = PullAndPredict(client, options, batch, &p);
           !s.ok()) {
         return s;
       }
-      const std::vector<float> p = Probabilities(batch, rows);
       scores.insert(scores.end(), p.begin(), p.end());
       labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
       batch.Clear();
