@@ -214,6 +214,7 @@ class PsClient : public ParameterClient {
 
   // Constant after Connect.
   TrainingConfig config_;
+  uint64_t fingerprint_ = 0;  // ConfigFingerprint(config_)
   int worker_rank_ = 0;
   int num_workers_ = 0;
   uint64_t session_ = 0;      // drawn at Connect (RegisterRequest.session)

@@ -23,7 +23,7 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
   RegisterRequest request;
   request.set_worker_rank(worker_rank_);
   request.set_shard(s);
-  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_config_fingerprint(fingerprint_);
   request.set_num_workers(num_workers_);
   request.set_num_shards(num_shards());
   request.set_session(session_);
@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   }
   std::unique_ptr<PsClient> client(new PsClient());
   client->config_ = options.config;
+  client->fingerprint_ = common::ConfigFingerprint(client->config_);
   client->worker_rank_ = options.worker_rank;
   client->num_workers_ = options.num_workers;
   client->stop_ = options.stop;
@@ -143,7 +144,7 @@ absl::Status PsClient::Leave(absl::Duration timeout, bool finished) {
   if (worker_rank_ < 0) return absl::OkStatus();
   LeaveRequest request;
   request.set_worker_rank(worker_rank_);
-  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_config_fingerprint(fingerprint_);
   request.set_session(session_);
   return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
     request.set_shard(s);
@@ -171,7 +172,7 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
         "only a client of rank -1 (the run's finisher) closes the run");
   }
   CloseRunRequest request;
-  request.set_config_fingerprint(common::ConfigFingerprint(config_));
+  request.set_config_fingerprint(fingerprint_);
   return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
     request.set_shard(s);
     CloseRunResponse response;

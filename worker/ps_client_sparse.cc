@@ -56,7 +56,7 @@ std::vector<Request> PsClient::SparseRequests(
   std::vector<Request> requests(n);
   for (int s = 0; s < n; ++s) {
     SparseCaller* caller = requests[s].mutable_caller();
-    caller->set_config_fingerprint(common::ConfigFingerprint(config_));
+    caller->set_config_fingerprint(fingerprint_);
     caller->set_shard(s);
     caller->set_worker_rank(worker_rank_);
     caller->set_session(session_);
