@@ -160,7 +160,6 @@ uint32_t SparseTable::NewRow(uint64_t id, int64_t step) {
   InitialRow(id, absl::MakeSpan(row, dim_));
   std::fill(row + dim_, row + stride_, config_.adagrad_initial_accumulator());
   index_.emplace(id, slot);
-  ++stats_.created;
   return slot;
 }
 
@@ -288,6 +287,7 @@ absl::StatusOr<SparsePushResult> SparseTable::Push(
     ++result.updated;
   }
   stats_.row_updates += result.updated;
+  stats_.created += result.created;
   stats_.not_admitted += result.not_admitted;
   return result;
 }
@@ -421,7 +421,6 @@ absl::StatusOr<int64_t> SparseTable::Restore(
   for (size_t i : mine) {
     const uint64_t id = snapshot.ids(static_cast<int>(i));
     uint32_t slot = NewRow(id, snapshot.last_pushed(static_cast<int>(i)));
-    --stats_.created;  // restored, not created
     std::memcpy(slab_ + size_t{slot} * stride_,
                 reinterpret_cast<const char*>(rows) + i * row_bytes, row_bytes);
   }
