@@ -6,6 +6,31 @@
 #include "worker/cpu_backend.h"
 
 namespace monsoon::tools {
+namespace {
+
+// One shard of `resolved` on loopback (one worker) and a client of it.
+absl::Status StartShardAndClient(const TrainingConfig& resolved,
+                                 std::unique_ptr<server::ShardServer>* server,
+                                 std::unique_ptr<worker::PsClient>* client) {
+  server::ShardServerOptions options;
+  options.config = resolved;
+  options.num_workers = 1;
+  options.listen_address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<server::ShardServer>> started =
+      server::ShardServer::Start(options);
+  if (!started.ok()) return started.status();
+  *server = *std::move(started);
+  worker::PsClientOptions client_options;
+  client_options.server_addresses = {(*server)->address()};
+  client_options.config = resolved;
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> connected =
+      worker::PsClient::Connect(client_options);
+  if (!connected.ok()) return connected.status();
+  *client = *std::move(connected);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MonsoonWire>> MonsoonWire::Start(
     uint64_t values, Mode mode, bool onebit, uint64_t chunk_bytes) {
@@ -29,22 +54,11 @@ absl::StatusOr<std::unique_ptr<MonsoonWire>> MonsoonWire::Start(
   if (!resolved.ok()) return resolved.status();
   wire->config_ = *resolved;
 
-  server::ShardServerOptions options;
-  options.config = wire->config_;
-  options.num_workers = 1;
-  options.listen_address = "127.0.0.1:0";
-  absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
-      server::ShardServer::Start(options);
-  if (!server.ok()) return server.status();
-  wire->server_ = *std::move(server);
-
-  worker::PsClientOptions client_options;
-  client_options.server_addresses = {wire->server_->address()};
-  client_options.config = wire->config_;
-  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
-      worker::PsClient::Connect(client_options);
-  if (!client.ok()) return client.status();
-  wire->client_ = *std::move(client);
+  if (absl::Status s = StartShardAndClient(wire->config_, &wire->server_,
+                                           &wire->client_);
+      !s.ok()) {
+    return s;
+  }
   wire->backend_ = worker::MakeCpuBackend(1);
   absl::StatusOr<std::unique_ptr<worker::GradientPusher>> pusher =
       worker::GradientPusher::Create(wire->backend_.get(), wire->client_.get(),
@@ -114,21 +128,11 @@ absl::StatusOr<std::unique_ptr<SparseWire>> SparseWire::Start(int dim,
   absl::StatusOr<TrainingConfig> resolved = common::ResolveConfig(config);
   if (!resolved.ok()) return resolved.status();
 
-  server::ShardServerOptions options;
-  options.config = *resolved;
-  options.num_workers = 1;
-  options.listen_address = "127.0.0.1:0";
-  absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
-      server::ShardServer::Start(options);
-  if (!server.ok()) return server.status();
-  wire->server_ = *std::move(server);
-  worker::PsClientOptions client_options;
-  client_options.server_addresses = {wire->server_->address()};
-  client_options.config = *resolved;
-  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
-      worker::PsClient::Connect(client_options);
-  if (!client.ok()) return client.status();
-  wire->client_ = *std::move(client);
+  if (absl::Status s =
+          StartShardAndClient(*resolved, &wire->server_, &wire->client_);
+      !s.ok()) {
+    return s;
+  }
   wire->dim_ = dim;
   wire->rows_ = rows;
   wire->ids_.resize(batch);
