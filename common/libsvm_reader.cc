@@ -144,4 +144,13 @@ absl::StatusOr<bool> LibsvmReader::Next(SparseExample* example) {
   }
 }
 
+absl::StatusOr<bool> LibsvmReader::Skip() {
+  while (true) {
+    absl::StatusOr<bool> more = ReadLine();
+    if (!more.ok() || !*more) return more;
+    absl::string_view line = absl::StripLeadingAsciiWhitespace(line_buffer_);
+    if (!line.empty() && line[0] != '#') return true;
+  }
+}
+
 }  // namespace monsoon::common

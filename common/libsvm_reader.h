@@ -53,7 +53,13 @@ class LibsvmReader {
   // damaged gzip stream.
   absl::StatusOr<bool> Next(SparseExample* example);
 
-  // The line of the last example read (1-based).
+  // Moves past the next example without parsing it (a line that is not
+  // blank or only a comment): true, or false at the end of the file. For a
+  // worker that trains every W-th example; the line is checked when a
+  // reader that trains it reads it.
+  absl::StatusOr<bool> Skip();
+
+  // The line of the last example read or skipped (1-based).
   int64_t line() const { return line_; }
 
  private:

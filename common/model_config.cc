@@ -316,7 +316,8 @@ absl::StatusOr<Model> ParseModel(absl::string_view name) {
   if (!Model_Parse(absl::AsciiStrToUpper(name), &model) ||
       model == MODEL_AUTO) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown model '", name, "'; use mlp or lenet"));
+        absl::StrCat("unknown model '", name,
+                     "'; use mlp, lenet or sparse_lr"));
   }
   return model;
 }
@@ -362,9 +363,57 @@ absl::Status ResolveExternalModel(TrainingConfig* config) {
   return absl::OkStatus();
 }
 
+// SPARSE_LR: the bias and the low ids' weights as the one dense tensor,
+// the rows in the table
+// "weights" (made with defaults when the config does not list it). A
+// resolved config (model, the bias and the table) resolves to itself.
+absl::Status ResolveSparseLr(TrainingConfig* config) {
+  TrainingConfig& c = *config;
+  if (c.layers_size() > 0 || c.layer_sizes_size() > 0 ||
+      c.input_shape_size() > 0 || c.has_num_classes() ||
+      c.has_initial_weights()) {
+    return Invalid("model",
+                   "SPARSE_LR has a row per feature id and a bias; remove "
+                   "layers, layer_sizes, input_shape, num_classes and "
+                   "initial_weights");
+  }
+  if (c.tensors_size() > 0) {
+    if (c.tensors_size() != 1 || c.tensors(0).name() != kSparseLrDense ||
+        c.tensors(0).dims_size() != 1 ||
+        c.tensors(0).dims(0) != kSparseLrDenseValues) {
+      return Invalid("tensors",
+                     "are set with model SPARSE_LR, whose dense parameters "
+                     "are its own: remove tensors");
+    }
+  } else {
+    ExternalTensor* dense = c.add_tensors();
+    dense->set_name(kSparseLrDense);
+    dense->add_dims(kSparseLrDenseValues);
+  }
+  for (const SparseTableConfig& table : c.sparse_tables()) {
+    if (table.name() != kSparseLrTable) continue;
+    if (table.dim() != 1) {
+      return Invalid("sparse_tables",
+                     absl::StrCat("'", kSparseLrTable, "' has dim ",
+                                  table.dim(),
+                                  "; SPARSE_LR's rows hold one weight: "
+                                  "dim 1"));
+    }
+    return absl::OkStatus();
+  }
+  SparseTableConfig* table = c.add_sparse_tables();
+  table->set_name(kSparseLrTable);
+  table->set_dim(1);
+  table->set_optimizer(SparseTableConfig::SPARSE_ROWWISE_ADAGRAD);
+  table->set_init_scale(0);
+  table->set_max_rows(int64_t{1} << 25);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool ModelNeedsData(const TrainingConfig& c) {
+  if (c.model() == SPARSE_LR) return false;
   if (c.layer_sizes_size() > 0 || c.tensors_size() > 0) return false;
   if (c.input_shape_size() == 0) return true;
   if (c.has_num_classes()) return false;
@@ -374,6 +423,7 @@ bool ModelNeedsData(const TrainingConfig& c) {
 
 absl::Status ResolveModel(const DataShape* data, TrainingConfig* config) {
   TrainingConfig& c = *config;
+  if (c.model() == SPARSE_LR) return ResolveSparseLr(config);
   if (c.tensors_size() > 0) return ResolveExternalModel(config);
   if (c.has_initial_weights()) {
     return Invalid("initial_weights",
@@ -404,7 +454,9 @@ absl::Status ResolveModel(const DataShape* data, TrainingConfig* config) {
 }
 
 absl::Status CheckBuiltInModel(const TrainingConfig& resolved) {
-  if (resolved.tensors_size() == 0) return absl::OkStatus();
+  if (resolved.tensors_size() == 0 || resolved.model() == SPARSE_LR) {
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       "the config's model is an external one (", resolved.tensors_size(),
       " tensors, first '", resolved.tensors(0).name(),

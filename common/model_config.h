@@ -18,11 +18,19 @@
 
 namespace monsoon::common {
 
+// SPARSE_LR's dense tensor, of kSparseLrDenseValues values (the bias, then
+// the weights of feature ids 0 to kSparseLrDenseValues - 2, held densely:
+// the dense features of click data), and its table of one-value rows (every
+// other id).
+inline constexpr char kSparseLrDense[] = "dense";
+inline constexpr int kSparseLrDenseValues = 64;
+inline constexpr char kSparseLrTable[] = "weights";
+
 // The layers of a preset (MODEL_AUTO is MLP's), the output layer's units
 // left to the classes.
 std::vector<Layer> PresetLayers(Model model);
 
-// "mlp", "lenet" and back; ParseModel accepts either case and refuses
+// "mlp", "lenet", "sparse_lr" and back; ParseModel accepts either case and refuses
 // "model_auto".
 std::string ModelName(Model model);
 absl::StatusOr<Model> ParseModel(absl::string_view name);
@@ -32,7 +40,8 @@ absl::StatusOr<Model> ParseModel(absl::string_view name);
 bool ModelNeedsData(const TrainingConfig& config);
 
 // Resolves config->model, layers, layer_sizes, input_shape and num_classes
-// into the canonical form (an MLP as layer_sizes, any other model as
+// into the canonical form (an MLP as layer_sizes, SPARSE_LR as its bias
+// in `tensors` and its table with the model kept, any other model as
 // layers plus input_shape and num_classes; model cleared), taking what the
 // config leaves open from `data` (null: nothing was read). Where the
 // config and `data` both say something, they must agree. INVALID_ARGUMENT
@@ -40,7 +49,7 @@ bool ModelNeedsData(const TrainingConfig& config);
 absl::Status ResolveModel(const DataShape* data, TrainingConfig* config);
 
 // OK where the resolved config's model is one the C++ worker and evaluator
-// run (a preset, layers or layer_sizes); INVALID_ARGUMENT for an external
+// run (a preset, SPARSE_LR, layers or layer_sizes); INVALID_ARGUMENT for an external
 // model (`tensors`), saying that a script with the monsoon Python package
 // trains and evaluates it.
 absl::Status CheckBuiltInModel(const TrainingConfig& resolved);

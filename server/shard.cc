@@ -225,7 +225,13 @@ absl::StatusOr<SparsePullResponse> Shard::SparsePull(
       !s.ok()) {
     return s;
   }
-  return sparse_->Pull(request);
+  absl::StatusOr<SparsePullResponse> response = sparse_->Pull(request);
+  // Workers' rows count as pulled bytes (the evaluator's do not, as for
+  // the dense vector).
+  if (response.ok() && request.caller().worker_rank() >= 0) {
+    state_->RecordPulledBytes(static_cast<int64_t>(response->ByteSizeLong()));
+  }
+  return response;
 }
 
 absl::StatusOr<SparsePushResponse> Shard::SparsePush(
@@ -234,7 +240,13 @@ absl::StatusOr<SparsePushResponse> Shard::SparsePush(
       !s.ok()) {
     return s;
   }
-  return sparse_->Push(request, learning_rate_, state_->version());
+  absl::StatusOr<SparsePushResponse> response =
+      sparse_->Push(request, learning_rate_, state_->version());
+  if (response.ok()) {
+    state_->RecordSparsePushBytes(
+        static_cast<int64_t>(request.ByteSizeLong()));
+  }
+  return response;
 }
 
 void Shard::RejectPush(const absl::Status& status) {

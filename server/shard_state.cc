@@ -329,6 +329,11 @@ int64_t ShardState::RecordRejectedPush(absl::StatusCode code) {
   return rejected_pushes_;
 }
 
+void ShardState::RecordSparsePushBytes(int64_t bytes) {
+  absl::MutexLock lock(&stats_mu_);
+  AddSaturating(bytes_pushed_, bytes);
+}
+
 void ShardState::RecordPulledBytes(int64_t bytes) {
   absl::MutexLock lock(&stats_mu_);
   AddSaturating(bytes_pulled_, bytes);

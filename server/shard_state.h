@@ -254,6 +254,9 @@ class ShardState {
   void RecordBackupDrop(int64_t bytes);
   // A push refused with `code`; returns the pushes refused so far.
   int64_t RecordRejectedPush(absl::StatusCode code);
+  // A sparse table's push of `bytes` serialized bytes (rows, not a push
+  // of the dense vector: no push, sample or staleness counted).
+  void RecordSparsePushBytes(int64_t bytes);
   void RecordPulledBytes(int64_t bytes);
   // The end of a run. The worker count is set before serving, constant
   // after (without it, no rank counts as the last to finish).

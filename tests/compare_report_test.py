@@ -133,6 +133,34 @@ class CompareReportTest(unittest.TestCase):
         # Without seeds, no such table.
         self.assertEqual(compare_report.variant_medians(RESULTS), [])
 
+    def test_click_runs_get_final_auc_columns_with_their_spread(self):
+        def click(mode, seed, auc):
+            curve = [dict(point(1.0, 0.7), test_auc=auc - 0.1),
+                     dict(point(2.0, 0.75), test_auc=auc)]
+            return run("sparse_lr-%s-s2-w2-seed%d" % (mode, seed), mode, 2,
+                       curve, variant=mode, seed=seed, final_test_auc=auc)
+        results = dict(RESULTS, runs=[click("sync", 1, 0.74),
+                                      click("sync", 2, 0.7450),
+                                      click("sync", 3, 0.73),
+                                      click("downpour", 1, 0.72)])
+        table = compare_report.format_table(
+            compare_report.summary_rows(results), 0.85).splitlines()
+        self.assertEqual(table[0].split(" | ")[1:3],
+                         ["final test accuracy", "final test AUC"])
+        self.assertEqual(table[1], "|" + "---|" * 10)
+        self.assertEqual(table[2].split(" | ")[1:3], ["0.7500", "0.7400"])
+        rows = compare_report.variant_medians(results, 0.85)
+        self.assertEqual(rows[0]["final_test_auc"], 0.74)
+        self.assertEqual(rows[0]["auc_spread"], (0.73, 0.745))
+        medians = compare_report.format_medians(rows, 0.85).splitlines()
+        self.assertEqual(
+            medians[2], "| sync (2 servers, 2 workers) | 0 of 3 | not reached "
+            "| 0.7500 (0.7500-0.7500) | 0.7400 (0.7300-0.7450) | 1234 |")
+        self.assertEqual(medians[1], "|---|---|---|---|---|---|")
+        # Dense runs keep their columns.
+        self.assertNotIn("AUC", compare_report.format_table(
+            compare_report.summary_rows(RESULTS), 0.85))
+
     def test_legends_name_the_runs_where_modes_repeat(self):
         a = run("sync-s2-w2 float32", "sync", 2, [point(1.0, 0.5)])
         b = run("sync-s2-w2 two-way 1-bit", "sync", 2, [point(1.0, 0.5)])

@@ -516,6 +516,44 @@ TEST(ResolveModelTest, LenetResolvesToItsLayersOnTheDatasShape) {
   EXPECT_NE(ConfigFingerprint(c), ConfigFingerprint(Resolve("")));
 }
 
+TEST(ResolveModelTest, SparseLrResolvesToItsDensePartAndTable) {
+  EXPECT_FALSE(ModelNeedsData(Parse("model: SPARSE_LR")));
+  ASSERT_OK_AND_ASSIGN(TrainingConfig c,
+                       ResolveConfig(Parse("model: SPARSE_LR")));
+  EXPECT_EQ(c.model(), SPARSE_LR);  // kept: the workers run it
+  ASSERT_EQ(c.tensors_size(), 1);
+  EXPECT_EQ(c.tensors(0).name(), "dense");
+  EXPECT_THAT(c.tensors(0).dims(), ElementsAre(64));
+  ASSERT_EQ(c.sparse_tables_size(), 1);
+  EXPECT_EQ(c.sparse_tables(0).name(), "weights");
+  EXPECT_EQ(c.sparse_tables(0).dim(), 1);
+  EXPECT_EQ(c.sparse_tables(0).optimizer(),
+            SparseTableConfig::SPARSE_ROWWISE_ADAGRAD);
+  EXPECT_EQ(c.sparse_tables(0).init_scale(), 0.0f);
+  EXPECT_EQ(c.sparse_tables(0).max_rows(), int64_t{1} << 25);
+  EXPECT_OK(CheckBuiltInModel(c));
+  ASSERT_OK_AND_ASSIGN(TrainingConfig twice, ResolveConfig(c));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(c, twice));
+  // A table of the config's own is kept, if its rows hold one value.
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig own,
+      ResolveConfig(Parse("model: SPARSE_LR sparse_tables { name: 'weights' "
+                          "dim: 1 max_rows: 1000 optimizer: SPARSE_SGD }")));
+  ASSERT_EQ(own.sparse_tables_size(), 1);
+  EXPECT_EQ(own.sparse_tables(0).max_rows(), 1000);
+  EXPECT_THAT(ResolveConfig(Parse("model: SPARSE_LR sparse_tables { name: "
+                                  "'weights' dim: 2 max_rows: 10 }")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'weights' has dim 2")));
+  EXPECT_THAT(ResolveConfig(Parse("model: SPARSE_LR layer_sizes: [4, 2]")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("remove layers, layer_sizes")));
+  EXPECT_THAT(ResolveConfig(Parse("model: SPARSE_LR tensors { name: 'x' "
+                                  "dims: 3 }")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("remove tensors")));
+}
+
 TEST(ResolveModelTest, ShapesAndClassesComeFromTheData) {
   const DataShape small{{16, 12, 3}, 4};
   EXPECT_THAT(Resolve("", small).layer_sizes(), ElementsAre(576, 256, 128, 4));
@@ -589,7 +627,7 @@ TEST(ResolveModelTest, ModelNamesParseEitherCase) {
   EXPECT_THAT(ParseModel("MLP"), IsOkAndHolds(MLP));
   EXPECT_THAT(ParseModel("model_auto"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("use mlp or lenet")));
+                       HasSubstr("use mlp, lenet or sparse_lr")));
   EXPECT_THAT(ParseModel("alexnet"),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(ModelName(LENET), "lenet");

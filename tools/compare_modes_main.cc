@@ -35,7 +35,8 @@ ABSL_FLAG(std::string, variants, "",
           "Runs and plot legends are named by them.");
 ABSL_FLAG(std::string, model, "",
           "Comma-separated model presets to compare the modes on, e.g. "
-          "mlp,lenet: every configuration runs once per model, named after "
+          "mlp,lenet, or sparse_lr on libsvm data (README \"Sparse "
+          "models\"): every configuration runs once per model, named after "
           "it (lenet-downpour-s2-w2). Empty: the config's model (the MLP by "
           "default).");
 ABSL_FLAG(std::string, seeds, "",
@@ -219,12 +220,13 @@ std::vector<monsoon::Model> ModelsToRun(const ComparisonOptions& options) {
 // Every mode's and variant's config must resolve, on every model, and the
 // stragglers and the data must be there, before anything starts.
 absl::Status CheckEveryRun(const ComparisonOptions& options) {
-  std::string data_dir;
   for (monsoon::Model model : ModelsToRun(options)) {
     for (monsoon::Mode mode : options.modes) {
       auto config = options.config_for(mode, model);
       if (!config.ok()) return config.status();
-      data_dir = config->data_dir();
+      if (auto s = monsoon::worker::CheckDataFilesFor(*config); !s.ok()) {
+        return s;
+      }
     }
     for (const auto& variant : options.variants) {
       auto base = options.config_for(variant.mode, model);
@@ -242,7 +244,7 @@ absl::Status CheckEveryRun(const ComparisonOptions& options) {
       }
     }
   }
-  return monsoon::worker::CheckIdxDatasetFiles(data_dir);
+  return absl::OkStatus();
 }
 
 // --link and --link_worker into `options`; FAILED_PRECONDITION (from

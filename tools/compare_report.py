@@ -6,7 +6,8 @@
 Writes OUT/summary.md (also printed) and, with matplotlib (Debian's
 python3-matplotlib), the plots:
   accuracy_vs_time.png, accuracy_vs_bytes_pushed.png,
-  accuracy_vs_bytes_moved.png, loss_vs_samples.png,
+  accuracy_vs_bytes_moved.png, loss_vs_samples.png, auc_vs_time.png and
+  auc_vs_bytes_moved.png (click models, whose curves have test_auc),
   staleness_distribution.png (when a run has staleness_histogram),
   step_time_by_phase.png (when a run has step_phases), and
   samples_per_s_vs_workers.png when the runs sweep the worker count.
@@ -56,6 +57,8 @@ def summary_rows(results, target=None):
             "servers": run["servers"],
             "workers": run["workers"],
             "final_test_accuracy": run["final_test_accuracy"],
+            # Click models (sparse_lr) only.
+            "final_test_auc": run.get("final_test_auc"),
             "time_to_target_s": time_to_target(run["curve"], target),
             "samples_per_s": run["samples_per_s"],
             "bytes_pushed": run["bytes_pushed"],
@@ -93,6 +96,7 @@ def variant_medians(results, target=None):
         times = [t for t in (time_to_target(r["curve"], target) for r in runs)
                  if t is not None]
         accuracies = [r["final_test_accuracy"] for r in runs]
+        aucs = [r["final_test_auc"] for r in runs if "final_test_auc" in r]
         rates = [r["samples_per_s"] for r in runs]
         rows.append({
             "variant": variant, "servers": servers, "workers": workers,
@@ -101,25 +105,35 @@ def variant_medians(results, target=None):
             "time_spread": (min(times), max(times)) if times else None,
             "final_test_accuracy": _median(accuracies),
             "accuracy_spread": (min(accuracies), max(accuracies)),
+            "final_test_auc": _median(aucs),
+            "auc_spread": (min(aucs), max(aucs)) if aucs else None,
             "samples_per_s": _median(rates),
         })
     return rows
 
 
 def format_medians(rows, target):
+    """The medians as a Markdown table; an AUC column when a run has one."""
+    auc = any(r.get("final_test_auc") is not None for r in rows)
     lines = ["| configuration | seeds reaching %.2f | time to %.2f (min-max) | "
-             "final test accuracy (min-max) | samples/s |" % (target, target),
-             "|---|---|---|---|---|"]
+             "final test accuracy (min-max) |%s samples/s |" % (
+                 target, target, " final test AUC (min-max) |" if auc else ""),
+             "|---|---|---|---|%s---|" % ("---|" if auc else "")]
     for r in rows:
         reached = ("%.1f s (%.1f-%.1f)" % ((r["time_to_target_s"],) +
                                            r["time_spread"])
                    if r["time_to_target_s"] is not None else "not reached")
+        auc_cell = ""
+        if auc:
+            auc_cell = (" %.4f (%.4f-%.4f) |" % ((r["final_test_auc"],) +
+                                                  r["auc_spread"])
+                        if r.get("final_test_auc") is not None else " - |")
         lines.append("| %s (%d servers, %d workers) | %d of %d | %s | "
-                     "%.4f (%.4f-%.4f) | %.0f |" % (
+                     "%.4f (%.4f-%.4f) |%s %.0f |" % (
                          r["variant"], r["servers"], r["workers"],
                          r["reached"], r["seeds"], reached,
                          r["final_test_accuracy"], r["accuracy_spread"][0],
-                         r["accuracy_spread"][1], r["samples_per_s"]))
+                         r["accuracy_spread"][1], auc_cell, r["samples_per_s"]))
     return "\n".join(lines) + "\n"
 
 
@@ -164,18 +178,24 @@ def _mb(value):
 
 
 def format_table(rows, target):
-    """The rows as a Markdown table; a faults column when any run had one."""
+    """The rows as a Markdown table; a faults column when any run had one,
+    a final test AUC column when any run has one (click models)."""
     faults = any(r["faults"] for r in rows)
-    header = ("| run | final test accuracy | time to %.2f | samples/s | "
+    auc = any(r.get("final_test_auc") is not None for r in rows)
+    header = ("| run | final test accuracy |%s time to %.2f | samples/s | "
               "pushed MB | pulled MB | total MB | staleness mean | "
-              "staleness p99 |" % target)
+              "staleness p99 |" % (" final test AUC |" if auc else "", target))
     if faults:
         header += " faults |"
-    lines = [header, "|" + "---|" * (10 if faults else 9)]
+    lines = [header, "|" + "---|" * (9 + bool(faults) + auc)]
     for r in rows:
         reached = r["time_to_target_s"]
-        line = "| %s | %.4f | %s | %.0f | %s | %s | %s | %.2f | %d |" % (
-            r["run"], r["final_test_accuracy"],
+        auc_cell = ""
+        if auc:
+            auc_cell = (" %.4f |" % r["final_test_auc"]
+                        if r.get("final_test_auc") is not None else " - |")
+        line = "| %s | %.4f |%s %s | %.0f | %s | %s | %s | %.2f | %d |" % (
+            r["run"], r["final_test_accuracy"], auc_cell,
             "%.1f s" % reached if reached is not None else "not reached",
             r["samples_per_s"], _mb(r["bytes_pushed"]), _mb(r["bytes_pulled"]),
             _mb(r["bytes_pushed"] + r["bytes_pulled"]),
@@ -291,6 +311,16 @@ def write_plots(results, out_dir):
               lambda p: (p["bytes_pushed"] + p.get("bytes_pulled", 0)) / 1e6,
               "test_accuracy", "bytes pushed and pulled by the workers (MB)",
               "test accuracy", "Test accuracy against bytes moved both ways")
+    if all("test_auc" in p for run in runs for p in run["curve"]) and any(
+            run["curve"] for run in runs):
+        # Click models: AUC, the measure their users compare.
+        line_plot("auc_vs_time.png", lambda p: p["time_s"], "test_auc",
+                  "wall time (s)", "test AUC", "Test AUC against time",
+                  events=True)
+        line_plot("auc_vs_bytes_moved.png",
+                  lambda p: (p["bytes_pushed"] + p.get("bytes_pulled", 0)) / 1e6,
+                  "test_auc", "bytes pushed and pulled by the workers (MB)",
+                  "test AUC", "Test AUC against bytes moved both ways")
     line_plot("loss_vs_samples.png", lambda p: p["samples"], "test_loss",
               "training samples seen", "test loss (cross-entropy)",
               "Test loss against samples seen")

@@ -34,8 +34,9 @@ ABSL_FLAG(int64_t, seed, -1,
 ABSL_FLAG(int, n_fetch, 0, "downpour: pull every n_fetch steps (0: config).");
 ABSL_FLAG(int, n_push, 0, "downpour: push every n_push steps (0: config).");
 ABSL_FLAG(std::string, data_dir, "",
-          "IDX data set folder (empty: the "
-          "config's, default /usr/share/datasets/fashion-mnist).");
+          "IDX data set folder, or for sparse_lr a folder with train.libsvm "
+          "and test.libsvm (empty: the config's, default "
+          "/usr/share/datasets/fashion-mnist).");
 
 namespace monsoon::tools {
 

@@ -32,8 +32,9 @@ ABSL_FLAG(std::string, mode, "",
           "(default: the config's "
           "mode, else sync).");
 ABSL_FLAG(std::string, model, "",
-          "A model preset, mlp or lenet, instead of the config's model "
-          "(default: the config's, the MLP unless it says otherwise).");
+          "A model preset, mlp, lenet or sparse_lr (libsvm data: README "
+          "\"Sparse models\"), instead of the config's model (default: the "
+          "config's, the MLP unless it says otherwise).");
 ABSL_FLAG(int, servers, 2, "Parameter-server shards to start.");
 ABSL_FLAG(int, workers, 2, "Worker replicas to start.");
 ABSL_FLAG(std::string, metrics_out, "",
@@ -135,7 +136,7 @@ absl::Status SetRunFromFlags(LocalClusterOptions* options) {
         "--servers must be in [1, 64] and --workers in [1, 256]");
   }
   if (auto s =
-          monsoon::worker::CheckIdxDatasetFiles(options->config.data_dir());
+          monsoon::worker::CheckDataFilesFor(options->config);
       !s.ok()) {
     return s;
   }
@@ -234,6 +235,19 @@ void LogPlan(const LocalClusterOptions& options) {
         monsoon::common::ModeName(config.mode()), options.servers,
         options.workers, options.worker_cmd, config.epochs(),
         config.batch_size(), config.learning_rate(), options.work_dir);
+    return;
+  }
+  if (config.model() == monsoon::SPARSE_LR) {
+    monsoon::common::Log(
+        "launch: mode %s, %d servers, %d workers, %d epochs, batch %d, model "
+        "sparse_lr on %s (rows in table '%s', %d dense parameters), dense "
+        "optimizer %s lr %g; work dir %s",
+        monsoon::common::ModeName(config.mode()), options.servers,
+        options.workers, config.epochs(), config.batch_size(),
+        config.data_dir(), monsoon::common::kSparseLrTable,
+        monsoon::common::kSparseLrDenseValues,
+        monsoon::common::OptimizerName(config.optimizer()),
+        config.learning_rate(), options.work_dir);
     return;
   }
   const monsoon::common::ModelLayout layout =

@@ -181,6 +181,16 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"final_test_accuracy\": ", Number(final_accuracy),
                   ",\n");
   absl::StrAppend(&json, "  \"final_test_loss\": ", Number(final_loss), ",\n");
+  const bool click = c.model() == SPARSE_LR;
+  if (click) {
+    const double auc =
+        run.curve.points_size() > 0
+            ? run.curve.points(run.curve.points_size() - 1).test_auc()
+            : 0;
+    absl::StrAppend(&json, "  \"final_test_auc\": ", Number(auc), ",\n");
+    absl::StrAppend(&json, "  \"final_test_logloss\": ", Number(final_loss),
+                    ",\n");
+  }
   absl::StrAppend(&json, "  \"bytes_pushed\": ", bytes_pushed, ",\n");
   absl::StrAppend(&json, "  \"bytes_pulled\": ", bytes_pulled, ",\n");
   absl::StrAppend(&json, "  \"bytes_total\": ", bytes_pushed + bytes_pulled,
@@ -232,6 +242,9 @@ std::string MetricsJson(const RunMetrics& run) {
                     ", \"samples\": ", p.samples(),
                     ", \"test_accuracy\": ", Number(p.test_accuracy()),
                     ", \"test_loss\": ", Number(p.test_loss()),
+                    click ? absl::StrCat(", \"test_auc\": ",
+                                         Number(p.test_auc()))
+                          : "",
                     ", \"bytes_pushed\": ", p.bytes_pushed(),
                     ", \"bytes_pulled\": ", p.bytes_pulled(), "}");
   }

@@ -90,7 +90,9 @@ std::string ConfigJson(const TrainingConfig& config);
 
 // The JSON object: mode, servers, workers, wall_time_s, train_time_s,
 // samples (trained in this run), samples_per_s (samples / train_time_s),
-// final_test_accuracy, final_test_loss, bytes_pushed,
+// final_test_accuracy, final_test_loss (a SPARSE_LR run also
+// final_test_auc and final_test_logloss, the same as final_test_loss),
+// bytes_pushed (sparse rows' pushes included),
 // bytes_pulled, bytes_total (the two together), pushes, rejected_pushes,
 // duplicate_pushes,
 // samples_skipped (sync steps that closed without a worker),
@@ -105,7 +107,7 @@ std::string ConfigJson(const TrainingConfig& config);
 // has phases), network {layers (ModelLayout::Describe), input_shape,
 // parameters, forward_flops_per_example}, config {the whole resolved config:
 // ConfigJson}, curve [{time_s, samples, test_accuracy, test_loss,
-// bytes_pushed, bytes_pulled}, ...].
+// (SPARSE_LR: test_auc,) bytes_pushed, bytes_pulled}, ...].
 std::string MetricsJson(const RunMetrics& run);
 
 }  // namespace monsoon::tools

@@ -16,12 +16,21 @@
 namespace monsoon::tools {
 
 int64_t ExamplesPerEpoch(const TrainingConfig& config, int workers) {
+  const int64_t batch = std::max(1, config.batch_size());
+  if (config.model() == SPARSE_LR) {
+    absl::StatusOr<std::string> file =
+        worker::LibsvmFile(config.data_dir(), "train");
+    if (!file.ok()) return 0;
+    absl::StatusOr<int64_t> examples = worker::CountLibsvmExamples(*file);
+    if (!examples.ok()) return 0;
+    return workers * (worker::SmallestPartition(*examples, workers) / batch) *
+           batch;
+  }
   for (const char* name :
        {"/train-labels-idx1-ubyte.gz", "/train-labels-idx1-ubyte"}) {
     absl::StatusOr<common::IdxArray> labels =
         common::ReadIdxFile(config.data_dir() + name);
     if (!labels.ok() || labels->dims.empty()) continue;
-    const int64_t batch = std::max(1, config.batch_size());
     return workers *
            (worker::SmallestPartition(labels->dims[0], workers) / batch) *
            batch;

@@ -1,11 +1,14 @@
 #include "worker/dataset.h"
 
 #include <algorithm>
+#include <fstream>
+#include <memory>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/data_shape.h"
 #include "common/idx_reader.h"
+#include "common/libsvm_reader.h"
 #include "common/model_config.h"
 #include "common/model_layout.h"
 
@@ -113,6 +116,44 @@ std::vector<int64_t> ShuffledOrder(Partition partition, uint64_t seed, int rank,
     std::swap(order[i - 1], order[state % i]);
   }
   return order;
+}
+
+absl::StatusOr<std::string> LibsvmFile(const std::string& dir,
+                                       const std::string& split) {
+  const std::string plain = absl::StrCat(dir, "/", split, ".libsvm");
+  for (const std::string& path : {plain, plain + ".gz"}) {
+    if (std::ifstream(path).good()) return path;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no ", plain, " (nor ", plain,
+      ".gz): a sparse model reads libsvm files (README \"Sparse models\"; "
+      "make_click_data writes some); set data_dir or --data_dir"));
+}
+
+absl::StatusOr<int64_t> CountLibsvmExamples(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<common::LibsvmReader>> reader =
+      common::LibsvmReader::Open(path);
+  if (!reader.ok()) return reader.status();
+  int64_t count = 0;
+  while (true) {
+    absl::StatusOr<bool> more = (*reader)->Skip();
+    if (!more.ok()) return more.status();
+    if (!*more) return count;
+    ++count;
+  }
+}
+
+absl::Status CheckDataFilesFor(const TrainingConfig& config) {
+  if (config.model() != SPARSE_LR) {
+    return CheckIdxDatasetFiles(config.data_dir());
+  }
+  for (const char* split : {"train", "test"}) {
+    if (absl::StatusOr<std::string> file = LibsvmFile(config.data_dir(), split);
+        !file.ok()) {
+      return file.status();
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace monsoon::worker

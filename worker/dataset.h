@@ -35,6 +35,19 @@ absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir, Split split);
 // of an IDX data set are in `dir`. Reads nothing.
 absl::Status CheckIdxDatasetFiles(const std::string& dir);
 
+// DIR/SPLIT.libsvm, or DIR/SPLIT.libsvm.gz where only that exists
+// (SPLIT: "train" or "test"); NOT_FOUND naming both.
+absl::StatusOr<std::string> LibsvmFile(const std::string& dir,
+                                       const std::string& split);
+
+// The examples in a libsvm file (lines that are not blank or only a
+// comment), without parsing them.
+absl::StatusOr<int64_t> CountLibsvmExamples(const std::string& path);
+
+// The files the config's model reads (SPARSE_LR: a libsvm train and test
+// file; any other: an IDX data set) are in config.data_dir. Reads nothing.
+absl::Status CheckDataFilesFor(const TrainingConfig& config);
+
 // Loads `split` from config.data_dir, checks that it fits the model and
 // standardizes it with config.input_mean and input_std.
 absl::StatusOr<Dataset> LoadDatasetFor(const TrainingConfig& config,

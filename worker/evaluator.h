@@ -31,14 +31,23 @@ bool EveryWorkerFinished(PsClient& client);
 // Writes `curve` to `path` in text format, atomically.
 absl::Status WriteCurve(const std::string& path, const EvalCurve& curve);
 
-class Evaluator {
+// Something that measures the shards' current weights on a test set: one
+// point of a run's curve at each call.
+class CurveEvaluator {
+ public:
+  virtual ~CurveEvaluator() = default;
+  virtual absl::StatusOr<EvalPoint> EvaluateNow() = 0;
+};
+
+// A model of layers (worker/model) on an IDX test set.
+class Evaluator : public CurveEvaluator {
  public:
   // None owned; all must outlive the Evaluator. `client` registered as -1.
   Evaluator(PsClient* client, Model* model, const Dataset* test,
             absl::Time start);
 
   // One point of the curve: pull (no waiting), count samples, evaluate.
-  absl::StatusOr<EvalPoint> EvaluateNow();
+  absl::StatusOr<EvalPoint> EvaluateNow() override;
 
  private:
   PsClient* const client_;

@@ -15,6 +15,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/daemon.h"
@@ -31,6 +32,7 @@
 #include "worker/evaluator.h"
 #include "worker/model/model.h"
 #include "worker/ps_client.h"
+#include "worker/sparse_lr.h"
 #include "worker/worker_metrics.h"
 
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -144,7 +146,7 @@ monsoon::EvalCurve StartCurve(absl::Time* start) {
 // One point of the curve. The last one (`last`) is the run's result: a
 // shard that was just restarted gets time to answer.
 absl::StatusOr<monsoon::EvalPoint> EvaluateOnce(
-    monsoon::worker::Evaluator& evaluator, PsClient& client, bool last) {
+    monsoon::worker::CurveEvaluator& evaluator, PsClient& client, bool last) {
   absl::StatusOr<monsoon::EvalPoint> point = evaluator.EvaluateNow();
   if (!point.ok() && last &&
       point.status().code() == absl::StatusCode::kUnavailable) {
@@ -162,7 +164,7 @@ absl::StatusOr<monsoon::EvalPoint> EvaluateOnce(
 // Evaluates every --interval_s until a signal (then once more) or, with
 // --until_finished, until every worker has finished; the exit code.
 int EvaluateUntilTheEnd(const TerminationWatcher& termination, PsClient& client,
-                        monsoon::worker::Evaluator& evaluator,
+                        monsoon::worker::CurveEvaluator& evaluator,
                         monsoon::worker::EvaluatorMetrics& eval_metrics,
                         monsoon::EvalCurve& curve) {
   const absl::Duration interval =
@@ -192,9 +194,13 @@ int EvaluateUntilTheEnd(const TerminationWatcher& termination, PsClient& client,
     curve.set_run_finished(run_finished);
     eval_metrics.Record(*point, absl::Now());
     monsoon::common::Log(
-        "eval: %.1f s  samples %d  version %d  test accuracy %.4f  loss %.4f%s",
+        "eval: %.1f s  samples %d  version %d  test accuracy %.4f  loss "
+        "%.4f%s%s",
         point->time_s(), point->samples(), point->version(),
-        point->test_accuracy(), point->test_loss(), last ? "  (final)" : "");
+        point->test_accuracy(), point->test_loss(),
+        point->test_auc() > 0 ? absl::StrFormat("  AUC %.4f", point->test_auc())
+                              : "",
+        last ? "  (final)" : "");
     if (!absl::GetFlag(FLAGS_curve_out).empty()) {
       absl::Status written = monsoon::worker::WriteCurve(absl::GetFlag(FLAGS_curve_out), curve);
       if (!written.ok()) return Fail(kExitFailure, written);
@@ -230,25 +236,47 @@ int main(int argc, char** argv) {
       !built_in.ok()) {
     return Fail(kExitConfigError, built_in);
   }
-  auto test =
-      monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTest);
-  if (!test.ok()) return Fail(kExitConfigError, test.status());
-  auto backend = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device), 1);
-  if (!backend.ok()) return Fail(kExitConfigError, backend.status());
-  auto model = monsoon::worker::Model::Create(
-      backend->get(), monsoon::common::ModelLayout::FromConfig(*config), 500);
-  if (!model.ok()) return Fail(kExitFailure, model.status());
   int connect_error = kExitFailure;
-  auto client = monsoon::worker::ConnectWithClientFlags(
-      monsoon::worker::ObserverOptions(absl::GetFlag(FLAGS_servers), *config,
-                                       &termination->terminated()),
-      &connect_error);
-  if (!client.ok()) return Fail(connect_error, client.status());
+  auto connect = [&] {
+    return monsoon::worker::ConnectWithClientFlags(
+        monsoon::worker::ObserverOptions(absl::GetFlag(FLAGS_servers), *config,
+                                         &termination->terminated()),
+        &connect_error);
+  };
+  absl::StatusOr<std::unique_ptr<PsClient>> client;
+  std::unique_ptr<monsoon::worker::ComputeBackend> backend;
+  std::unique_ptr<monsoon::worker::Model> model;
+  monsoon::worker::Dataset test;
+  std::unique_ptr<monsoon::worker::CurveEvaluator> evaluator;
+  if (config->model() == monsoon::SPARSE_LR) {
+    auto path = monsoon::worker::LibsvmFile(config->data_dir(), "test");
+    if (!path.ok()) return Fail(kExitConfigError, path.status());
+    auto examples = monsoon::worker::LoadSparseExamples(*path);
+    if (!examples.ok()) return Fail(kExitConfigError, examples.status());
+    client = connect();
+    if (!client.ok()) return Fail(connect_error, client.status());
+    evaluator = std::make_unique<monsoon::worker::SparseLrEvaluator>(
+        client->get(), *std::move(examples), start);
+  } else {
+    auto loaded =
+        monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTest);
+    if (!loaded.ok()) return Fail(kExitConfigError, loaded.status());
+    test = *std::move(loaded);
+    auto made = monsoon::worker::MakeBackend(absl::GetFlag(FLAGS_device), 1);
+    if (!made.ok()) return Fail(kExitConfigError, made.status());
+    backend = *std::move(made);
+    auto created = monsoon::worker::Model::Create(
+        backend.get(), monsoon::common::ModelLayout::FromConfig(*config), 500);
+    if (!created.ok()) return Fail(kExitFailure, created.status());
+    model = *std::move(created);
+    client = connect();
+    if (!client.ok()) return Fail(connect_error, client.status());
+    evaluator = std::make_unique<monsoon::worker::Evaluator>(
+        client->get(), model.get(), &test, start);
+  }
   // SIGTERM asks for one last evaluation: its calls must not be cancelled by
   // it (each has a deadline).
   (*client)->set_stop(nullptr);
-  monsoon::worker::Evaluator evaluator(client->get(), model->get(), &*test,
-                                       start);
   auto eval_metrics = std::make_shared<monsoon::worker::EvaluatorMetrics>();
   auto metrics = monsoon::common::MetricsExporter::StartIfListening(
       absl::GetFlag(FLAGS_metrics_listen),
@@ -258,6 +286,6 @@ int main(int argc, char** argv) {
     monsoon::common::Log("ps_evaluator: metrics on port %d",
                          (*metrics)->port());
   }
-  return EvaluateUntilTheEnd(*termination, **client, evaluator, *eval_metrics,
+  return EvaluateUntilTheEnd(*termination, **client, *evaluator, *eval_metrics,
                              curve);
 }

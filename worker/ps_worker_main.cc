@@ -29,6 +29,8 @@
 #include "worker/dataset.h"
 #include "worker/model/model.h"
 #include "worker/ps_client.h"
+#include "worker/script_worker.h"
+#include "worker/sparse_lr.h"
 #include "worker/training_loop.h"
 #include "worker/worker_metrics.h"
 
@@ -302,6 +304,72 @@ int Finish(const absl::StatusOr<monsoon::worker::WorkerResult>& result,
   return kExitOk;
 }
 
+// The PsClient's options from the flags.
+monsoon::worker::PsClientOptions ClientOptions(
+    const monsoon::TrainingConfig& config,
+    const std::vector<std::string>& servers,
+    const TerminationWatcher& termination) {
+  monsoon::worker::PsClientOptions options;
+  options.server_addresses = servers;
+  options.config = config;
+  options.worker_rank = absl::GetFlag(FLAGS_rank);
+  options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  options.stop = &termination.terminated();
+  options.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
+  return options;
+}
+
+// A SPARSE_LR worker (worker/sparse_lr.h): the rows by id, the dense part through
+// a ScriptWorker in the run's mode; the exit code.
+int RunSparseLr(const monsoon::TrainingConfig& config,
+                const std::vector<std::string>& servers,
+                const TerminationWatcher& termination) {
+  auto train = monsoon::worker::LibsvmFile(config.data_dir(), "train");
+  if (!train.ok()) return Fail(kExitConfigError, train.status());
+  if (absl::GetFlag(FLAGS_slowdown) > 1) {
+    return Fail(kExitConfigError,
+                absl::InvalidArgumentError(
+                    "--slowdown is not built for sparse_lr workers yet"));
+  }
+  int connect_error = kExitFailure;
+  auto client = monsoon::worker::ConnectWithClientFlags(
+      ClientOptions(config, servers, termination), &connect_error);
+  if (!client.ok()) return Fail(connect_error, client.status());
+  WorkerContext context;
+  context.config = config;
+  context.rank = absl::GetFlag(FLAGS_rank);
+  context.num_workers = absl::GetFlag(FLAGS_num_workers);
+  context.client = client->get();
+  if (absl::Status set = SetLoopFlags(termination, &context); !set.ok()) {
+    return Fail(kExitConfigError, set);
+  }
+  auto dense = monsoon::worker::ScriptWorker::Create(
+      client->get(), config, context.rank, context.num_workers,
+      context.shard_lost_timeout);
+  if (!dense.ok()) return Fail(kExitConfigError, dense.status());
+  monsoon::common::Log(
+      "ps_worker: rank %d/%d, model sparse_lr, mode %s, data %s, table '%s' "
+      "on %d shards",
+      context.rank, context.num_workers,
+      monsoon::common::ModeName(config.mode()), *train,
+      monsoon::common::kSparseLrTable, servers.size());
+  monsoon::worker::WorkerResult progress;
+  context.progress = &progress;
+  context.counters = (*dense)->mutable_counters();
+  // After the client and the counters: stops serving before they go.
+  auto metrics = StartMetrics(context);
+  if (!metrics.ok()) return Fail(kExitConfigError, metrics.status());
+  monsoon::worker::SparseLrOptions options;
+  options.rank = context.rank;
+  options.num_workers = context.num_workers;
+  options.log_interval = context.log_interval;
+  options.stop = context.stop;
+  auto result = monsoon::worker::TrainSparseLr(
+      client->get(), dense->get(), config, *train, options, &progress,
+      context.counters);
+  return Finish(result, termination, **client, context, *metrics != nullptr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -325,6 +393,9 @@ int main(int argc, char** argv) {
   }
   auto servers = ServersFromFlag();
   if (!servers.ok()) return Fail(kExitConfigError, servers.status());
+  if (config->model() == monsoon::SPARSE_LR) {
+    return RunSparseLr(*config, *servers, *termination);
+  }
   auto train =
       monsoon::worker::LoadDatasetFor(*config, monsoon::worker::Split::kTrain);
   if (!train.ok()) return Fail(kExitConfigError, train.status());
@@ -337,16 +408,9 @@ int main(int argc, char** argv) {
   if (!model.ok()) return Fail(kExitFailure, model.status());
   (*model)->set_weight_decay(config->weight_decay());
 
-  monsoon::worker::PsClientOptions options;
-  options.server_addresses = *servers;
-  options.config = *config;
-  options.worker_rank = rank;
-  options.num_workers = num_workers;
-  options.stop = &termination->terminated();
-  options.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   int connect_error = kExitFailure;
-  auto client =
-      monsoon::worker::ConnectWithClientFlags(options, &connect_error);
+  auto client = monsoon::worker::ConnectWithClientFlags(
+      ClientOptions(*config, *servers, *termination), &connect_error);
   if (!client.ok()) return Fail(connect_error, client.status());
   monsoon::common::Log(
       "ps_worker: rank %d/%d, mode %s, device %s, %d training examples, %d "

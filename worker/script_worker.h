@@ -63,6 +63,9 @@ class ScriptWorker {
 
   int64_t steps() const { return steps_; }
   const WorkerCounters& counters() const { return counters_; }
+  // For a caller that times its own phases (its compute) into the same
+  // counters.
+  WorkerCounters* mutable_counters() { return &counters_; }
 
  private:
   ScriptWorker(ParameterClient* client, const TrainingConfig& config,

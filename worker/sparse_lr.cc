@@ -8,165 +8,327 @@
 #include "absl/strings/str_cat.h"
 #include "common/auc.h"
 #include "common/libsvm_reader.h"
-#include "worker/sparse_rows.h"
+#include "common/log.h"
+#include "common/model_config.h"
+#include "worker/dataset.h"
 
 namespace monsoon::worker {
 namespace {
 
-// A batch's examples: each feature's id and value, one after the other,
-// with where each example's features start; every example also reads the
-// bias row.
-struct Batch {
-  std::vector<uint64_t> ids;
-  std::vector<float> values;
-  std::vector<size_t> starts;  // per example, then the end
-  std::vector<float> labels;
-  void Clear() {
-    ids.clear();
-    values.clear();
-    starts.assign(1, 0);
-    labels.clear();
-  }
-  void Add(const common::SparseExample& e) {
-    ids.insert(ids.end(), e.ids.begin(), e.ids.end());
-    values.insert(values.end(), e.values.begin(), e.values.end());
-    ids.push_back(kSparseLrBiasId);
-    values.push_back(1.0f);
-    starts.push_back(ids.size());
-    labels.push_back(e.label > 0.5f ? 1.0f : 0.0f);
-  }
-  size_t size() const { return labels.size(); }
-};
+constexpr uint64_t kDenseIds = common::kSparseLrDenseValues - 1;
 
-// The batch's click probabilities from its rows (one per feature).
-std::vector<float> Probabilities(const Batch& batch,
-                                 const std::vector<float>& rows) {
-  std::vector<float> p(batch.size());
-  for (size_t e = 0; e < batch.size(); ++e) {
-    double logit = 0;
-    for (size_t f = batch.starts[e]; f < batch.starts[e + 1]; ++f) {
-      logit += static_cast<double>(batch.values[f]) * rows[f];
-    }
-    p[e] = static_cast<float>(1.0 / (1.0 + std::exp(-logit)));
-  }
-  return p;
+void Clear(SparseExamples* batch) {
+  batch->ids.clear();
+  batch->values.clear();
+  batch->starts.assign(1, 0);
+  batch->dense_index.clear();
+  batch->dense_values.clear();
+  batch->dense_starts.assign(1, 0);
+  batch->labels.clear();
 }
 
-// The batch's rows from the shards, and its click probabilities.
-absl::Status PullAndPredict(PsClient* client, const SparseLrOptions& options,
-                            const Batch& batch, std::vector<float>* p) {
-  std::vector<float> rows(batch.ids.size());
-  if (absl::Status s = client->SparsePull(options.table, batch.ids,
-                                          absl::MakeSpan(rows),
-                                          options.call_timeout);
+void Add(const common::SparseExample& e, SparseExamples* batch) {
+  for (size_t f = 0; f < e.ids.size(); ++f) {
+    if (e.ids[f] < kDenseIds) {
+      batch->dense_index.push_back(1 + static_cast<int32_t>(e.ids[f]));
+      batch->dense_values.push_back(e.values[f]);
+    } else {
+      batch->ids.push_back(e.ids[f]);
+      batch->values.push_back(e.values[f]);
+    }
+  }
+  batch->starts.push_back(batch->ids.size());
+  batch->dense_starts.push_back(batch->dense_index.size());
+  batch->labels.push_back(e.label > 0.5f ? 1.0f : 0.0f);
+}
+
+// Examples [first, last) of `set`: their rows from the shards into `rows`,
+// and their click probabilities with `dense` into `p`.
+absl::Status PullAndPredict(PsClient* client, const SparseExamples& set,
+                            size_t first, size_t last,
+                            absl::Span<const float> dense,
+                            absl::Duration timeout, std::vector<float>* rows,
+                            std::vector<float>* p) {
+  const size_t begin = set.starts[first], end = set.starts[last];
+  rows->resize(end - begin);
+  if (absl::Status s = client->SparsePull(
+          common::kSparseLrTable,
+          absl::MakeConstSpan(set.ids).subspan(begin, end - begin),
+          absl::MakeSpan(*rows), timeout);
       !s.ok()) {
     return s;
   }
-  *p = Probabilities(batch, rows);
+  p->resize(last - first);
+  for (size_t e = first; e < last; ++e) {
+    double logit = dense[0];
+    for (size_t f = set.dense_starts[e]; f < set.dense_starts[e + 1]; ++f) {
+      logit += static_cast<double>(set.dense_values[f]) * dense[set.dense_index[f]];
+    }
+    for (size_t f = set.starts[e]; f < set.starts[e + 1]; ++f) {
+      logit += static_cast<double>(set.values[f]) * (*rows)[f - begin];
+    }
+    (*p)[e - first] = static_cast<float>(1.0 / (1.0 + std::exp(-logit)));
+  }
   return absl::OkStatus();
 }
 
+// A rank's batches over a streamed file: every W-th example, skipped
+// without parsing, `steps` whole batches an epoch.
+class BatchReader {
+ public:
+  BatchReader(std::string path, int rank, int num_workers, int batch_size)
+      : path_(std::move(path)),
+        rank_(rank),
+        num_workers_(num_workers),
+        batch_size_(batch_size) {}
+
+  absl::Status StartEpoch() {
+    absl::StatusOr<std::unique_ptr<common::LibsvmReader>> reader =
+        common::LibsvmReader::Open(path_);
+    if (!reader.ok()) return reader.status();
+    reader_ = *std::move(reader);
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+  // The next batch into *batch; FAILED_PRECONDITION if the file ends
+  // first (it changed since it was counted).
+  absl::Status Next(SparseExamples* batch) {
+    Clear(batch);
+    while (batch->size() < static_cast<size_t>(batch_size_)) {
+      absl::StatusOr<bool> more = next_++ % num_workers_ == rank_
+                                      ? reader_->Next(&example_)
+                                      : reader_->Skip();
+      if (!more.ok()) return more.status();
+      if (!*more) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path_, " ended after ", next_ - 1,
+            " examples, fewer than when it was counted: was it rewritten "
+            "during the run?"));
+      }
+      if ((next_ - 1) % num_workers_ == rank_) Add(example_, batch);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::string path_;
+  const int rank_, num_workers_, batch_size_;
+  std::unique_ptr<common::LibsvmReader> reader_;
+  int64_t next_ = 0;  // examples read or skipped this epoch
+  common::SparseExample example_;
+};
+
 }  // namespace
 
-absl::StatusOr<SparseLrProgress> TrainSparseLr(PsClient* client,
-                                               const std::string& train_path,
-                                               const SparseLrOptions& options) {
-  if (options.batch_size < 1 || options.epochs < 1 || options.num_workers < 1 ||
-      options.rank < 0 || options.rank >= options.num_workers) {
-    return absl::InvalidArgumentError(
-        "sparse_lr: batch_size and epochs at least 1, rank in [0, workers)");
-  }
-  SparseLrProgress progress;
-  Batch batch;
-  common::SparseExample example;
-  for (int epoch = 0; epoch < options.epochs; ++epoch) {
-    absl::StatusOr<std::unique_ptr<common::LibsvmReader>> reader =
-        common::LibsvmReader::Open(train_path);
-    if (!reader.ok()) return reader.status();
-    double loss_sum = 0;
-    int64_t loss_examples = 0;
-    int64_t line = 0;
-    batch.Clear();
-    while (true) {
-      absl::StatusOr<bool> more = (*reader)->Next(&example);
-      if (!more.ok()) return more.status();
-      if (*more) {
-        if (line++ % options.num_workers != options.rank) continue;
-        batch.Add(example);
-        if (batch.size() < static_cast<size_t>(options.batch_size)) continue;
-      }
-      if (batch.size() > 0) {
-        // A step: the batch's rows, the gradient of its mean log loss.
-        std::vector<float> p;
-        if (absl::Status s = PullAndPredict(client, options, batch, &p);
-            !s.ok()) {
-          return s;
-        }
-        std::vector<float> grads(batch.ids.size());
-        const float scale = 1.0f / static_cast<float>(batch.size());
-        for (size_t e = 0; e < batch.size(); ++e) {
-          const float y = batch.labels[e];
-          const double q =
-              std::clamp(static_cast<double>(p[e]), 1e-7, 1 - 1e-7);
-          loss_sum -= y > 0.5f ? std::log(q) : std::log(1 - q);
-          for (size_t f = batch.starts[e]; f < batch.starts[e + 1]; ++f) {
-            grads[f] = (p[e] - y) * batch.values[f] * scale;
-          }
-        }
-        loss_examples += static_cast<int64_t>(batch.size());
-        // The client sums the gradients of repeated ids.
-        if (absl::Status s = client->SparsePush(options.table, batch.ids,
-                                                grads, options.call_timeout);
-            !s.ok()) {
-          return s;
-        }
-        ++progress.steps;
-        progress.examples += static_cast<int64_t>(batch.size());
-        batch.Clear();
-      }
-      if (!*more) break;
-    }
-    progress.mean_loss =
-        loss_examples > 0 ? loss_sum / static_cast<double>(loss_examples) : 0;
-  }
-  return progress;
-}
-
-absl::StatusOr<ClickMetrics> EvaluateSparseLr(PsClient* client,
-                                              const std::string& test_path,
-                                              const SparseLrOptions& options) {
+absl::StatusOr<SparseExamples> LoadSparseExamples(const std::string& path) {
   absl::StatusOr<std::unique_ptr<common::LibsvmReader>> reader =
-      common::LibsvmReader::Open(test_path);
+      common::LibsvmReader::Open(path);
   if (!reader.ok()) return reader.status();
-  std::vector<float> scores, labels;
-  Batch batch;
-  batch.Clear();
+  SparseExamples set;
+  Clear(&set);
   common::SparseExample example;
   while (true) {
     absl::StatusOr<bool> more = (*reader)->Next(&example);
     if (!more.ok()) return more.status();
-    if (*more) batch.Add(example);
-    if (batch.size() > 0 &&
-        (!*more || batch.size() == static_cast<size_t>(options.batch_size))) {
-      std::vector<float> p;
-      if (absl::Status s = PullAndPredict(client, options, batch, &p);
-          !s.ok()) {
-        return s;
+    if (!*more) return set;
+    Add(example, &set);
+  }
+}
+
+absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
+                                           ScriptWorker* dense,
+                                           const TrainingConfig& config,
+                                           const std::string& train_path,
+                                           const SparseLrOptions& options,
+                                           WorkerResult* progress,
+                                           WorkerCounters* counters) {
+  if (options.num_workers < 1 || options.rank < 0 ||
+      options.rank >= options.num_workers ||
+      dense->num_params() != common::kSparseLrDenseValues) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse_lr: rank in [0, workers), and a dense part of ",
+        common::kSparseLrDenseValues, " values"));
+  }
+  absl::StatusOr<int64_t> examples = CountLibsvmExamples(train_path);
+  if (!examples.ok()) return examples.status();
+  const int batch_size = config.batch_size();
+  const int64_t steps_per_epoch =
+      SmallestPartition(*examples, options.num_workers) / batch_size;
+  if (steps_per_epoch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        train_path, " holds ", *examples, " examples: fewer than one batch of ",
+        batch_size, " for each of ", options.num_workers,
+        " workers; lower batch_size or give more data"));
+  }
+  const absl::Duration timeout = absl::Seconds(config.call_timeout_s());
+  std::vector<float> params(common::kSparseLrDenseValues);
+  std::vector<float> dense_grads(params.size());
+  if (absl::Status s = dense->Pull(absl::MakeSpan(params)); !s.ok()) {
+    return s;
+  }
+  *progress = WorkerResult();
+  const absl::Time start = absl::Now();
+  absl::Time last_log = start;
+  BatchReader reader(train_path, options.rank, options.num_workers,
+                     batch_size);
+  SparseExamples batch;
+  std::vector<float> rows, p, grads;
+  for (int epoch = 0; epoch < config.epochs(); ++epoch) {
+    if (absl::Status s = reader.StartEpoch(); !s.ok()) return s;
+    const float scale = LearningRateScale(config, epoch) /
+                        static_cast<float>(batch_size);
+    // Sync averages the workers' dense gradients at the barrier; rows take
+    // each worker's push as it comes, so each brings its share.
+    const float row_scale =
+        config.mode() == SYNC ? 1.0f / static_cast<float>(options.num_workers)
+                              : 1.0f;
+    double loss_sum = 0;
+    for (int64_t step = 1; step <= steps_per_epoch; ++step) {
+      if (options.stop != nullptr && options.stop->HasBeenNotified()) {
+        return absl::CancelledError("stopped between steps");
       }
-      scores.insert(scores.end(), p.begin(), p.end());
-      labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
-      batch.Clear();
+      const absl::Time step_start = absl::Now();
+      if (progress->first_step == absl::InfinitePast()) {
+        progress->first_step = step_start;
+      }
+      PhaseTimer compute(counters, Phase::kCompute);
+      if (absl::Status s = reader.Next(&batch); !s.ok()) return s;
+      compute.Pause();
+      {
+        PhaseTimer pull(counters, Phase::kPull);
+        if (absl::Status s = PullAndPredict(client, batch, 0, batch.size(),
+                                            params, timeout, &rows, &p);
+            !s.ok()) {
+          return s;
+        }
+      }
+      compute.Resume();
+      grads.resize(batch.ids.size());
+      std::fill(dense_grads.begin(), dense_grads.end(), 0.0f);
+      double batch_loss = 0;
+      for (size_t e = 0; e < batch.size(); ++e) {
+        const float y = batch.labels[e];
+        const double q = std::clamp(static_cast<double>(p[e]), 1e-7, 1 - 1e-7);
+        batch_loss -= y > 0.5f ? std::log(q) : std::log(1 - q);
+        const float d = (p[e] - y) * scale;
+        dense_grads[0] += d;
+        for (size_t f = batch.dense_starts[e]; f < batch.dense_starts[e + 1];
+             ++f) {
+          dense_grads[batch.dense_index[f]] += d * batch.dense_values[f];
+        }
+        for (size_t f = batch.starts[e]; f < batch.starts[e + 1]; ++f) {
+          grads[f] = d * row_scale * batch.values[f];
+        }
+      }
+      compute.Pause();
+      {
+        // The client sums the gradients of repeated ids.
+        PhaseTimer push(counters, Phase::kPush);
+        if (absl::Status s = client->SparsePush(common::kSparseLrTable,
+                                                batch.ids, grads, timeout);
+            !s.ok()) {
+          return s;
+        }
+      }
+      absl::StatusOr<bool> replaced =
+          dense->Step(dense_grads, batch_size, absl::MakeSpan(params));
+      if (!replaced.ok()) return replaced.status();
+      if (!*replaced) {
+        // The local step (downpour pushing every n_push steps, easgd).
+        for (size_t i = 0; i < params.size(); ++i) {
+          params[i] -= config.local_learning_rate() * dense_grads[i];
+        }
+        if (absl::Status s = dense->AfterLocalStep(absl::MakeSpan(params));
+            !s.ok()) {
+          return s;
+        }
+      }
+      const absl::Time now = absl::Now();
+      batch_loss /= static_cast<double>(batch.size());
+      loss_sum += batch_loss;
+      ++progress->steps;
+      progress->samples += batch_size;
+      progress->last_loss = batch_loss;
+      progress->last_step = now;
+      progress->elapsed = now - start;
+      counters->last_loss.store(batch_loss);
+      counters->last_step_time.store(absl::ToDoubleSeconds(now - absl::UnixEpoch()));
+      if (options.log_interval > absl::ZeroDuration() &&
+          now - last_log >= options.log_interval) {
+        last_log = now;
+        common::Log(
+            "worker %d: epoch %d/%d step %d/%d loss %.4f (epoch mean %.4f) "
+            "%.0f samples/s, bias %.4f",
+            options.rank, epoch + 1, config.epochs(), step, steps_per_epoch,
+            batch_loss, loss_sum / static_cast<double>(step),
+            static_cast<double>(progress->samples) /
+                absl::ToDoubleSeconds(now - start),
+            params[0]);
+      }
     }
-    if (!*more) break;
   }
-  absl::StatusOr<double> auc = common::Auc(scores, labels);
+  if (absl::Status s = dense->Finish(absl::MakeSpan(params)); !s.ok()) {
+    return s;
+  }
+  progress->elapsed = absl::Now() - start;
+  common::Log("worker %d: done: %d steps, %d examples in %.1f s, last loss %.4f",
+              options.rank, progress->steps, progress->samples,
+              absl::ToDoubleSeconds(progress->elapsed), progress->last_loss);
+  return *progress;
+}
+
+absl::StatusOr<ClickMetrics> EvaluateSparseLr(PsClient* client,
+                                              const SparseExamples& test,
+                                              absl::Span<const float> dense,
+                                              int batch_size,
+                                              absl::Duration timeout) {
+  if (test.size() == 0 || batch_size < 1 ||
+      dense.size() != common::kSparseLrDenseValues) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an evaluation needs examples, a batch of at least 1 and ",
+        common::kSparseLrDenseValues, " dense values"));
+  }
+  std::vector<float> scores, rows, p;
+  scores.reserve(test.size());
+  for (size_t first = 0; first < test.size(); first += batch_size) {
+    const size_t last = std::min(test.size(), first + batch_size);
+    if (absl::Status s =
+            PullAndPredict(client, test, first, last, dense, timeout, &rows, &p);
+        !s.ok()) {
+      return s;
+    }
+    scores.insert(scores.end(), p.begin(), p.end());
+  }
+  absl::StatusOr<double> auc = common::Auc(scores, test.labels);
   if (!auc.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(test_path, ": ", auc.status().message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the test set cannot rank clicks: ", auc.status().message()));
   }
-  absl::StatusOr<double> logloss = common::LogLoss(scores, labels);
+  absl::StatusOr<double> logloss = common::LogLoss(scores, test.labels);
   if (!logloss.ok()) return logloss.status();
-  return ClickMetrics{static_cast<int64_t>(scores.size()), *auc, *logloss};
+  int64_t right = 0;
+  for (size_t e = 0; e < scores.size(); ++e) {
+    right += (scores[e] > 0.5f) == (test.labels[e] > 0.5f);
+  }
+  return ClickMetrics{static_cast<int64_t>(scores.size()), *auc, *logloss,
+                      static_cast<double>(right) /
+                          static_cast<double>(scores.size())};
+}
+
+absl::StatusOr<EvalPoint> SparseLrEvaluator::EvaluateNow() {
+  std::vector<float> dense(common::kSparseLrDenseValues);
+  absl::StatusOr<EvalPoint> point =
+      PullSnapshot(client_, absl::MakeSpan(dense), start_);
+  if (!point.ok()) return point.status();
+  // Batches of 4096: a pull per batch, its repeated ids asked once.
+  absl::StatusOr<ClickMetrics> metrics =
+      EvaluateSparseLr(client_, test_, dense, 4096, absl::Seconds(30));
+  if (!metrics.ok()) return metrics.status();
+  point->set_test_accuracy(metrics->accuracy);
+  point->set_test_loss(metrics->logloss);
+  point->set_test_auc(metrics->auc);
+  return point;
 }
 
 }  // namespace monsoon::worker

@@ -259,6 +259,12 @@ int Main(ProcessSupervisor* supervisor) {
        absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
     absl::StatusOr<Model> model = common::ParseModel(name);
     if (!model.ok()) return Fail(kUsageError, model.status());
+    if (*model == SPARSE_LR) {
+      return Fail(kUsageError,
+                  absl::InvalidArgumentError(
+                      "--models: train_bench measures the layer models, mlp "
+                      "and lenet; compare sparse_lr with compare_modes"));
+    }
     models.push_back(*model);
   }
   std::vector<int> worker_counts;

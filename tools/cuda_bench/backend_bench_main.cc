@@ -83,6 +83,10 @@ LayoutFromFlags() {
       return absl::InvalidArgumentError(
           absl::StrCat("--model: ", model.status().message()));
     }
+    if (*model == monsoon::SPARSE_LR) {
+      return absl::InvalidArgumentError(
+          "--model: the backends run the layer models, mlp and lenet");
+    }
     config.set_model(*model);
     name = monsoon::common::ModelName(*model);
   }
