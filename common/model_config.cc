@@ -406,6 +406,8 @@ absl::Status ResolveSparseLr(TrainingConfig* config) {
   table->set_dim(1);
   table->set_optimizer(SparseTableConfig::SPARSE_ROWWISE_ADAGRAD);
   table->set_init_scale(0);
+  table->set_learning_rate(kSparseLrRowRate);
+  table->set_adagrad_initial_accumulator(kSparseLrRowAccumulator);
   table->set_max_rows(int64_t{1} << 25);
   return absl::OkStatus();
 }

@@ -45,6 +45,13 @@ absl::Status ValidateSparseTable(const SparseTableConfig& config) {
     return Invalid(config, absl::StrCat("init_scale ", config.init_scale(),
                                         " is outside [0, 1000]"));
   }
+  if (config.has_learning_rate() &&
+      !(std::isfinite(config.learning_rate()) && config.learning_rate() > 0 &&
+        config.learning_rate() <= 1e3f)) {
+    return Invalid(config, absl::StrCat("learning_rate ",
+                                        config.learning_rate(),
+                                        " is outside (0, 1000]"));
+  }
   if (config.admit_min_count() < 1 || config.admit_min_count() > 1000000) {
     return Invalid(config, absl::StrCat("admit_min_count ",
                                         config.admit_min_count(),

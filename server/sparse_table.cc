@@ -188,8 +188,11 @@ int64_t SparseTable::EvictLeastRecent(
 
 absl::StatusOr<SparsePushResult> SparseTable::Push(
     absl::Span<const uint64_t> ids, absl::Span<const float> grads,
-    float learning_rate, int64_t step) {
+    float run_learning_rate, int64_t step) {
   const std::string& name = config_.name();
+  const float learning_rate = config_.has_learning_rate()
+                                  ? config_.learning_rate()
+                                  : run_learning_rate;
   auto refuse = [this](absl::Status status) {
     absl::MutexLock lock(&mu_);
     ++stats_.refused_pushes;

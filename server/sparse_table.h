@@ -74,14 +74,16 @@ class SparseTable {
 
   // Applies one push: `grads` holds a row gradient (dim() values) per id, in
   // order; the ids are distinct (a worker sums a batch's repeats). `step`
-  // (the shard's version) marks the rows pushed, for eviction by age.
+  // (the shard's version) marks the rows pushed, for eviction by age. The
+  // rows move at the table's learning_rate, else `run_learning_rate`.
   // INVALID_ARGUMENT for sizes that disagree, a repeated id, a non-finite
   // gradient or learning rate; RESOURCE_EXHAUSTED when the rows it would
   // create do not fit under max_rows (REFUSE), or are more than max_rows.
   // Nothing is written then.
   absl::StatusOr<SparsePushResult> Push(absl::Span<const uint64_t> ids,
                                         absl::Span<const float> grads,
-                                        float learning_rate, int64_t step);
+                                        float run_learning_rate,
+                                        int64_t step);
 
   // Evicts the rows last pushed before `step` - evict_unseen_steps (none
   // when that is 0); returns how many.

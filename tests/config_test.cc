@@ -530,6 +530,8 @@ TEST(ResolveModelTest, SparseLrResolvesToItsDensePartAndTable) {
   EXPECT_EQ(c.sparse_tables(0).optimizer(),
             SparseTableConfig::SPARSE_ROWWISE_ADAGRAD);
   EXPECT_EQ(c.sparse_tables(0).init_scale(), 0.0f);
+  EXPECT_EQ(c.sparse_tables(0).learning_rate(), 0.1f);
+  EXPECT_EQ(c.sparse_tables(0).adagrad_initial_accumulator(), 1e-4f);
   EXPECT_EQ(c.sparse_tables(0).max_rows(), int64_t{1} << 25);
   EXPECT_OK(CheckBuiltInModel(c));
   ASSERT_OK_AND_ASSIGN(TrainingConfig twice, ResolveConfig(c));

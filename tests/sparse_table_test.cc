@@ -57,6 +57,8 @@ TEST(SparseTableTest, ConfigsOutOfRangeAreRefusedNamingTheField) {
        "init_scale -1 is outside [0, 1000]"},
       {"name: 'ads' dim: 4 max_rows: 10 evict_unseen_steps: -1",
        "evict_unseen_steps -1 is negative"},
+      {"name: 'ads' dim: 4 max_rows: 10 learning_rate: 0",
+       "learning_rate 0 is outside (0, 1000]"},
   };
   for (const auto& [text, message] : cases) {
     EXPECT_THAT(SparseTable::Create(Config(text), 1),
@@ -94,6 +96,14 @@ TEST(SparseTableTest, SgdStepsTheRowFromItsInitialValues) {
   EXPECT_EQ(result->updated, 1);
   EXPECT_EQ(Row(*table, 5),
             (std::vector<float>{start[0] - 0.5f, start[1] + 1.0f}));
+}
+
+TEST(SparseTableTest, ATablesOwnRateWinsOverTheRunsRate) {
+  auto table = Make(
+      "name: 't' dim: 1 max_rows: 10 optimizer: SPARSE_SGD init_scale: 0 "
+      "learning_rate: 0.25");
+  ASSERT_THAT(table->Push({5}, {2.0f}, /*run_learning_rate=*/8.0f, 1), IsOk());
+  EXPECT_EQ(Row(*table, 5), (std::vector<float>{-0.5f}));
 }
 
 TEST(SparseTableTest, AdagradKeepsAnAccumulatorPerValue) {
