@@ -10,6 +10,7 @@
 
 #include "common/auc.h"
 #include "common/libsvm_reader.h"
+#include "absl/container/flat_hash_map.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 
@@ -107,6 +108,42 @@ TEST(ClickDataTest, PlantedJsonHoldsTheAucThePlantedModelReachesOnTest) {
   const std::string json = Slurp(dir + "/planted.json");
   EXPECT_NE(json.find("\"test_examples\": 2000"), std::string::npos) << json;
   EXPECT_NE(json.find("\"test_auc\": "), std::string::npos) << json;
+
+  // The planted model restricted to the ids the training set drew (and to
+  // those drawn 10 times): recomputed from both files.
+  absl::flat_hash_map<uint64_t, int> counts;
+  auto train = common::LibsvmReader::Open(dir + "/train.libsvm");
+  ASSERT_THAT(train, IsOk());
+  while (*(*train)->Next(&e)) {
+    for (size_t i = 0; i < e.ids.size(); ++i) {
+      if (e.fields[i] >= kClickDenseFields) ++counts[e.ids[i]];
+    }
+  }
+  EXPECT_EQ(planted->train_ids, static_cast<int64_t>(counts.size()));
+  for (int min_count : {1, 10}) {
+    reader = common::LibsvmReader::Open(dir + "/test.libsvm");
+    ASSERT_THAT(reader, IsOk());
+    std::vector<float> known;
+    while (*(*reader)->Next(&e)) {
+      for (size_t i = 0; i < e.ids.size(); ++i) {
+        if (e.fields[i] < kClickDenseFields) continue;
+        const auto it = counts.find(e.ids[i]);
+        if (it == counts.end() || it->second < min_count) e.values[i] = 0;
+      }
+      known.push_back(static_cast<float>(
+          1.0 / (1.0 + std::exp(-PlantedLogit(3, e)))));
+    }
+    absl::StatusOr<double> known_auc = common::Auc(known, labels);
+    ASSERT_THAT(known_auc, IsOk());
+    EXPECT_DOUBLE_EQ(*known_auc, min_count == 1
+                                     ? planted->test_auc_known_ids
+                                     : planted->test_auc_ids_seen_10);
+  }
+  // Knowing fewer weights can only cost AUC here (most ids repeat at this
+  // small id scale, so the difference is small but there).
+  EXPECT_LE(planted->test_auc_known_ids, planted->test_auc);
+  EXPECT_LT(planted->test_auc_ids_seen_10, planted->test_auc_known_ids);
+  EXPECT_NE(json.find("\"test_auc_known_ids\": "), std::string::npos) << json;
 }
 
 TEST(ClickDataTest, TheSameSeedWritesTheSameBytes) {

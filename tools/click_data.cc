@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/auc.h"
@@ -82,14 +84,36 @@ std::string MakeLine(Rng& rng, uint64_t seed,
   return absl::StrCat(example->label > 0 ? "1" : "0", line, "\n");
 }
 
+// How often each categorical id was drawn for the training set.
+using IdCounts = absl::flat_hash_map<uint64_t, int32_t>;
+
+// The planted model's logit with the weights of the categorical ids drawn
+// fewer than `min_count` times for training set to 0: what a model that
+// knew every weight it saw often enough, exactly, would predict.
+double KnownLogit(uint64_t seed, const common::SparseExample& example,
+                  const IdCounts& counts, int32_t min_count) {
+  common::SparseExample known = example;
+  for (size_t i = 0; i < known.ids.size(); ++i) {
+    if (known.fields[i] < kClickDenseFields) continue;
+    const auto it = counts.find(known.ids[i]);
+    if (it == counts.end() || it->second < min_count) known.values[i] = 0;
+  }
+  return PlantedLogit(seed, known);
+}
+
 struct Split {
   double ctr = 0;
   std::vector<float> probabilities, labels;
+  // The test split's: KnownLogit's probabilities with min_count 1 and 10.
+  std::vector<float> known_once, known_10;
 };
 
+// Writes one split. The training split counts its ids into `counts`; the
+// test split (`counts` given, `train` false) also predicts with KnownLogit.
 absl::StatusOr<Split> WriteSplit(const std::string& path, int64_t examples,
                                  uint64_t stream, uint64_t seed,
-                                 const std::vector<int64_t>& cardinalities) {
+                                 const std::vector<int64_t>& cardinalities,
+                                 IdCounts* counts, bool train) {
   const std::string partial = path + ".partial";
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(
       std::fopen(partial.c_str(), "w"), &std::fclose);
@@ -110,6 +134,18 @@ absl::StatusOr<Split> WriteSplit(const std::string& path, int64_t examples,
     clicks += example.label;
     split.labels.push_back(example.label);
     split.probabilities.push_back(static_cast<float>(probability));
+    if (train) {
+      for (size_t f = 0; f < example.ids.size(); ++f) {
+        if (example.fields[f] >= kClickDenseFields) ++(*counts)[example.ids[f]];
+      }
+    } else {
+      for (auto [min_count, out] :
+           {std::pair{1, &split.known_once}, std::pair{10, &split.known_10}}) {
+        out->push_back(static_cast<float>(
+            1.0 / (1.0 + std::exp(-KnownLogit(seed, example, *counts,
+                                               min_count)))));
+      }
+    }
   }
   if (std::fflush(file.get()) != 0 || std::fclose(file.release()) != 0 ||
       std::rename(partial.c_str(), path.c_str()) != 0) {
@@ -155,14 +191,16 @@ absl::StatusOr<PlantedResult> WriteClickData(const ClickDataOptions& options,
   }
   PlantedResult result;
   result.cardinalities = ClickCardinalities(options.id_scale);
+  IdCounts counts;
   absl::StatusOr<Split> train =
       WriteSplit(dir + "/train.libsvm", options.train_examples, 1,
-                 options.seed, result.cardinalities);
+                 options.seed, result.cardinalities, &counts, /*train=*/true);
   if (!train.ok()) return train.status();
   absl::StatusOr<Split> test =
       WriteSplit(dir + "/test.libsvm", options.test_examples, 2, options.seed,
-                 result.cardinalities);
+                 result.cardinalities, &counts, /*train=*/false);
   if (!test.ok()) return test.status();
+  result.train_ids = static_cast<int64_t>(counts.size());
   absl::StatusOr<double> auc = common::Auc(test->probabilities, test->labels);
   absl::StatusOr<double> logloss =
       common::LogLoss(test->probabilities, test->labels);
@@ -174,6 +212,9 @@ absl::StatusOr<PlantedResult> WriteClickData(const ClickDataOptions& options,
   if (!logloss.ok()) return logloss.status();
   result.test_auc = *auc;
   result.test_logloss = *logloss;
+  // Both splits have clicks and non-clicks here, so these AUCs exist.
+  result.test_auc_known_ids = *common::Auc(test->known_once, test->labels);
+  result.test_auc_ids_seen_10 = *common::Auc(test->known_10, test->labels);
   result.train_ctr = train->ctr;
   result.test_ctr = test->ctr;
 
@@ -187,7 +228,10 @@ absl::StatusOr<PlantedResult> WriteClickData(const ClickDataOptions& options,
       "], \"train_ctr\": ", result.train_ctr,
       ", \"test_ctr\": ", result.test_ctr,
       ", \"test_auc\": ", result.test_auc,
-      ", \"test_logloss\": ", result.test_logloss, "}\n");
+      ", \"test_logloss\": ", result.test_logloss,
+      ", \"train_ids\": ", result.train_ids,
+      ", \"test_auc_known_ids\": ", result.test_auc_known_ids,
+      ", \"test_auc_ids_seen_10\": ", result.test_auc_ids_seen_10, "}\n");
   const std::string path = dir + "/planted.json";
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(
       std::fopen((path + ".partial").c_str(), "w"), &std::fclose);

@@ -37,6 +37,17 @@ struct ClickDataOptions {
 struct PlantedResult {
   double test_auc = 0;
   double test_logloss = 0;
+  // Distinct categorical ids drawn for the training set (the rows a model
+  // with a row per id makes).
+  int64_t train_ids = 0;
+  // The planted model's test AUC with the weights of the categorical ids
+  // drawn for training never (known_ids) or fewer than 10 times
+  // (ids_seen_10) set to 0: no model trained on this set can know the
+  // weights of ids it never saw, nor learn much from a handful of
+  // examples, so these bound what training can reach far more tightly
+  // than test_auc once a field's ids outnumber the examples.
+  double test_auc_known_ids = 0;
+  double test_auc_ids_seen_10 = 0;
   double train_ctr = 0;
   double test_ctr = 0;
   std::vector<int64_t> cardinalities;  // per categorical field
@@ -50,7 +61,8 @@ std::vector<int64_t> ClickCardinalities(double id_scale);
 double PlantedLogit(uint64_t seed, const common::SparseExample& example);
 
 // Writes DIR/train.libsvm, DIR/test.libsvm and DIR/planted.json (DIR must
-// exist); each file is written beside and renamed into place.
+// exist; the PlantedResult's fields); each file is written beside and
+// renamed into place.
 absl::StatusOr<PlantedResult> WriteClickData(const ClickDataOptions& options,
                                              const std::string& dir);
 

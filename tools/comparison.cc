@@ -47,8 +47,8 @@ class RunProgress {
     epoch_ = sample.epoch;
     rate_ = sample.samples_per_s;
     if (sample.evaluated) {
-      accuracy_ = absl::StrFormat("%.4f (at %.1f s)", sample.test_accuracy,
-                                  sample.eval_time_s);
+      accuracy_ = absl::StrFormat("%.4f%s (at %.1f s)", sample.test_accuracy,
+                                  Auc(sample.test_auc), sample.eval_time_s);
     }
     Show(false);
   }
@@ -74,14 +74,20 @@ class RunProgress {
 
   // The final line: the run's own samples/s (RunMetrics). A run stopped by
   // the time limit keeps the epoch it was in.
-  void Done(double accuracy, double samples_per_s, bool stopped_early) {
-    accuracy_ = absl::StrFormat("%.4f", accuracy);
+  void Done(double accuracy, double auc, double samples_per_s,
+            bool stopped_early) {
+    accuracy_ = absl::StrFormat("%.4f%s", accuracy, Auc(auc));
     rate_ = samples_per_s;
     if (!stopped_early) epoch_ = epochs_;
     Show(true);
   }
 
  private:
+  // ", AUC 0.7512" for a click model's curve, else nothing.
+  static std::string Auc(double auc) {
+    return auc > 0 ? absl::StrFormat(", AUC %.4f", auc) : "";
+  }
+
   const std::string name_;
   const int epochs_;
   std::FILE* const log_;
@@ -295,6 +301,7 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
             }
             const auto& curve = metrics->curve;
             progress.Done(curve.points(curve.points_size() - 1).test_accuracy(),
+                          curve.points(curve.points_size() - 1).test_auc(),
                           metrics->train_time_s > 0
                               ? metrics->trained_samples / metrics->train_time_s
                               : 0.0,

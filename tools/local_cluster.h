@@ -74,9 +74,11 @@ struct RunProgressSample {
   int epoch = 0;
   int epochs = 0;  // the config's
   // The evaluator's latest point (--curve_out, rewritten after every point),
-  // if it has written one: its test accuracy and time since the start.
+  // if it has written one: its test accuracy (and a click model's AUC, 0
+  // for others) and time since the start.
   bool evaluated = false;
   double test_accuracy = 0;
+  double test_auc = 0;
   double eval_time_s = 0;
 };
 

@@ -138,6 +138,7 @@ void ProgressPoller::ReadCurve(RunProgressSample* sample,
   const EvalPoint& last = curve.points(curve.points_size() - 1);
   sample->evaluated = true;
   sample->test_accuracy = last.test_accuracy();
+  sample->test_auc = last.test_auc();
   sample->eval_time_s = last.time_s();
 }
 
