@@ -179,6 +179,12 @@ constexpr ModeOption kModeOptions[] = {
      {{kAnyMode, " has no steps to close"}},
      [](const TrainingConfig& c) { return c.backup_workers() >= 0; },
      "must be at least 0 (and fewer than the workers)"},
+    {"sparse_rows_async",
+     [](const TrainingConfig& c) { return c.sparse_rows_async(); },
+     kSync,
+     "lets sync's rows go asynchronous while its dense part waits at the "
+     "barrier; ",
+     {{kAnyMode, "'s rows are asynchronous already"}}},
     {"pull_compression",
      [](const TrainingConfig& c) {
        return c.pull_compression() == COMPRESSION_ONEBIT;
@@ -367,6 +373,7 @@ void ClearWhatIsOff(TrainingConfig* c) {
   if (!c->staleness_lr()) c->clear_staleness_lr();
   if (c->delay_compensation() == 0) c->clear_delay_compensation();
   if (c->backup_workers() == 0) c->clear_backup_workers();
+  if (!c->sparse_rows_async()) c->clear_sparse_rows_async();
 }
 
 // Fields read under an old name: sync_timeout_s is call_timeout_s (it was
@@ -413,6 +420,11 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
   if (absl::Status s = CheckRanges(c); !s.ok()) return s;
   if (absl::Status s = CheckModeOptions(c, kModeOptions); !s.ok()) return s;
   if (absl::Status s = CheckDecayAndChunkRanges(c); !s.ok()) return s;
+  if (c.sparse_rows_async() && c.model() != SPARSE_LR) {
+    return Invalid("sparse_rows_async",
+                   "is for model SPARSE_LR, whose workers send the rows; a "
+                   "script sends its rows when it calls mt.sparse_push");
+  }
   if (absl::Status s = ValidateSparseTables(c.sparse_tables(), c.sparse_buckets());
       !s.ok()) {
     return s;

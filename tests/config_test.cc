@@ -556,6 +556,26 @@ TEST(ResolveModelTest, SparseLrResolvesToItsDensePartAndTable) {
                        HasSubstr("remove tensors")));
 }
 
+TEST(ResolveModelTest, SparseRowsAsyncIsSyncsAndSparseLrsOnly) {
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig c,
+      ResolveConfig(Parse("model: SPARSE_LR mode: SYNC sparse_rows_async: true")));
+  EXPECT_TRUE(c.sparse_rows_async());
+  // false is cleared, so the fingerprint is what it was without the field.
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig off,
+      ResolveConfig(Parse("model: SPARSE_LR sparse_rows_async: false")));
+  EXPECT_FALSE(off.has_sparse_rows_async());
+  EXPECT_THAT(
+      ResolveConfig(Parse("model: SPARSE_LR mode: DOWNPOUR "
+                          "sparse_rows_async: true")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("downpour's rows are asynchronous already")));
+  EXPECT_THAT(ResolveConfig(Parse("layer_sizes: [4, 2] sparse_rows_async: true")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("is for model SPARSE_LR")));
+}
+
 TEST(ResolveModelTest, ShapesAndClassesComeFromTheData) {
   const DataShape small{{16, 12, 3}, 4};
   EXPECT_THAT(Resolve("", small).layer_sizes(), ElementsAre(576, 256, 128, 4));

@@ -91,7 +91,10 @@ TEST(SparseLrTest, AStepMovesDenseWeightsAndRowsByTheGradient) {
   EXPECT_EQ(rows[2], 0.0f);  // id 0 has no row: it never went there
 }
 
-TEST(SparseLrTest, TwoSyncWorkersLearnTheClickModelThroughTwoShards) {
+// Two workers train 3 epochs of generated click data in `config_text`'s
+// mode through two shards; the result must learn what the planted model
+// knows.
+void TwoWorkersLearnTheClickModel(const std::string& config_text) {
   const std::string dir = testutil::FreshDir("click");
   tools::ClickDataOptions data;
   data.train_examples = 20000;
@@ -101,9 +104,7 @@ TEST(SparseLrTest, TwoSyncWorkersLearnTheClickModelThroughTwoShards) {
       tools::WriteClickData(data, dir);
   ASSERT_THAT(planted, IsOk());
 
-  const TrainingConfig config = ResolvedConfig(
-      "model: SPARSE_LR mode: SYNC learning_rate: 0.1 momentum: 0 "
-      "batch_size: 256 epochs: 3");
+  const TrainingConfig config = ResolvedConfig(config_text);
   testutil::LocalCluster cluster(config, /*num_shards=*/2, /*num_workers=*/2);
   ASSERT_NE(cluster.client, nullptr);
   absl::StatusOr<std::unique_ptr<PsClient>> second = PsClient::Connect(
@@ -151,6 +152,25 @@ TEST(SparseLrTest, TwoSyncWorkersLearnTheClickModelThroughTwoShards) {
   EXPECT_GE(point->test_loss(), planted->test_logloss - 0.02);
   EXPECT_GT(point->test_accuracy(), 1 - ctr);
   EXPECT_EQ(point->samples(), 2 * 3 * 39 * 256);
+}
+
+TEST(SparseLrTest, TwoSyncWorkersLearnTheClickModelThroughTwoShards) {
+  TwoWorkersLearnTheClickModel(
+      "model: SPARSE_LR mode: SYNC learning_rate: 0.1 momentum: 0 "
+      "batch_size: 256 epochs: 3");
+}
+
+// The hybrid: rows sent on their own thread while the dense push waits at
+// the barrier.
+TEST(SparseLrTest, TheHybridLearnsTooWithRowsAsynchronous) {
+  TwoWorkersLearnTheClickModel(
+      "model: SPARSE_LR mode: SYNC learning_rate: 0.1 momentum: 0 "
+      "batch_size: 256 epochs: 3 sparse_rows_async: true");
+}
+
+TEST(SparseLrTest, DownpourWorkersLearnTheClickModelToo) {
+  TwoWorkersLearnTheClickModel(
+      "model: SPARSE_LR mode: DOWNPOUR batch_size: 256 epochs: 3");
 }
 
 TEST(SparseLrTest, AMalformedLineStopsTrainingNamingIt) {

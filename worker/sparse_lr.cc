@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -119,6 +121,40 @@ class BatchReader {
   common::SparseExample example_;
 };
 
+// A step's row push sent on its own thread (sparse_rows_async), at most one
+// in flight: the next waits for it.
+class RowPushInFlight {
+ public:
+  ~RowPushInFlight() { Wait().IgnoreError(); }
+
+  // The push in flight's outcome (OK when there is none).
+  absl::Status Wait() {
+    if (!thread_.joinable()) return absl::OkStatus();
+    thread_.join();
+    return status_;
+  }
+
+  // Waits for the push in flight (its error ends here), then sends this
+  // one.
+  absl::Status Start(PsClient* client, std::vector<uint64_t> ids,
+                     std::vector<float> grads, absl::Duration timeout) {
+    if (absl::Status s = Wait(); !s.ok()) return s;
+    ids_ = std::move(ids);
+    grads_ = std::move(grads);
+    thread_ = std::thread([this, client, timeout] {
+      status_ = client->SparsePush(common::kSparseLrTable, ids_, grads_,
+                                   timeout);
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  std::thread thread_;
+  std::vector<uint64_t> ids_;
+  std::vector<float> grads_;
+  absl::Status status_;  // written by thread_, read after joining it
+};
+
 }  // namespace
 
 absl::StatusOr<SparseExamples> LoadSparseExamples(const std::string& path) {
@@ -174,6 +210,7 @@ absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
                      batch_size);
   SparseExamples batch;
   std::vector<float> rows, p, grads;
+  RowPushInFlight rows_in_flight;  // sparse_rows_async
   for (int epoch = 0; epoch < config.epochs(); ++epoch) {
     if (absl::Status s = reader.StartEpoch(); !s.ok()) return s;
     const float scale = LearningRateScale(config, epoch) /
@@ -223,13 +260,17 @@ absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
       }
       compute.Pause();
       {
-        // The client sums the gradients of repeated ids.
+        // The client sums the gradients of repeated ids. Asynchronous rows
+        // go while the dense part's step runs (its time here: the wait for
+        // the last step's rows).
         PhaseTimer push(counters, Phase::kPush);
-        if (absl::Status s = client->SparsePush(common::kSparseLrTable,
-                                                batch.ids, grads, timeout);
-            !s.ok()) {
-          return s;
-        }
+        absl::Status pushed =
+            config.sparse_rows_async()
+                ? rows_in_flight.Start(client, batch.ids, std::move(grads),
+                                       timeout)
+                : client->SparsePush(common::kSparseLrTable, batch.ids, grads,
+                                     timeout);
+        if (!pushed.ok()) return pushed;
       }
       absl::StatusOr<bool> replaced =
           dense->Step(dense_grads, batch_size, absl::MakeSpan(params));
@@ -268,6 +309,7 @@ absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
       }
     }
   }
+  if (absl::Status s = rows_in_flight.Wait(); !s.ok()) return s;
   if (absl::Status s = dense->Finish(absl::MakeSpan(params)); !s.ok()) {
     return s;
   }

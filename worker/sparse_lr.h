@@ -13,7 +13,10 @@
 // the next step's rows hold every worker's last step (a barrier over the
 // rows, no stale row; each worker's row gradients divided by the worker
 // count, as the barrier averages the dense ones); in the asynchronous modes nothing waits and a row
-// can be as stale as the other workers' pushes in between.
+// can be as stale as the other workers' pushes in between. Sync with
+// sparse_rows_async (the hybrid) sends the rows on a thread of their own
+// while the dense push waits at the barrier: dense synchronous, rows
+// asynchronous.
 //
 // Rank r of W trains examples r, r + W, r + 2W, ... of the training file,
 // streamed (a file larger than memory trains), in file order; every rank
