@@ -219,6 +219,19 @@ absl::Status Shard::CheckSparseCaller(const SparseCaller& caller, bool push) {
   return state_->CheckSession(rank, caller.session());
 }
 
+StatsResponse Shard::Stats() const {
+  StatsResponse stats = state_->Stats();
+  if (sparse_ != nullptr) {
+    for (const auto& table : sparse_->tables()) {
+      const SparseTableStats table_stats = table->stats();
+      (*stats.mutable_sparse_rows())[table->config().name()] = table_stats.rows;
+      (*stats.mutable_sparse_row_updates())[table->config().name()] =
+          table_stats.row_updates;
+    }
+  }
+  return stats;
+}
+
 absl::StatusOr<SparsePullResponse> Shard::SparsePull(
     const SparsePullRequest& request) {
   if (absl::Status s = CheckSparseCaller(request.caller(), /*push=*/false);

@@ -117,7 +117,8 @@ class Shard {
   absl::StatusOr<SparsePushResponse> SparsePush(
       const SparsePushRequest& request);
 
-  StatsResponse Stats() const { return state_->Stats(); }
+  // The shard's counters (ShardState::Stats) and its sparse tables' rows.
+  StatsResponse Stats() const;
 
   int num_workers() const { return num_workers_; }
   absl::Duration max_wait() const { return max_wait_; }

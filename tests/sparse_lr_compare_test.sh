@@ -33,6 +33,11 @@ for r in results["runs"]:
     # It learns: above chance, below what the planted model knows.
     assert 0.55 < r["final_test_auc"] < planted["test_auc"], (
         r["final_test_auc"], planted["test_auc"])
+    # Every example was trained, so the table made a row for each
+    # categorical id the generator drew for training, no more.
+    table = r["sparse_tables"]["weights"]
+    assert table["rows"] == planted["train_ids"], (table, planted["train_ids"])
+    assert table["row_updates"] >= 2 * table["rows"], table  # 2 epochs
     # Rows are pushed and pulled: far more bytes than the 64 dense values'.
     assert r["bytes_pushed"] > 2 * r["pushes"] * 64 * 4, r
 # sync: every dense push of the 2 x 40 steps at staleness 0, on each shard.

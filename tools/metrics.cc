@@ -228,6 +228,25 @@ std::string MetricsJson(const RunMetrics& run) {
     first_phase = false;
   }
   json += "},\n";
+  if (!c.sparse_tables().empty()) {
+    // Each table's rows and row updates, summed over the shards (each row
+    // lives on one shard).
+    json += "  \"sparse_tables\": {";
+    for (int t = 0; t < c.sparse_tables_size(); ++t) {
+      const std::string& name = c.sparse_tables(t).name();
+      int64_t rows = 0, updates = 0;
+      for (const StatsResponse& shard : run.shard_stats) {
+        const auto r = shard.sparse_rows().find(name);
+        if (r != shard.sparse_rows().end()) rows += r->second;
+        const auto u = shard.sparse_row_updates().find(name);
+        if (u != shard.sparse_row_updates().end()) updates += u->second;
+      }
+      absl::StrAppend(&json, t == 0 ? "" : ", ", JsonQuoted(name),
+                      ": {\"rows\": ", rows, ", \"row_updates\": ", updates,
+                      "}");
+    }
+    json += "},\n";
+  }
   absl::StrAppend(
       &json, "  \"network\": {\"layers\": ", JsonQuoted(layout.Describe()),
       ", \"input_shape\": ", JsonQuoted(common::ShapeString(layout.input())),
