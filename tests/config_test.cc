@@ -576,6 +576,35 @@ TEST(ResolveModelTest, SparseRowsAsyncIsSyncsAndSparseLrsOnly) {
                        HasSubstr("is for model SPARSE_LR")));
 }
 
+TEST(ResolveModelTest, LenetCarriesTheHyperparametersItWasTunedWith) {
+  const TrainingConfig sync = Resolve("model: LENET");
+  EXPECT_EQ(sync.mode(), SYNC);
+  EXPECT_EQ(sync.learning_rate(), 0.01f);
+  EXPECT_EQ(sync.momentum(), 0.9f);  // sync's own
+  EXPECT_EQ(sync.weight_decay(), 0.0005f);
+  EXPECT_EQ(sync.lr_decay_epochs(), 10);
+  EXPECT_EQ(sync.lr_decay_factor(), 0.1f);
+  EXPECT_EQ(Resolve("model: LENET mode: HOGWILD").learning_rate(), 0.05f);
+  const TrainingConfig easgd = Resolve("model: LENET mode: EASGD");
+  EXPECT_EQ(easgd.learning_rate(), 0.05f);  // easgd's own
+  EXPECT_EQ(easgd.local_learning_rate(), 0.03f);
+  EXPECT_EQ(Resolve("model: LENET mode: DOWNPOUR").learning_rate(), 0.05f);
+  // The config wins, field by field; weight_decay 0 turns it off.
+  const TrainingConfig own = Resolve(
+      "model: LENET learning_rate: 0.02 weight_decay: 0 lr_decay_epochs: 5");
+  EXPECT_EQ(own.learning_rate(), 0.02f);
+  EXPECT_FALSE(own.has_weight_decay());
+  EXPECT_EQ(own.lr_decay_epochs(), 5);
+  // The preset's values are in the resolved config, so its fingerprint
+  // says which were used; the MLP's defaults are what they were.
+  EXPECT_NE(ConfigFingerprint(sync),
+            ConfigFingerprint(Resolve("model: LENET learning_rate: 0.05")));
+  const TrainingConfig mlp = Resolve("model: MLP");
+  EXPECT_EQ(mlp.learning_rate(), 0.05f);
+  EXPECT_FALSE(mlp.has_weight_decay());
+  EXPECT_FALSE(mlp.has_lr_decay_epochs());
+}
+
 TEST(ResolveModelTest, ShapesAndClassesComeFromTheData) {
   const DataShape small{{16, 12, 3}, 4};
   EXPECT_THAT(Resolve("", small).layer_sizes(), ElementsAre(576, 256, 128, 4));
