@@ -380,7 +380,9 @@ absl::Status CheckDecayAndChunkRanges(const TrainingConfig& c) {
       !(c.lr_decay_factor() > 0 && c.lr_decay_factor() <= 1)) {
     return Invalid("lr_decay_factor", "must be in (0, 1]");
   }
-  if (c.has_lr_decay_factor() && c.lr_decay_epochs() == 0) {
+  // A factor with lr_decay_epochs: 0 given is no schedule (a variant that
+  // turns off a preset's); a factor alone is a forgotten field.
+  if (c.has_lr_decay_factor() && !c.has_lr_decay_epochs()) {
     return Invalid("lr_decay_factor",
                    "is set but lr_decay_epochs is not: set lr_decay_epochs "
                    "to the epochs between decays, or remove lr_decay_factor");

@@ -595,6 +595,14 @@ TEST(ResolveModelTest, LenetCarriesTheHyperparametersItWasTunedWith) {
   EXPECT_EQ(own.learning_rate(), 0.02f);
   EXPECT_FALSE(own.has_weight_decay());
   EXPECT_EQ(own.lr_decay_epochs(), 5);
+  // lr_decay_epochs 0 turns the preset's schedule off, also on top of a
+  // resolved config (a compare_modes variant), whose factor is set.
+  EXPECT_FALSE(Resolve("model: LENET lr_decay_epochs: 0").has_lr_decay_epochs());
+  TrainingConfig off = sync;
+  off.set_lr_decay_epochs(0);
+  ASSERT_OK_AND_ASSIGN(TrainingConfig resolved_off, ResolveConfig(off));
+  EXPECT_FALSE(resolved_off.has_lr_decay_epochs());
+  EXPECT_FALSE(resolved_off.has_lr_decay_factor());
   // The preset's values are in the resolved config, so its fingerprint
   // says which were used; the MLP's defaults are what they were.
   EXPECT_NE(ConfigFingerprint(sync),
