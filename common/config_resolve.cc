@@ -36,6 +36,7 @@ constexpr ModeSet kDownpour = ModeBit(DOWNPOUR);
 constexpr ModeSet kEasgd = ModeBit(EASGD);
 constexpr ModeSet kHogwild = ModeBit(HOGWILD);
 constexpr ModeSet kOnebit = ModeBit(ONEBIT);
+constexpr ModeSet kAllreduce = ModeBit(ALLREDUCE);
 // The modes whose pushes may be stale: those that staleness control is for.
 constexpr ModeSet kAsynchronous = kDownpour | kOnebit | kHogwild;
 // A ModeReason for whatever mode the entries before it did not name.
@@ -64,6 +65,8 @@ constexpr ModeDefaults kModeDefaults[] = {
     {EASGD, SGD, SGD, 0.05f, 0.0f, 0.01f, 0.9f, COMPRESSION_NONE},
     {HOGWILD, SGD, SGD, 0.1f, 0.0f, 0.05f, 0.0f, COMPRESSION_NONE},
     {ONEBIT, ADAGRAD, ADAGRAD, 0.05f, 0.0f, 0.05f, 0.0f, COMPRESSION_ONEBIT},
+    // sync's rule, applied by every worker after the ring's average.
+    {ALLREDUCE, SGD, SGD, 0.05f, 0.9f, 0.05f, 0.0f, COMPRESSION_NONE},
 };
 
 // A model preset's own hyperparameters (TrainingConfig.model), taken where
@@ -84,6 +87,7 @@ constexpr float kLenetWeightDecay = 0.0005f;
 constexpr int kLenetLrDecayEpochs = 10;
 constexpr PresetDefaults kPresetDefaults[] = {
     {LENET, SYNC, 0.01f, 0},
+    {LENET, ALLREDUCE, 0.01f, 0},
     {LENET, HOGWILD, 0.05f, 0},
     {LENET, EASGD, 0, 0.03f},
 };
@@ -176,7 +180,7 @@ constexpr ModeOption kModeOptions[] = {
      [](const TrainingConfig& c) { return c.has_max_staleness(); },
      kAsynchronous,
      "bounds the staleness of downpour, onebit and hogwild; ",
-     {{kSync, " is already a barrier (staleness 0)"},
+     {{kSync | kAllreduce, " is already a barrier (staleness 0)"},
       {kAnyMode,
        " exchanges elastic differences every tau steps, which it does not "
        "bound"}},
@@ -189,7 +193,7 @@ constexpr ModeOption kModeOptions[] = {
      kAsynchronous,
      "scales the learning rate of stale pushes in downpour, onebit and "
      "hogwild; ",
-     {{kSync, "'s pushes are never stale"},
+     {{kSync | kAllreduce, "'s gradients are never stale"},
       {kAnyMode, " pushes elastic differences, not gradients"}}},
     // delay_compensation's range comes before its modes (a row that every
     // mode takes), as it always did: 200 in sync is refused as out of range.
@@ -209,13 +213,14 @@ constexpr ModeOption kModeOptions[] = {
      {{kHogwild,
        " writes the weights without a lock, so the shard has no consistent "
        "weights to compensate against"},
-      {kSync, "'s pushes are never stale"},
+      {kSync | kAllreduce, "'s gradients are never stale"},
       {kAnyMode, " pushes elastic differences, not gradients"}}},
     {"backup_workers",
      [](const TrainingConfig& c) { return c.backup_workers() != 0; },
      kSync,
      "lets sync steps close without the slowest workers; ",
-     {{kAnyMode, " has no steps to close"}},
+     {{kAllreduce, "'s ring needs every worker's part at every step"},
+      {kAnyMode, " has no steps to close"}},
      [](const TrainingConfig& c) { return c.backup_workers() >= 0; },
      "must be at least 0 (and fewer than the workers)"},
     {"sparse_rows_async",
@@ -230,7 +235,8 @@ constexpr ModeOption kModeOptions[] = {
      },
      kSync | kDownpour | kOnebit,
      "ONEBIT works in sync, downpour and onebit; ",
-     {{kAnyMode, "'s compressed pulls are not built"}}},
+     {{kAllreduce, "'s workers pull nothing: the ring carries the step"},
+      {kAnyMode, "'s compressed pulls are not built"}}},
     // Outside sync the shard keeps each worker's copy, which only holds
     // when every step fetches and pushes.
     {"pull_compression",
@@ -471,6 +477,12 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
   if (absl::Status s = ValidateSparseTables(c.sparse_tables(), c.sparse_buckets());
       !s.ok()) {
     return s;
+  }
+  if (c.mode() == ALLREDUCE && c.sparse_tables_size() > 0) {
+    return Invalid("sparse_tables",
+                   "are not trained in mode allreduce: rows live on the "
+                   "shards, and a ring carries dense gradients only (use sync, "
+                   "with sparse_rows_async for the hybrid)");
   }
   // The resolved config says the scale the rows start with.
   for (SparseTableConfig& table : *c.mutable_sparse_tables()) {

@@ -1,6 +1,7 @@
 #include "server/parameter_service.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -56,9 +57,13 @@ ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
                common::PushEncodingFor(resolved),
                resolved.onebit_bucket_size(),
+               // allreduce: rank 0 publishes the weights with the run's
+               // examples since its last publish, any number of steps.
                PushLimits{policy.max_abs_gradient,
-                          static_cast<int64_t>(resolved.batch_size()) *
-                              StepsPerPush(resolved),
+                          resolved.mode() == ALLREDUCE
+                              ? std::numeric_limits<int64_t>::max()
+                              : static_cast<int64_t>(resolved.batch_size()) *
+                                    StepsPerPush(resolved),
                           &push_slots_,
                           /*digest=*/resolved.mode() == SYNC},
                &pull_slots_,
@@ -195,6 +200,27 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePush(
     absl::StatusOr<SparsePushResponse> applied = shard_.SparsePush(*request);
     status = ToGrpcStatus(applied.status());
     if (applied.ok()) *response = *std::move(applied);
+  }
+  return Answer(context, status);
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::RendezvousSet(
+    grpc::CallbackServerContext* context, const RendezvousSetRequest* request,
+    RendezvousSetResponse* /*response*/) {
+  grpc::Status status = Authenticate(context);
+  if (status.ok()) status = ToGrpcStatus(shard_.RendezvousSet(*request));
+  return Answer(context, status);
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::RendezvousGet(
+    grpc::CallbackServerContext* context, const RendezvousGetRequest* request,
+    RendezvousGetResponse* response) {
+  grpc::Status status = Authenticate(context);
+  if (status.ok()) {
+    absl::StatusOr<RendezvousGetResponse> found =
+        shard_.RendezvousGet(*request);
+    status = ToGrpcStatus(found.status());
+    if (found.ok()) *response = *std::move(found);
   }
   return Answer(context, status);
 }

@@ -33,7 +33,9 @@ using RawParameterService = ParameterService::WithCallbackMethod_Register<
                             ParameterService::WithCallbackMethod_CloseRun<
                                 ParameterService::WithCallbackMethod_SparsePull<
                                     ParameterService::WithCallbackMethod_SparsePush<
-                                        ParameterService::Service>>>>>>>>>>;
+                                        ParameterService::WithCallbackMethod_RendezvousSet<
+                                            ParameterService::WithCallbackMethod_RendezvousGet<
+                                                ParameterService::Service>>>>>>>>>>>>;
 
 // What a shard's service lets clients do.
 struct ServicePolicy {
@@ -94,6 +96,14 @@ class ParameterServiceImpl final : public RawParameterService {
   grpc::ServerUnaryReactor* SparsePush(grpc::CallbackServerContext* context,
                                        const SparsePushRequest* request,
                                        SparsePushResponse* response) override;
+  grpc::ServerUnaryReactor* RendezvousSet(
+      grpc::CallbackServerContext* context,
+      const RendezvousSetRequest* request,
+      RendezvousSetResponse* response) override;
+  grpc::ServerUnaryReactor* RendezvousGet(
+      grpc::CallbackServerContext* context,
+      const RendezvousGetRequest* request,
+      RendezvousGetResponse* response) override;
 
  private:
   // OK, or UNAUTHENTICATED when the call lacks the run's token.

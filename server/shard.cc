@@ -21,6 +21,7 @@ Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
       rule_(rule),
       max_wait_(max_wait),
       learning_rate_(resolved.learning_rate()),
+      mode_(resolved.mode()),
       sparse_(sparse) {}
 
 absl::Status Shard::CheckCaller(uint64_t fingerprint, int shard) const {
@@ -217,6 +218,57 @@ absl::Status Shard::CheckSparseCaller(const SparseCaller& caller, bool push) {
     return absl::OkStatus();
   }
   return state_->CheckSession(rank, caller.session());
+}
+
+absl::Status Shard::CheckRendezvousCaller(const SparseCaller& caller) {
+  if (absl::Status s = CheckCaller(caller.config_fingerprint(), caller.shard());
+      !s.ok()) {
+    return s;
+  }
+  if (mode_ != ALLREDUCE || state_->shard() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", state_->shard(), " serves no rendezvous: only shard 0 of a "
+        "run in mode allreduce does (this run's mode is ",
+        common::ModeName(mode_), ")"));
+  }
+  const int rank = caller.worker_rank();
+  if (rank < 0 || rank >= num_workers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", rank, " is outside [0, ", num_workers_,
+                     "): check --num_workers"));
+  }
+  if (absl::Status held = state_->CheckSession(rank, caller.session());
+      !held.ok()) {
+    return held;
+  }
+  state_->Touch(rank);  // renews the rank's lease
+  return absl::OkStatus();
+}
+
+absl::Status Shard::RendezvousSet(const RendezvousSetRequest& request) {
+  if (absl::Status s = CheckRendezvousCaller(request.caller()); !s.ok()) {
+    return s;
+  }
+  return rendezvous_.Set(request.key(), request.value(),
+                         request.caller().worker_rank(),
+                         request.caller().session());
+}
+
+absl::StatusOr<RendezvousGetResponse> Shard::RendezvousGet(
+    const RendezvousGetRequest& request) {
+  if (absl::Status s = CheckRendezvousCaller(request.caller()); !s.ok()) {
+    return s;
+  }
+  RendezvousGetResponse response;
+  std::optional<Rendezvous::Value> value = rendezvous_.Get(request.key());
+  // A value whose process has left, or whose rank another process holds
+  // now, reads as unset: its address is gone.
+  if (value.has_value() && !state_->HasLeft(value->rank) &&
+      state_->CheckSession(value->rank, value->session).ok()) {
+    response.set_found(true);
+    response.set_value(std::move(value->value));
+  }
+  return response;
 }
 
 StatsResponse Shard::Stats() const {

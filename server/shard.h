@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "proto/config.pb.h"
 #include "proto/service.pb.h"
+#include "server/rendezvous.h"
 #include "server/shard_sparse_tables.h"
 #include "server/shard_state.h"
 #include "server/update_rule.h"
@@ -117,6 +118,14 @@ class Shard {
   absl::StatusOr<SparsePushResponse> SparsePush(
       const SparsePushRequest& request);
 
+  // All-reduce's rendezvous (Rendezvous): the caller checked as for a
+  // sparse push (a worker rank holding its session; its lease renewed).
+  // FAILED_PRECONDITION unless the run's mode is ALLREDUCE and this is
+  // shard 0.
+  absl::Status RendezvousSet(const RendezvousSetRequest& request);
+  absl::StatusOr<RendezvousGetResponse> RendezvousGet(
+      const RendezvousGetRequest& request);
+
   // The shard's counters (ShardState::Stats) and its sparse tables' rows.
   StatsResponse Stats() const;
 
@@ -130,6 +139,8 @@ class Shard {
   absl::Status CheckCaller(uint64_t fingerprint, int shard) const;
   // The checks of a sparse call's caller; `push`: a rank of -1 may not.
   absl::Status CheckSparseCaller(const SparseCaller& caller, bool push);
+  // The checks of a rendezvous call's caller.
+  absl::Status CheckRendezvousCaller(const SparseCaller& caller);
   // The checks of Leave and FinishRank; then ends the session.
   absl::Status EndSession(const LeaveRequest& request, const char* what);
 
@@ -140,7 +151,10 @@ class Shard {
   UpdateRule* const rule_;
   const absl::Duration max_wait_;
   const float learning_rate_;
+  const Mode mode_;
   ShardSparseTables* const sparse_;
+
+  Rendezvous rendezvous_;
 };
 
 }  // namespace monsoon::server

@@ -294,7 +294,8 @@ absl::Status ShardServer::StartMetrics(const ShardServerOptions& options) {
 void ShardServer::StartThreads(const ShardServerOptions& options) {
   ticker_ = std::make_unique<ShardTicker>(state_.get(), rule_.get(),
                                           options.log_every,
-                                          options.config.max_staleness());
+                                          options.config.max_staleness(),
+                                          options.config.mode() != ALLREDUCE);
   if (!checkpoint_path_.empty() &&
       options.checkpoint_interval > absl::ZeroDuration()) {
     ShardServer* raw = this;

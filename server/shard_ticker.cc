@@ -9,11 +9,13 @@
 namespace monsoon::server {
 
 ShardTicker::ShardTicker(ShardState* state, UpdateRule* rule,
-                         absl::Duration log_every, int max_staleness)
+                         absl::Duration log_every, int max_staleness,
+                         bool log_lapses)
     : state_(state),
       rule_(rule),
       log_every_(log_every),
       max_staleness_(max_staleness),
+      log_lapses_(log_lapses),
       last_log_(absl::Now()),
       thread_([this] {
         while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
@@ -37,6 +39,7 @@ void ShardTicker::Tick(absl::Time now) {
   // others back (bounded staleness).
   state_->RunWaiters(state_->ReleaseWaiters(now));
   for (const auto& [rank, silent] : state_->NewlyLapsed(now)) {
+    if (!log_lapses_) continue;
     common::LogWarning(
         "shard %d: rank %d made no call for %s: its lease of %s ran out "
         "(a sync step closes without it; it is let back in when it "

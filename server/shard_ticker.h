@@ -22,9 +22,11 @@ namespace monsoon::server {
 class ShardTicker {
  public:
   // `state` and `rule` are not owned and must outlive the ticker.
-  // `max_staleness` names the bound in the log (-1: none).
+  // `max_staleness` names the bound in the log (-1: none). Without
+  // `log_lapses` the ranks whose lease ran out are not logged (allreduce:
+  // its workers call the shards only to start, and rank 0 to publish).
   ShardTicker(ShardState* state, UpdateRule* rule, absl::Duration log_every,
-              int max_staleness);
+              int max_staleness, bool log_lapses = true);
   ~ShardTicker();
   ShardTicker(const ShardTicker&) = delete;
   ShardTicker& operator=(const ShardTicker&) = delete;
@@ -43,6 +45,7 @@ class ShardTicker {
   UpdateRule* const rule_;
   const absl::Duration log_every_;
   const int max_staleness_;
+  const bool log_lapses_;
 
   // Used by the thread only.
   StatsResponse last_stats_;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -32,6 +33,7 @@
 #include "worker/evaluator.h"
 #include "worker/model/model.h"
 #include "worker/ps_client.h"
+#include "worker/ring.h"
 #include "worker/training_loop.h"
 #include "worker/worker_counters.h"
 
@@ -129,6 +131,7 @@ class ClusterTest : public testing::Test {
       worker.context.train = &train_;
       worker.context.model = worker.model.get();
       worker.context.client = worker.client.get();
+      worker.context.rendezvous = worker.client.get();
       worker.context.log_interval = absl::ZeroDuration();
       worker.context.counters = &counters_[w];
       worker::PlaceWorker(*worker.client, config, resume, &worker.context);
@@ -231,6 +234,118 @@ TEST_F(ClusterTest, SyncTrainingLowersTheTestLossInLockstep) {
               static_cast<uint64_t>(kWorkers * 40));
     EXPECT_EQ(server->state()->apply_seconds().Read().count, 40u);
   }
+}
+
+// allreduce: the ring's sum of two gradients is the same bits in either
+// order, and each worker applies sync's update of the average: the run is
+// sync's, bit for bit, on every worker and in the weights rank 0 publishes.
+TEST_F(ClusterTest, AllreduceWithTwoWorkersIsSyncBitForBit) {
+  const std::string common_config =
+      "layer_sizes: [20, 16, 10] batch_size: 20 epochs: 2 seed: 3 "
+      "call_timeout_s: 60 weight_decay: 0.001 lr_decay_epochs: 1 "
+      "lr_decay_factor: 0.5 mode: ";
+  const TrainingConfig sync = ResolvedConfig(common_config + "SYNC");
+  ASSERT_NO_FATAL_FAILURE(StartServers(sync));
+  ASSERT_NO_FATAL_FAILURE(Train(sync));
+  for (int w = 0; w < kWorkers; ++w) ASSERT_OK(results_[w].status());
+  const std::vector<float> synced = final_params_[0];
+  servers_.clear();
+  addresses_.clear();
+
+  const TrainingConfig allreduce = ResolvedConfig(common_config + "ALLREDUCE");
+  ASSERT_NO_FATAL_FAILURE(StartServers(allreduce));
+  ASSERT_NO_FATAL_FAILURE(Train(allreduce));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 20) << "worker " << w;
+    EXPECT_EQ(PhaseCounts(counters_[w]).at("allreduce"), 20) << "worker " << w;
+    // 2(N-1)/N of the gradient each step, each way.
+    EXPECT_EQ(counters_[w].ring_bytes_sent.load(), 20 * 4 * 506)
+        << "worker " << w;
+    EXPECT_EQ(final_params_[w].size(), synced.size());
+    EXPECT_TRUE(final_params_[w] == synced)
+        << "worker " << w << " differs from sync";
+  }
+  // Rank 0 published the final weights, with every worker's examples.
+  ASSERT_OK_AND_ASSIGN(auto reader, Connect(allreduce, -1));
+  std::vector<float> published(synced.size());
+  std::vector<int64_t> versions;
+  ASSERT_OK(reader->Pull(0, absl::Seconds(30), absl::MakeSpan(published),
+                         &versions));
+  EXPECT_TRUE(published == synced);
+  for (const StatsResponse& stats : ShardStats()) {
+    SCOPED_TRACE(stats.shard());
+    EXPECT_EQ(stats.samples(), kWorkers * 400);
+    EXPECT_EQ(stats.rejected_pushes(), 0);
+    EXPECT_GE(stats.version(), 1);
+    // Only rank 0 publishes.
+    EXPECT_EQ(stats.samples_applied_by_worker().size(), 1);
+  }
+}
+
+// A ring member that stops breaks the ring: its peer's next all-reduce
+// fails with UNAVAILABLE (not a hang), naming the ring.
+TEST_F(ClusterTest, AllreduceEndsWithAnErrorWhenAWorkerStops) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] batch_size: 20 epochs: 2 seed: 3 "
+      "call_timeout_s: 60 mode: ALLREDUCE");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  ASSERT_OK_AND_ASSIGN(auto client0, Connect(config, 0));
+  ASSERT_OK_AND_ASSIGN(auto client1, Connect(config, 1));
+  std::vector<float> buffer(1000, 1.0f);
+  absl::StatusOr<std::unique_ptr<worker::Ring>> ring1;
+  std::thread second([&] {
+    worker::RingOptions options;
+    options.rank = 1;
+    options.size = 2;
+    options.timeout = absl::Seconds(30);
+    ring1 = worker::Ring::Connect(options, client1.get());
+  });
+  worker::RingOptions options;
+  options.rank = 0;
+  options.size = 2;
+  options.timeout = absl::Seconds(30);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::Ring> ring0,
+                       worker::Ring::Connect(options, client0.get()));
+  second.join();
+  ASSERT_OK(ring1.status());
+  ring1->reset();  // worker 1 stops: its sockets close
+  const absl::Time start = absl::Now();
+  absl::Status status = ring0->Allreduce(absl::MakeSpan(buffer));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable,
+                               testing::HasSubstr("breaks the ring")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+// The rendezvous: shard 0 of an allreduce run only, and a key whose worker
+// has left reads as unset (a restarted peer must not find an old address).
+TEST_F(ClusterTest, RendezvousHidesTheKeysOfWorkersThatLeft) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] batch_size: 20 epochs: 1 mode: ALLREDUCE");
+  ASSERT_NO_FATAL_FAILURE(StartServers(config));
+  ASSERT_OK_AND_ASSIGN(auto client0, Connect(config, 0));
+  ASSERT_OK_AND_ASSIGN(auto client1, Connect(config, 1));
+  ASSERT_OK(client0->Set("ring/0", "address of 0"));
+  ASSERT_OK_AND_ASSIGN(std::optional<std::string> value,
+                       client1->Get("ring/0"));
+  EXPECT_EQ(value, std::optional<std::string>("address of 0"));
+  ASSERT_OK_AND_ASSIGN(value, client1->Get("ring/1"));
+  EXPECT_EQ(value, std::nullopt);
+  EXPECT_THAT(client0->Set(std::string(300, 'k'), "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(client0->Leave(absl::Seconds(10)));
+  ASSERT_OK_AND_ASSIGN(value, client1->Get("ring/0"));
+  EXPECT_EQ(value, std::nullopt);
+
+  servers_.clear();
+  addresses_.clear();
+  const TrainingConfig sync = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] batch_size: 20 epochs: 1 mode: SYNC");
+  ASSERT_NO_FATAL_FAILURE(StartServers(sync));
+  ASSERT_OK_AND_ASSIGN(auto sync_client, Connect(sync, 0));
+  EXPECT_THAT(sync_client->Set("ring/0", "x"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       testing::HasSubstr("mode allreduce")));
 }
 
 TEST_F(ClusterTest, SyncWorkersRestartedAfterTheirStepsResumeWithNothingLeft) {

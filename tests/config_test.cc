@@ -455,7 +455,8 @@ TEST(ParseModeTest, TheErrorListsEveryMode) {
   absl::StatusOr<Mode> mode = ParseMode("bsp");
   EXPECT_EQ(mode.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(mode.status().message()),
-              HasSubstr("use one of sync, downpour, easgd, hogwild, onebit"));
+              HasSubstr("use one of sync, downpour, easgd, hogwild, onebit, "
+                        "allreduce"));
 }
 
 TEST(ConfigFingerprintTest, DiffersWhenTheLearningRateChanges) {

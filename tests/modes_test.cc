@@ -41,7 +41,7 @@ TEST(ModesTest, EveryModeResolvesAndHasARuleAndALoop) {
     EXPECT_NE(worker::MakeTrainingLoop(mode), nullptr);
     ++built;
   }
-  EXPECT_EQ(built, 5);  // sync, downpour, easgd, hogwild, onebit
+  EXPECT_EQ(built, 6);  // sync, downpour, easgd, hogwild, onebit, allreduce
 }
 
 TEST(ModesTest, NoRuleAndNoLoopForAnUnspecifiedMode) {

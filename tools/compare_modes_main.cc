@@ -26,7 +26,7 @@
 #include "tools/process_supervisor.h"
 #include "worker/dataset.h"
 
-ABSL_FLAG(std::string, modes, "sync,downpour,easgd,hogwild,onebit",
+ABSL_FLAG(std::string, modes, "sync,downpour,easgd,hogwild,onebit,allreduce",
           "Comma-separated modes to compare, run in this order.");
 ABSL_FLAG(std::string, variants, "",
           "Instead of --modes: configurations to compare, separated by ';', "

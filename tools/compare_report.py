@@ -63,6 +63,7 @@ def summary_rows(results, target=None):
             "samples_per_s": run["samples_per_s"],
             "bytes_pushed": run["bytes_pushed"],
             "bytes_pulled": run["bytes_pulled"],
+            "ring_bytes_sent": run.get("ring_bytes_sent", 0),
             "staleness_mean": run["staleness"]["mean"],
             "staleness_p99": run["staleness"]["p99"],
             "faults": fault_summary(run),
@@ -198,7 +199,7 @@ def format_table(rows, target):
             r["run"], r["final_test_accuracy"], auc_cell,
             "%.1f s" % reached if reached is not None else "not reached",
             r["samples_per_s"], _mb(r["bytes_pushed"]), _mb(r["bytes_pulled"]),
-            _mb(r["bytes_pushed"] + r["bytes_pulled"]),
+            _mb(r["bytes_pushed"] + r["bytes_pulled"] + r["ring_bytes_sent"]),
             r["staleness_mean"], r["staleness_p99"])
         if faults:
             line += " %s |" % (r["faults"] or "none")
@@ -250,6 +251,12 @@ def write_plots(results, out_dir):
               "python3-matplotlib); no plots written", file=sys.stderr)
         return []
     runs = results["runs"]
+    # allreduce: the ring's bytes at each point of the curve. Every step
+    # sends the same bytes, so they go with the examples trained.
+    for run in runs:
+        ring, samples = run.get("ring_bytes_sent", 0), run.get("samples", 0)
+        for p in run["curve"]:
+            p["ring_bytes"] = ring * p["samples"] / samples if samples else 0
     many_sizes = len({(r["servers"], r["workers"]) for r in runs}) > 1
     same_modes = len({r["mode"] for r in runs}) < len(runs) and not many_sizes
     title_suffix = ""
@@ -308,8 +315,11 @@ def write_plots(results, out_dir):
               "test_accuracy", "bytes pushed by the workers (MB)",
               "test accuracy", "Test accuracy against bytes pushed")
     line_plot("accuracy_vs_bytes_moved.png",
-              lambda p: (p["bytes_pushed"] + p.get("bytes_pulled", 0)) / 1e6,
-              "test_accuracy", "bytes pushed and pulled by the workers (MB)",
+              lambda p: (p["bytes_pushed"] + p.get("bytes_pulled", 0)
+                         + p["ring_bytes"]) / 1e6,
+              "test_accuracy",
+              "bytes pushed and pulled by the workers, and sent in the ring "
+              "(MB)",
               "test accuracy", "Test accuracy against bytes moved both ways")
     if all("test_auc" in p for run in runs for p in run["curve"]) and any(
             run["curve"] for run in runs):
@@ -318,8 +328,11 @@ def write_plots(results, out_dir):
                   "wall time (s)", "test AUC", "Test AUC against time",
                   events=True)
         line_plot("auc_vs_bytes_moved.png",
-                  lambda p: (p["bytes_pushed"] + p.get("bytes_pulled", 0)) / 1e6,
-                  "test_auc", "bytes pushed and pulled by the workers (MB)",
+                  lambda p: (p["bytes_pushed"] + p.get("bytes_pulled", 0)
+                         + p["ring_bytes"]) / 1e6,
+                  "test_auc",
+                  "bytes pushed and pulled by the workers, and sent in the "
+                  "ring (MB)",
                   "test AUC", "Test AUC against bytes moved both ways")
     line_plot("loss_vs_samples.png", lambda p: p["samples"], "test_loss",
               "training samples seen", "test loss (cross-entropy)",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds Monsoon, and compares the five update modes
-# (sync, downpour, easgd, hogwild, onebit) on Fashion-MNIST: the default MLP,
+# (sync, downpour, easgd, hogwild, onebit) and ring all-reduce (allreduce) on
+# Fashion-MNIST: the default MLP,
 # 2 servers and 2 workers on loopback, 3 epochs each, one mode after another.
 # Prints the summary table and the paths of the plots at the end; about 3 to 4
 # minutes on 2 cores. Extra arguments go to compare_modes (see its --help),

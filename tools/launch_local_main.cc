@@ -28,7 +28,7 @@
 #include "worker/dataset.h"
 
 ABSL_FLAG(std::string, mode, "",
-          "sync, downpour, easgd, hogwild or onebit "
+          "sync, downpour, easgd, hogwild, onebit or allreduce "
           "(default: the config's "
           "mode, else sync).");
 ABSL_FLAG(std::string, model, "",

@@ -137,6 +137,8 @@ void AddWorkerPhases(const WorkerReport& report, RunMetrics* run) {
     total.count += phase.count();
     total.seconds += phase.seconds();
   }
+  run->ring_bytes_sent += report.ring_bytes_sent();
+  run->ring_bytes_received += report.ring_bytes_received();
 }
 
 std::string MetricsJson(const RunMetrics& run) {
@@ -193,8 +195,14 @@ std::string MetricsJson(const RunMetrics& run) {
   }
   absl::StrAppend(&json, "  \"bytes_pushed\": ", bytes_pushed, ",\n");
   absl::StrAppend(&json, "  \"bytes_pulled\": ", bytes_pulled, ",\n");
-  absl::StrAppend(&json, "  \"bytes_total\": ", bytes_pushed + bytes_pulled,
+  // What crossed the network: pushes, pulls and the ring's segments (each
+  // sent by one worker and received by its neighbour: counted once).
+  absl::StrAppend(&json, "  \"ring_bytes_sent\": ", run.ring_bytes_sent,
                   ",\n");
+  absl::StrAppend(&json, "  \"ring_bytes_received\": ",
+                  run.ring_bytes_received, ",\n");
+  absl::StrAppend(&json, "  \"bytes_total\": ",
+                  bytes_pushed + bytes_pulled + run.ring_bytes_sent, ",\n");
   absl::StrAppend(&json, "  \"pushes\": ", pushes, ",\n");
   absl::StrAppend(&json, "  \"rejected_pushes\": ", rejected, ",\n");
   absl::StrAppend(&json, "  \"duplicate_pushes\": ", duplicates, ",\n");

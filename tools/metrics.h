@@ -63,6 +63,9 @@ struct RunMetrics {
   // WorkerReport.phases summed over the workers' reports, by phase name
   // (AddWorkerPhases); empty when no report has phases.
   std::map<std::string, PhaseTotal> step_phases;
+  // WorkerReport.ring_bytes_sent and _received summed (allreduce).
+  int64_t ring_bytes_sent = 0;
+  int64_t ring_bytes_received = 0;
   bool stopped_by_time_limit = false;
   std::vector<StatsResponse> shard_stats;
   EvalCurve curve;
@@ -71,7 +74,7 @@ struct RunMetrics {
   int restarts = 0;
 };
 
-// Adds `report`'s phases to run->step_phases.
+// Adds `report`'s phases to run->step_phases, and its ring bytes.
 void AddWorkerPhases(const WorkerReport& report, RunMetrics* run);
 
 // `text` as a JSON string, quotes included (protobuf's JSON printer escapes
@@ -93,7 +96,9 @@ std::string ConfigJson(const TrainingConfig& config);
 // final_test_accuracy, final_test_loss (a SPARSE_LR run also
 // final_test_auc and final_test_logloss, the same as final_test_loss),
 // bytes_pushed (sparse rows' pushes included),
-// bytes_pulled, bytes_total (the two together), pushes, rejected_pushes,
+// bytes_pulled, ring_bytes_sent and ring_bytes_received (allreduce: the
+// ring's payload, summed over the workers' reports), bytes_total (pushed,
+// pulled and the ring's sent), pushes, rejected_pushes,
 // duplicate_pushes,
 // samples_skipped (sync steps that closed without a worker),
 // backup_dropped_pushes (sync with backup_workers: late pushes dropped,

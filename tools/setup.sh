@@ -26,6 +26,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   libabsl-dev
   libopenblas-dev
+  libgloo-dev            # mode allreduce's ring (gloo, as PyTorch's CPU backend)
   zlib1g-dev
   libssl-dev             # constant-time token comparison (libcrypto)
   prometheus-cpp-dev     # /metrics (prometheus-cpp: metric families, HTTP endpoint)

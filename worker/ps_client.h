@@ -34,6 +34,7 @@
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
 #include "worker/parameter_client.h"
+#include "worker/ring.h"
 #include "worker/shard_calls.h"
 
 namespace monsoon::worker {
@@ -64,7 +65,7 @@ struct PsClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
-class PsClient : public ParameterClient {
+class PsClient : public ParameterClient, public RingRendezvous {
  public:
   // Registers with every shard, retrying with backoff while they start.
   // UNAVAILABLE names the address that could not be reached in time;
@@ -176,6 +177,12 @@ class PsClient : public ParameterClient {
                           absl::Span<const float> grads, absl::Duration timeout,
                           SparsePushResponse* result = nullptr);
 
+  // The all-reduce ring's rendezvous (RingRendezvous, mode ALLREDUCE): keys
+  // on shard 0, each call within 10 s; a shard's refusal names the shard.
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::optional<std::string>> Get(
+      const std::string& key) override;
+
   // Serialized bytes this client has sent in pushes and received in pulls.
   int64_t bytes_pushed() const override { return bytes_pushed_.load(); }
   int64_t bytes_pulled() const override { return bytes_pulled_.load(); }
@@ -196,6 +203,12 @@ class PsClient : public ParameterClient {
       const std::function<grpc::Status(int s, grpc::ClientContext* context)>&
           call);
   PsClient() = default;
+  // Fills a rendezvous request's caller (shard 0, this rank and session).
+  template <typename Request>
+  void FillRendezvousCaller(Request* request) const;
+  // A failed rendezvous call, naming shard 0 and `what` was asked.
+  absl::Status RendezvousError(const grpc::Status& status,
+                               const std::string& what) const;
   // The dim of `table`: NOT_FOUND when the run has no such table.
   absl::StatusOr<int> SparseDim(const std::string& table) const;
   // One request per shard for `table` (the caller's run, shard, rank and

@@ -76,6 +76,12 @@ ABSL_FLAG(double, slowdown, 1,
           "For experiments with stragglers: after each step wait (FACTOR - 1) "
           "times that step's compute time, so that this worker's steps take "
           "about FACTOR times as long (1 to 100; 1: no wait).");
+ABSL_FLAG(std::string, ring_host, "127.0.0.1",
+          "Mode allreduce: the address of this machine that the other "
+          "workers reach it at; the ring listens there on a port of the "
+          "system's choosing and publishes it at shard 0's rendezvous. On "
+          "Kubernetes, the pod's IP (env MONSOON_RING_HOST from the downward "
+          "API's status.podIP).");
 ABSL_FLAG(bool, resume, true,
           "Start this rank's data after the examples the servers have "
           "already applied from it, so that a restarted worker continues "
@@ -196,6 +202,7 @@ absl::Status SetLoopFlags(const TerminationWatcher& termination,
         "compute time (--slowdown=%g)",
         context->rank, context->slowdown - 1, context->slowdown);
   }
+  context->ring_host = absl::GetFlag(FLAGS_ring_host);
   // SIGTERM or SIGINT stops training between steps.
   context->stop = &termination.terminated();
   return absl::OkStatus();
@@ -428,8 +435,13 @@ int main(int argc, char** argv) {
   if (absl::Status set = SetLoopFlags(*termination, &context); !set.ok()) {
     return Fail(kExitConfigError, set);
   }
-  monsoon::worker::PlaceWorker(**client, *config, absl::GetFlag(FLAGS_resume),
-                               &context);
+  // An all-reduce worker never resumes (worker/allreduce_loop.cc): the
+  // loop refuses shards that hold published weights.
+  context.rendezvous = client->get();
+  monsoon::worker::PlaceWorker(
+      **client, *config,
+      absl::GetFlag(FLAGS_resume) && config->mode() != monsoon::ALLREDUCE,
+      &context);
   if (context.resume_steps > 0) {
     if (std::optional<int> code =
             ExitIfNothingLeft(**client, context, train->size)) {

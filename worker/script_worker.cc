@@ -26,6 +26,12 @@ absl::StatusOr<std::unique_ptr<ScriptWorker>> ScriptWorker::Create(
         "run's model (write the config with monsoon.torch.export_layout and "
         "start the shards with it)");
   }
+  if (config.mode() == ALLREDUCE) {
+    return absl::UnimplementedError(
+        "mode allreduce is not open to scripts yet: only ps_worker's C++ "
+        "models join the ring (for a PyTorch model's all-reduce, "
+        "torch.nn.parallel.DistributedDataParallel is the tool)");
+  }
   std::unique_ptr<ScriptWorker> worker(new ScriptWorker(
       client, config, rank, num_workers, shard_lost_timeout));
   absl::StatusOr<std::unique_ptr<GradientPusher>> pusher =

@@ -38,6 +38,8 @@ WorkerReport MakeWorkerReport(int rank, int64_t resumed_steps,
     time->set_count(static_cast<int64_t>(phase.count));
     time->set_seconds(phase.sum);
   }
+  report.set_ring_bytes_sent(counters.ring_bytes_sent.load());
+  report.set_ring_bytes_received(counters.ring_bytes_received.load());
   return report;
 }
 

@@ -1,6 +1,6 @@
 // TrainingLoop: how a worker trains in one mode, one implementation per file
-// (sync_loop.cc, downpour_loop.cc, easgd_loop.cc,
-// hogwild_loop.cc; onebit is downpour with 1-bit pushes), chosen by
+// (sync_loop.cc, downpour_loop.cc, easgd_loop.cc, hogwild_loop.cc,
+// allreduce_loop.cc; onebit is downpour with 1-bit pushes), chosen by
 // MakeTrainingLoop. Also the pieces every loop shares: the stream of batches
 // over a worker's partition and the progress log.
 #ifndef MONSOON_WORKER_TRAINING_LOOP_H_
@@ -21,6 +21,7 @@
 #include "worker/dataset.h"
 #include "worker/model/model.h"
 #include "worker/parameter_client.h"
+#include "worker/ring.h"
 #include "worker/worker_counters.h"
 
 namespace monsoon::worker {
@@ -79,6 +80,10 @@ struct WorkerContext {
   double slowdown = 1;
   // How the wait is spent; null: absl::SleepFor (tests record it instead).
   std::function<void(absl::Duration)> sleep;
+  // allreduce only: where the ring's members meet (shard 0's rendezvous,
+  // PsClient), and the address this worker's peers reach it at.
+  RingRendezvous* rendezvous = nullptr;
+  std::string ring_host = "127.0.0.1";
 };
 
 // Whether a failed call lost a shard that may come back: UNAVAILABLE (it

@@ -12,6 +12,8 @@ const char* PhaseName(Phase phase) {
       return "push";
     case Phase::kPushPull:
       return "push_pull";
+    case Phase::kAllreduce:
+      return "allreduce";
   }
   return "unknown";
 }

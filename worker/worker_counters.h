@@ -20,10 +20,18 @@ namespace monsoon::worker {
 // n_fetch = n_push = 1 compute, then push and pull in one round trip
 // (kPushPull, which in sync includes the wait at the barrier); the others
 // compute, pull (every n_fetch steps) and push (waiting for the previous
-// push, if it is still in flight, and quantizing in onebit).
-enum class Phase { kCompute = 0, kPull = 1, kPush = 2, kPushPull = 3 };
-inline constexpr int kNumPhases = 4;
-// "compute", "pull", "push", "push_pull".
+// push, if it is still in flight, and quantizing in onebit). allreduce
+// computes, then sums the gradients over the ring (kAllreduce, which
+// includes the wait for the slowest worker) and applies the step.
+enum class Phase {
+  kCompute = 0,
+  kPull = 1,
+  kPush = 2,
+  kPushPull = 3,
+  kAllreduce = 4
+};
+inline constexpr int kNumPhases = 5;
+// "compute", "pull", "push", "push_pull", "allreduce".
 const char* PhaseName(Phase phase);
 
 struct WorkerCounters {
@@ -38,6 +46,10 @@ struct WorkerCounters {
   // that measured it (GradientPusher, at most once a second); NaN without
   // 1-bit pushes.
   std::atomic<double> residual_norm{std::numeric_limits<double>::quiet_NaN()};
+  // allreduce: payload bytes this worker sent to and received from its
+  // ring neighbours (worker/ring.h).
+  std::atomic<int64_t> ring_bytes_sent{0};
+  std::atomic<int64_t> ring_bytes_received{0};
 };
 
 // Times a phase from construction to destruction, less the time between

@@ -8,7 +8,8 @@
 // tools/bench/torch_reference.py with Debian's python3-torch, one thread
 // per process:
 //   sync with 1 worker   PyTorch in one process (the same single core);
-//   sync with W workers  DistributedDataParallel (gloo), W processes;
+//   sync and allreduce with W workers
+//                        DistributedDataParallel (gloo), W processes;
 //   the other modes      a torch.distributed.rpc parameter server with W
 //                        trainers, one push-and-pull RPC per step.
 // Where torch is missing, the references are skipped, and the table says so.
@@ -99,7 +100,9 @@ struct Reference {
 
 Reference ReferenceFor(Mode mode, int workers, Model model) {
   const std::string name = common::ModelName(model);
-  if (mode == SYNC) return {workers == 1 ? "single" : "ddp", workers, name};
+  if (mode == SYNC || mode == ALLREDUCE) {
+    return {workers == 1 ? "single" : "ddp", workers, name};
+  }
   return {"rpc_ps", workers, name};
 }
 
