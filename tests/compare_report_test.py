@@ -92,6 +92,47 @@ class CompareReportTest(unittest.TestCase):
         self.assertIn("100mbit,2ms (rate shaped; this kernel has no netem",
                       compare_report.format_summary(results))
 
+    def test_allreduce_counts_the_ring_in_total_mb(self):
+        results = dict(RESULTS, runs=[
+            run("allreduce-s2-w2", "allreduce", 2, [point(1.0, 0.9)],
+                bytes_pushed=1000000, bytes_pulled=0,
+                ring_bytes_sent=4000000)])
+        table = compare_report.format_table(
+            compare_report.summary_rows(results), 0.85)
+        self.assertIn("| 1.0 | 0.0 | 5.0 |", table.splitlines()[2])
+
+    def test_roofline_bounds_a_step_by_the_slowest_link(self):
+        config = {"batch_size": 100}
+        results = dict(RESULTS, link="100mbit,2ms", worker_rates={}, runs=[
+            # 4 workers, 10 steps each: a ring of 1 MB sent per worker step
+            # is 80 ms at 100 Mbit/s.
+            run("allreduce-s2-w4", "allreduce", 4, [point(1.0, 0.9)],
+                config=config, samples=4000, train_time_s=1.6,
+                bytes_pushed=0, bytes_pulled=0, ring_bytes_sent=40000000),
+            # 2 workers over 2 shards, 1 MB pushed and 1 MB pulled per
+            # worker step: 80 ms on a worker's link, and each shard's link
+            # carries 2 workers' halves, also 80 ms.
+            run("sync-s2-w2", "sync", 2, [point(1.0, 0.9)], config=config,
+                samples=2000, train_time_s=2.0, bytes_pushed=20000000,
+                bytes_pulled=20000000),
+        ])
+        rows = compare_report.roofline_rows(results)
+        self.assertEqual([r["run"] for r in rows],
+                         ["allreduce-s2-w4", "sync-s2-w2"])
+        self.assertAlmostEqual(rows[0]["bound_ms"], 80.0)
+        self.assertAlmostEqual(rows[0]["measured_ms"], 160.0)
+        self.assertAlmostEqual(rows[0]["ratio"], 2.0)
+        self.assertAlmostEqual(rows[1]["bound_ms"], 80.0)
+        self.assertAlmostEqual(rows[1]["measured_ms"], 200.0)
+        # A worker on a 10 Mbit/s link bounds every run tenfold.
+        slow = dict(results, worker_rates={"1": 10000000})
+        self.assertAlmostEqual(
+            compare_report.roofline_rows(slow)[0]["bound_ms"], 800.0)
+        summary = compare_report.format_summary(results)
+        self.assertIn("## Against the link's bound", summary)
+        self.assertIn("| allreduce-s2-w4 | 160.00 | 80.00 | 2.00x |", summary)
+        self.assertEqual(compare_report.roofline_rows(RESULTS), [])
+
     def test_summary_says_when_proxies_made_the_delay(self):
         results = dict(RESULTS, link="100mbit,2ms", delay_emulated=True,
                        delay_method="proxy")

@@ -207,6 +207,69 @@ def format_table(rows, target):
     return "\n".join(lines) + "\n"
 
 
+_RATE_UNITS = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1}
+
+
+def link_rate(link):
+    """Bits per second of a --link value ("100mbit,2ms"); None for
+    "loopback" or a value without a rate."""
+    rate = link.split(",")[0].strip().lower()
+    for unit, scale in _RATE_UNITS.items():
+        if rate.endswith(unit):
+            try:
+                return float(rate[:-len(unit)]) * scale
+            except ValueError:
+                return None
+    return None
+
+
+def roofline_rows(results):
+    """For each run on a shaped link: the time a worker's step takes, and
+    the least time the links' bandwidth allows for the bytes the run moved
+    per step. A worker's link carries its pushes, and the ring's segments,
+    up, and its pulls, and the ring's segments, down, at once (full
+    duplex); a shard's link carries every worker's share of a round of
+    steps (W steps' pushes and pulls over S shards). The bound is the
+    slowest of those links (a worker with its own --link_worker rate, or a
+    shard); delay is left out. Empty on loopback."""
+    rate = link_rate(results.get("link", "loopback"))
+    if rate is None:
+        return []
+    worker_rates = {int(k): float(v)
+                    for k, v in results.get("worker_rates", {}).items()}
+    rows = []
+    for run in results["runs"]:
+        workers, servers = run["workers"], run["servers"]
+        batch = run.get("config", {}).get("batch_size", 0)
+        samples, seconds = run.get("samples", 0), run.get("train_time_s", 0)
+        if not (workers and batch and samples and seconds):
+            continue
+        steps = samples / (workers * batch)  # per worker
+        up = run["bytes_pushed"] / (workers * steps)
+        down = run["bytes_pulled"] / (workers * steps)
+        ring = run.get("ring_bytes_sent", 0) / (workers * steps)
+        slowest = min([rate] + [worker_rates.get(w, rate)
+                                for w in range(workers)])
+        bound = max(up + ring, down + ring) * 8 / slowest
+        if servers and (up or down):
+            bound = max(bound, workers * max(up, down) / servers * 8 / rate)
+        measured = seconds / steps
+        rows.append({"run": run["name"], "measured_ms": measured * 1e3,
+                     "bound_ms": bound * 1e3,
+                     "ratio": measured / bound if bound else None})
+    return rows
+
+
+def format_roofline(rows):
+    lines = ["| run | step (ms) | link's bound (ms) | step / bound |",
+             "|---|---|---|---|"]
+    for r in rows:
+        lines.append("| %s | %.2f | %.2f | %s |" % (
+            r["run"], r["measured_ms"], r["bound_ms"],
+            "%.2fx" % r["ratio"] if r["ratio"] else "-"))
+    return "\n".join(lines) + "\n"
+
+
 def format_summary(results, target=None):
     if target is None:
         target = results["target_accuracy"]
@@ -222,6 +285,16 @@ def format_summary(results, target=None):
                "first evaluation at or above %.2f test accuracy.%s\n\n%s" %
                (link, target, chaos,
                 format_table(summary_rows(results, target), target)))
+    roofline = roofline_rows(results)
+    if roofline:
+        summary += ("\n## Against the link's bound\n\nA worker's step, "
+                    "measured (training time over its steps) and the least "
+                    "the link's bandwidth allows for the bytes the run moved "
+                    "per step: a ring sends 2(N-1)/N of the gradient each "
+                    "way per worker; a parameter server's worker pushes and "
+                    "pulls through its link, and each shard's link carries "
+                    "every worker's share. Delay left out; 1.00x is at the "
+                    "bound.\n\n" + format_roofline(roofline))
     medians = variant_medians(results, target)
     if medians:
         summary += ("\n## Medians over seeds\n\n" +

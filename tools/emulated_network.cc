@@ -303,6 +303,7 @@ absl::Status EmulatedNetwork::Build(
     }
     placement_.worker_prefix.push_back(
         {kIp, "netns", "exec", namespaces_.back()});
+    placement_.worker_hosts.push_back(absl::StrCat(data_net, 100 + w));
   }
   if (netem_missing_ && link.delay_ms > 0) {
     // A worker's path to a server crosses two links, each delayed one way.

@@ -548,6 +548,12 @@ absl::Status ClusterRun::StartWorkers() {
     if (auto it = options_.slowdown.find(r); it != options_.slowdown.end()) {
       daemon.argv.push_back(absl::StrCat("--slowdown=", it->second));
     }
+    // allreduce: the ring's traffic crosses the workers' shaped links too.
+    if (placed_ && options_.config.mode() == ALLREDUCE &&
+        r < static_cast<int>(options_.placement->worker_hosts.size())) {
+      daemon.argv.push_back("--ring_host=" +
+                            options_.placement->worker_hosts[r]);
+    }
     if (placed_) {
       daemon.argv = Placed(options_.placement->worker_prefix[r], daemon.argv);
     }

@@ -27,6 +27,9 @@ struct HostPlacement {
   std::vector<std::vector<std::string>> worker_prefix;
   std::vector<std::string> server_listen;     // each server's --listen
   std::vector<std::string> worker_addresses;  // what workers dial, per shard
+  // Each worker's own address on the shaped network, per rank: where its
+  // peers reach it (allreduce's ring: ps_worker --ring_host).
+  std::vector<std::string> worker_hosts;
   // What the evaluator and the launcher (both unplaced) dial, per shard.
   std::vector<std::string> control_addresses;
   // Where the kernel cannot delay packets (no netem): the one-way delay of
