@@ -229,14 +229,17 @@ def roofline_rows(results):
     per step. A worker's link carries its pushes, and the ring's segments,
     up, and its pulls, and the ring's segments, down, at once (full
     duplex); a shard's link carries every worker's share of a round of
-    steps (W steps' pushes and pulls over S shards). The bound is the
-    slowest of those links (a worker with its own --link_worker rate, or a
-    shard); delay is left out. Empty on loopback."""
+    steps (W steps' pushes and pulls over S shards). Every worker trains
+    as many steps, so the run's steps take at least the slowest worker's
+    link time (--link_worker), in every mode (without a barrier the faster
+    workers finish first), and at least a shard's. Delay is left out. Empty
+    on loopback."""
     rate = link_rate(results.get("link", "loopback"))
     if rate is None:
         return []
-    worker_rates = {int(k): float(v)
-                    for k, v in results.get("worker_rates", {}).items()}
+    given = results.get("scenario", {}).get(
+        "worker_rates", results.get("worker_rates", {}))
+    worker_rates = {int(k): float(v) for k, v in given.items()}
     rows = []
     for run in results["runs"]:
         workers, servers = run["workers"], run["servers"]
@@ -248,8 +251,7 @@ def roofline_rows(results):
         up = run["bytes_pushed"] / (workers * steps)
         down = run["bytes_pulled"] / (workers * steps)
         ring = run.get("ring_bytes_sent", 0) / (workers * steps)
-        slowest = min([rate] + [worker_rates.get(w, rate)
-                                for w in range(workers)])
+        slowest = min(worker_rates.get(w, rate) for w in range(workers))
         bound = max(up + ring, down + ring) * 8 / slowest
         if servers and (up or down):
             bound = max(bound, workers * max(up, down) / servers * 8 / rate)
