@@ -170,7 +170,12 @@ constexpr ModeOption kUpdateRuleOptions[] = {
        return c.compression() == COMPRESSION_ONEBIT;
      },
      kSync | kDownpour | kOnebit,
-     "ONEBIT works with sync, downpour and onebit only"},
+     "ONEBIT works with sync, downpour and onebit only; ",
+     {{kAllreduce,
+       "'s ring sums float32 segments hop by hop: 1-bit codes would have to "
+       "be decoded, summed and quantized again at every member (not built)"},
+      {kEasgd, " pushes elastic differences, not gradients"},
+      {kHogwild, "'s lock-free shards apply plain float32 SGD"}}},
 };
 
 // Staleness control, backup workers and compressed pulls: checked after

@@ -185,6 +185,35 @@ TEST(ResolveConfigTest, EveryModeResolvesWithItsOwnDefaults) {
   EXPECT_EQ(Resolve("").compression(), COMPRESSION_NONE);
 }
 
+// allreduce applies sync's rule on every worker, and refuses what a ring
+// does not do, each with its reason.
+TEST(ResolveConfigTest, AllreduceTakesSyncsRuleAndRefusesWhatARingCannotDo) {
+  const TrainingConfig allreduce = Resolve("mode: ALLREDUCE");
+  EXPECT_EQ(allreduce.optimizer(), SGD);
+  EXPECT_FLOAT_EQ(allreduce.learning_rate(), 0.05f);
+  EXPECT_FLOAT_EQ(allreduce.momentum(), 0.9f);
+  EXPECT_EQ(allreduce.compression(), COMPRESSION_NONE);
+  const struct {
+    const char* text;
+    const char* why;
+  } refused[] = {
+      {"compression: COMPRESSION_ONEBIT", "sums float32 segments hop by hop"},
+      {"backup_workers: 1", "needs every worker's part at every step"},
+      {"max_staleness: 2", "is already a barrier"},
+      {"staleness_lr: true", "gradients are never stale"},
+      {"pull_compression: COMPRESSION_ONEBIT", "pull nothing"},
+      {"sparse_tables { name: \"emb\" dim: 4 max_rows: 100 }",
+       "rows live on the shards"},
+  };
+  for (const auto& c : refused) {
+    SCOPED_TRACE(c.text);
+    EXPECT_THAT(
+        ResolveConfig(Parse(absl::StrCat("mode: ALLREDUCE ", c.text)),
+                      &FashionMnist()),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.why)));
+  }
+}
+
 // SGD with sync's momentum diverged on 1-bit pushes: sync with them takes
 // Adagrad unless the config names an optimizer.
 TEST(ResolveConfigTest, SyncWithOneBitPushesDefaultsToAdagrad) {
