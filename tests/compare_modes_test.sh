@@ -52,18 +52,27 @@ grep -Eq "^hogwild-s1-w2 +epoch 1/1 +[0-9]+ samples/s +test accuracy 0\.[0-9]{4}
   "$out.log" || { cat "$out.log"; exit 1; }
 
 # With faults: server 1 and worker 0 killed (SIGKILL) as training starts. The
-# launcher restarts both; the run completes and the table counts them.
+# launcher restarts both; the downpour run completes and the table counts
+# them. allreduce cannot take a killed worker back: its run fails, is
+# recorded with its error, and the comparison still writes everything else
+# (and exits 1, naming the failed run).
 chaos="${out}-chaos"
-"$compare" --modes=downpour --servers=2 --workers=2 --epochs=1 --hidden=32 \
-  --eval_interval_s=1 --report_script="$report" --out_dir="$chaos" \
-  --chaos=kill:server1@0.3s,kill:worker0@0.3s \
-  > "$chaos.log" 2>&1 || { cat "$chaos.log"; exit 1; }
+status=0
+"$compare" --modes=downpour,allreduce --servers=2 --workers=2 --epochs=1 \
+  --hidden=32 --eval_interval_s=1 --report_script="$report" \
+  --out_dir="$chaos" --chaos=kill:server1@0.3s,kill:worker0@0.3s \
+  > "$chaos.log" 2>&1 || status=$?
+[ "$status" -eq 1 ] || { cat "$chaos.log"; echo "exit $status, not 1"; exit 1; }
+grep -q "1 of 2 runs failed (allreduce-s2-w2)" "$chaos.log" || {
+  cat "$chaos.log"; exit 1; }
 /usr/bin/python3 - "$chaos" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 results = json.load(open(os.path.join(out, "results.json")))
 assert results["chaos"] == "kill:server1@0.3s,kill:worker0@0.3s", results
-[run] = results["runs"]
+run, failed = results["runs"]
+assert failed["name"] == "allreduce-s2-w2" and failed["mode"] == "allreduce"
+assert "not restarted: in mode allreduce" in failed["failed"], failed
 whats = [e["what"] for e in run["events"]]
 for expected in ["kill server 1 (SIGKILL)", "kill worker 0 (SIGKILL)",
                  "restarted server 1", "restarted worker 0"]:
@@ -72,6 +81,7 @@ assert run["restarts"] == 2, run["restarts"]
 assert 0.5 < run["final_test_accuracy"] <= 1, run["final_test_accuracy"]
 summary = open(os.path.join(out, "summary.md")).read()
 assert "| 2 kills, 2 restarts |" in summary, summary
+assert "## Runs that failed\n\n- allreduce-s2-w2: " in summary, summary
 print("compare_modes_test: a run with two processes killed completed OK")
 PY
 

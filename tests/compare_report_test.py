@@ -135,6 +135,13 @@ class CompareReportTest(unittest.TestCase):
         self.assertIn("| allreduce-s2-w4 | 160.00 | 80.00 | 2.00x |", summary)
         self.assertEqual(compare_report.roofline_rows(RESULTS), [])
 
+    def test_failed_runs_are_listed_with_their_error(self):
+        self.assertEqual(compare_report.format_failed([]), "")
+        self.assertEqual(
+            compare_report.format_failed([
+                {"name": "allreduce-s2-w2", "failed": "worker 1 exited"}]),
+            "\n## Runs that failed\n\n- allreduce-s2-w2: worker 1 exited\n")
+
     def test_summary_says_when_proxies_made_the_delay(self):
         results = dict(RESULTS, link="100mbit,2ms", delay_emulated=True,
                        delay_method="proxy")

@@ -78,5 +78,23 @@ TEST(ParseStragglersTest, RanksAndFactors) {
   }
 }
 
+// A failed run is written as who it was and why, beside the runs that ran.
+TEST(ResultsJsonTest, AFailedRunHasItsNameModeCountsAndError) {
+  ComparisonOptions options;
+  ComparisonResult result;
+  ComparedRun failed{"allreduce-s2-w4", "allreduce", "", -1};
+  failed.metrics.config = testutil::ResolvedConfig("mode: ALLREDUCE");
+  failed.metrics.servers = 2;
+  failed.metrics.workers = 4;
+  failed.failure = "worker 1 exited with \"code\" 137";
+  result.runs.push_back(failed);
+  EXPECT_EQ(ResultsJson(options, result).substr(
+                ResultsJson(options, result).find("\"runs\": [")),
+            "\"runs\": [\n{\n  \"name\": \"allreduce-s2-w4\",\n"
+            "  \"variant\": \"allreduce\",\n  \"mode\": \"allreduce\",\n"
+            "  \"servers\": 2,\n  \"workers\": 4,\n"
+            "  \"failed\": \"worker 1 exited with \\\"code\\\" 137\"\n}\n]\n}\n");
+}
+
 }  // namespace
 }  // namespace monsoon::tools

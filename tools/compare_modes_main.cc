@@ -13,6 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/daemon.h"
@@ -412,6 +413,18 @@ int main(int argc, char** argv) {
     return Fail(kExitFailure, absl::InternalError(absl::StrCat(
                                   "the report script failed (exit ", report,
                                   "); results are in ", result->results_path)));
+  }
+  std::vector<std::string> failed;
+  for (const monsoon::tools::ComparedRun& run : result->runs) {
+    if (!run.failure.empty()) failed.push_back(run.name);
+  }
+  if (!failed.empty()) {
+    return Fail(kExitFailure,
+                absl::InternalError(absl::StrCat(
+                    failed.size(), " of ", result->runs.size(),
+                    " runs failed (", absl::StrJoin(failed, ", "),
+                    "); the others' results are in ", result->results_path,
+                    ", each failure in summary.md and its log")));
   }
   return kExitOk;
 }

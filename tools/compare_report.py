@@ -272,6 +272,17 @@ def format_roofline(rows):
     return "\n".join(lines) + "\n"
 
 
+def format_failed(failed):
+    """The runs that failed (results.json entries with "failed"), each with
+    its error; "" when none did."""
+    if not failed:
+        return ""
+    lines = ["", "## Runs that failed", ""]
+    for r in failed:
+        lines.append("- %s: %s" % (r["name"], r["failed"]))
+    return "\n".join(lines) + "\n"
+
+
 def format_summary(results, target=None):
     if target is None:
         target = results["target_accuracy"]
@@ -516,7 +527,9 @@ def main(argv):
         print("compare_report: cannot read %s: %s" % (args.results, e),
               file=sys.stderr)
         return 1
-    summary = format_summary(results, args.target)
+    failed = [r for r in results.get("runs", []) if "failed" in r]
+    results["runs"] = [r for r in results.get("runs", []) if "failed" not in r]
+    summary = format_summary(results, args.target) + format_failed(failed)
     with open(os.path.join(args.out_dir, "summary.md"), "w") as f:
         f.write(summary)
     print()

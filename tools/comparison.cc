@@ -294,10 +294,23 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
             std::fclose(log);
             if (!metrics.ok()) {
               std::printf("\n");
-              return absl::Status(
-                  metrics.status().code(),
-                  absl::StrCat(name, ": ", metrics.status().message(),
-                               " (log: ", log_path, ")"));
+              if (metrics.status().code() == absl::StatusCode::kCancelled) {
+                return absl::Status(
+                    metrics.status().code(),
+                    absl::StrCat(name, ": ", metrics.status().message(),
+                                 " (log: ", log_path, ")"));
+              }
+              common::LogError("compare: %s failed, the comparison goes on: "
+                               "%s (log: %s)",
+                               name, metrics.status().message(), log_path);
+              ComparedRun failed{name, variant_name, model_name,
+                                 seeds.size() > 1 ? seed : -1};
+              failed.metrics.config = *config;
+              failed.metrics.servers = servers;
+              failed.metrics.workers = workers;
+              failed.failure = std::string(metrics.status().message());
+              result.runs.push_back(std::move(failed));
+              continue;
             }
             const auto& curve = metrics->curve;
             progress.Done(curve.points(curve.points_size() - 1).test_accuracy(),
@@ -366,6 +379,23 @@ std::string ResultsJson(const ComparisonOptions& options,
       result.delay_emulated ? "true" : "false", result.delay_method,
       MessageJson(ScenarioOf(options, result)));
   for (size_t i = 0; i < result.runs.size(); ++i) {
+    const ComparedRun& r = result.runs[i];
+    if (!r.failure.empty()) {
+      // A failed run: who it was, and why.
+      absl::StrAppend(
+          &json, "{\n  \"name\": ", JsonQuoted(r.name),
+          ",\n  \"variant\": ", JsonQuoted(r.variant),
+          r.model.empty() ? ""
+                          : absl::StrCat(",\n  \"model\": ", JsonQuoted(r.model)),
+          r.seed >= 0 ? absl::StrFormat(",\n  \"seed\": %d", r.seed) : "",
+          ",\n  \"mode\": ",
+          JsonQuoted(common::ModeName(r.metrics.config.mode())),
+          ",\n  \"servers\": ", r.metrics.servers,
+          ",\n  \"workers\": ", r.metrics.workers,
+          ",\n  \"failed\": ", JsonQuoted(r.failure), "\n}",
+          i + 1 < result.runs.size() ? ",\n" : "\n");
+      continue;
+    }
     std::string run = MetricsJson(result.runs[i].metrics);
     // Name the run in its object: {"name": "...", ...}.
     run.insert(

@@ -89,7 +89,10 @@ struct ComparedRun {
   std::string variant;
   std::string model;  // "lenet", with models given; else empty
   int64_t seed = -1;  // with several seeds, else -1
+  // Only config, servers and workers where the run failed.
   RunMetrics metrics;
+  // Why the run failed (its error); empty when it ran to the end.
+  std::string failure;
 };
 
 struct ComparisonResult {
@@ -101,9 +104,11 @@ struct ComparisonResult {
   std::string delay_method = "none";
 };
 
-// Runs everything; a failed run stops the comparison (its log is kept).
-// CANCELLED on Ctrl-C after stopping every process and removing the
-// emulated network.
+// Runs everything. A run that fails is recorded with its error (its log
+// kept) and the comparison goes on, so that the others' results are
+// written (allreduce under --chaos fails by design: a ring cannot take a
+// killed worker back). CANCELLED on Ctrl-C after stopping every process and
+// removing the emulated network.
 absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
                                                ProcessSupervisor* supervisor);
 

@@ -675,6 +675,17 @@ bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
       daemon.finished = true;
       return true;
     }
+    if (options_.config.mode() == ALLREDUCE) {
+      // A restart cannot help: the ring ended with the worker, and a new
+      // one would refuse the weights its predecessors published.
+      failed_ = ChildFailed(sup_, daemon.id);
+      failed_ = absl::Status(
+          failed_.code(),
+          absl::StrCat(failed_.message(),
+                       "; not restarted: in mode allreduce a worker that "
+                       "stops ends the run (the ring cannot take it back)"));
+      return false;
+    }
     if (code == common::kExitConfigError && daemon.restarts > 0) {
       // The same flags as a start that ran: the shards hold every step of
       // this rank (the others finished the run without it).
