@@ -548,6 +548,13 @@ absl::Status ClusterRun::StartWorkers() {
     if (auto it = options_.slowdown.find(r); it != options_.slowdown.end()) {
       daemon.argv.push_back(absl::StrCat("--slowdown=", it->second));
     }
+    // allreduce: rank 0 publishes the weights as often as the evaluator
+    // looks, so that its curve has the resolution of the other modes'.
+    if (options_.config.mode() == ALLREDUCE && r == 0) {
+      daemon.argv.push_back(absl::StrCat(
+          "--publish_every_s=",
+          std::max(0.05, std::min(3600.0, options_.eval_interval_s))));
+    }
     // allreduce: the ring's traffic crosses the workers' shaped links too.
     if (placed_ && options_.config.mode() == ALLREDUCE &&
         r < static_cast<int>(options_.placement->worker_hosts.size())) {

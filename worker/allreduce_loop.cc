@@ -9,7 +9,8 @@
 // The shards take no part in a step. They are the run's rendezvous (shard
 // 0, where the workers find each other's ring addresses), where the
 // starting weights come from (every worker pulls them), and where rank 0
-// publishes the weights about once a second and at the end, for the
+// publishes the weights every publish_every (a second unless the launcher
+// matches it to the evaluator's interval) and at the end, for the
 // evaluator's curve, checkpoints and the run's final weights (the shard's
 // rule takes them as they are: server/allreduce_rule.cc). A publish counts
 // the examples of every worker since the last one, so that the shards'
@@ -33,9 +34,6 @@
 
 namespace monsoon::worker {
 namespace {
-
-// How often rank 0 publishes the weights to the shards.
-constexpr absl::Duration kPublishEvery = absl::Seconds(1);
 
 class AllreduceLoop : public TrainingLoop {
  public:
@@ -163,7 +161,7 @@ class AllreduceLoop : public TrainingLoop {
       optimizer->Apply(mean, weights, weights);
       if (absl::Status s = params.Commit(); !s.ok()) return s;
       ++steps;
-      if (absl::Now() - last_publish >= kPublishEvery) {
+      if (absl::Now() - last_publish >= c.publish_every) {
         if (absl::Status s = publish(); !s.ok()) return s;
       }
       progress.Step(step->loss, batches->batch_size());

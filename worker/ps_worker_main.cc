@@ -82,6 +82,11 @@ ABSL_FLAG(std::string, ring_host, "127.0.0.1",
           "system's choosing and publishes it at shard 0's rendezvous. On "
           "Kubernetes, the pod's IP (env MONSOON_RING_HOST from the downward "
           "API's status.podIP).");
+ABSL_FLAG(double, publish_every_s, 1,
+          "Mode allreduce: how often rank 0 publishes the weights to the "
+          "shards, for the evaluator and checkpoints (0.05 to 3600 s; each "
+          "publish sends the whole model from rank 0) (env "
+          "MONSOON_PUBLISH_EVERY_S).");
 ABSL_FLAG(bool, resume, true,
           "Start this rank's data after the examples the servers have "
           "already applied from it, so that a restarted worker continues "
@@ -203,6 +208,12 @@ absl::Status SetLoopFlags(const TerminationWatcher& termination,
         context->rank, context->slowdown - 1, context->slowdown);
   }
   context->ring_host = absl::GetFlag(FLAGS_ring_host);
+  const double publish_s = absl::GetFlag(FLAGS_publish_every_s);
+  if (!(publish_s >= 0.05 && publish_s <= 3600)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--publish_every_s must be from 0.05 to 3600, got ", publish_s));
+  }
+  context->publish_every = absl::Seconds(publish_s);
   // SIGTERM or SIGINT stops training between steps.
   context->stop = &termination.terminated();
   return absl::OkStatus();

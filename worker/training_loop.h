@@ -84,6 +84,9 @@ struct WorkerContext {
   // PsClient), and the address this worker's peers reach it at.
   RingRendezvous* rendezvous = nullptr;
   std::string ring_host = "127.0.0.1";
+  // allreduce only: how often rank 0 publishes the weights to the shards
+  // (the evaluator sees nothing newer).
+  absl::Duration publish_every = absl::Seconds(1);
 };
 
 // Whether a failed call lost a shard that may come back: UNAVAILABLE (it
