@@ -549,8 +549,11 @@ absl::Status ClusterRun::StartWorkers() {
       daemon.argv.push_back(absl::StrCat("--slowdown=", it->second));
     }
     // allreduce: rank 0 publishes the weights as often as the evaluator
-    // looks, so that its curve has the resolution of the other modes'.
-    if (options_.config.mode() == ALLREDUCE && r == 0) {
+    // looks, so that its curve has the resolution of the other modes'. Not
+    // on an emulated network: there a publish crosses rank 0's shaped link
+    // (the evaluator's pulls of the other modes take the shards' unshaped
+    // control links), so it stays at the worker's once a second.
+    if (options_.config.mode() == ALLREDUCE && r == 0 && !placed_) {
       daemon.argv.push_back(absl::StrCat(
           "--publish_every_s=",
           std::max(0.05, std::min(3600.0, options_.eval_interval_s))));
