@@ -115,7 +115,15 @@ __attribute__((target("avx2"), flatten)) void AdagradLoopAvx2(const Gradient& gr
   AdagradLoop(gradient, h, lr, in, out);
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+// Asked once, at the first update (not in a static initializer, which
+// could run before the CPU's features are known).
+bool HaveAvx2() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return have;
+}
 
 }  // namespace
 
@@ -123,7 +131,7 @@ void AdagradOptimizer::Apply(const Gradient& gradient, const float* in,
                              float* out) {
   float* h = accumulator_.data();
   const float lr = learning_rate_ * gradient.lr_scale;
-  if (kHaveAvx2) {
+  if (HaveAvx2()) {
     AdagradLoopAvx2(gradient, h, lr, in, out);
   } else {
     AdagradLoop(gradient, h, lr, in, out);

@@ -203,12 +203,12 @@ class PsClient : public ParameterClient, public RingRendezvous {
       const std::function<grpc::Status(int s, grpc::ClientContext* context)>&
           call);
   PsClient() = default;
-  // Fills a rendezvous request's caller (shard 0, this rank and session).
-  template <typename Request>
-  void FillRendezvousCaller(Request* request) const;
-  // A failed rendezvous call, naming shard 0 and `what` was asked.
-  absl::Status RendezvousError(const grpc::Status& status,
-                               const std::string& what) const;
+  // One rendezvous call to shard 0 (`method` of its stub), the request's
+  // caller filled in (this run, rank and session), within 10 s; an error
+  // names shard 0 and `what` was asked.
+  template <typename Request, typename Response, typename Method>
+  absl::Status CallRendezvous(Method method, Request* request,
+                              Response* response, const std::string& what);
   // The dim of `table`: NOT_FOUND when the run has no such table.
   absl::StatusOr<int> SparseDim(const std::string& table) const;
   // One request per shard for `table` (the caller's run, shard, rank and

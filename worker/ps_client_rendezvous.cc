@@ -10,53 +10,47 @@ namespace monsoon::worker {
 // Each call within this; the ring's own timeout bounds the polling.
 constexpr absl::Duration kRendezvousCallTimeout = absl::Seconds(10);
 
-absl::Status PsClient::RendezvousError(const grpc::Status& status,
-                                       const std::string& what) const {
+template <typename Request, typename Response, typename Method>
+absl::Status PsClient::CallRendezvous(Method method, Request* request,
+                                      Response* response,
+                                      const std::string& what) {
+  SparseCaller* caller = request->mutable_caller();
+  caller->set_config_fingerprint(fingerprint_);
+  caller->set_shard(0);
+  caller->set_worker_rank(worker_rank_);
+  caller->set_session(session_);
+  grpc::ClientContext context;
+  shards_[0].Prepare(&context);
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + kRendezvousCallTimeout));
+  const grpc::Status status =
+      (shards_[0].stub.get()->*method)(&context, *request, response);
+  if (status.ok()) return absl::OkStatus();
   const absl::Status error = common::ToAbslStatus(status);
   return absl::Status(
       error.code(), absl::StrCat("rendezvous at shard 0 (", shards_[0].address,
                                  "), ", what, ": ", error.message()));
 }
 
-template <typename Request>
-void PsClient::FillRendezvousCaller(Request* request) const {
-  SparseCaller* caller = request->mutable_caller();
-  caller->set_config_fingerprint(fingerprint_);
-  caller->set_shard(0);
-  caller->set_worker_rank(worker_rank_);
-  caller->set_session(session_);
-}
-
 absl::Status PsClient::Set(const std::string& key, const std::string& value) {
   RendezvousSetRequest request;
-  FillRendezvousCaller(&request);
   request.set_key(key);
   request.set_value(value);
   RendezvousSetResponse response;
-  grpc::ClientContext context;
-  shards_[0].Prepare(&context);
-  context.set_deadline(
-      absl::ToChronoTime(absl::Now() + kRendezvousCallTimeout));
-  const grpc::Status status =
-      shards_[0].stub->RendezvousSet(&context, request, &response);
-  if (status.ok()) return absl::OkStatus();
-  return RendezvousError(status, absl::StrCat("setting '", key, "'"));
+  return CallRendezvous(&ParameterService::Stub::RendezvousSet, &request,
+                        &response, absl::StrCat("setting '", key, "'"));
 }
 
 absl::StatusOr<std::optional<std::string>> PsClient::Get(
     const std::string& key) {
   RendezvousGetRequest request;
-  FillRendezvousCaller(&request);
   request.set_key(key);
   RendezvousGetResponse response;
-  grpc::ClientContext context;
-  shards_[0].Prepare(&context);
-  context.set_deadline(
-      absl::ToChronoTime(absl::Now() + kRendezvousCallTimeout));
-  const grpc::Status status =
-      shards_[0].stub->RendezvousGet(&context, request, &response);
-  if (!status.ok()) {
-    return RendezvousError(status, absl::StrCat("reading '", key, "'"));
+  if (absl::Status s =
+          CallRendezvous(&ParameterService::Stub::RendezvousGet, &request,
+                         &response, absl::StrCat("reading '", key, "'"));
+      !s.ok()) {
+    return s;
   }
   if (!response.found()) return std::optional<std::string>();
   return std::optional<std::string>(std::move(*response.mutable_value()));
