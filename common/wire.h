@@ -46,6 +46,12 @@ namespace monsoon::common {
 // config's chunk_bytes limit, plus headers).
 inline constexpr int kMaxMessageBytes = 8 << 20;
 
+// Call metadata naming the shard whose range a call is for. A ps_server
+// with --replicas holds two ranges (its own and the previous shard's
+// backup) behind one address; a call without it is for the process's own
+// range.
+inline constexpr char kRangeMetadataKey[] = "monsoon-range";
+
 // The fully qualified method names, for calls made without generated stubs.
 inline constexpr char kPushMethod[] = "/monsoon.ParameterService/Push";
 inline constexpr char kPullMethod[] = "/monsoon.ParameterService/Pull";

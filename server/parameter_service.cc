@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
@@ -39,35 +40,78 @@ int StepsPerPush(const TrainingConfig& resolved) {
 
 }  // namespace
 
+ParameterServiceImpl::Range::Range(const TrainingConfig& resolved,
+                                   int num_workers,
+                                   const ServicePolicy& policy,
+                                   const RangeCore& core)
+    : push_slots(policy.max_pushes_per_rank),
+      pull_slots(policy.max_pulls_per_rank),
+      shard(resolved, num_workers, core.state, core.rule,
+            policy.max_wait > absl::ZeroDuration()
+                ? policy.max_wait
+                : absl::Seconds(resolved.call_timeout_s()) + absl::Seconds(10),
+            core.sparse, core.replication),
+      streams{&shard,
+              static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
+              common::PushEncodingFor(resolved),
+              resolved.onebit_bucket_size(),
+              // allreduce: rank 0 publishes the weights with the run's
+              // examples since its last publish, any number of steps.
+              PushLimits{policy.max_abs_gradient,
+                         resolved.mode() == ALLREDUCE
+                             ? std::numeric_limits<int64_t>::max()
+                             : static_cast<int64_t>(resolved.batch_size()) *
+                                   StepsPerPush(resolved),
+                         &push_slots,
+                         /*digest=*/resolved.mode() == SYNC},
+              &pull_slots,
+              /*barrier=*/resolved.mode() == SYNC} {}
+
 ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
                                            int num_workers, ShardState* state,
                                            UpdateRule* rule,
                                            ServicePolicy policy,
                                            ShardSparseTables* sparse)
-    : auth_token_(std::move(policy.auth_token)),
-      push_slots_(policy.max_pushes_per_rank),
-      pull_slots_(policy.max_pulls_per_rank),
-      shard_(
-          resolved, num_workers, state, rule,
-          policy.max_wait > absl::ZeroDuration()
-              ? policy.max_wait
-              : absl::Seconds(resolved.call_timeout_s()) + absl::Seconds(10),
-          sparse),
-      streams_{&shard_,
-               static_cast<size_t>(resolved.chunk_bytes()) / sizeof(float),
-               common::PushEncodingFor(resolved),
-               resolved.onebit_bucket_size(),
-               // allreduce: rank 0 publishes the weights with the run's
-               // examples since its last publish, any number of steps.
-               PushLimits{policy.max_abs_gradient,
-                          resolved.mode() == ALLREDUCE
-                              ? std::numeric_limits<int64_t>::max()
-                              : static_cast<int64_t>(resolved.batch_size()) *
-                                    StepsPerPush(resolved),
-                          &push_slots_,
-                          /*digest=*/resolved.mode() == SYNC},
-               &pull_slots_,
-               /*barrier=*/resolved.mode() == SYNC} {}
+    : auth_token_(policy.auth_token),
+      own_(std::make_unique<Range>(resolved, num_workers, policy,
+                                   RangeCore{state, rule, sparse, nullptr})) {}
+
+ParameterServiceImpl::ParameterServiceImpl(const TrainingConfig& resolved,
+                                           int num_workers,
+                                           const RangeCore& own,
+                                           const RangeCore& backup,
+                                           ServicePolicy policy)
+    : auth_token_(policy.auth_token),
+      // Forwards block until the backup has applied them: enough threads
+      // for every rank's pushes in flight, within reason.
+      tasks_(std::make_unique<TaskThreads>(
+          std::clamp(num_workers * policy.max_pushes_per_rank, 4, 64))),
+      own_(std::make_unique<Range>(resolved, num_workers, policy, own)),
+      backup_(std::make_unique<Range>(resolved, num_workers, policy, backup)) {
+  own_->streams.tasks = tasks_.get();
+  backup_->streams.tasks = tasks_.get();
+}
+
+ParameterServiceImpl::Range& ParameterServiceImpl::For(int shard) {
+  if (backup_ != nullptr && shard == backup_->shard.state()->shard()) {
+    return *backup_;
+  }
+  return *own_;
+}
+
+ParameterServiceImpl::Range& ParameterServiceImpl::ForStream(
+    const grpc::CallbackServerContext* context) {
+  if (backup_ == nullptr) return *own_;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(common::kRangeMetadataKey);
+  int shard = -1;
+  if (it == metadata.end() ||
+      !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                        &shard)) {
+    return *own_;
+  }
+  return For(shard);
+}
 
 grpc::Status ParameterServiceImpl::Authenticate(
     const grpc::CallbackServerContext* context) const {
@@ -95,7 +139,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Register(
     RegisterResponse* response) {
   grpc::Status status = Authenticate(context);
   if (status.ok()) {
-    absl::StatusOr<RegisterResponse> registered = shard_.Register(*request);
+    absl::StatusOr<RegisterResponse> registered = For(request->shard()).shard.Register(*request);
     status = ToGrpcStatus(registered.status());
     if (registered.ok()) *response = *std::move(registered);
   }
@@ -106,7 +150,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Leave(
     grpc::CallbackServerContext* context, const LeaveRequest* request,
     LeaveResponse* /*response*/) {
   grpc::Status status = Authenticate(context);
-  if (status.ok()) status = ToGrpcStatus(shard_.Leave(*request));
+  if (status.ok()) status = ToGrpcStatus(For(request->shard()).shard.Leave(*request));
   return Answer(context, status);
 }
 
@@ -114,7 +158,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::FinishRank(
     grpc::CallbackServerContext* context, const LeaveRequest* request,
     LeaveResponse* /*response*/) {
   grpc::Status status = Authenticate(context);
-  if (status.ok()) status = ToGrpcStatus(shard_.FinishRank(*request));
+  if (status.ok()) status = ToGrpcStatus(For(request->shard()).shard.FinishRank(*request));
   return Answer(context, status);
 }
 
@@ -122,7 +166,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::CloseRun(
     grpc::CallbackServerContext* context, const CloseRunRequest* request,
     CloseRunResponse* /*response*/) {
   grpc::Status status = Authenticate(context);
-  if (status.ok()) status = ToGrpcStatus(shard_.CloseRun(*request));
+  if (status.ok()) status = ToGrpcStatus(For(request->shard()).shard.CloseRun(*request));
   return Answer(context, status);
 }
 
@@ -131,7 +175,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::Push(
   if (grpc::Status auth = Authenticate(context); !auth.ok()) {
     return FailedPush(auth);
   }
-  return NewPushReactor(context, streams_, response);
+  return NewPushReactor(context, ForStream(context).streams, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
@@ -143,22 +187,23 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
   if (absl::Status s = common::ParseSmallMessage(*raw, &request); !s.ok()) {
     return FailedPull(ToGrpcStatus(s));
   }
-  if (absl::Status admitted = shard_.AdmitPull(request); !admitted.ok()) {
+  Range& range = For(request.shard());
+  if (absl::Status admitted = range.shard.AdmitPull(request); !admitted.ok()) {
     return FailedPull(ToGrpcStatus(admitted));
   }
-  if (!pull_slots_.Acquire(request.worker_rank())) {
+  if (!range.pull_slots.Acquire(request.worker_rank())) {
     return FailedPull(grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         absl::StrCat(request.worker_rank() >= 0
                          ? absl::StrCat("worker rank ", request.worker_rank())
                          : std::string("the evaluators"),
                      " already ", request.worker_rank() >= 0 ? "has" : "have",
-                     " ", pull_slots_.per_rank(), " pulls in flight at shard ",
-                     shard_.state()->shard(),
+                     " ", range.pull_slots.per_rank(),
+                     " pulls in flight at shard ", range.shard.state()->shard(),
                      " (--max_pulls_per_rank): each holds the version it "
                      "sends until the client reads it")));
   }
-  return NewPullReactor(streams_, request.worker_rank(), request.min_version(),
+  return NewPullReactor(range.streams, request.worker_rank(), request.min_version(),
                         request.has_have_version() && request.worker_rank() >= 0
                             ? std::optional<int64_t>(request.have_version())
                             : std::nullopt);
@@ -169,14 +214,17 @@ ParameterServiceImpl::PushPull(grpc::CallbackServerContext* context) {
   if (grpc::Status auth = Authenticate(context); !auth.ok()) {
     return FailedPushPull(auth);
   }
-  return NewPushPullReactor(context, streams_);
+  return NewPushPullReactor(context, ForStream(context).streams);
 }
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::Stats(
-    grpc::CallbackServerContext* context, const StatsRequest* /*request*/,
+    grpc::CallbackServerContext* context, const StatsRequest* request,
     StatsResponse* response) {
   grpc::Status status = Authenticate(context);
-  if (status.ok()) *response = shard_.Stats();
+  if (status.ok()) {
+    *response = (request->has_shard() ? For(request->shard()) : *own_)
+                    .shard.Stats();
+  }
   return Answer(context, status);
 }
 
@@ -185,7 +233,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(
     SparsePullResponse* response) {
   grpc::Status status = Authenticate(context);
   if (status.ok()) {
-    absl::StatusOr<SparsePullResponse> rows = shard_.SparsePull(*request);
+    absl::StatusOr<SparsePullResponse> rows = For(request->caller().shard()).shard.SparsePull(*request);
     status = ToGrpcStatus(rows.status());
     if (rows.ok()) *response = *std::move(rows);
   }
@@ -197,7 +245,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePush(
     SparsePushResponse* response) {
   grpc::Status status = Authenticate(context);
   if (status.ok()) {
-    absl::StatusOr<SparsePushResponse> applied = shard_.SparsePush(*request);
+    absl::StatusOr<SparsePushResponse> applied = For(request->caller().shard()).shard.SparsePush(*request);
     status = ToGrpcStatus(applied.status());
     if (applied.ok()) *response = *std::move(applied);
   }
@@ -208,7 +256,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::RendezvousSet(
     grpc::CallbackServerContext* context, const RendezvousSetRequest* request,
     RendezvousSetResponse* /*response*/) {
   grpc::Status status = Authenticate(context);
-  if (status.ok()) status = ToGrpcStatus(shard_.RendezvousSet(*request));
+  if (status.ok()) status = ToGrpcStatus(
+        For(request->caller().shard()).shard.RendezvousSet(*request));
   return Answer(context, status);
 }
 
@@ -218,7 +267,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::RendezvousGet(
   grpc::Status status = Authenticate(context);
   if (status.ok()) {
     absl::StatusOr<RendezvousGetResponse> found =
-        shard_.RendezvousGet(*request);
+        For(request->caller().shard()).shard.RendezvousGet(*request);
     status = ToGrpcStatus(found.status());
     if (found.ok()) *response = *std::move(found);
   }

@@ -10,14 +10,17 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "proto/config.pb.h"
 #include "proto/service.grpc.pb.h"
 #include "server/rank_slots.h"
+#include "server/replication.h"
 #include "server/shard.h"
 #include "server/shard_state.h"
 #include "server/stream_reactors.h"
+#include "server/task_threads.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -58,6 +61,14 @@ struct ServicePolicy {
   absl::Duration max_wait = absl::ZeroDuration();
 };
 
+// One range's core, not owned (each must outlive the service).
+struct RangeCore {
+  ShardState* state = nullptr;
+  UpdateRule* rule = nullptr;
+  ShardSparseTables* sparse = nullptr;  // null: none
+  Replication* replication = nullptr;   // null: not replicated
+};
+
 class ParameterServiceImpl final : public RawParameterService {
  public:
   // `state`, `rule` and `sparse` (the shard's sparse tables; null: none)
@@ -66,6 +77,11 @@ class ParameterServiceImpl final : public RawParameterService {
                        ShardState* state, UpdateRule* rule,
                        ServicePolicy policy = {},
                        ShardSparseTables* sparse = nullptr);
+  // With replication (ps_server --replicas): the process's own range and
+  // the backup of the previous shard's.
+  ParameterServiceImpl(const TrainingConfig& resolved, int num_workers,
+                       const RangeCore& own, const RangeCore& backup,
+                       ServicePolicy policy = {});
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -106,15 +122,32 @@ class ParameterServiceImpl final : public RawParameterService {
       RendezvousGetResponse* response) override;
 
  private:
+  // One range's core and what its calls share. With --replicas a service
+  // holds two: the process's own range and the previous shard's backup.
+  struct Range {
+    Range(const TrainingConfig& resolved, int num_workers,
+          const ServicePolicy& policy, const RangeCore& core);
+    RankSlots push_slots;
+    RankSlots pull_slots;
+    Shard shard;
+    StreamContext streams;
+  };
+
   // OK, or UNAUTHENTICATED when the call lacks the run's token.
   grpc::Status Authenticate(const grpc::CallbackServerContext* context) const;
+  // The range a call is for: the backup's when `shard` names it, else the
+  // process's own.
+  Range& For(int shard);
+  // The range a stream call is for, from its metadata
+  // (common::kRangeMetadataKey; absent: the process's own).
+  Range& ForStream(const grpc::CallbackServerContext* context);
 
   // Constant after construction.
   const std::string auth_token_;  // empty: no authentication
-  RankSlots push_slots_;
-  RankSlots pull_slots_;
-  Shard shard_;
-  const StreamContext streams_;
+  // With replication: the threads that forward pushes (StreamContext::tasks).
+  std::unique_ptr<TaskThreads> tasks_;
+  std::unique_ptr<Range> own_;
+  std::unique_ptr<Range> backup_;  // null without --replicas
 };
 
 }  // namespace monsoon::server

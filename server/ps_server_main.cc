@@ -9,7 +9,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/auth.h"
 #include "common/config.h"
@@ -105,6 +108,17 @@ ABSL_FLAG(double, lease_s, 10,
 ABSL_FLAG(double, log_every_s, 5,
           "Seconds between the lines a waiting sync step logs about the "
           "workers it waits for (0: none) (env MONSOON_LOG_EVERY_S).");
+ABSL_FLAG(int, replicas, 0,
+          "1: every shard's range gets a live backup in the next shard's "
+          "process (shard s's in shard s+1's, the last one's in shard 0's), "
+          "which applies every update before the worker is told it counts "
+          "and takes the range over when the process dies: a dead shard "
+          "loses no acknowledged update. Needs --servers. 0: none (a dead "
+          "shard restarts from its checkpoint). Env MONSOON_REPLICAS.");
+ABSL_FLAG(std::string, servers, "",
+          "With --replicas: every shard's address in shard order, as the "
+          "workers' --servers (one address holding {i}, as ps-{i}.ps:5000, "
+          "stands for all of them). Env MONSOON_SERVERS.");
 ABSL_FLAG(double, checkpoint_interval_s, 60,
           "With --checkpoint_dir, also write the checkpoint every this many "
           "seconds while serving, so that a crash loses at most that much "
@@ -198,6 +212,16 @@ void SetServingFromFlags(ShardServerOptions* options) {
   options->max_pushes_per_rank = absl::GetFlag(FLAGS_max_pushes_per_rank);
   options->max_pulls_per_rank = absl::GetFlag(FLAGS_max_pulls_per_rank);
   options->metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options->replicas = absl::GetFlag(FLAGS_replicas);
+  const std::string servers = absl::GetFlag(FLAGS_servers);
+  if (absl::StrContains(servers, "{i}") && !absl::StrContains(servers, ",")) {
+    for (int i = 0; i < options->num_shards; ++i) {
+      options->servers.push_back(
+          absl::StrReplaceAll(servers, {{"{i}", absl::StrCat(i)}}));
+    }
+  } else if (!servers.empty()) {
+    options->servers = absl::StrSplit(servers, ',', absl::SkipEmpty());
+  }
 }
 
 // TLS and the auth token, from the files the flags name.
@@ -208,6 +232,19 @@ absl::Status SetSecurityFromFlags(ShardServerOptions* options) {
                                               absl::GetFlag(FLAGS_tls_ca)});
   if (!credentials.ok()) return credentials.status();
   options->credentials = *std::move(credentials);
+  if (absl::GetFlag(FLAGS_replicas) > 0) {
+    // The processes forward updates to each other as clients.
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> peer =
+        monsoon::common::ChannelCredentialsFrom(
+            {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+             absl::GetFlag(FLAGS_tls_ca)});
+    if (!peer.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--replicas with TLS: the shards reach each other as clients: ",
+          peer.status().message()));
+    }
+    options->peer_credentials = *std::move(peer);
+  }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     absl::StatusOr<std::string> token =
         monsoon::common::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));

@@ -51,7 +51,7 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
                      " values have arrived: chunks must be in order"));
   }
   absl::Status added =
-      encoding_ == ENCODING_ONEBIT ? AddOneBit(chunk_) : AddFloat32(chunk_);
+      push_encoding_ == ENCODING_ONEBIT ? AddOneBit(chunk_) : AddFloat32(chunk_);
   reader_.Reset();  // lets go of the message's slices
   return added;
 }
@@ -75,6 +75,9 @@ absl::Status PushDecoder::TakeHeader(const PushHeader& h) {
   data_.session = h.session();
   data_.repeat = h.repeat();
   data_.resume_point = h.resume_point();
+  data_.replica_seq = h.replica_seq();
+  data_.replica_epoch = h.replica_epoch();
+  push_encoding_ = h.encoding();
   values_ = buffers_->Take();
   return absl::OkStatus();
 }
@@ -95,13 +98,24 @@ absl::Status PushDecoder::CheckHeader(const PushHeader& h) const {
         absl::StrCat("push of ", h.length(), " values, but shard ", shard_,
                      " holds ", shard_size_));
   }
-  if (h.encoding() != encoding_) {
+  if (h.replica_seq() < 0 || h.replica_epoch() < 0 ||
+      (h.replica_seq() > 0) != (h.replica_epoch() > 0)) {
+    return absl::InvalidArgumentError(
+        "push header has a negative replica_seq or replica_epoch, or one "
+        "without the other");
+  }
+  // A primary forwards the values its rule applied: float32.
+  if (h.replica_seq() > 0 && h.encoding() != ENCODING_FLOAT32) {
+    return absl::InvalidArgumentError(
+        "a forwarded (replicated) push must be float32");
+  }
+  if (h.replica_seq() == 0 && h.encoding() != encoding_) {
     return absl::InvalidArgumentError(
         absl::StrCat("push encoded as ", PushEncoding_Name(h.encoding()),
                      " but this run's config makes workers push ",
                      PushEncoding_Name(encoding_)));
   }
-  if (encoding_ == ENCODING_ONEBIT && h.bucket_size() != bucket_size_) {
+  if (h.encoding() == ENCODING_ONEBIT && h.bucket_size() != bucket_size_) {
     return absl::InvalidArgumentError(absl::StrCat("1-bit push in buckets of ",
                                                    h.bucket_size(),
                                                    " but the config's "

@@ -75,6 +75,8 @@ class PushDecoder {
   bool has_header() const { return have_header_; }
   int worker_rank() const { return data_.worker_rank; }
   uint64_t session() const { return data_.session; }
+  // Whether the push is one its range's primary forwarded (replica_seq).
+  bool forwarded() const { return data_.replica_seq > 0; }
 
   // Serialized bytes received so far.
   int64_t wire_bytes() const { return data_.wire_bytes; }
@@ -103,9 +105,13 @@ class PushDecoder {
   const int shard_;
   const uint64_t shard_size_;
   const int num_workers_;
-  const PushEncoding encoding_;
+  const PushEncoding encoding_;  // the run's
   const int bucket_size_;
   FloatBufferPool* const buffers_;
+
+  // This push's encoding: the run's, or float32 for a forwarded one
+  // (replica_seq).
+  PushEncoding push_encoding_ = ENCODING_FLOAT32;
 
   int slot_rank_ = -1;  // the rank whose slot this push holds
   common::MessageReader reader_;

@@ -1,6 +1,7 @@
 #include "server/shard.h"
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,7 @@ namespace monsoon::server {
 
 Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
              UpdateRule* rule, absl::Duration max_wait,
-             ShardSparseTables* sparse)
+             ShardSparseTables* sparse, Replication* replication)
     : fingerprint_(common::ConfigFingerprint(resolved)),
       num_workers_(num_workers),
       state_(state),
@@ -22,7 +23,16 @@ Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
       max_wait_(max_wait),
       learning_rate_(resolved.learning_rate()),
       mode_(resolved.mode()),
-      sparse_(sparse) {}
+      sparse_(sparse),
+      replication_(replication) {}
+
+absl::Status Shard::CheckServing() const {
+  if (replication_ == nullptr) return absl::OkStatus();
+  absl::Status serving = replication_->CheckServing();
+  if (serving.ok()) return serving;
+  return absl::Status(serving.code(), absl::StrCat("shard ", state_->shard(),
+                                                   ": ", serving.message()));
+}
 
 absl::Status Shard::CheckCaller(uint64_t fingerprint, int shard) const {
   if (fingerprint != fingerprint_) {
@@ -76,6 +86,19 @@ absl::StatusOr<RegisterResponse> Shard::Register(
         "(Leave, FinishRank, CloseRun): this client is of an older build "
         "than the shard; run one build of Monsoon for every daemon");
   }
+  if (replication_ != nullptr) {
+    absl::Status serving = request.take_over() ? replication_->TakeOver()
+                                               : replication_->CheckServing();
+    if (!serving.ok()) {
+      return absl::Status(serving.code(), absl::StrCat("shard ", state_->shard(),
+                                                       ": ", serving.message()));
+    }
+  } else if (request.take_over()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", state_->shard(),
+        " was asked to take over a range, but this process runs without "
+        "--replicas: give every ps_server of the run the same --replicas"));
+  }
   if (request.worker_rank() >= 0) {
     if (absl::Status session =
             state_->OpenSession(request.worker_rank(), request.session());
@@ -96,6 +119,10 @@ absl::StatusOr<RegisterResponse> Shard::Register(
   response.set_offset(state_->range().begin);
   response.set_length(state_->size());
   response.set_version(state_->version());
+  if (replication_ != nullptr) {
+    response.set_replicas(1);
+    response.set_range_epoch(replication_->epoch());
+  }
   if (request.worker_rank() >= 0) {
     response.set_samples_applied(state_->SamplePosition(request.worker_rank()));
   }
@@ -113,6 +140,7 @@ absl::Status Shard::EndSession(const LeaveRequest& request, const char* what) {
         absl::StrCat("worker rank ", request.worker_rank(), " is outside [0, ",
                      num_workers_, "): check --num_workers"));
   }
+  if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
   // Only the rank's holder (or a worker of a rank this shard has not seen
   // register, as after the shard's restart) may end it or finish it.
   if (absl::Status held =
@@ -151,6 +179,7 @@ absl::Status Shard::CloseRun(const CloseRunRequest& request) {
       !caller.ok()) {
     return caller;
   }
+  if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
   // The finisher: the results are collected, the run is over.
   if (absl::Status closed = state_->CloseRun(); !closed.ok()) {
     common::LogWarning("shard %d: refused to close the run: %s",
@@ -176,6 +205,7 @@ absl::Status Shard::AdmitPull(const PullRequest& request) {
   if (request.min_version() < 0) {
     return absl::InvalidArgumentError("min_version must not be negative");
   }
+  if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
   if (request.worker_rank() >= 0) {
     if (absl::Status held =
             state_->CheckSession(request.worker_rank(), request.session());
@@ -187,8 +217,21 @@ absl::Status Shard::AdmitPull(const PullRequest& request) {
   return absl::OkStatus();
 }
 
-absl::Status Shard::CheckPushSession(int rank, uint64_t session) {
-  absl::Status held = state_->CheckSession(rank, session);
+absl::Status Shard::CheckPushSession(int rank, uint64_t session,
+                                     bool forwarded) {
+  absl::Status held;
+  if (forwarded) {
+    if (replication_ == nullptr) {
+      held = absl::InvalidArgumentError(absl::StrCat(
+          "shard ", state_->shard(),
+          " got a forwarded (replicated) push, but this process holds no "
+          "backup of the range: give every ps_server of the run the same "
+          "--replicas"));
+    }
+  } else {
+    held = CheckServing();
+    if (held.ok()) held = state_->CheckSession(rank, session);
+  }
   if (!held.ok()) RejectPush(held);
   return held;
 }
@@ -202,6 +245,7 @@ absl::Status Shard::CheckSparseCaller(const SparseCaller& caller, bool push) {
     return absl::FailedPreconditionError(
         "this run has no sparse tables (TrainingConfig.sparse_tables)");
   }
+  if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
   const int rank = caller.worker_rank();
   if (rank < (push ? 0 : -1) || rank >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -273,6 +317,12 @@ absl::StatusOr<RendezvousGetResponse> Shard::RendezvousGet(
 
 StatsResponse Shard::Stats() const {
   StatsResponse stats = state_->Stats();
+  if (replication_ != nullptr) {
+    stats.set_range_epoch(replication_->epoch());
+    stats.set_replica_role(replication_->role_for_stats());
+    stats.set_replicated_updates(replication_->replicated_updates());
+    stats.set_take_overs(replication_->take_overs());
+  }
   if (sparse_ != nullptr) {
     for (const auto& table : sparse_->tables()) {
       const SparseTableStats table_stats = table->stats();
@@ -322,8 +372,58 @@ void Shard::RejectPush(const absl::Status& status) {
   }
 }
 
+void Shard::ApplyForwarded(
+    const PushData& push,
+    std::function<void(absl::StatusOr<AppliedPush>)> done) {
+  if (replication_ == nullptr) {
+    done(CheckPushSession(push.worker_rank, push.session, /*forwarded=*/true));
+    return;
+  }
+  auto applied = std::make_shared<AppliedPush>();
+  applied->base_version = push.base_version;
+  replication_->ApplyInOrder(
+      push.replica_seq, push.replica_epoch,
+      [this, &push, applied]() -> absl::Status {
+        absl::StatusOr<PushResult> result = rule_->Apply(push);
+        if (!result.ok()) return result.status();
+        applied->result = *result;
+        return absl::OkStatus();
+      },
+      [this, applied, done = std::move(done)](absl::Status status) {
+        if (!status.ok()) {
+          if (!absl::IsCancelled(status)) RejectPush(status);
+          done(status);
+          return;
+        }
+        done(*applied);
+      });
+}
+
+void Shard::AbandonForwarded(int64_t seq) {
+  if (replication_ != nullptr) replication_->Abandon(seq);
+}
+
+absl::Status Shard::Replicate(const PushData& push,
+                              const AppliedPush& applied) {
+  if (replication_ == nullptr) return absl::OkStatus();
+  // A repeat is acknowledged once the backup has every update up to now:
+  // its first acknowledgement may have been lost with the forward of the
+  // update that applied it.
+  absl::Status forwarded =
+      applied.result.duplicate
+          ? replication_->AwaitForwarded(applied.result.version)
+          : replication_->Forward(push, applied.result.version);
+  if (forwarded.ok()) return forwarded;
+  return absl::Status(forwarded.code(), absl::StrCat("shard ", state_->shard(),
+                                                     ": ", forwarded.message()));
+}
+
 absl::StatusOr<AppliedPush> Shard::ApplyPush(const PushData& push,
                                              bool answer_repeats) {
+  if (push.replica_seq > 0) {
+    return absl::InvalidArgumentError(
+        "a forwarded push goes to Shard::ApplyForwarded");
+  }
   if (absl::Status held = CheckPushSession(push.worker_rank, push.session);
       !held.ok()) {
     return held;
@@ -334,6 +434,7 @@ absl::StatusOr<AppliedPush> Shard::ApplyPush(const PushData& push,
   absl::StatusOr<PushResult> result = rule_->Apply(push);
   if (result.ok()) {
     applied.result = *result;
+    applied.replicate = replication_ != nullptr;
     return applied;
   }
   const absl::StatusCode code = result.status().code();

@@ -14,6 +14,7 @@
 #define MONSOON_SERVER_SHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -22,6 +23,7 @@
 #include "proto/config.pb.h"
 #include "proto/service.pb.h"
 #include "server/rendezvous.h"
+#include "server/replication.h"
 #include "server/shard_sparse_tables.h"
 #include "server/shard_state.h"
 #include "server/update_rule.h"
@@ -37,6 +39,8 @@ struct AppliedPush {
   // A sync push that the step in progress already holds (sent again while
   // its step is still collecting).
   bool repeat_in_step = false;
+  // Replicated: the push is acknowledged only after Shard::Replicate.
+  bool replicate = false;
 };
 
 class Shard {
@@ -46,9 +50,12 @@ class Shard {
   // DEADLINE_EXCEEDED (see WaitExpired).
   // `sparse`: the shard's sparse tables, not owned (null: the run has
   // none).
+  // `replication`: the range's replication (server/replication.h), not
+  // owned; null without --replicas.
   Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
         UpdateRule* rule, absl::Duration max_wait,
-        ShardSparseTables* sparse = nullptr);
+        ShardSparseTables* sparse = nullptr,
+        Replication* replication = nullptr);
 
   // Checks that the caller belongs to this run (config fingerprint, shard,
   // worker and shard counts, rank) and opens the rank's session. Refusals:
@@ -75,10 +82,14 @@ class Shard {
 
   // Only the process that holds the rank may push for it: checked as soon
   // as a push's header is in, and again by ApplyPush. A refusal is counted
-  // and logged (RejectPush).
-  absl::Status CheckPushSession(int rank, uint64_t session);
+  // and logged (RejectPush). A push `forwarded` by the range's primary
+  // (replication) is checked by its order and epoch instead.
+  absl::Status CheckPushSession(int rank, uint64_t session,
+                                bool forwarded = false);
 
   // Applies a whole push (its session checked, its rank's lease renewed).
+  // With replication, the result has `replicate` set: the push is
+  // acknowledged only after Replicate.
   // With `answer_repeats` (a push-pull), a push that the shard holds
   // already (ALREADY_EXISTS: its sync step is still collecting) or that is
   // too stale to apply (ABORTED: its step has closed) is answered rather
@@ -86,6 +97,21 @@ class Shard {
   // weights. Other refusals are counted.
   absl::StatusOr<AppliedPush> ApplyPush(const PushData& push,
                                         bool answer_repeats);
+  // Replication's part of a push ApplyPush applied: waits until the
+  // range's backup has applied it (Replication::Forward), or, for a
+  // repeat, every update up to its version (AwaitForwarded). Blocks: not
+  // for gRPC's threads. UNAVAILABLE when the backup took the range over
+  // (this process is fenced) and the push is not to be acknowledged.
+  absl::Status Replicate(const PushData& push, const AppliedPush& applied);
+
+  // A push forwarded by the range's primary (PushData::replica_seq), applied
+  // in the primary's order (Replication::ApplyInOrder); `done` gets the
+  // outcome, at once or from the thread that applies the update before it.
+  // AbandonForwarded: its call ended while it waited.
+  void ApplyForwarded(const PushData& push,
+                      std::function<void(absl::StatusOr<AppliedPush>)> done);
+  void AbandonForwarded(int64_t seq);
+
   // Counts a push refused before ApplyPush (a bad stream), and logs why
   // (the first 10, then the 16th, 32nd, 64th...: a client that sends
   // nothing but bad pushes cannot flood the log).
@@ -141,6 +167,9 @@ class Shard {
   absl::Status CheckSparseCaller(const SparseCaller& caller, bool push);
   // The checks of a rendezvous call's caller.
   absl::Status CheckRendezvousCaller(const SparseCaller& caller);
+  // OK unless replication says this process does not serve the range now
+  // (a backup that has not taken over, a fenced primary): UNAVAILABLE.
+  absl::Status CheckServing() const;
   // The checks of Leave and FinishRank; then ends the session.
   absl::Status EndSession(const LeaveRequest& request, const char* what);
 
@@ -153,6 +182,7 @@ class Shard {
   const float learning_rate_;
   const Mode mode_;
   ShardSparseTables* const sparse_;
+  Replication* const replication_;  // null: not replicated
 
   Rendezvous rendezvous_;
 };

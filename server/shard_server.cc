@@ -171,6 +171,90 @@ void ConfigureBuilder(const ShardServerOptions& options,
 
 }  // namespace
 
+namespace {
+
+// The state and rule of shard `shard`'s range.
+absl::Status MakeRangeCore(const ShardServerOptions& options,
+                           const common::ModelLayout& layout, int shard,
+                           std::unique_ptr<ShardState>* state,
+                           std::unique_ptr<UpdateRule>* rule) {
+  *state = std::make_unique<ShardState>(layout, options.config.seed(), shard,
+                                        options.num_shards);
+  if (!options.config.initial_weights().empty()) {
+    absl::StatusOr<std::vector<float>> initial =
+        common::ReadInitialWeights(options.config.initial_weights(),
+                                   layout.num_params(), (*state)->range());
+    if (!initial.ok()) return initial.status();
+    (*state)->SetInitialValues(*std::move(initial));
+  }
+  (*state)->set_lease(options.lease);
+  (*state)->SetNumWorkers(options.num_workers);
+  if (std::optional<StalenessBound> bound =
+          StalenessBoundFor(options.config, options.num_workers);
+      bound.has_value()) {
+    (*state)->SetStalenessBound(*std::move(bound));
+  }
+  *rule = MakeUpdateRule(options.config, options.num_workers, state->get());
+  if (*rule == nullptr) {
+    return absl::InvalidArgumentError("no update rule for this mode");
+  }
+  return absl::OkStatus();
+}
+
+// What replication needs: INVALID_ARGUMENT saying what is missing or not
+// replicated yet, and why.
+absl::Status CheckReplicas(const ShardServerOptions& options) {
+  if (options.replicas == 0) return absl::OkStatus();
+  if (options.replicas != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replicas must be 0 or 1 (one backup per range), got ",
+        options.replicas));
+  }
+  if (options.num_shards < 2) {
+    return absl::InvalidArgumentError(
+        "--replicas=1 needs at least 2 shards: a range's backup lives in the "
+        "next shard's process");
+  }
+  if (options.servers.size() != static_cast<size_t>(options.num_shards)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replicas=1 needs --servers with every shard's address in shard "
+        "order (", options.num_shards, "), got ", options.servers.size()));
+  }
+  const TrainingConfig& c = options.config;
+  const char* why = nullptr;
+  switch (c.mode()) {
+    case SYNC:
+      why = "mode sync (its step's summed update is not forwarded yet)";
+      break;
+    case ALLREDUCE:
+      why = "mode allreduce (the shards hold no live state to replicate)";
+      break;
+    default:
+      break;
+  }
+  if (why == nullptr && c.pull_compression() == COMPRESSION_ONEBIT) {
+    why = "pull_compression (the per-worker copies are not forwarded yet)";
+  }
+  if (why == nullptr && c.delay_compensation() > 0) {
+    why = "delay_compensation (the weights each worker pulled are not "
+          "forwarded yet)";
+  }
+  if (why == nullptr && c.max_staleness() > 0) {
+    why = "max_staleness (the workers' clocks are not forwarded yet)";
+  }
+  if (why == nullptr && c.sparse_tables_size() > 0) {
+    why = "sparse_tables (row updates are not forwarded yet)";
+  }
+  if (why != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replicas=1 is not built for ", why,
+                     ": run it with --replicas=0 (checkpoints)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const ShardServerOptions& options) {
   const common::ModelLayout layout =
@@ -181,6 +265,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (absl::Status limits = CheckLimits(options, layout); !limits.ok()) {
     return limits;
   }
+  if (absl::Status replicas = CheckReplicas(options); !replicas.ok()) {
+    return replicas;
+  }
   std::unique_ptr<ShardServer> server(new ShardServer());
   if (absl::Status core = server->BuildCore(options, layout); !core.ok()) {
     return core;
@@ -188,6 +275,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (absl::Status opened = server->OpenCheckpoints(options, layout);
       !opened.ok()) {
     return opened;
+  }
+  if (absl::Status replicas = server->BuildReplicas(options, layout);
+      !replicas.ok()) {
+    return replicas;
   }
   if (absl::Status served = server->Serve(options); !served.ok()) {
     return served;
@@ -203,24 +294,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
 
 absl::Status ShardServer::BuildCore(const ShardServerOptions& options,
                                     const common::ModelLayout& layout) {
-  state_ = std::make_unique<ShardState>(layout, options.config.seed(),
-                                        options.shard, options.num_shards);
-  if (!options.config.initial_weights().empty()) {
-    absl::StatusOr<std::vector<float>> initial = common::ReadInitialWeights(
-        options.config.initial_weights(), layout.num_params(), state_->range());
-    if (!initial.ok()) return initial.status();
-    state_->SetInitialValues(*std::move(initial));
-  }
-  state_->set_lease(options.lease);
-  state_->SetNumWorkers(options.num_workers);
-  if (std::optional<StalenessBound> bound =
-          StalenessBoundFor(options.config, options.num_workers);
-      bound.has_value()) {
-    state_->SetStalenessBound(*std::move(bound));
-  }
-  rule_ = MakeUpdateRule(options.config, options.num_workers, state_.get());
-  if (rule_ == nullptr) {
-    return absl::InvalidArgumentError("no update rule for this mode");
+  if (absl::Status core =
+          MakeRangeCore(options, layout, options.shard, &state_, &rule_);
+      !core.ok()) {
+    return core;
   }
   absl::StatusOr<std::unique_ptr<ShardSparseTables>> sparse =
       ShardSparseTables::Create(options.config, options.shard,
@@ -228,6 +305,34 @@ absl::Status ShardServer::BuildCore(const ShardServerOptions& options,
   if (!sparse.ok()) return sparse.status();
   sparse_ = *std::move(sparse);
   config_fingerprint_ = common::ConfigFingerprint(options.config);
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::BuildReplicas(const ShardServerOptions& options,
+                                        const common::ModelLayout& layout) {
+  if (options.replicas == 0) return absl::OkStatus();
+  const int s = options.shard;
+  const int n = options.num_shards;
+  const int previous = (s + n - 1) % n;
+  if (absl::Status core = MakeRangeCore(options, layout, previous,
+                                        &backup_state_, &backup_rule_);
+      !core.ok()) {
+    return core;
+  }
+  ReplicationOptions mine;
+  mine.range = s;
+  mine.num_shards = n;
+  mine.peer_address = options.servers[(s + 1) % n];
+  mine.chunk_values =
+      static_cast<size_t>(options.config.chunk_bytes()) / sizeof(float);
+  mine.auth_token = options.auth_token;
+  mine.credentials = options.peer_credentials;
+  ReplicationOptions theirs = mine;
+  theirs.range = previous;
+  theirs.peer_address = options.servers[previous];
+  replication_ = Replication::Primary(mine, state_->version());
+  backup_replication_ =
+      Replication::Backup(theirs, backup_state_->version());
   return absl::OkStatus();
 }
 
@@ -249,12 +354,22 @@ absl::Status ShardServer::OpenCheckpoints(const ShardServerOptions& options,
 }
 
 absl::Status ShardServer::Serve(const ShardServerOptions& options) {
-  service_ = std::make_unique<ParameterServiceImpl>(
-      options.config, options.num_workers, state_.get(), rule_.get(),
-      ServicePolicy{options.auth_token, options.max_abs_gradient,
-                    options.max_pushes_per_rank, options.max_pulls_per_rank,
-                    options.max_wait},
-      sparse_.get());
+  const ServicePolicy policy{options.auth_token, options.max_abs_gradient,
+                             options.max_pushes_per_rank,
+                             options.max_pulls_per_rank, options.max_wait};
+  if (replication_ != nullptr) {
+    service_ = std::make_unique<ParameterServiceImpl>(
+        options.config, options.num_workers,
+        RangeCore{state_.get(), rule_.get(), sparse_.get(),
+                  replication_.get()},
+        RangeCore{backup_state_.get(), backup_rule_.get(), nullptr,
+                  backup_replication_.get()},
+        policy);
+  } else {
+    service_ = std::make_unique<ParameterServiceImpl>(
+        options.config, options.num_workers, state_.get(), rule_.get(), policy,
+        sparse_.get());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

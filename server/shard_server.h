@@ -8,6 +8,7 @@
 #ifndef MONSOON_SERVER_SHARD_SERVER_H_
 #define MONSOON_SERVER_SHARD_SERVER_H_
 
+#include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 
@@ -16,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -26,6 +28,7 @@
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 #include "server/parameter_service.h"
+#include "server/replication.h"
 #include "server/shard_sparse_tables.h"
 #include "server/shard_state.h"
 #include "server/shard_ticker.h"
@@ -91,6 +94,15 @@ struct ShardServerOptions {
   // See ServicePolicy::max_wait (zero: derived from the config).
   absl::Duration max_wait = absl::ZeroDuration();
   absl::Duration idle_connection_timeout = absl::Minutes(5);
+  // Replication (server/replication.h): 1 gives shard s's range a backup
+  // in the process of shard (s + 1) % num_shards, and makes this process
+  // the backup of shard (s - 1)'s range; `servers` then lists every
+  // shard's address in shard order (this one's included), where the
+  // processes reach each other. 0: none (the default).
+  int replicas = 0;
+  std::vector<std::string> servers;
+  // How the processes reach each other with replicas (null: plaintext).
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
 };
 
 // OK for host:port with a port from 0 to 65535; INVALID_ARGUMENT, with an
@@ -121,6 +133,12 @@ class ShardServer {
   std::string address() const;
   ShardState* state() { return state_.get(); }
   UpdateRule* rule() { return rule_.get(); }
+  // With replicas: the backup of the previous shard's range and the
+  // replication of each range (null without).
+  ShardState* backup_state() { return backup_state_.get(); }
+  UpdateRule* backup_rule() { return backup_rule_.get(); }
+  Replication* replication() { return replication_.get(); }
+  Replication* backup_replication() { return backup_replication_.get(); }
   // The shard's sparse tables (empty when the run has none).
   const ShardSparseTables* sparse_tables() const { return sparse_.get(); }
   // The version the shard resumed from, or -1 when it started afresh.
@@ -155,6 +173,10 @@ class ShardServer {
   // The shard's state, policies and rule.
   absl::Status BuildCore(const ShardServerOptions& options,
                          const common::ModelLayout& layout);
+  // With replicas: the backup's core and both ranges' replication (after
+  // the checkpoint: a primary's forwards follow on from its version).
+  absl::Status BuildReplicas(const ShardServerOptions& options,
+                             const common::ModelLayout& layout);
   // With a checkpoint_dir: checks it and resumes from it.
   absl::Status OpenCheckpoints(const ShardServerOptions& options,
                                const common::ModelLayout& layout);
@@ -184,6 +206,11 @@ class ShardServer {
   std::unique_ptr<ShardState> state_;
   std::unique_ptr<UpdateRule> rule_;
   std::unique_ptr<ShardSparseTables> sparse_;
+  // With replicas: the backup's core, and each range's replication.
+  std::unique_ptr<ShardState> backup_state_;
+  std::unique_ptr<UpdateRule> backup_rule_;
+  std::unique_ptr<Replication> replication_;
+  std::unique_ptr<Replication> backup_replication_;
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   // After state_, so that it stops serving metrics before the state goes.

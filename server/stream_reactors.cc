@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -163,15 +164,19 @@ class PushReader {
       // rank's push slots or buffers while the rest streams in (and again
       // at the end, in case another process took the rank meanwhile).
       session_checked_ = true;
-      return streams_.shard->CheckPushSession(decoder_.worker_rank(),
-                                              decoder_.session());
+      return streams_.shard->CheckPushSession(
+          decoder_.worker_rank(), decoder_.session(), decoder_.forwarded());
     }
     return status;
   }
 
+  using Then = std::function<void(absl::StatusOr<AppliedPush>)>;
+
   // Applies the whole push, once the stream has ended (see
-  // Shard::ApplyPush for `answer_repeats`).
-  absl::StatusOr<AppliedPush> Apply(bool answer_repeats) {
+  // Shard::ApplyPush for `answer_repeats`), and calls `then` with the
+  // outcome: at once, or, with replication, from another thread once the
+  // range's backup has it (the reactor may be gone when `then` returns).
+  void ApplyThen(bool answer_repeats, Then then) {
     absl::StatusOr<PushData> push = decoder_.Finish();
     if (!push.ok()) {
       // An empty or incomplete stream: a client that ended it short, or one
@@ -180,11 +185,44 @@ class PushReader {
       // when another shard is lost). Counted when the call is done and it
       // is known which (Done).
       ended_short_ = push.status();
-      return push.status();
+      return then(push.status());
     }
-    have_version_ = push->have_version;
-    worker_rank_ = push->worker_rank;
-    return streams_.shard->ApplyPush(*push, answer_repeats);
+    push_ = *std::move(push);
+    have_version_ = push_.have_version;
+    worker_rank_ = push_.worker_rank;
+    if (push_.replica_seq > 0) {
+      // From the range's primary: applied in its order, maybe later.
+      forwarded_seq_.store(push_.replica_seq);
+      Shard* shard = streams_.shard;
+      const int64_t seq = push_.replica_seq;
+      const bool cancelled = cancelled_.load();
+      shard->ApplyForwarded(push_, std::move(then));
+      // A cancellation that came before the update was set waiting.
+      if (cancelled) shard->AbandonForwarded(seq);
+      return;
+    }
+    absl::StatusOr<AppliedPush> applied =
+        streams_.shard->ApplyPush(push_, answer_repeats);
+    if (!applied.ok() || !applied->replicate || streams_.tasks == nullptr) {
+      return then(std::move(applied));
+    }
+    // The forward to the backup blocks: not on gRPC's threads.
+    streams_.tasks->Run([this, applied = *applied, then = std::move(then)] {
+      absl::Status replicated = streams_.shard->Replicate(push_, applied);
+      if (replicated.ok()) {
+        then(applied);
+      } else {
+        then(replicated);
+      }
+    });
+  }
+
+  // The call was cancelled: a forwarded update that waits for its turn is
+  // dropped (its `then` runs with CANCELLED).
+  void Cancel() {
+    cancelled_.store(true);
+    const int64_t seq = forwarded_seq_.load();
+    if (seq > 0) streams_.shard->AbandonForwarded(seq);
   }
 
   std::optional<int64_t> have_version() const { return have_version_; }
@@ -201,6 +239,9 @@ class PushReader {
  private:
   const StreamContext& streams_;
   PushDecoder decoder_;
+  PushData push_;  // once whole (ApplyThen)
+  std::atomic<int64_t> forwarded_seq_{0};
+  std::atomic<bool> cancelled_{false};
   std::optional<int64_t> have_version_;
   int worker_rank_ = 0;
   bool session_checked_ = false;
@@ -234,13 +275,17 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     // The stream ended, or the call was cancelled: apply only a whole push.
     if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
-    absl::StatusOr<AppliedPush> applied = reader_.Apply(false);
-    if (!applied.ok()) return Finish(ToGrpcStatus(applied.status()));
-    *response_ = common::SmallMessage(ResponseFor(applied->result));
-    Finish(grpc::Status::OK);
+    reader_.ApplyThen(false, [this](absl::StatusOr<AppliedPush> applied) {
+      if (!applied.ok()) return Finish(ToGrpcStatus(applied.status()));
+      *response_ = common::SmallMessage(ResponseFor(applied->result));
+      Finish(grpc::Status::OK);
+    });
   }
 
-  void OnCancel() override { cancelled_ = true; }
+  void OnCancel() override {
+    cancelled_ = true;
+    reader_.Cancel();
+  }
 
   void OnDone() override {
     reader_.Done(cancelled_ || context_->IsCancelled());
@@ -348,7 +393,13 @@ class PushPullReactor
       return;
     }
     if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
-    absl::StatusOr<AppliedPush> applied = reader_.Apply(true);
+    reader_.ApplyThen(true, [this](absl::StatusOr<AppliedPush> applied) {
+      Applied(std::move(applied));
+    });
+  }
+
+  // The push's outcome: then the wait for the version that includes it.
+  void Applied(absl::StatusOr<AppliedPush> applied) {
     if (!applied.ok()) return Finish(ToGrpcStatus(applied.status()));
     response_ = ResponseFor(applied->result);
     const int64_t min_version = Shard::VersionToAwait(*applied);
@@ -385,6 +436,7 @@ class PushPullReactor
 
   void OnCancel() override {
     cancelled_ = true;
+    reader_.Cancel();
     // A cancellation while the push streams in ends the reads, and the read
     // path finishes the call; once the weights are being written, the
     // write path does.

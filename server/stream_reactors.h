@@ -19,6 +19,7 @@
 #include "server/push_decoder.h"
 #include "server/rank_slots.h"
 #include "server/shard.h"
+#include "server/task_threads.h"
 
 namespace monsoon::server {
 
@@ -34,6 +35,9 @@ struct StreamContext {
   // Sync: a push-pull's wait for its step is the barrier, timed into
   // ShardState::barrier_wait_seconds().
   bool barrier = false;
+  // With replication: the threads that forward pushes to the range's
+  // backup (which blocks) before they are acknowledged. Null: none.
+  TaskThreads* tasks = nullptr;
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(

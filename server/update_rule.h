@@ -52,6 +52,10 @@ struct PushData {
   uint64_t session = 0;       // see PushHeader.session
   bool repeat = false;        // see PushHeader.repeat
   int64_t resume_point = 0;   // see PushHeader.resume_point
+  // A push forwarded by the range's primary (PushHeader.replica_seq and
+  // replica_epoch; server/replication.h); 0 for a worker's.
+  int64_t replica_seq = 0;
+  int64_t replica_epoch = 0;
   int64_t wire_bytes = 0;     // serialized size, for statistics
   // The largest magnitude among `values`, when whoever made the push knows
   // it (PushDecoder finds it in its check of the values); infinity when

@@ -302,8 +302,9 @@ absl::StatusOr<std::vector<StatsResponse>> PsClient::Stats(
     grpc::ClientContext context;
     shards_[s].Prepare(&context);
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    grpc::Status status =
-        shards_[s].stub->Stats(&context, StatsRequest(), &stats[s]);
+    StatsRequest request;
+    request.set_shard(s);  // the process may hold a second range
+    grpc::Status status = shards_[s].stub->Stats(&context, request, &stats[s]);
     if (!status.ok()) {
       return Annotate(common::ToAbslStatus(status), s, shards_[s].address);
     }

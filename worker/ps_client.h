@@ -152,7 +152,8 @@ class PsClient : public ParameterClient, public RingRendezvous {
 
   // Pushes float32 `grads` (all parameters) and waits: a convenience for
   // tools and tests over StartPush, whose sample offsets follow on from
-  // this client's last (from applied_samples() at Connect). INVALID_ARGUMENT
+  // this client's last (from applied_samples() at Connect and Reconnect).
+  // INVALID_ARGUMENT
   // for a config that pushes another encoding.
   absl::Status Push(absl::Span<const float> grads,
                     const std::vector<int64_t>& base_versions, int64_t samples,
@@ -224,6 +225,14 @@ class PsClient : public ParameterClient, public RingRendezvous {
   absl::StatusOr<RegisterResponse> RegisterWith(int s, absl::Time deadline,
                                                 absl::Duration log_every,
                                                 const std::string& why);
+  // With replicas: asks the backup of shard s's range (the next shard's
+  // process) to take the range over, within `deadline`; on success the
+  // calls for shard s go there from now on. UNAVAILABLE while the backup
+  // still hears from the primary.
+  absl::StatusOr<RegisterResponse> TakeOver(int s, const RegisterRequest& request,
+                                            absl::Time deadline);
+  // A connection to `address` with this client's channel settings.
+  Shard Connection(const std::string& address) const;
 
   // Constant after Connect.
   TrainingConfig config_;
@@ -234,6 +243,15 @@ class PsClient : public ParameterClient, public RingRendezvous {
   absl::Duration log_every_;  // PsClientOptions.log_every
   const absl::Notification* stop_ = nullptr;
   std::vector<Shard> shards_;
+  // Every shard's address as given (server_addresses), and how each range
+  // is replicated (RegisterResponse.replicas: 0, or 1 backup in the next
+  // shard's process); whether shard s's range has been taken over.
+  std::vector<std::string> addresses_;
+  int replicas_ = 0;
+  std::vector<bool> taken_over_;
+  absl::Duration peer_timeout_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::string authorization_;
   std::vector<common::ShardRange> ranges_;
   std::vector<int64_t> initial_versions_;
   int64_t applied_samples_ = 0;

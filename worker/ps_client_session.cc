@@ -37,7 +37,10 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     }
     grpc::ClientContext context;
     shard.Prepare(&context);
-    context.set_wait_for_ready(true);
+    // With a backup to ask, a primary that cannot be reached now is not
+    // waited for.
+    const bool can_take_over = replicas_ > 0 && !taken_over_[s];
+    context.set_wait_for_ready(!can_take_over);
     // Short attempts, so that a stop or a log line is never far off.
     context.set_deadline(
         absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
@@ -55,6 +58,19 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
         status.error_code() == grpc::StatusCode::CANCELLED;
     if (!transport) {
       return Annotate(common::ToAbslStatus(status), s, shard.address);
+    }
+    if (can_take_over &&
+        (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+      absl::StatusOr<RegisterResponse> taken = TakeOver(s, request, deadline);
+      if (taken.ok()) return taken;
+      if (!absl::IsUnavailable(taken.status()) &&
+          !absl::IsDeadlineExceeded(taken.status())) {
+        return taken.status();
+      }
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat(status.error_message(), "; ",
+                                         taken.status().message()));
     }
     const absl::Time now = absl::Now();
     if (now + backoff >= deadline &&
@@ -80,6 +96,45 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
   }
 }
 
+PsClient::Shard PsClient::Connection(const std::string& address) const {
+  std::shared_ptr<grpc::Channel> channel =
+      MakeChannel(address, peer_timeout_, credentials_);
+  Shard shard;
+  shard.authorization = authorization_;
+  shard.address = address;
+  shard.channel = channel;
+  shard.stub = ParameterService::NewStub(channel);
+  shard.streams = std::make_unique<grpc::GenericStub>(channel);
+  return shard;
+}
+
+absl::StatusOr<RegisterResponse> PsClient::TakeOver(
+    int s, const RegisterRequest& request, absl::Time deadline) {
+  const int n = num_shards();
+  Shard backup = Connection(addresses_[(s + 1) % n]);
+  backup.range = absl::StrCat(s);
+  RegisterRequest ask = request;
+  ask.set_take_over(true);
+  grpc::ClientContext context;
+  backup.Prepare(&context);
+  // The backup asks the primary itself first (within half a second).
+  context.set_deadline(
+      absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(2))));
+  RegisterResponse response;
+  grpc::Status status = backup.stub->Register(&context, ask, &response);
+  if (!status.ok()) {
+    return Annotate(common::ToAbslStatus(status), s, backup.address);
+  }
+  common::LogWarning(
+      "%s %d: shard %d's process at %s is lost; the backup of its range at %s "
+      "took it over (epoch %d), and its calls go there from now on",
+      worker_rank_ >= 0 ? "worker" : "evaluator", std::max(worker_rank_, 0), s,
+      shards_[s].address, backup.address, response.range_epoch());
+  shards_[s] = std::move(backup);
+  taken_over_[s] = true;
+  return response;
+}
+
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     const PsClientOptions& options) {
   if (options.server_addresses.empty()) {
@@ -96,17 +151,15 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   std::random_device random;
   client->session_ = (static_cast<uint64_t>(random()) << 32 | random()) | 1;
   const int shards = static_cast<int>(options.server_addresses.size());
+  client->addresses_ = options.server_addresses;
+  client->peer_timeout_ = options.peer_timeout;
+  client->credentials_ = options.credentials;
+  if (!options.auth_token.empty()) {
+    client->authorization_ = common::BearerValue(options.auth_token);
+  }
+  client->taken_over_.assign(shards, false);
   for (const std::string& address : options.server_addresses) {
-    std::shared_ptr<grpc::Channel> channel =
-        MakeChannel(address, options.peer_timeout, options.credentials);
-    Shard& shard = client->shards_.emplace_back();
-    if (!options.auth_token.empty()) {
-      shard.authorization = common::BearerValue(options.auth_token);
-    }
-    shard.address = address;
-    shard.channel = channel;
-    shard.stub = ParameterService::NewStub(channel);
-    shard.streams = std::make_unique<grpc::GenericStub>(channel);
+    client->shards_.push_back(client->Connection(address));
   }
   const uint64_t params =
       common::ModelLayout::FromConfig(options.config).num_params();
@@ -130,6 +183,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
           ": check --servers and the servers' --num_shards"));
     }
     client->ranges_.push_back(expected);
+    client->replicas_ = std::max(client->replicas_, response->replicas());
     client->initial_versions_.push_back(response->version());
     client->applied_samples_ =
         s == 0 ? response->samples_applied()
@@ -236,8 +290,10 @@ absl::Status PsClient::Reconnect(absl::Duration timeout,
                  : ResumePoint(applied_samples_, response->samples_applied());
     }
   }
-  // The loop repeats its step now, on the weights as the shards have them.
+  // The loop repeats its step now, on the weights as the shards have them
+  // (and Push's examples follow on from where the shards are).
   repeat_next_push_ = true;
+  next_sample_offset_ = applied_samples_;
   return absl::OkStatus();
 }
 

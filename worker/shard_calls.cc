@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/auth.h"
 #include "common/log.h"
+#include "common/wire.h"
 
 namespace monsoon::worker {
 
@@ -21,6 +22,7 @@ void ShardConnection::Prepare(grpc::ClientContext* context) const {
   if (!authorization.empty()) {
     context->AddMetadata(common::kAuthMetadataKey, authorization);
   }
+  if (!range.empty()) context->AddMetadata(common::kRangeMetadataKey, range);
 }
 
 absl::Status Annotate(const absl::Status& status, int shard,

@@ -28,9 +28,14 @@ namespace monsoon::worker {
 // One shard's connection.
 struct ShardConnection {
   std::string address;
-  // Sets the metadata every call to this shard carries (the run's token).
+  // Sets the metadata every call to this shard carries (the run's token,
+  // and the range after a take-over).
   void Prepare(grpc::ClientContext* context) const;
   std::string authorization;                     // "Bearer <token>", or empty
+  // After the range's backup took it over: the shard's index, which tells
+  // the process there (which also serves its own range) which range a
+  // stream call is for (common::kRangeMetadataKey). Empty before.
+  std::string range;
   std::shared_ptr<grpc::Channel> channel;        // watched during waits
   std::unique_ptr<ParameterService::Stub> stub;  // Register, Stats
   std::unique_ptr<grpc::GenericStub> streams;    // Push, Pull, PushPull

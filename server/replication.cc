@@ -1,0 +1,421 @@
+#include "server/replication.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/wire.h"
+#include "proto/health.grpc.pb.h"
+
+namespace monsoon::server {
+namespace {
+
+const char* RoleName(Replication::Role role) {
+  switch (role) {
+    case Replication::Role::kPrimary:
+      return "primary";
+    case Replication::Role::kBackup:
+      return "backup";
+    case Replication::Role::kDegraded:
+      return "primary without a backup";
+    case Replication::Role::kFenced:
+      return "fenced (its backup took the range over)";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Replication::Replication(ReplicationOptions options, Role role,
+                         int64_t applied)
+    : options_(std::move(options)),
+      role_(role),
+      next_seq_(applied + 1),
+      confirmed_through_(applied) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
+  args.SetMaxSendMessageSize(common::kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_ = grpc::CreateCustomChannel(
+      options_.peer_address,
+      options_.credentials != nullptr ? options_.credentials
+                                      : grpc::InsecureChannelCredentials(),
+      args);
+  stub_ = ParameterService::NewStub(channel_);
+}
+
+std::unique_ptr<Replication> Replication::Primary(ReplicationOptions options,
+                                                  int64_t applied) {
+  return std::unique_ptr<Replication>(
+      new Replication(std::move(options), Role::kPrimary, applied));
+}
+
+std::unique_ptr<Replication> Replication::Backup(ReplicationOptions options,
+                                                 int64_t applied) {
+  return std::unique_ptr<Replication>(
+      new Replication(std::move(options), Role::kBackup, applied));
+}
+
+Replication::Role Replication::role() const {
+  absl::MutexLock lock(&mu_);
+  return role_;
+}
+
+int64_t Replication::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+StatsResponse::ReplicaRole Replication::role_for_stats() const {
+  switch (role()) {
+    case Role::kPrimary:
+      return StatsResponse::PRIMARY;
+    case Role::kBackup:
+      return StatsResponse::BACKUP;
+    case Role::kDegraded:
+      return StatsResponse::DEGRADED;
+    case Role::kFenced:
+      return StatsResponse::FENCED;
+  }
+  return StatsResponse::UNREPLICATED;
+}
+
+std::string Replication::Describe() const {
+  return absl::StrCat("range of shard ", options_.range);
+}
+
+absl::Status Replication::CheckServing() const {
+  absl::MutexLock lock(&mu_);
+  return ServingLocked();
+}
+
+absl::Status Replication::ServingLocked() const {
+  const int next = (options_.range + 1) % options_.num_shards;
+  switch (role_) {
+    case Role::kPrimary:
+    case Role::kDegraded:
+      return absl::OkStatus();
+    case Role::kBackup:
+      return absl::UnavailableError(absl::StrCat(
+          "this process holds the backup of the ", Describe(),
+          ", whose primary at ", options_.peer_address,
+          " serves it; a client that cannot reach the primary asks for a "
+          "take-over"));
+    case Role::kFenced:
+      return absl::UnavailableError(absl::StrCat(
+          "this process no longer serves the ", Describe(),
+          ": its backup (shard ", next, "'s process, ", options_.peer_address,
+          ") took it over at epoch ", epoch_ + 1,
+          " while this one did not answer; ask that one"));
+  }
+  return absl::OkStatus();
+}
+
+bool Replication::PeerAnswers() {
+  std::unique_ptr<grpc::health::v1::Health::Stub> health =
+      grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
+  if (!options_.auth_token.empty()) {
+    context.AddMetadata(common::kAuthMetadataKey,
+                        common::BearerValue(options_.auth_token));
+  }
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = health->Check(&context, request, &response);
+  return status.ok() &&
+         response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+absl::Status Replication::TakeOver() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (role_ != Role::kBackup) return ServingLocked();
+    if (diverged_) {
+      return absl::UnavailableError(absl::StrCat(
+          "the backup of the ", Describe(),
+          " cannot take it over: its copy differs from the primary's (an "
+          "update failed here); retry the primary at ",
+          options_.peer_address));
+    }
+  }
+  // Asked outside the lock: forwards go on meanwhile (the primary may still
+  // be alive, and the worker only cut off from it).
+  if (PeerAnswers()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the primary of the ", Describe(), " at ", options_.peer_address,
+        " still answers its backup: retry it (a take-over happens only when "
+        "neither the client nor the backup can reach it)"));
+  }
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>
+      report;
+  {
+    absl::MutexLock lock(&mu_);
+    if (role_ != Role::kBackup) return ServingLocked();
+    role_ = Role::kDegraded;
+    ++epoch_;
+    take_overs_.fetch_add(1);
+    // Updates that waited for one that never came: the primary acknowledged
+    // none of them, and the fenced process is told so.
+    FailWaitingLocked(&report);
+    common::LogWarning(
+        "took over the %s at epoch %d after its primary at %s stopped "
+        "answering: it had forwarded %d updates, all applied here; the range "
+        "now has no backup (a failure of this process loses its updates "
+        "since its last checkpoint)",
+        Describe(), epoch_, options_.peer_address, next_seq_ - 1);
+  }
+  for (auto& [callback, status] : report) callback(status);
+  return absl::OkStatus();
+}
+
+void Replication::ApplyInOrder(int64_t seq, int64_t epoch,
+                               std::function<absl::Status()> apply,
+                               std::function<void(absl::Status)> done) {
+  // The outcomes to report once the lock is let go, in order.
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>
+      report;
+  {
+    absl::MutexLock lock(&mu_);
+    if (role_ == Role::kBackup && !diverged_ &&
+        seq >= next_seq_ + options_.max_ahead) {
+      diverged_ = true;
+      common::LogWarning(
+          "the backup of the %s is at update %d and was sent update %d: the "
+          "copies started apart (a primary resumed from a checkpoint, its "
+          "backup afresh); this backup stops following",
+          Describe(), next_seq_ - 1, seq);
+      FailWaitingLocked(&report);
+    }
+    if (absl::Status refused = RefuseLocked(seq, epoch); !refused.ok()) {
+      report.emplace_back(std::move(done), std::move(refused));
+    } else if (seq < next_seq_) {
+      report.emplace_back(std::move(done), absl::OkStatus());  // sent again
+    } else if (seq > next_seq_) {
+      // Not its turn yet: kept until the updates before it are in.
+      auto [it, fresh] = waiting_.try_emplace(
+          seq, Waiting{epoch, std::move(apply), std::move(done)});
+      if (!fresh) {
+        report.emplace_back(
+            std::move(done),
+            absl::AlreadyExistsError(absl::StrCat(
+                "update ", seq, " was forwarded twice at once")));
+      }
+    } else {
+      report.emplace_back(std::move(done), ApplyLocked(seq, apply));
+      // Then those that waited for it.
+      while (!waiting_.empty() && waiting_.begin()->first == next_seq_) {
+        Waiting next = std::move(waiting_.begin()->second);
+        const int64_t next_seq = waiting_.begin()->first;
+        waiting_.erase(waiting_.begin());
+        absl::Status status = RefuseLocked(next_seq, next.epoch);
+        if (status.ok()) status = ApplyLocked(next_seq, next.apply);
+        report.emplace_back(std::move(next.done), std::move(status));
+      }
+      if (diverged_) FailWaitingLocked(&report);
+    }
+  }
+  for (auto& [callback, status] : report) callback(status);
+}
+
+absl::Status Replication::RefuseLocked(int64_t seq, int64_t epoch) const {
+  if (diverged_) {
+    return absl::DataLossError(absl::StrCat(
+        "the backup of the ", Describe(),
+        " no longer follows its primary: an earlier update failed here"));
+  }
+  if (role_ != Role::kBackup || epoch != epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "update ", seq, " of epoch ", epoch, " refused: this process took the ",
+        Describe(), " over at epoch ", epoch_,
+        "; the process that forwarded it is fenced and must not acknowledge "
+        "it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replication::ApplyLocked(
+    int64_t seq, const std::function<absl::Status()>& apply) {
+  if (absl::Status applied = apply(); !applied.ok()) {
+    diverged_ = true;
+    return absl::DataLossError(absl::StrCat(
+        "the backup of the ", Describe(), " could not apply update ", seq,
+        " that its primary applied (", applied.ToString(),
+        "): the copies differ; the range goes on without a backup"));
+  }
+  ++next_seq_;
+  replicated_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+void Replication::FailWaitingLocked(
+    std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>*
+        report) {
+  for (auto& [seq, waiting] : waiting_) {
+    report->emplace_back(std::move(waiting.done),
+                         RefuseLocked(seq, waiting.epoch));
+  }
+  waiting_.clear();
+}
+
+void Replication::Abandon(int64_t seq) {
+  std::function<void(absl::Status)> done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiting_.find(seq);
+    if (it == waiting_.end()) return;
+    done = std::move(it->second.done);
+    waiting_.erase(it);
+  }
+  done(absl::CancelledError(
+      absl::StrCat("forwarded update ", seq, " was cancelled")));
+}
+
+grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
+                                   int64_t epoch) {
+  grpc::ClientContext context;
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + options_.forward_timeout));
+  context.AddMetadata(common::kRangeMetadataKey, absl::StrCat(options_.range));
+  if (!options_.auth_token.empty()) {
+    context.AddMetadata(common::kAuthMetadataKey,
+                        common::BearerValue(options_.auth_token));
+  }
+  PushResponse response;
+  std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
+      stub_->Push(&context, &response);
+  const uint64_t n = push.values.size();
+  const size_t per_chunk = std::max<size_t>(1, options_.chunk_values);
+  uint64_t offset = 0;
+  bool written = true;
+  do {
+    PushChunk chunk;
+    if (offset == 0) {
+      PushHeader* h = chunk.mutable_header();
+      h->set_worker_rank(push.worker_rank);
+      h->set_shard(options_.range);
+      h->set_base_version(push.base_version);
+      h->set_length(n);
+      h->set_samples(push.samples);
+      h->set_encoding(ENCODING_FLOAT32);
+      h->set_sample_offset(push.sample_offset);
+      h->set_session(push.session);
+      h->set_repeat(push.repeat);
+      h->set_resume_point(push.resume_point);
+      h->set_replica_seq(seq);
+      h->set_replica_epoch(epoch);
+    }
+    const uint64_t count = std::min<uint64_t>(per_chunk, n - offset);
+    chunk.set_offset(offset);
+    chunk.set_data(reinterpret_cast<const char*>(push.values.data() + offset),
+                   count * sizeof(float));
+    offset += count;
+    written = writer->Write(chunk);
+  } while (written && offset < n);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+void Replication::DegradeLocked(const std::string& why) {
+  role_ = Role::kDegraded;
+  confirmed_.clear();
+  confirmed_cv_.SignalAll();
+  common::LogWarning(
+      "the %s goes on without a backup: %s; a failure of this process now "
+      "loses its updates since its last checkpoint",
+      Describe(), why);
+}
+
+absl::Status Replication::Forward(const PushData& push, int64_t seq) {
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (role_ == Role::kDegraded) return absl::OkStatus();
+    if (role_ != Role::kPrimary) return ServingLocked();
+    epoch = epoch_;
+  }
+  for (int attempt = 1;; ++attempt) {
+    const grpc::Status status = SendOnce(push, seq, epoch);
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      replicated_.fetch_add(1);
+      if (role_ == Role::kPrimary) {
+        confirmed_.insert(seq);
+        while (!confirmed_.empty() &&
+               *confirmed_.begin() == confirmed_through_ + 1) {
+          confirmed_.erase(confirmed_.begin());
+          ++confirmed_through_;
+        }
+        confirmed_cv_.SignalAll();
+      }
+      return absl::OkStatus();
+    }
+    if (role_ == Role::kDegraded) return absl::OkStatus();
+    if (role_ != Role::kPrimary) return ServingLocked();
+    const grpc::StatusCode code = status.error_code();
+    if (code == grpc::StatusCode::FAILED_PRECONDITION) {
+      role_ = Role::kFenced;
+      confirmed_cv_.SignalAll();
+      common::LogWarning(
+          "the %s was taken over by its backup at %s (%s): this process "
+          "stops serving it",
+          Describe(), options_.peer_address, status.error_message());
+      return ServingLocked();
+    }
+    const bool transient = code == grpc::StatusCode::UNAVAILABLE ||
+                           code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                           code == grpc::StatusCode::CANCELLED ||
+                           code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    if (!transient) {
+      DegradeLocked(absl::StrCat("its backup at ", options_.peer_address,
+                                 " refused update ", seq, " (",
+                                 status.error_message(), ")"));
+      return absl::OkStatus();
+    }
+    // Is the backup gone, or only this update late? Asked without the lock.
+    mu_.Unlock();
+    const bool answers = PeerAnswers();
+    mu_.Lock();
+    if (role_ == Role::kDegraded) return absl::OkStatus();
+    if (role_ != Role::kPrimary) return ServingLocked();
+    if (!answers || attempt >= 3) {
+      DegradeLocked(absl::StrCat(
+          "its backup at ", options_.peer_address,
+          answers ? " answers but did not take update "
+                  : " does not answer after update ",
+          seq, " (", status.error_message(), ")"));
+      return absl::OkStatus();
+    }
+  }
+}
+
+absl::Status Replication::AwaitForwarded(int64_t version) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return role_ != Role::kPrimary || confirmed_through_ >= version;
+  };
+  const absl::Time deadline =
+      absl::Now() + options_.forward_timeout * 3 + options_.probe_timeout * 3;
+  while (!done()) {
+    if (confirmed_cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (role_ == Role::kPrimary && confirmed_through_ < version) {
+    return absl::UnavailableError(absl::StrCat(
+        "the updates of the ", Describe(), " up to version ", version,
+        " have not all reached its backup yet; send the push again"));
+  }
+  if (role_ == Role::kPrimary || role_ == Role::kDegraded) {
+    return absl::OkStatus();
+  }
+  return ServingLocked();
+}
+
+}  // namespace monsoon::server

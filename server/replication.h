@@ -1,0 +1,181 @@
+// Replication (ps_server --replicas=1): shard s's range has a backup in the
+// next shard process (s + 1 mod S), which holds a second core (state and
+// rule) for it. One Replication per core says what the process is for the
+// range and does the range's part of chain replication:
+//
+// - As PRIMARY, every update the rule applies is forwarded to the backup
+//   (Forward) and acknowledged to the worker only once the backup has
+//   applied it: nothing acknowledged is lost with one copy.
+// - As BACKUP, it applies forwarded updates in the primary's order, each
+//   once (ApplyInOrder), and serves no worker until a worker that lost the
+//   primary asks it to take over (TakeOver), which it does only if the
+//   primary does not answer it either. Taking over raises the range's
+//   epoch; a forward of an older epoch is refused from then on, which
+//   fences the old primary should it come back (a frozen process): it
+//   stops serving the range at its next update, before acknowledging it.
+// - A primary whose backup is gone (its forward fails and the backup does
+//   not answer a health check) serves on DEGRADED, without a copy, and
+//   says so loudly.
+//
+// The updates forwarded are the pushes as the rule applied them (float32,
+// decoded), with the version the primary's update made as their sequence
+// number: the async rules make one version per applied push, so the
+// backup's copy applies the same updates in the same order (hogwild's
+// primary races its pushes; its backup applies them one at a time).
+//
+// Thread-safe.
+#ifndef MONSOON_SERVER_REPLICATION_H_
+#define MONSOON_SERVER_REPLICATION_H_
+
+#include <grpcpp/channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/service.grpc.pb.h"
+#include "server/update_rule.h"
+
+namespace monsoon::server {
+
+struct ReplicationOptions {
+  int range = 0;       // the shard whose range this core holds
+  int num_shards = 1;  // --num_shards
+  // The other process of the range: the backup's address for a primary,
+  // the primary's for a backup.
+  std::string peer_address;
+  // How forwarded pushes are chunked (values per chunk).
+  size_t chunk_values = 1 << 16;
+  // How long a health check of the peer may take before the peer counts as
+  // lost (a take-over, or a primary going on without its backup).
+  absl::Duration probe_timeout = absl::Milliseconds(500);
+  // How long a forward may take (the backup applies it once the updates
+  // before it are in).
+  absl::Duration forward_timeout = absl::Seconds(2);
+  // A backup sent an update this far ahead of the next one it expects
+  // (more than can be in flight) stops following: the copies started apart.
+  // Updates waiting for their turn are bounded by it too.
+  int64_t max_ahead = 1024;
+  std::string auth_token;  // the run's token, empty: none
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+};
+
+class Replication {
+ public:
+  enum class Role { kPrimary, kBackup, kDegraded, kFenced };
+
+  // `applied`: the version the range's core starts at.
+  static std::unique_ptr<Replication> Primary(ReplicationOptions options,
+                                              int64_t applied);
+  static std::unique_ptr<Replication> Backup(ReplicationOptions options,
+                                             int64_t applied);
+
+  Role role() const;
+  int64_t epoch() const;
+  int64_t replicated_updates() const { return replicated_.load(); }
+  int64_t take_overs() const { return take_overs_.load(); }
+  StatsResponse::ReplicaRole role_for_stats() const;
+
+  // OK when a worker's call (other than a take-over registration) may be
+  // served: a primary (degraded or not) or a backup that took over. Else
+  // UNAVAILABLE saying where the range is.
+  absl::Status CheckServing() const;
+
+  // A worker lost the primary and asks this backup to take the range over:
+  // OK if it has (now or before), UNAVAILABLE while the primary still
+  // answers its health check (the worker should retry the primary).
+  absl::Status TakeOver();
+
+  // Backup: applies the forwarded update `seq` of `epoch` by calling
+  // `apply` once every update before it has been applied, and each seq
+  // once (a seq already applied is answered OK and not applied again),
+  // then calls `done` with the outcome: at once, or later from the thread
+  // that applies the update before it (nothing blocks). FAILED_PRECONDITION
+  // when this backup has taken over (the sender is fenced) or for another
+  // epoch; DATA_LOSS once the copies differ.
+  void ApplyInOrder(int64_t seq, int64_t epoch,
+                    std::function<absl::Status()> apply,
+                    std::function<void(absl::Status)> done);
+  // The call that forwarded `seq` ended (cancelled) while the update waited
+  // for its turn: it is dropped, its `done` called with CANCELLED.
+  void Abandon(int64_t seq);
+
+  // Primary: sends the update `push`, applied as version `seq`, to the
+  // backup and waits for it to be applied there. OK also when the backup is
+  // gone for good (the primary is DEGRADED from then on). UNAVAILABLE when
+  // this primary has been fenced (its backup took over: it is not to
+  // acknowledge the push) or the backup answers but did not take the
+  // update (the worker retries).
+  absl::Status Forward(const PushData& push, int64_t seq);
+
+  // Primary: waits until every update up to `version` has reached the
+  // backup (or the backup is gone). A push that the primary answers as a
+  // repeat was applied at some version up to its current one, and its
+  // first acknowledgement may have been lost with its forward: the repeat
+  // is acknowledged only once that forward is in. UNAVAILABLE when fenced,
+  // or when the forwards do not end in time.
+  absl::Status AwaitForwarded(int64_t version);
+
+ private:
+  Replication(ReplicationOptions options, Role role, int64_t applied);
+  // Whether the peer answers a health check within the probe timeout.
+  bool PeerAnswers();
+  // One attempt to forward update `seq` of `epoch`.
+  grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch);
+  // The primary goes on without its backup, saying `why`.
+  void DegradeLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Describe() const;
+  absl::Status ServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Backup: why forwarded update `seq` of `epoch` is refused (OK: it is
+  // not); applying it; failing every update that waits for its turn.
+  absl::Status RefuseLocked(int64_t seq, int64_t epoch) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyLocked(int64_t seq,
+                           const std::function<absl::Status()>& apply)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailWaitingLocked(
+      std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>*
+          report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ReplicationOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<ParameterService::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  Role role_ ABSL_GUARDED_BY(mu_);
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  // Backup: the next seq to apply, and the updates that came before their
+  // turn.
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  struct Waiting {
+    int64_t epoch;
+    std::function<absl::Status()> apply;
+    std::function<void(absl::Status)> done;
+  };
+  std::map<int64_t, Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  // Backup: an update failed here, so the copies differ; it neither applies
+  // forwards nor takes over from then on.
+  bool diverged_ ABSL_GUARDED_BY(mu_) = false;
+  // Primary: every update up to confirmed_through_ is on the backup, and
+  // those in confirmed_ (the ones beyond it whose forwards ended first).
+  int64_t confirmed_through_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int64_t> confirmed_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar confirmed_cv_;
+  std::atomic<int64_t> replicated_{0};
+  std::atomic<int64_t> take_overs_{0};
+};
+
+}  // namespace monsoon::server
+
+#endif  // MONSOON_SERVER_REPLICATION_H_

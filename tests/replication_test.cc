@@ -1,0 +1,324 @@
+// Replicated shards (ps_server --replicas=1, server/replication.h): a push
+// is acknowledged only once the range's backup (in the next shard's
+// process) has applied it; a worker that loses a shard's process has the
+// backup take the range over and loses nothing acknowledged; a primary that
+// was given up for dead and comes back is fenced; a backup does not take
+// over from a primary that still answers it.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/model_layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/service.grpc.pb.h"
+#include "server/shard_server.h"
+#include "tests/local_shards.h"
+#include "tests/status_matchers.h"
+#include "tests/tcp_proxy.h"
+#include "tests/test_util.h"
+#include "worker/ps_client.h"
+
+namespace monsoon::server {
+namespace {
+
+using ::monsoon::testutil::ResolvedConfig;
+using ::monsoon::testutil::StatusIs;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+// A port that was free a moment ago on 127.0.0.1.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
+          0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) ==
+          0) {
+    port = ntohs(address.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// Downpour with plain SGD at rate 0.5 on a [3, 2] layer (8 parameters, 4
+// per shard of 2), so that every weight after k pushes of ones is known.
+TrainingConfig PlainSgd() {
+  return ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0");
+}
+
+ShardServerOptions Replicated(const TrainingConfig& config, int shard,
+                              const std::vector<std::string>& servers,
+                              const std::vector<int>& ports) {
+  ShardServerOptions options;
+  options.config = config;
+  options.shard = shard;
+  options.num_shards = static_cast<int>(ports.size());
+  options.num_workers = 2;
+  options.listen_address = absl::StrCat("127.0.0.1:", ports[shard]);
+  options.lease = testutil::kTestLease;
+  options.replicas = 1;
+  options.servers = servers;
+  return options;
+}
+
+// Two shard processes with --replicas=1 on ports of their own; `servers`
+// is where they reach each other (by default, each other's ports).
+struct ReplicatedPair {
+  explicit ReplicatedPair(const TrainingConfig& config,
+                          std::vector<std::string> peer_addresses = {}) {
+    ports = {FreePort(), FreePort()};
+    addresses = {absl::StrCat("127.0.0.1:", ports[0]),
+                 absl::StrCat("127.0.0.1:", ports[1])};
+    if (peer_addresses.empty()) peer_addresses = addresses;
+    for (int s = 0; s < 2; ++s) {
+      absl::StatusOr<std::unique_ptr<ShardServer>> server =
+          ShardServer::Start(Replicated(config, s, peer_addresses, ports));
+      EXPECT_TRUE(server.ok()) << server.status();
+      if (server.ok()) servers.push_back(*std::move(server));
+    }
+  }
+  worker::PsClientOptions Client(const TrainingConfig& config, int rank) {
+    worker::PsClientOptions options;
+    options.server_addresses = addresses;
+    options.config = config;
+    options.worker_rank = rank;
+    options.num_workers = 2;
+    options.connect_timeout = absl::Seconds(10);
+    return options;
+  }
+  std::vector<int> ports;
+  std::vector<std::string> addresses;
+  std::vector<std::unique_ptr<ShardServer>> servers;
+};
+
+std::vector<float> Values(UpdateRule* rule) {
+  WeightsPtr weights = rule->Snapshot();
+  return std::vector<float>(weights->values().begin(),
+                            weights->values().end());
+}
+
+TEST(ReplicationTest, APushIsAcknowledgedOnlyOnceTheBackupAppliedIt) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(pair.Client(config, 0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> before0 = Values(pair.servers[0]->rule());
+  const std::vector<float> before1 = Values(pair.servers[1]->rule());
+  // Each backup starts from its range's initial weights.
+  EXPECT_THAT(Values(pair.servers[1]->backup_rule()),
+              ElementsAreArray(before0));
+  EXPECT_THAT(Values(pair.servers[0]->backup_rule()),
+              ElementsAreArray(before1));
+
+  const std::vector<float> ones(8, 1.0f);
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_OK((*client)->Push(ones, {k, k}, 4));
+    // As soon as the push is acknowledged, both copies of both ranges have
+    // it, bit for bit.
+    EXPECT_EQ(pair.servers[1]->backup_state()->version(), k + 1);
+    EXPECT_EQ(pair.servers[0]->backup_state()->version(), k + 1);
+    EXPECT_THAT(Values(pair.servers[1]->backup_rule()),
+                ElementsAreArray(Values(pair.servers[0]->rule())));
+    EXPECT_THAT(Values(pair.servers[0]->backup_rule()),
+                ElementsAreArray(Values(pair.servers[1]->rule())));
+  }
+  EXPECT_FLOAT_EQ(Values(pair.servers[0]->backup_rule())[0],
+                  before1[0] - 3 * 0.5f);
+  // The backup knows where rank 0's data is, as the primary does.
+  EXPECT_EQ(pair.servers[0]->backup_state()->SamplePosition(0), 12);
+  absl::StatusOr<std::vector<StatsResponse>> stats =
+      (*client)->Stats(absl::Seconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  const StatsResponse& primary = (*stats)[1];
+  EXPECT_EQ(primary.replica_role(), StatsResponse::PRIMARY);
+  EXPECT_EQ(primary.range_epoch(), 1);
+  EXPECT_EQ(primary.replicated_updates(), 3);
+}
+
+TEST(ReplicationTest, ABackupTakesOverALostShardAndNothingAcknowledgedIsLost) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(pair.Client(config, 0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> initial1 = Values(pair.servers[1]->rule());
+  const std::vector<float> ones(8, 1.0f);
+  int acknowledged = 0;
+  for (int k = 0; k < 5; ++k) {
+    ASSERT_OK((*client)->Push(ones, {k, k}, 4));
+    ++acknowledged;
+  }
+  // Shard 1's process dies.
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+
+  EXPECT_THAT((*client)->Push(ones, {5, 5}, 4),
+              StatusIs(absl::StatusCode::kUnavailable));
+  const absl::Time start = absl::Now();
+  ASSERT_OK((*client)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // Every acknowledged push is in the backup's copy, which now serves the
+  // range (shard 0 applied the refused push already: the repeat is
+  // acknowledged as a duplicate there and applied once on the backup).
+  EXPECT_EQ((*client)->applied_samples(), 4 * acknowledged);
+  EXPECT_EQ((*client)->initial_versions()[1], acknowledged);
+  std::vector<PushResponse> answers;
+  ASSERT_OK((*client)->Push(ones, {5, 5}, 4, &answers));
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_TRUE(answers[0].duplicate());
+  EXPECT_FALSE(answers[1].duplicate());
+  EXPECT_EQ(answers[1].version(), 6);
+
+  ShardState* taken = pair.servers[0]->backup_state();
+  EXPECT_EQ(taken->version(), 6);
+  EXPECT_EQ(taken->SamplePosition(0), 24);
+  const std::vector<float> now = Values(pair.servers[0]->backup_rule());
+  for (size_t i = 0; i < now.size(); ++i) {
+    EXPECT_FLOAT_EQ(now[i], initial1[i] - 6 * 0.5f) << i;
+  }
+  absl::StatusOr<std::vector<StatsResponse>> stats =
+      (*client)->Stats(absl::Seconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ((*stats)[1].shard(), 1);
+  EXPECT_EQ((*stats)[1].replica_role(), StatsResponse::DEGRADED);
+  EXPECT_EQ((*stats)[1].range_epoch(), 2);
+  EXPECT_EQ((*stats)[1].take_overs(), 1);
+  // Shard 0's own range lost its backup with the process: it goes on
+  // without one.
+  EXPECT_EQ((*stats)[0].replica_role(), StatsResponse::DEGRADED);
+}
+
+TEST(ReplicationTest, ABackupDoesNotTakeOverFromAPrimaryThatAnswersIt) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  std::unique_ptr<ParameterService::Stub> stub = ParameterService::NewStub(
+      worker::MakeChannel(pair.addresses[0]));
+  RegisterRequest request;
+  request.set_worker_rank(0);
+  request.set_shard(1);  // shard 1's range, whose backup is shard 0's
+  request.set_config_fingerprint(common::ConfigFingerprint(config));
+  request.set_session(7);
+  request.set_take_over(true);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  RegisterResponse response;
+  const grpc::Status status = stub->Register(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("still answers"));
+  EXPECT_EQ(pair.servers[0]->backup_replication()->role(),
+            Replication::Role::kBackup);
+
+  // Without take_over, the backup serves no worker.
+  request.set_take_over(false);
+  grpc::ClientContext again;
+  again.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  const grpc::Status refused = stub->Register(&again, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(), HasSubstr("holds the backup"));
+}
+
+TEST(ReplicationTest, AFrozenPrimaryThatComesBackIsFencedAndTakesNoWrite) {
+  const TrainingConfig config = PlainSgd();
+  // Shard 0's process (the backup of shard 1's range) and the first worker
+  // reach shard 1 through a proxy that freezes, as a SIGSTOPped process
+  // or a partition would look; a second worker reaches it directly.
+  std::vector<int> ports = {FreePort(), FreePort()};
+  testutil::TcpProxy to_primary(ports[1]);
+  ASSERT_NE(to_primary.port(), 0);
+  const std::vector<std::string> peers = {
+      absl::StrCat("127.0.0.1:", ports[0]), to_primary.address()};
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<std::unique_ptr<ShardServer>> server =
+        ShardServer::Start(Replicated(config, s, peers, ports));
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers.push_back(*std::move(server));
+  }
+  worker::PsClientOptions cut;
+  cut.server_addresses = peers;
+  cut.config = config;
+  cut.worker_rank = 0;
+  cut.num_workers = 2;
+  cut.connect_timeout = absl::Seconds(10);
+  cut.peer_timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> first =
+      worker::PsClient::Connect(cut);
+  ASSERT_TRUE(first.ok()) << first.status();
+  worker::PsClientOptions direct = cut;
+  direct.server_addresses = {peers[0], absl::StrCat("127.0.0.1:", ports[1])};
+  direct.worker_rank = 1;
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> second =
+      worker::PsClient::Connect(direct);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const std::vector<float> ones(8, 1.0f);
+  ASSERT_OK((*first)->Push(ones, {0, 0}, 4));
+
+  to_primary.Freeze();
+  // The first worker gives up on shard 1 and asks its backup, which cannot
+  // reach the primary either, and takes the range over.
+  ASSERT_OK((*first)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  EXPECT_EQ(servers[0]->backup_replication()->role(),
+            Replication::Role::kDegraded);
+  EXPECT_EQ(servers[0]->backup_replication()->epoch(), 2);
+  const int64_t taken_version = servers[0]->backup_state()->version();
+  EXPECT_EQ(taken_version, 1);
+
+  // The old primary still takes the second worker's push, applies it and
+  // forwards it; the backup refuses it (fenced), so it is not acknowledged
+  // and no copy that serves the range has it.
+  EXPECT_THAT((*second)->Push(ones, {1, 1}, 4),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("took it")));
+  EXPECT_EQ(servers[1]->replication()->role(), Replication::Role::kFenced);
+  EXPECT_EQ(servers[0]->backup_state()->version(), taken_version);
+  // From then on it refuses the range's calls, saying where it went.
+  EXPECT_THAT((*second)->Push(ones, {1, 1}, 4),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("no longer serves")));
+  // The second worker follows the range to the backup; its push counts
+  // there once.
+  ASSERT_OK((*second)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  ASSERT_OK((*second)->Push(ones, {1, 1}, 4));
+  EXPECT_EQ(servers[0]->backup_state()->version(), taken_version + 1);
+}
+
+TEST(ReplicationTest, WhatIsNotReplicatedYetIsRefusedWithTheReason) {
+  const std::vector<std::string> servers = {"127.0.0.1:1", "127.0.0.1:2"};
+  ShardServerOptions sync = Replicated(
+      ResolvedConfig("layer_sizes: [3, 2] mode: SYNC"), 0, servers, {0, 0});
+  EXPECT_THAT(ShardServer::Start(sync).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not built for mode sync")));
+  ShardServerOptions no_servers =
+      Replicated(PlainSgd(), 0, {}, {0, 0});
+  EXPECT_THAT(ShardServer::Start(no_servers).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("needs --servers")));
+  ShardServerOptions one = Replicated(PlainSgd(), 0, {"127.0.0.1:1"}, {0});
+  EXPECT_THAT(ShardServer::Start(one).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("at least 2 shards")));
+}
+
+}  // namespace
+}  // namespace monsoon::server
