@@ -201,13 +201,14 @@ void Replication::ApplyInOrder(int64_t seq, int64_t epoch,
       report.emplace_back(std::move(done), absl::OkStatus());  // sent again
     } else if (seq > next_seq_) {
       // Not its turn yet: kept until the updates before it are in.
-      auto [it, fresh] = waiting_.try_emplace(
-          seq, Waiting{epoch, std::move(apply), std::move(done)});
-      if (!fresh) {
+      if (waiting_.count(seq) > 0) {
         report.emplace_back(
             std::move(done),
             absl::AlreadyExistsError(absl::StrCat(
                 "update ", seq, " was forwarded twice at once")));
+      } else {
+        waiting_.emplace(seq,
+                         Waiting{epoch, std::move(apply), std::move(done)});
       }
     } else {
       report.emplace_back(std::move(done), ApplyLocked(seq, apply));

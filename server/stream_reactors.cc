@@ -275,10 +275,17 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     // The stream ended, or the call was cancelled: apply only a whole push.
     if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
+    // The outcome may come from another thread (replication), after which
+    // the reactor must outlive the continuation: it holds a reference.
+    refs_.fetch_add(1);
     reader_.ApplyThen(false, [this](absl::StatusOr<AppliedPush> applied) {
-      if (!applied.ok()) return Finish(ToGrpcStatus(applied.status()));
-      *response_ = common::SmallMessage(ResponseFor(applied->result));
-      Finish(grpc::Status::OK);
+      if (!applied.ok()) {
+        Finish(ToGrpcStatus(applied.status()));
+      } else {
+        *response_ = common::SmallMessage(ResponseFor(applied->result));
+        Finish(grpc::Status::OK);
+      }
+      Unref();
     });
   }
 
@@ -289,12 +296,19 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     reader_.Done(cancelled_ || context_->IsCancelled());
-    delete this;
+    Unref();
   }
 
  private:
+  // Deletes the reactor once gRPC is done with it (OnDone) and no
+  // continuation of its push runs.
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
   grpc::CallbackServerContext* const context_;
   std::atomic<bool> cancelled_ = false;  // OnCancel ran
+  std::atomic<int> refs_{1};             // OnDone's, and a continuation's
   PushReader reader_;
   grpc::ByteBuffer* const response_;
   grpc::ByteBuffer message_;
@@ -393,8 +407,12 @@ class PushPullReactor
       return;
     }
     if (context_->IsCancelled()) return Finish(Cancelled("push cancelled"));
+    // As PushReactor: the continuation may run on another thread, and the
+    // call may end (OnDone) before it returns.
+    refs_.fetch_add(1);
     reader_.ApplyThen(true, [this](absl::StatusOr<AppliedPush> applied) {
       Applied(std::move(applied));
+      Unref();
     });
   }
 
@@ -447,10 +465,14 @@ class PushPullReactor
 
   void OnDone() override {
     reader_.Done(cancelled_ || context_->IsCancelled());
-    delete this;
+    Unref();
   }
 
  private:
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
   // Ends the call once its wait has begun, giving its pull slot back as it
   // ends (see PullReactor::End).
   void End(const grpc::Status& status) {
@@ -478,6 +500,7 @@ class PushPullReactor
   grpc::CallbackServerContext* const context_;
   const StreamContext& shared_;
   std::atomic<bool> cancelled_ = false;  // OnCancel ran
+  std::atomic<int> refs_{1};             // OnDone's, and a continuation's
   PushReader reader_;
   VersionWait wait_;
   PushResponse response_;

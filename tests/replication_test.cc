@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/model_layout.h"
+#include "common/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/service.grpc.pb.h"
@@ -143,6 +144,9 @@ TEST(ReplicationTest, APushIsAcknowledgedOnlyOnceTheBackupAppliedIt) {
   }
   EXPECT_FLOAT_EQ(Values(pair.servers[0]->backup_rule())[0],
                   before1[0] - 3 * 0.5f);
+  // Three pushes, each acknowledged as applied by both shards.
+  EXPECT_EQ((*client)->ledger().updates_acknowledged, 6);
+  EXPECT_EQ((*client)->ledger().updates_lost, 0);
   // The backup knows where rank 0's data is, as the primary does.
   EXPECT_EQ(pair.servers[0]->backup_state()->SamplePosition(0), 12);
   absl::StatusOr<std::vector<StatsResponse>> stats =
@@ -182,20 +186,69 @@ TEST(ReplicationTest, ABackupTakesOverALostShardAndNothingAcknowledgedIsLost) {
   // acknowledged as a duplicate there and applied once on the backup).
   EXPECT_EQ((*client)->applied_samples(), 4 * acknowledged);
   EXPECT_EQ((*client)->initial_versions()[1], acknowledged);
+  const int64_t acknowledged_before = (*client)->ledger().updates_acknowledged;
   std::vector<PushResponse> answers;
   ASSERT_OK((*client)->Push(ones, {5, 5}, 4, &answers));
   ASSERT_EQ(answers.size(), 2u);
-  EXPECT_TRUE(answers[0].duplicate());
+  // Shard 0 has the push already, unless the lost call was cancelled
+  // before it read the whole push.
+  const int shard0_applied_now = answers[0].duplicate() ? 0 : 1;
   EXPECT_FALSE(answers[1].duplicate());
   EXPECT_EQ(answers[1].version(), 6);
 
+  // A push-pull (the loops' call) to the range that moved: applied there
+  // once, acknowledged as applied, with the weights that include it.
+  std::vector<PushResponse> pulled_answers;
+  std::vector<float> params(8, 0.0f);
+  std::vector<int64_t> versions;
+  const worker::PullTarget pull{absl::MakeSpan(params), &versions,
+                                absl::Seconds(10)};
+  common::BufferLease lease;
+  std::unique_ptr<worker::ShardedPush> push = (*client)->StartPush(
+      {6, 6}, 4, /*sample_offset=*/24, &lease, &pulled_answers, &pull);
+  for (int s = 0; s < 2; ++s) {
+    worker::ShardPayload payload;
+    payload.values = 4;
+    payload.data = absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(ones.data() + 4 * s),
+        4 * sizeof(float));
+    push->Send(s, payload);
+  }
+  ASSERT_OK(push->Wait());
+  EXPECT_FALSE(pulled_answers[0].duplicate());
+  EXPECT_FALSE(pulled_answers[1].duplicate());
+  EXPECT_EQ(pulled_answers[1].version(), 7);
+  EXPECT_EQ(versions[1], 7);
+
   ShardState* taken = pair.servers[0]->backup_state();
-  EXPECT_EQ(taken->version(), 6);
-  EXPECT_EQ(taken->SamplePosition(0), 24);
+  EXPECT_EQ(taken->version(), 7);
+  EXPECT_EQ(taken->SamplePosition(0), 28);
+  ASSERT_TRUE(lease.AwaitReleased(absl::Seconds(10)));
   const std::vector<float> now = Values(pair.servers[0]->backup_rule());
   for (size_t i = 0; i < now.size(); ++i) {
-    EXPECT_FLOAT_EQ(now[i], initial1[i] - 6 * 0.5f) << i;
+    EXPECT_FLOAT_EQ(now[i], initial1[i] - 7 * 0.5f) << i;
+    EXPECT_FLOAT_EQ(params[4 + i], now[i]) << i;
   }
+  // One more, whose answers the caller does not keep (as the loops' pushes).
+  {
+    std::unique_ptr<worker::ShardedPush> unanswered = (*client)->StartPush(
+        {7, 7}, 4, /*sample_offset=*/28, &lease, nullptr, &pull);
+    for (int s = 0; s < 2; ++s) {
+      worker::ShardPayload payload;
+      payload.values = 4;
+      payload.data = absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(ones.data() + 4 * s),
+          4 * sizeof(float));
+      unanswered->Send(s, payload);
+    }
+    ASSERT_OK(unanswered->Wait());
+  }
+  // The client's ledger: what it was told was applied, once each; nothing
+  // lost.
+  EXPECT_EQ((*client)->ledger().updates_acknowledged,
+            acknowledged_before + 1 + shard0_applied_now + 2 + 2);
+  EXPECT_EQ((*client)->ledger().updates_lost, 0);
+  EXPECT_EQ((*client)->ledger().take_overs, 1);
   absl::StatusOr<std::vector<StatsResponse>> stats =
       (*client)->Stats(absl::Seconds(5));
   ASSERT_TRUE(stats.ok()) << stats.status();

@@ -82,6 +82,12 @@ ABSL_FLAG(bool, restart_failed, true,
 ABSL_FLAG(int, max_restarts, 3,
           "With --restart_failed, how often each process of a run may be "
           "restarted before the run fails.");
+ABSL_FLAG(int, replicas, 0,
+          "1: every server's range gets a live backup in the next server "
+          "(ps_server --replicas), which takes the range over when the server "
+          "dies: a killed server loses no acknowledged update, and is not "
+          "restarted. Async modes (downpour, hogwild, onebit, easgd); 0: "
+          "none, a dead server restarts from its checkpoint.");
 ABSL_FLAG(std::string, chaos, "",
           "Faults injected into every run, from the start of its training: "
           "comma-separated kill:TARGET@TIME (SIGKILL) or "
@@ -289,6 +295,11 @@ absl::Status SetFaultsAndTlsFromFlags(ComparisonOptions* options) {
   options->max_restarts =
       absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
   options->chaos = absl::GetFlag(FLAGS_chaos);
+  options->replicas = absl::GetFlag(FLAGS_replicas);
+  if (options->replicas < 0 || options->replicas > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replicas must be 0 or 1, got ", options->replicas));
+  }
   options->tls_dir = absl::GetFlag(FLAGS_tls_dir);
   const bool make_tls = absl::GetFlag(FLAGS_tls);
   if (make_tls && !options->tls_dir.empty()) {

@@ -266,6 +266,7 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
             run.placement =
                 network != nullptr ? &network->placement() : nullptr;
             run.max_restarts = options.max_restarts;
+            run.replicas = options.replicas;
             run.tls_dir = options.tls_dir;
             run.slowdown = options.stragglers;
             // Every daemon serves Prometheus metrics, on free loopback ports
@@ -363,6 +364,7 @@ ComparisonScenario ScenarioOf(const ComparisonOptions& options,
   scenario.set_delay_emulated(result.delay_emulated);
   scenario.set_chaos(options.chaos);
   scenario.set_max_restarts(options.max_restarts);
+  scenario.set_replicas(options.replicas);
   scenario.set_tls(!options.tls_dir.empty());
   return scenario;
 }

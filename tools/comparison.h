@@ -70,8 +70,9 @@ struct ComparisonOptions {
   std::optional<LinkSpec> link;
   // With link: worker rank -> its link's rate (--link_worker).
   std::map<int, int64_t> worker_rates;
-  // LocalClusterOptions.max_restarts for every run.
+  // LocalClusterOptions.max_restarts and replicas for every run.
   int max_restarts = 3;
+  int replicas = 0;
   // --chaos, injected into every run (ParseChaos against its counts).
   std::string chaos;
   // LocalClusterOptions.tls_dir for every run.

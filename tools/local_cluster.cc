@@ -126,6 +126,7 @@ struct Daemon {
   bool restart_pending = false;
   absl::Time restart_at;
   bool finished = false;  // a worker that is done
+  bool lost = false;      // a server given up with --replicas
   bool stopped = false;   // SIGSTOPped by a fault
   absl::Time continue_at;
   std::string report;  // a worker's --report_out for the current process
@@ -200,6 +201,7 @@ class ClusterRun {
   void InjectFaults(absl::Time now, double t);
   bool HandleExit(Daemon& daemon, bool worker);
   bool Restart(Daemon& daemon, bool worker);
+  bool LoseServer(Daemon& daemon);
   void Event(const std::string& what);
 
   // 4. and 5. The results, and the end of the evaluator and the servers.
@@ -359,6 +361,22 @@ std::string ClusterRun::MetricsFlag(int offset) const {
 
 absl::Status ClusterRun::StartServers() {
   server_daemons_.resize(options_.servers);
+  // With replicas the servers reach each other: their ports are chosen
+  // before they start.
+  std::vector<std::string> listen(options_.servers, "127.0.0.1:0");
+  if (options_.replicas > 0) {
+    if (placed_) {
+      return absl::InvalidArgumentError(
+          "--replicas is not built for emulated hosts (--link) yet: the "
+          "shards would forward updates to each other outside the emulated "
+          "links");
+    }
+    absl::StatusOr<int> first = FreePortRange(options_.servers);
+    if (!first.ok()) return first.status();
+    for (int s = 0; s < options_.servers; ++s) {
+      listen[s] = absl::StrCat("127.0.0.1:", *first + s);
+    }
+  }
   for (int s = 0; s < options_.servers; ++s) {
     port_files_.push_back(
         absl::StrCat(options_.work_dir, "/server-", s, ".port"));
@@ -369,7 +387,7 @@ absl::Status ClusterRun::StartServers() {
         absl::StrCat("--num_shards=", options_.servers),
         absl::StrCat("--num_workers=", options_.workers),
         "--listen=" + (placed_ ? options_.placement->server_listen[s]
-                               : std::string("127.0.0.1:0")),
+                               : listen[s]),
         "--port_file=" + port_files_.back(),
         "--config=" + config_path_,
         absl::StrCat("--lease_s=", options_.lease_s),
@@ -377,6 +395,10 @@ absl::Status ClusterRun::StartServers() {
     argv.insert(argv.end(), server_tls_.begin(), server_tls_.end());
     if (options_.metrics_port != 0) argv.push_back(MetricsFlag(s));
     if (json_logs_) argv.push_back("--log_format=json");
+    if (options_.replicas > 0) {
+      argv.push_back(absl::StrCat("--replicas=", options_.replicas));
+      argv.push_back("--servers=" + absl::StrJoin(listen, ","));
+    }
     if (restarts_) {
       argv.push_back("--checkpoint_dir=" + checkpoint_dir_);
       argv.push_back(absl::StrCat("--checkpoint_interval_s=",
@@ -677,6 +699,9 @@ void ClusterRun::InjectFaults(absl::Time now, double t) {
 bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
   const int code = sup_.exit_code(daemon.id);
   daemon.stopped = false;
+  if (!worker && options_.replicas > 0 && code != common::kExitConfigError) {
+    return LoseServer(daemon);
+  }
   if (worker) {
     if (code == common::kExitOk || code == common::ExitCodeForSignal(SIGTERM)) {
       report_paths_.push_back(daemon.report);
@@ -728,6 +753,33 @@ bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
   return true;
 }
 
+// With replicas: a server that died is given up, its range served by its
+// backup from now on; false (with failed_ set) when a neighbour is gone
+// too, which took the other copy of a range with it.
+bool ClusterRun::LoseServer(Daemon& daemon) {
+  const int s = static_cast<int>(&daemon - server_daemons_.data());
+  const int n = options_.servers;
+  daemon.lost = true;
+  daemon.finished = true;
+  for (int neighbour : {(s + n - 1) % n, (s + 1) % n}) {
+    if (neighbour != s && server_daemons_[neighbour].lost) {
+      failed_ = absl::DataLossError(absl::StrCat(
+          daemon.role, " died after ", server_daemons_[neighbour].role,
+          ": both copies of shard ", neighbour == (s + 1) % n ? s : neighbour,
+          "'s range are gone (--replicas=1 survives one failure per pair of "
+          "neighbouring servers); ",
+          ChildFailed(sup_, daemon.id).message()));
+      return false;
+    }
+  }
+  Event(absl::StrCat(daemon.role, " died (exit code ", sup_.exit_code(daemon.id),
+                     "); its range goes on at its backup in server ",
+                     (s + 1) % n,
+                     "; not restarted (with --replicas a restarted server "
+                     "would have to copy its ranges back, not built yet)"));
+  return true;
+}
+
 // Starts `daemon` again; false (with failed_ set) when it cannot be.
 bool ClusterRun::Restart(Daemon& daemon, bool worker) {
   daemon.restart_pending = false;
@@ -769,6 +821,7 @@ absl::Status ClusterRun::CollectTraining() {
   metrics_.config = options_.config;
   metrics_.servers = options_.servers;
   metrics_.workers = options_.workers;
+  metrics_.replicas = options_.replicas;
   metrics_.wall_time_s = absl::ToDoubleSeconds(absl::Now() - start_);
   metrics_.stopped_by_time_limit = limit_reached_;
   absl::Status reported = ReadWorkerReports(report_paths_, &metrics_);
@@ -804,7 +857,9 @@ absl::Status ClusterRun::StopEvaluatorAndServers() {
       sup_.Pump([&] { return !sup_.running(evaluator_); }, absl::Seconds(120));
   if (!status.ok()) return status;
   if (sup_.exit_code(evaluator_) != 0) return ChildFailed(sup_, evaluator_);
-  for (const Daemon& server : server_daemons_) sup_.Signal(server.id, SIGTERM);
+  for (const Daemon& server : server_daemons_) {
+    if (!server.lost) sup_.Signal(server.id, SIGTERM);
+  }
   status = sup_.Pump(
       [&] {
         for (const Daemon& server : server_daemons_) {
@@ -815,7 +870,9 @@ absl::Status ClusterRun::StopEvaluatorAndServers() {
       absl::Seconds(30));
   if (!status.ok()) return status;
   for (const Daemon& server : server_daemons_) {
-    if (sup_.exit_code(server.id) != 0) return ChildFailed(sup_, server.id);
+    if (!server.lost && sup_.exit_code(server.id) != 0) {
+      return ChildFailed(sup_, server.id);
+    }
   }
   return absl::OkStatus();
 }

@@ -124,6 +124,13 @@ struct LocalClusterOptions {
   // config) is not restarted.
   int max_restarts = 3;
   double checkpoint_interval_s = 2;
+  // The servers' --replicas (server/replication.h): 1 gives every shard's
+  // range a live backup in the next server, which takes it over when the
+  // server dies; a server that dies is then not started again (it would
+  // have to copy its ranges back from the live copies, which is not built
+  // yet), and the run fails only when two neighbouring servers are gone
+  // (both copies of a range). Loopback only (not with a placement).
+  int replicas = 0;
   // The servers' --lease_s: how long a dead worker holds up a sync step,
   // and a restarted one waits to take its rank back. Shorter than the
   // daemons' default of 10 s: on one machine a live worker calls far more

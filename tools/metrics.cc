@@ -139,6 +139,10 @@ void AddWorkerPhases(const WorkerReport& report, RunMetrics* run) {
   }
   run->ring_bytes_sent += report.ring_bytes_sent();
   run->ring_bytes_received += report.ring_bytes_received();
+  run->updates_acknowledged += report.updates_acknowledged();
+  run->updates_lost += report.updates_lost();
+  run->examples_lost += report.examples_lost();
+  run->max_step_gap_s = std::max(run->max_step_gap_s, report.max_step_gap_s());
 }
 
 std::string MetricsJson(const RunMetrics& run) {
@@ -212,6 +216,18 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"stopped_by_time_limit\": ",
                   run.stopped_by_time_limit ? "true" : "false", ",\n");
   absl::StrAppend(&json, "  \"restarts\": ", run.restarts, ",\n");
+  int64_t failovers = 0;
+  for (const StatsResponse& shard : run.shard_stats) {
+    failovers += shard.take_overs();
+  }
+  absl::StrAppend(&json, "  \"replicas\": ", run.replicas, ",\n");
+  absl::StrAppend(&json, "  \"failovers\": ", failovers, ",\n");
+  absl::StrAppend(&json, "  \"updates_acknowledged\": ",
+                  run.updates_acknowledged, ",\n");
+  absl::StrAppend(&json, "  \"updates_lost\": ", run.updates_lost, ",\n");
+  absl::StrAppend(&json, "  \"examples_lost\": ", run.examples_lost, ",\n");
+  absl::StrAppend(&json, "  \"max_step_gap_s\": ", Number(run.max_step_gap_s),
+                  ",\n");
   json += "  \"events\": [";
   for (size_t i = 0; i < run.events.size(); ++i) {
     absl::StrAppend(&json, i == 0 ? "" : ", ",

@@ -66,6 +66,14 @@ struct RunMetrics {
   // WorkerReport.ring_bytes_sent and _received summed (allreduce).
   int64_t ring_bytes_sent = 0;
   int64_t ring_bytes_received = 0;
+  // Replication's count, from the workers' reports (WorkerReport's
+  // updates_acknowledged, updates_lost, examples_lost summed; the longest
+  // max_step_gap_s), and the --replicas the shards ran with.
+  int replicas = 0;
+  int64_t updates_acknowledged = 0;
+  int64_t updates_lost = 0;
+  int64_t examples_lost = 0;
+  double max_step_gap_s = 0;
   bool stopped_by_time_limit = false;
   std::vector<StatsResponse> shard_stats;
   EvalCurve curve;
@@ -74,7 +82,8 @@ struct RunMetrics {
   int restarts = 0;
 };
 
-// Adds `report`'s phases to run->step_phases, and its ring bytes.
+// Adds `report`'s phases to run->step_phases, its ring bytes and its
+// replication ledger.
 void AddWorkerPhases(const WorkerReport& report, RunMetrics* run);
 
 // `text` as a JSON string, quotes included (protobuf's JSON printer escapes
@@ -103,7 +112,13 @@ std::string ConfigJson(const TrainingConfig& config);
 // samples_skipped (sync steps that closed without a worker),
 // backup_dropped_pushes (sync with backup_workers: late pushes dropped,
 // summed over shards),
-// stopped_by_time_limit, restarts, events [{time_s, what}, ...],
+// stopped_by_time_limit, restarts, replicas (the shards' --replicas),
+// failovers (ranges taken over by their backups: the shards' take_overs
+// summed), updates_acknowledged, updates_lost and examples_lost (the
+// workers' ledgers summed: pushes a shard acknowledged as applied, and of
+// them those, and their examples, that no surviving copy had when the
+// worker came back), max_step_gap_s (the longest time between two steps of
+// any worker), events [{time_s, what}, ...],
 // staleness {mean, p50, p99, max},
 // staleness_histogram [count of staleness 0, of 1, ...] (MergeStalenessCounts:
 // summed over shards, the last entry counting every push at least that

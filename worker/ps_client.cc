@@ -106,6 +106,8 @@ class ShardedPushImpl : public ShardedPush {
                              "pushed it: the shards log the ranks it waits for)"
                            : ""))),
         sent_(client->num_shards(), false),
+        scratch_(client->num_shards()),
+        responses_(client->num_shards(), nullptr),
         repeat_(client->repeat_next_push_.exchange(false)) {
     if (client->config_.mode() == SYNC && client->worker_rank_ >= 0) {
       calls_.WatchConnections(&client->shards_);
@@ -177,9 +179,10 @@ class ShardedPushImpl : public ShardedPush {
       header.set_have_version(*have);
     }
     // A response slot per shard; a scratch one when the caller wants none.
-    PushResponse* response = results_ != nullptr
-                                 ? &(*results_)[shard]
-                                 : calls_.Own(std::make_unique<PushResponse>());
+    // (The push keeps it: the ledger reads it after the calls are done.)
+    PushResponse* response =
+        results_ != nullptr ? &(*results_)[shard] : &scratch_[shard];
+    responses_[shard] = response;
     const common::ShardRange range = client_->ranges_[shard];
     StartPushCall(
         client_->shards_[shard], &calls_, shard, std::move(header),
@@ -205,6 +208,19 @@ class ShardedPushImpl : public ShardedPush {
       }
     }
     absl::Status status = calls_.Wait();
+    if (!waited_ && client_->worker_rank_ >= 0) {
+      waited_ = true;
+      for (size_t s = 0; s < responses_.size(); ++s) {
+        // A stale answer (a sync step closed without the push) applied
+        // nothing and holds nothing of it.
+        if (responses_[s] != nullptr && !responses_[s]->stale() &&
+            calls_.status(static_cast<int>(s)).ok()) {
+          client_->NoteAcknowledged(static_cast<int>(s),
+                                    sample_offset_ + samples_,
+                                    responses_[s]->duplicate());
+        }
+      }
+    }
     return misuse_.ok() ? status : misuse_;
   }
 
@@ -243,6 +259,11 @@ class ShardedPushImpl : public ShardedPush {
   std::optional<PullTarget> pull_;
   ShardCalls calls_;
   std::vector<bool> sent_;
+  // Each shard's answer when the caller wants none, and where each shard's
+  // answer is, once sent; counted in the client's ledger once.
+  std::vector<PushResponse> scratch_;
+  std::vector<PushResponse*> responses_;
+  bool waited_ = false;
   const bool repeat_;  // PushHeader.repeat
   absl::Status misuse_;
 };
@@ -293,6 +314,39 @@ absl::Status PsClient::Push(absl::Span<const float> grads,
         "gRPC still held the pushed values 60 s after the push ended");
   }
   return status;
+}
+
+void PsClient::NoteAcknowledged(int s, int64_t end, bool duplicate) {
+  absl::MutexLock lock(&ledger_mu_);
+  if (acknowledged_end_.size() != shards_.size()) {
+    acknowledged_end_.assign(shards_.size(), 0);
+    acknowledged_pushes_.assign(shards_.size(), {});
+  }
+  acknowledged_end_[s] = std::max(acknowledged_end_[s], end);
+  if (duplicate) return;
+  ++ledger_.updates_acknowledged;
+  std::deque<int64_t>& pushes = acknowledged_pushes_[s];
+  pushes.push_back(end);
+  if (pushes.size() > kLedgerPushes) pushes.pop_front();
+}
+
+void PsClient::NoteResumed(int s, int64_t position) {
+  absl::MutexLock lock(&ledger_mu_);
+  if (static_cast<size_t>(s) >= acknowledged_end_.size()) return;
+  if (acknowledged_end_[s] > position) {
+    ledger_.examples_lost += acknowledged_end_[s] - position;
+    acknowledged_end_[s] = position;
+  }
+  std::deque<int64_t>& pushes = acknowledged_pushes_[s];
+  while (!pushes.empty() && pushes.back() > position) {
+    ++ledger_.updates_lost;
+    pushes.pop_back();
+  }
+}
+
+ReplicaLedger PsClient::ledger() const {
+  absl::MutexLock lock(&ledger_mu_);
+  return ledger_;
 }
 
 absl::StatusOr<std::vector<StatsResponse>> PsClient::Stats(

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -63,6 +65,18 @@ struct PsClientOptions {
   std::string auth_token;
   // TLS (common/tls.h); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+// What the shards acknowledged to a client and lost of it (its rank's
+// pushes), for the count that says whether a failure lost acknowledged
+// updates: a push a shard acknowledged as applied whose examples are past
+// where the shard (or the backup that took its range over) says the rank's
+// data is when the client comes back after losing it (Reconnect) is lost.
+struct ReplicaLedger {
+  int64_t updates_acknowledged = 0;  // pushes acknowledged as applied
+  int64_t updates_lost = 0;
+  int64_t examples_lost = 0;
+  int64_t take_overs = 0;  // ranges this client saw taken over
 };
 
 class PsClient : public ParameterClient, public RingRendezvous {
@@ -184,6 +198,8 @@ class PsClient : public ParameterClient, public RingRendezvous {
   absl::StatusOr<std::optional<std::string>> Get(
       const std::string& key) override;
 
+  ReplicaLedger ledger() const;
+
   // Serialized bytes this client has sent in pushes and received in pulls.
   int64_t bytes_pushed() const override { return bytes_pushed_.load(); }
   int64_t bytes_pulled() const override { return bytes_pulled_.load(); }
@@ -231,6 +247,9 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // still hears from the primary.
   absl::StatusOr<RegisterResponse> TakeOver(int s, const RegisterRequest& request,
                                             absl::Time deadline);
+  // Whether the next shard's process holds a copy of shard s's range (asked
+  // when shard s has not answered yet, so replicas_ is not known).
+  bool NextHoldsBackup(int s);
   // A connection to `address` with this client's channel settings.
   Shard Connection(const std::string& address) const;
 
@@ -260,6 +279,20 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // Set by Reconnect, taken by the next push: it repeats a step
   // (PushHeader.repeat).
   std::atomic<bool> repeat_next_push_{false};
+  // The ledger: per shard, the end of the furthest examples it acknowledged
+  // to this rank (applied, or held already), and the ends of the last
+  // pushes it acknowledged as applied (at most kLedgerPushes).
+  static constexpr size_t kLedgerPushes = 4096;
+  // Notes shard s's answer to a push of examples [offset, end).
+  void NoteAcknowledged(int s, int64_t end, bool duplicate);
+  // Counts what shard s lost of the rank's acknowledged pushes, now that
+  // it says the rank's data is at `position`.
+  void NoteResumed(int s, int64_t position);
+  mutable absl::Mutex ledger_mu_;
+  std::vector<int64_t> acknowledged_end_ ABSL_GUARDED_BY(ledger_mu_);
+  std::vector<std::deque<int64_t>> acknowledged_pushes_
+      ABSL_GUARDED_BY(ledger_mu_);
+  ReplicaLedger ledger_ ABSL_GUARDED_BY(ledger_mu_);
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};
 };

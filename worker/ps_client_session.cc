@@ -59,6 +59,15 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     if (!transport) {
       return Annotate(common::ToAbslStatus(status), s, shard.address);
     }
+    if (!can_take_over && replicas_ == 0 && !taken_over_[s] &&
+        num_shards() > 1 &&
+        status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        NextHoldsBackup(s)) {
+      // Shard s answered no registration yet (the first one lost): the
+      // next process says it holds a copy of its range.
+      replicas_ = 1;
+      continue;
+    }
     if (can_take_over &&
         (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
@@ -108,6 +117,19 @@ PsClient::Shard PsClient::Connection(const std::string& address) const {
   return shard;
 }
 
+bool PsClient::NextHoldsBackup(int s) {
+  Shard next = Connection(addresses_[(s + 1) % num_shards()]);
+  grpc::ClientContext context;
+  next.Prepare(&context);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  StatsRequest request;
+  request.set_shard(s);
+  StatsResponse stats;
+  return next.stub->Stats(&context, request, &stats).ok() &&
+         stats.shard() == s &&
+         stats.replica_role() != StatsResponse::UNREPLICATED;
+}
+
 absl::StatusOr<RegisterResponse> PsClient::TakeOver(
     int s, const RegisterRequest& request, absl::Time deadline) {
   const int n = num_shards();
@@ -132,6 +154,10 @@ absl::StatusOr<RegisterResponse> PsClient::TakeOver(
       shards_[s].address, backup.address, response.range_epoch());
   shards_[s] = std::move(backup);
   taken_over_[s] = true;
+  {
+    absl::MutexLock lock(&ledger_mu_);
+    ++ledger_.take_overs;
+  }
   return response;
 }
 
@@ -285,6 +311,9 @@ absl::Status PsClient::Reconnect(absl::Duration timeout,
                          " came back serving another part of the model"));
       }
       initial_versions_[s] = response->version();
+      if (pass == 0 && worker_rank_ >= 0) {
+        NoteResumed(s, response->samples_applied());
+      }
       applied_samples_ =
           s == 0 ? response->samples_applied()
                  : ResumePoint(applied_samples_, response->samples_applied());

@@ -127,11 +127,16 @@ monsoon::common::DaemonInfo Info() {
 void WriteReport(int rank, int64_t resumed_steps,
                  const monsoon::worker::WorkerResult& progress,
                  const monsoon::worker::WorkerCounters& counters,
+                 const monsoon::worker::ReplicaLedger& ledger,
                  const std::string& outcome) {
   const std::string path = absl::GetFlag(FLAGS_report_out);
   if (path.empty()) return;
-  const monsoon::WorkerReport report = monsoon::worker::MakeWorkerReport(
+  monsoon::WorkerReport report = monsoon::worker::MakeWorkerReport(
       rank, resumed_steps, progress, counters, outcome);
+  report.set_updates_acknowledged(ledger.updates_acknowledged);
+  report.set_updates_lost(ledger.updates_lost);
+  report.set_examples_lost(ledger.examples_lost);
+  report.set_take_overs(ledger.take_overs);
   std::string text;
   google::protobuf::TextFormat::PrintToString(report, &text);
   std::ofstream out(path);
@@ -303,11 +308,12 @@ int Finish(const absl::StatusOr<monsoon::worker::WorkerResult>& result,
     monsoon::common::Log("ps_worker: rank %d stopped by signal %d", rank,
                          termination.signal());
     WriteReport(rank, context.resume_steps, *context.progress,
-                *context.counters,
+                *context.counters, client.ledger(),
                 absl::StrCat("stopped by signal ", termination.signal()));
     return monsoon::common::ExitCodeForSignal(termination.signal());
   }
   WriteReport(rank, context.resume_steps, *context.progress, *context.counters,
+              client.ledger(),
               result.ok() ? "done" : result.status().ToString());
   if (const double linger = absl::GetFlag(FLAGS_metrics_linger_s);
       serving_metrics && linger > 0) {

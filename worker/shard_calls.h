@@ -105,6 +105,9 @@ class ShardCalls : public PendingCall {
 
   ~ShardCalls() override { Wait().IgnoreError(); }
 
+  // Shard `shard`'s outcome, once Wait() has returned.
+  const absl::Status& status(int shard) const { return statuses_[shard]; }
+
  private:
   std::vector<absl::Status> statuses_;  // slot s written by shard s's call
   std::vector<bool> answered_;          // guarded by mu_

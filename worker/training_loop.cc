@@ -38,6 +38,7 @@ WorkerReport MakeWorkerReport(int rank, int64_t resumed_steps,
     time->set_count(static_cast<int64_t>(phase.count));
     time->set_seconds(phase.sum);
   }
+  report.set_max_step_gap_s(absl::ToDoubleSeconds(progress.max_step_gap));
   report.set_ring_bytes_sent(counters.ring_bytes_sent.load());
   report.set_ring_bytes_received(counters.ring_bytes_received.load());
   return report;
@@ -250,6 +251,8 @@ void ProgressLog::Step(double loss, int64_t samples) {
   }
   const absl::Time now = absl::Now();
   if (result_.steps == 0) result_.first_step = start_;
+  result_.max_step_gap = std::max(
+      result_.max_step_gap, now - (result_.steps == 0 ? start_ : result_.last_step));
   result_.last_step = now;
   ++result_.steps;
   result_.samples += samples;

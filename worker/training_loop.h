@@ -35,6 +35,9 @@ struct WorkerResult {
   // until a step has run).
   absl::Time first_step = absl::InfinitePast();
   absl::Time last_step = absl::InfinitePast();
+  // The longest time between the ends of two consecutive steps (from the
+  // loop's start for the first): how long a failure held the worker up.
+  absl::Duration max_step_gap;
 };
 
 // The report a worker writes for the launchers (--report_out, a
