@@ -261,6 +261,28 @@ TEST(ReplicationTest, ABackupTakesOverALostShardAndNothingAcknowledgedIsLost) {
   EXPECT_EQ((*stats)[0].replica_role(), StatsResponse::DEGRADED);
 }
 
+TEST(ReplicationTest, AClientThatStartsAfterTheFirstShardDiedFindsItsBackup) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  pair.servers[0]->Shutdown(absl::ZeroDuration());
+  pair.servers[0].reset();
+  // The client has heard from no shard yet: it learns from shard 1's
+  // process that it holds a copy of shard 0's range, and has it take over.
+  worker::PsClientOptions options = pair.Client(config, 1);
+  options.connect_timeout = absl::Seconds(20);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ((*client)->ledger().take_overs, 1);
+  EXPECT_EQ(pair.servers[1]->backup_replication()->role(),
+            Replication::Role::kDegraded);
+  ASSERT_OK((*client)->Push(std::vector<float>(8, 1.0f), {0, 0}, 4));
+  EXPECT_EQ(pair.servers[1]->backup_state()->version(), 1);
+}
+
 TEST(ReplicationTest, ABackupDoesNotTakeOverFromAPrimaryThatAnswersIt) {
   const TrainingConfig config = PlainSgd();
   ReplicatedPair pair(config);

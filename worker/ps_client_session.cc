@@ -61,7 +61,8 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     }
     if (!can_take_over && replicas_ == 0 && !taken_over_[s] &&
         num_shards() > 1 &&
-        status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
         NextHoldsBackup(s)) {
       // Shard s answered no registration yet (the first one lost): the
       // next process says it holds a copy of its range.
