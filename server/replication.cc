@@ -64,6 +64,55 @@ std::unique_ptr<Replication> Replication::Backup(ReplicationOptions options,
       new Replication(std::move(options), Role::kBackup, applied));
 }
 
+void Replication::CheckAtStart(int64_t version) {
+  // On a channel of its own: a peer that is not up yet would leave the
+  // forwards' channel backing off its reconnection.
+  grpc::ChannelArguments args;
+  std::unique_ptr<ParameterService::Stub> stub =
+      ParameterService::NewStub(grpc::CreateCustomChannel(
+          options_.peer_address,
+          options_.credentials != nullptr ? options_.credentials
+                                          : grpc::InsecureChannelCredentials(),
+          args));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  context.AddMetadata(common::kRangeMetadataKey, absl::StrCat(options_.range));
+  if (!options_.auth_token.empty()) {
+    context.AddMetadata(common::kAuthMetadataKey,
+                        common::BearerValue(options_.auth_token));
+  }
+  StatsRequest request;
+  request.set_shard(options_.range);
+  StatsResponse peer;
+  if (!stub->Stats(&context, request, &peer).ok() ||
+      peer.shard() != options_.range) {
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (role_ == Role::kPrimary &&
+      (peer.replica_role() == StatsResponse::DEGRADED ||
+       peer.version() > version)) {
+    // Taken over, or about to be: the backup holds updates this process
+    // lost with its restart.
+    role_ = Role::kFenced;
+    epoch_ = std::max<int64_t>(1, peer.range_epoch() - 1);
+    common::LogWarning(
+        "the backup of the %s at %s is at version %d (epoch %d) and this "
+        "process restarted at %d: it holds what this one lost, so this "
+        "process does not serve the range (its clients move to the backup; "
+        "to bring both copies back, restart the run from its checkpoints)",
+        Describe(), options_.peer_address, peer.version(), peer.range_epoch(),
+        version);
+  } else if (role_ == Role::kBackup && peer.version() > version) {
+    diverged_ = true;
+    common::LogWarning(
+        "the primary of the %s at %s is at version %d and this backup starts "
+        "at %d: the run went on without this process, so its copy does not "
+        "follow and will not take over (the range runs without a backup)",
+        Describe(), options_.peer_address, peer.version(), version);
+  }
+}
+
 Replication::Role Replication::role() const {
   absl::MutexLock lock(&mu_);
   return role_;
@@ -124,6 +173,10 @@ bool Replication::PeerAnswers() {
       grpc::health::v1::Health::NewStub(channel_);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
+  // A channel backing off after a blip waits for its next connection
+  // rather than failing at once: only a peer silent for the whole timeout
+  // counts as gone.
+  context.set_wait_for_ready(true);
   if (!options_.auth_token.empty()) {
     context.AddMetadata(common::kAuthMetadataKey,
                         common::BearerValue(options_.auth_token));
@@ -133,6 +186,22 @@ bool Replication::PeerAnswers() {
   const grpc::Status status = health->Check(&context, request, &response);
   return status.ok() &&
          response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+bool Replication::PeerServes() {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
+  if (!options_.auth_token.empty()) {
+    context.AddMetadata(common::kAuthMetadataKey,
+                        common::BearerValue(options_.auth_token));
+  }
+  StatsRequest request;
+  request.set_shard(options_.range);
+  StatsResponse peer;
+  return stub_->Stats(&context, request, &peer).ok() &&
+         peer.shard() == options_.range &&
+         peer.replica_role() != StatsResponse::FENCED &&
+         peer.replica_role() != StatsResponse::BACKUP;
 }
 
 absl::Status Replication::TakeOver() {
@@ -149,7 +218,7 @@ absl::Status Replication::TakeOver() {
   }
   // Asked outside the lock: forwards go on meanwhile (the primary may still
   // be alive, and the worker only cut off from it).
-  if (PeerAnswers()) {
+  if (PeerServes()) {
     return absl::UnavailableError(absl::StrCat(
         "the primary of the ", Describe(), " at ", options_.peer_address,
         " still answers its backup: retry it (a take-over happens only when "

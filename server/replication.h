@@ -81,6 +81,17 @@ class Replication {
   static std::unique_ptr<Replication> Backup(ReplicationOptions options,
                                              int64_t applied);
 
+  // At start-up, asks the range's other process where the range stands, so
+  // that a process restarted after a failure does not serve a range that
+  // moved on without it: a primary whose backup took the range over while
+  // it was down starts FENCED; a backup whose primary is past the version
+  // it starts at (the run went on without it) does not follow, and never
+  // takes over (its copy would lose what the primary applied). Either is
+  // logged; the copies come back together only by restarting the run from
+  // its checkpoints (copying a range back live is not built yet). A peer
+  // that does not answer (the run is starting) changes nothing.
+  void CheckAtStart(int64_t version);
+
   Role role() const;
   int64_t epoch() const;
   int64_t replicated_updates() const { return replicated_.load(); }
@@ -131,6 +142,8 @@ class Replication {
   Replication(ReplicationOptions options, Role role, int64_t applied);
   // Whether the peer answers a health check within the probe timeout.
   bool PeerAnswers();
+  // Backup: whether the primary answers and serves the range (not fenced).
+  bool PeerServes();
   // One attempt to forward update `seq` of `epoch`.
   grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch);
   // The primary goes on without its backup, saying `why`.

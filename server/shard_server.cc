@@ -286,6 +286,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (absl::Status metrics = server->StartMetrics(options); !metrics.ok()) {
     return metrics;
   }
+  if (server->replication_ != nullptr) {
+    // A process restarted after a failure: its ranges may have moved on.
+    server->replication_->CheckAtStart(server->state_->version());
+    server->backup_replication_->CheckAtStart(
+        server->backup_state_->version());
+  }
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   server->StartThreads(options);

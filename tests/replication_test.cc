@@ -115,6 +115,40 @@ std::vector<float> Values(UpdateRule* rule) {
                             weights->values().end());
 }
 
+// Every asynchronous mode: the backup's copy equals the primary's after
+// every acknowledged push (hogwild's too: its pushes here do not overlap).
+class EveryAsyncMode : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EveryAsyncMode, ThePrimaryAndItsBackupHoldTheSameWeights) {
+  // Hogwild's lock-free shards apply plain SGD; the others Adagrad, whose
+  // accumulators the copies must share too.
+  const std::string mode = GetParam();
+  const TrainingConfig config = ResolvedConfig(absl::StrCat(
+      "layer_sizes: [3, 2] mode: ", mode, " optimizer: ",
+      mode == "HOGWILD" ? "SGD" : "ADAGRAD", " learning_rate: 0.1 alpha: 0.5"));
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(pair.Client(config, 0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> grads(8);
+  for (int k = 0; k < 4; ++k) {
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.25f * (i + k) - 1;
+    ASSERT_OK((*client)->Push(grads, {k, k}, 4));
+    EXPECT_EQ(pair.servers[1]->backup_state()->version(), k + 1);
+    EXPECT_THAT(Values(pair.servers[1]->backup_rule()),
+                ElementsAreArray(Values(pair.servers[0]->rule())));
+    EXPECT_THAT(Values(pair.servers[0]->backup_rule()),
+                ElementsAreArray(Values(pair.servers[1]->rule())));
+  }
+  // And the optimizer's state: a checkpoint of either copy is the same.
+  EXPECT_EQ(pair.servers[1]->backup_rule()->SaveState().optimizer_state,
+            pair.servers[0]->rule()->SaveState().optimizer_state);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EveryAsyncMode,
+                         ::testing::Values("DOWNPOUR", "HOGWILD", "EASGD"));
+
 TEST(ReplicationTest, APushIsAcknowledgedOnlyOnceTheBackupAppliedIt) {
   const TrainingConfig config = PlainSgd();
   ReplicatedPair pair(config);
@@ -281,6 +315,43 @@ TEST(ReplicationTest, AClientThatStartsAfterTheFirstShardDiedFindsItsBackup) {
             Replication::Role::kDegraded);
   ASSERT_OK((*client)->Push(std::vector<float>(8, 1.0f), {0, 0}, 4));
   EXPECT_EQ(pair.servers[1]->backup_state()->version(), 1);
+}
+
+TEST(ReplicationTest, AShardRestartedAfterItsRangeMovedOnDoesNotServeIt) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(pair.Client(config, 0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> ones(8, 1.0f);
+  ASSERT_OK((*client)->Push(ones, {0, 0}, 4));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  EXPECT_FALSE((*client)->Push(ones, {1, 1}, 4).ok());
+  ASSERT_OK((*client)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  ASSERT_OK((*client)->Push(ones, {1, 1}, 4));
+
+  // Shard 1's process comes back (as a supervisor would restart it), from
+  // nothing: its range moved on at shard 0's process, and shard 0's range
+  // went on without it.
+  absl::StatusOr<std::unique_ptr<ShardServer>> back = ShardServer::Start(
+      Replicated(config, 1, pair.addresses, pair.ports));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->replication()->role(), Replication::Role::kFenced);
+  // A worker that reaches it is sent to the copy that has the updates.
+  worker::PsClientOptions late = pair.Client(config, 1);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> second =
+      worker::PsClient::Connect(late);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->ledger().take_overs, 1);
+  EXPECT_EQ((*second)->initial_versions()[1], 2);
+  // Its fresh copy of shard 0's range does not follow, and would not take
+  // over: it never saw shard 0's updates.
+  EXPECT_EQ((*back)->backup_state()->version(), 0);
+  ASSERT_OK((*second)->Push(ones, {2, 2}, 4));
+  EXPECT_EQ((*back)->backup_state()->version(), 0);
+  EXPECT_EQ(pair.servers[0]->state()->version(), 3);
 }
 
 TEST(ReplicationTest, ABackupDoesNotTakeOverFromAPrimaryThatAnswersIt) {

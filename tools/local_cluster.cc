@@ -567,6 +567,9 @@ absl::Status ClusterRun::StartWorkers() {
       }
     }
     if (json_logs_) daemon.argv.push_back("--log_format=json");
+    // With replicas a frozen shard is given up after 2 s (the shortest
+    // keepalive), for its backup to take its range over.
+    if (options_.replicas > 0) daemon.argv.push_back("--peer_timeout_s=2");
     if (auto it = options_.slowdown.find(r); it != options_.slowdown.end()) {
       daemon.argv.push_back(absl::StrCat("--slowdown=", it->second));
     }
