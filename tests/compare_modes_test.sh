@@ -85,6 +85,37 @@ assert "## Runs that failed\n\n- allreduce-s2-w2: " in summary, summary
 print("compare_modes_test: a run with two processes killed completed OK")
 PY
 
+# With replicas (--replicas=1): server 1 killed during training. Its range
+# goes on at its backup in server 0, it is not restarted, and no update a
+# shard acknowledged is lost (the workers' ledgers against the shards').
+replicated="${out}-replicas"
+"$compare" --modes=downpour,onebit --servers=2 --workers=2 --epochs=1 \
+  --hidden=32 --eval_interval_s=1 --report_script="$report" \
+  --out_dir="$replicated" --replicas=1 --chaos=kill:server1@0.5s \
+  > "$replicated.log" 2>&1 || { cat "$replicated.log"; exit 1; }
+/usr/bin/python3 - "$replicated" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+results = json.load(open(os.path.join(out, "results.json")))
+assert len(results["runs"]) == 2, results["runs"]
+for run in results["runs"]:
+    assert run["replicas"] == 1, run["name"]
+    assert run["failovers"] == 1, (run["name"], run["failovers"])
+    assert run["restarts"] == 0, (run["name"], run["restarts"])
+    assert run["updates_lost"] == 0 and run["examples_lost"] == 0, run["name"]
+    # Every step pushed to both shards, each acknowledged as applied once
+    # (a push whose first answer was lost with the process is answered as
+    # a duplicate: at most one per worker).
+    steps = 2 * (30000 // 64)
+    assert 2 * steps - 2 <= run["updates_acknowledged"] <= 2 * steps, (
+        run["name"], run["updates_acknowledged"])
+    assert run["max_step_gap_s"] > 0, run["name"]
+    whats = [e["what"] for e in run["events"]]
+    assert any(w.startswith("server 1 died") for w in whats), whats
+    assert 0.5 < run["final_test_accuracy"] <= 1, run["final_test_accuracy"]
+print("compare_modes_test: server 1 killed under --replicas=1, nothing lost")
+PY
+
 # Both models on a data set of another image size and class count, with no
 # config: 16x12 images of 3 classes (a bright bar in the top, middle or
 # bottom band, on noise), their shape and classes read from the IDX files.
