@@ -173,10 +173,6 @@ bool Replication::PeerAnswers() {
       grpc::health::v1::Health::NewStub(channel_);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
-  // A channel backing off after a blip waits for its next connection
-  // rather than failing at once: only a peer silent for the whole timeout
-  // counts as gone.
-  context.set_wait_for_ready(true);
   if (!options_.auth_token.empty()) {
     context.AddMetadata(common::kAuthMetadataKey,
                         common::BearerValue(options_.auth_token));
@@ -350,10 +346,9 @@ void Replication::Abandon(int64_t seq) {
 }
 
 grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
-                                   int64_t epoch) {
+                                   int64_t epoch, absl::Duration timeout) {
   grpc::ClientContext context;
-  context.set_deadline(
-      absl::ToChronoTime(absl::Now() + options_.forward_timeout));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context.AddMetadata(common::kRangeMetadataKey, absl::StrCat(options_.range));
   if (!options_.auth_token.empty()) {
     context.AddMetadata(common::kAuthMetadataKey,
@@ -394,8 +389,12 @@ grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
   return writer->Finish();
 }
 
-void Replication::DegradeLocked(const std::string& why) {
+void Replication::DegradeLocked(const std::string& why, bool tell_backup) {
   role_ = Role::kDegraded;
+  // A backup given up for dead may only have been out of reach: until it
+  // hears that this primary went on without it, it would take the range
+  // over with an old copy if this process died.
+  detach_pending_ = tell_backup;
   confirmed_.clear();
   confirmed_cv_.SignalAll();
   common::LogWarning(
@@ -404,16 +403,62 @@ void Replication::DegradeLocked(const std::string& why) {
       Describe(), why);
 }
 
+void Replication::TellBackupItIsDetached(const PushData& push, int64_t seq) {
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (!detach_pending_ || now < next_detach_) return;
+    next_detach_ = now + absl::Milliseconds(200);
+    epoch = epoch_;
+  }
+  // An update far ahead of any the backup expects: it stops following
+  // (ApplyInOrder's max_ahead) and will not take the range over.
+  const grpc::Status status = SendOnce(push, seq + 2 * options_.max_ahead,
+                                       epoch, options_.probe_timeout);
+  const grpc::StatusCode code = status.error_code();
+  if (code == grpc::StatusCode::UNAVAILABLE ||
+      code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      code == grpc::StatusCode::CANCELLED) {
+    return;  // still out of reach: tried again later
+  }
+  absl::MutexLock lock(&mu_);
+  if (!detach_pending_) return;
+  detach_pending_ = false;
+  if (code == grpc::StatusCode::FAILED_PRECONDITION && role_ == Role::kDegraded) {
+    // It took the range over meanwhile: this copy is not the range's.
+    role_ = Role::kFenced;
+    common::LogWarning(
+        "the backup of the %s at %s took the range over while out of this "
+        "process's reach (%s): this process stops serving it",
+        Describe(), options_.peer_address, status.error_message());
+    return;
+  }
+  common::LogWarning(
+      "the backup of the %s at %s answers again (%s): told it that it no "
+      "longer follows, so it will not take the range over with an old copy",
+      Describe(), options_.peer_address,
+      status.ok() ? std::string("OK") : status.error_message());
+}
+
 absl::Status Replication::Forward(const PushData& push, int64_t seq) {
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
-    if (role_ == Role::kDegraded) return absl::OkStatus();
+    if (role_ == Role::kDegraded) {
+      if (detach_pending_) {
+        mu_.Unlock();
+        TellBackupItIsDetached(push, seq);
+        mu_.Lock();
+      }
+      return absl::OkStatus();
+    }
     if (role_ != Role::kPrimary) return ServingLocked();
     epoch = epoch_;
   }
   for (int attempt = 1;; ++attempt) {
-    const grpc::Status status = SendOnce(push, seq, epoch);
+    const grpc::Status status =
+        SendOnce(push, seq, epoch, options_.forward_timeout);
     absl::MutexLock lock(&mu_);
     if (status.ok()) {
       replicated_.fetch_add(1);
@@ -447,7 +492,8 @@ absl::Status Replication::Forward(const PushData& push, int64_t seq) {
     if (!transient) {
       DegradeLocked(absl::StrCat("its backup at ", options_.peer_address,
                                  " refused update ", seq, " (",
-                                 status.error_message(), ")"));
+                                 status.error_message(), ")"),
+                    /*tell_backup=*/code != grpc::StatusCode::DATA_LOSS);
       return absl::OkStatus();
     }
     // Is the backup gone, or only this update late? Asked without the lock.
@@ -458,10 +504,11 @@ absl::Status Replication::Forward(const PushData& push, int64_t seq) {
     if (role_ != Role::kPrimary) return ServingLocked();
     if (!answers || attempt >= 3) {
       DegradeLocked(absl::StrCat(
-          "its backup at ", options_.peer_address,
-          answers ? " answers but did not take update "
-                  : " does not answer after update ",
-          seq, " (", status.error_message(), ")"));
+                        "its backup at ", options_.peer_address,
+                        answers ? " answers but did not take update "
+                                : " does not answer after update ",
+                        seq, " (", status.error_message(), ")"),
+                    /*tell_backup=*/true);
       return absl::OkStatus();
     }
   }

@@ -144,10 +144,17 @@ class Replication {
   bool PeerAnswers();
   // Backup: whether the primary answers and serves the range (not fenced).
   bool PeerServes();
-  // One attempt to forward update `seq` of `epoch`.
-  grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch);
-  // The primary goes on without its backup, saying `why`.
-  void DegradeLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One attempt to forward update `seq` of `epoch`, within `timeout`.
+  grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch,
+                        absl::Duration timeout);
+  // The primary goes on without its backup, saying `why`; with
+  // `tell_backup`, it tells the backup so once it can be reached
+  // (TellBackupItIsDetached).
+  void DegradeLocked(const std::string& why, bool tell_backup)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Degraded, with the backup not told yet: at most every 200 ms, sends it
+  // an update far beyond its next one, which makes it stop following.
+  void TellBackupItIsDetached(const PushData& push, int64_t seq);
   std::string Describe() const;
   absl::Status ServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Backup: why forwarded update `seq` of `epoch` is refused (OK: it is
@@ -184,6 +191,10 @@ class Replication {
   // those in confirmed_ (the ones beyond it whose forwards ended first).
   int64_t confirmed_through_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int64_t> confirmed_ ABSL_GUARDED_BY(mu_);
+  // Degraded: whether the backup still has to hear it no longer follows,
+  // and when to try next.
+  bool detach_pending_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time next_detach_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::CondVar confirmed_cv_;
   std::atomic<int64_t> replicated_{0};
   std::atomic<int64_t> take_overs_{0};
