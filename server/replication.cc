@@ -74,20 +74,8 @@ void Replication::CheckAtStart(int64_t version) {
           options_.credentials != nullptr ? options_.credentials
                                           : grpc::InsecureChannelCredentials(),
           args));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-  context.AddMetadata(common::kRangeMetadataKey, absl::StrCat(options_.range));
-  if (!options_.auth_token.empty()) {
-    context.AddMetadata(common::kAuthMetadataKey,
-                        common::BearerValue(options_.auth_token));
-  }
-  StatsRequest request;
-  request.set_shard(options_.range);
   StatsResponse peer;
-  if (!stub->Stats(&context, request, &peer).ok() ||
-      peer.shard() != options_.range) {
-    return;
-  }
+  if (!AskPeer(stub.get(), absl::Seconds(1), &peer)) return;
   absl::MutexLock lock(&mu_);
   if (role_ == Role::kPrimary &&
       (peer.replica_role() == StatsResponse::DEGRADED ||
@@ -184,18 +172,23 @@ bool Replication::PeerAnswers() {
          response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
 }
 
-bool Replication::PeerServes() {
+bool Replication::AskPeer(ParameterService::Stub* stub, absl::Duration timeout,
+                          StatsResponse* peer) const {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   if (!options_.auth_token.empty()) {
     context.AddMetadata(common::kAuthMetadataKey,
                         common::BearerValue(options_.auth_token));
   }
   StatsRequest request;
   request.set_shard(options_.range);
+  return stub->Stats(&context, request, peer).ok() &&
+         peer->shard() == options_.range;
+}
+
+bool Replication::PeerServes() {
   StatsResponse peer;
-  return stub_->Stats(&context, request, &peer).ok() &&
-         peer.shard() == options_.range &&
+  return AskPeer(stub_.get(), options_.probe_timeout, &peer) &&
          peer.replica_role() != StatsResponse::FENCED &&
          peer.replica_role() != StatsResponse::BACKUP;
 }

@@ -144,6 +144,10 @@ class Replication {
   bool PeerAnswers();
   // Backup: whether the primary answers and serves the range (not fenced).
   bool PeerServes();
+  // The peer's counters of this range (Stats) through `stub`, within
+  // `timeout`; false when it does not answer or holds no copy of the range.
+  bool AskPeer(ParameterService::Stub* stub, absl::Duration timeout,
+               StatsResponse* peer) const;
   // One attempt to forward update `seq` of `epoch`, within `timeout`.
   grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch,
                         absl::Duration timeout);

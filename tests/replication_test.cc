@@ -109,6 +109,18 @@ struct ReplicatedPair {
   std::vector<std::unique_ptr<ShardServer>> servers;
 };
 
+// Sends values[0, 4) to shard 0 and values[4, 8) to shard 1.
+void SendHalves(const std::vector<float>& values, worker::ShardedPush* push) {
+  for (int s = 0; s < 2; ++s) {
+    worker::ShardPayload payload;
+    payload.values = 4;
+    payload.data = absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(values.data() + 4 * s),
+        4 * sizeof(float));
+    push->Send(s, payload);
+  }
+}
+
 std::vector<float> Values(UpdateRule* rule) {
   WeightsPtr weights = rule->Snapshot();
   return std::vector<float>(weights->values().begin(),
@@ -240,14 +252,7 @@ TEST(ReplicationTest, ABackupTakesOverALostShardAndNothingAcknowledgedIsLost) {
   common::BufferLease lease;
   std::unique_ptr<worker::ShardedPush> push = (*client)->StartPush(
       {6, 6}, 4, /*sample_offset=*/24, &lease, &pulled_answers, &pull);
-  for (int s = 0; s < 2; ++s) {
-    worker::ShardPayload payload;
-    payload.values = 4;
-    payload.data = absl::MakeConstSpan(
-        reinterpret_cast<const uint8_t*>(ones.data() + 4 * s),
-        4 * sizeof(float));
-    push->Send(s, payload);
-  }
+  SendHalves(ones, push.get());
   ASSERT_OK(push->Wait());
   EXPECT_FALSE(pulled_answers[0].duplicate());
   EXPECT_FALSE(pulled_answers[1].duplicate());
@@ -267,14 +272,7 @@ TEST(ReplicationTest, ABackupTakesOverALostShardAndNothingAcknowledgedIsLost) {
   {
     std::unique_ptr<worker::ShardedPush> unanswered = (*client)->StartPush(
         {7, 7}, 4, /*sample_offset=*/28, &lease, nullptr, &pull);
-    for (int s = 0; s < 2; ++s) {
-      worker::ShardPayload payload;
-      payload.values = 4;
-      payload.data = absl::MakeConstSpan(
-          reinterpret_cast<const uint8_t*>(ones.data() + 4 * s),
-          4 * sizeof(float));
-      unanswered->Send(s, payload);
-    }
+    SendHalves(ones, unanswered.get());
     ASSERT_OK(unanswered->Wait());
   }
   // The client's ledger: what it was told was applied, once each; nothing
