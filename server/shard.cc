@@ -454,6 +454,7 @@ int64_t Shard::VersionToAwait(const AppliedPush& push) {
   if (push.result.stale || (push.result.duplicate && !push.repeat_in_step)) {
     return 0;
   }
+  if (push.result.await_version > 0) return push.result.await_version;
   return std::max(push.result.version, push.base_version + 1);
 }
 

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -93,10 +94,29 @@ class SyncRule : public UpdateRule {
         return FutureVersionError(state_->shard(), push.base_version, version);
       }
       if (arrived_[push.worker_rank]) return SecondPush(push, version);
-      if (PassesOverLostStep(push)) {
-        result.version = version;
-        result.duplicate = true;
-        return result;
+      // The step's pushes are all of the same examples' position (see
+      // Alignment); a shard that went back finds out which here.
+      switch (Alignment(push)) {
+        case Aligned::kBehind:
+          PassOverBehind(push);
+          result.version = version;
+          result.duplicate = true;
+          return result;
+        case Aligned::kAhead:
+          // The step so far is of examples that this push's rank went
+          // past: it closes without them, and this push begins the next.
+          ready = PassOverOpenStep(push);
+          result.await_version = weights_->version() + 1;
+          break;
+        case Aligned::kSame:
+          break;
+        case Aligned::kUnknown:
+          if (PassesOverLostStep(push)) {
+            result.version = version;
+            result.duplicate = true;
+            return result;
+          }
+          break;
       }
       arrived_[push.worker_rank] = true;
       step_samples_[push.worker_rank] = push.samples;
@@ -129,11 +149,13 @@ class SyncRule : public UpdateRule {
         AddToSum(g);
       }
       state_->RecordPush(/*staleness=*/0, push.samples, push.wire_bytes);
-      result.version = version;
+      result.version = weights_->version();
       if (closes) {
         CloseStep(count_ == 1 ? nullptr : g);
         result.version = weights_->version();
-        ready = state_->AdvanceVersion(result.version);
+        std::vector<ShardState::Waiter> released =
+            state_->AdvanceVersion(result.version);
+        std::move(released.begin(), released.end(), std::back_inserter(ready));
       }
     }
     state_->RunWaiters(std::move(ready));
@@ -216,6 +238,82 @@ class SyncRule : public UpdateRule {
         push.sample_offset, "+", push.samples,
         "); the first push stays in the step. Does another process push "
         "for this rank, or does the worker compute a step twice?"));
+  }
+
+  // Where `push` stands against the pushes already in the step.
+  //
+  // In sync every rank's examples advance by the same batch each step (a
+  // step skipped for a rank skips a batch of its examples), so the pushes
+  // of one step begin at the same position in their ranks' data. A shard
+  // that restarted from an older checkpoint lost some steps; the workers
+  // that lived on come back at the step the shards that did not go back
+  // are at, or one after (a worker whose answer from the lost shard came
+  // before it died has gone on to its next batch, another whose answer was
+  // lost repeats the step). Which of its lost steps each worker passes over
+  // is known only once the pushes meet here: a push behind the step's
+  // (kBehind) is of examples that another rank went past, and is passed
+  // over; a push ahead (kAhead) passes over the step's. Deciding it from
+  // what each worker saw of the other shards (PassesOverLostStep) paired one
+  // worker's batch with another's next when the two workers looked at a
+  // moment apart, and the last step then waited for a worker that had
+  // finished. kUnknown: nothing to compare (an empty step, or ranks whose
+  // pushes hold different numbers of examples).
+  enum class Aligned { kSame, kBehind, kAhead, kUnknown };
+
+  Aligned Alignment(const PushData& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (count_ == 0 || push.samples <= 0) return Aligned::kUnknown;
+    int64_t offset = -1;
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (!arrived_[rank]) continue;
+      if (step_samples_[rank] != push.samples) return Aligned::kUnknown;
+      offset = step_offsets_[rank];  // the same for all (kept so here)
+    }
+    if (push.sample_offset == offset) return Aligned::kSame;
+    return push.sample_offset < offset ? Aligned::kBehind : Aligned::kAhead;
+  }
+
+  // kBehind: the push's examples are passed over; its rank goes on to its
+  // next batch.
+  void PassOverBehind(const PushData& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    state_->PassOver(push.worker_rank, push.sample_offset, push.samples);
+    int64_t ahead = 0;
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (arrived_[rank]) ahead = step_offsets_[rank];
+    }
+    common::Log(
+        "shard %d: passed over rank %d's examples [%d, %d) at step %d: the "
+        "step holds other ranks' examples from %d on (this shard went back "
+        "to an older checkpoint, and the workers went past these examples "
+        "on the other shards)",
+        state_->shard(), push.worker_rank, push.sample_offset,
+        push.sample_offset + push.samples, weights_->version(), ahead);
+  }
+
+  // kAhead: closes the step in progress without an update (the weights and
+  // the optimizer's state as they were, its pushes' examples passed over,
+  // as for a refused update), so that `push` begins the next one. Returns
+  // the waiters the new version lets go: the passed-over pushes' workers
+  // get the weights (unchanged) and go on to their next batch, which is
+  // the position of `push`.
+  std::vector<ShardState::Waiter> PassOverOpenStep(const PushData& push)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::string> passed;
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (!arrived_[rank]) continue;
+      passed.push_back(absl::StrCat(rank, " [", step_offsets_[rank], ", ",
+                                    step_offsets_[rank] + step_samples_[rank],
+                                    ")"));
+    }
+    common::Log(
+        "shard %d: step %d closes without an update, its examples passed "
+        "over (rank(s) %s): rank %d pushed examples from %d on, past them "
+        "(this shard went back to an older checkpoint, and the workers went "
+        "past these examples on the other shards); step %d begins with it",
+        state_->shard(), weights_->version(), absl::StrJoin(passed, ", "),
+        push.worker_rank, push.sample_offset, weights_->version() + 1);
+    CloseStep(nullptr, /*pass_over=*/true);
+    waiting_since_ = absl::InfiniteFuture();
+    return state_->AdvanceVersion(weights_->version());
   }
 
   // A step repeated after a lost shard, at a shard that went back (it
@@ -320,13 +418,16 @@ class SyncRule : public UpdateRule {
  private:
   // Averages the step's gradients (the sum, plus `last` where the last push
   // is not in it yet) and publishes the next version.
-  void CloseStep(const float* last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // With `pass_over`, the step closes without an update (PassOverOpenStep).
+  void CloseStep(const float* last, bool pass_over = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // Closed for the backup count (not for leases that ran out): the live
     // ranks it closes without will still push this step; their pushes are
     // to be dropped. That is the design, not news: no log line.
-    const bool by_backup = backup_ > 0 && count_ >= num_workers_ - backup_ &&
+    const bool by_backup = !pass_over && backup_ > 0 &&
+                           count_ >= num_workers_ - backup_ &&
                            count_ < num_workers_;
-    if (!by_backup) {
+    if (!by_backup && !pass_over) {
       missing_log_.StepCloses(*state_, arrived_, count_, weights_->version());
     }
     const Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
@@ -341,10 +442,11 @@ class SyncRule : public UpdateRule {
                                ? step_max_abs_ * mean.scale
                                : std::numeric_limits<double>::infinity();
     double step = 0;
-    const bool bounded =
-        optimizer_->BoundStep(max_abs, &step) && weight_bound_.Allows(step);
+    const bool bounded = !pass_over && optimizer_->BoundStep(max_abs, &step) &&
+                         weight_bound_.Allows(step);
     const bool refused =
-        !bounded && !optimizer_->StaysFinite(mean, weights_->values().data());
+        pass_over ||
+        (!bounded && !optimizer_->StaysFinite(mean, weights_->values().data()));
     const absl::Time began = state_->BeginApply();
     if (step_pulls_ != nullptr) {
       previous_.assign(weights_->values().begin(), weights_->values().end());
@@ -367,7 +469,7 @@ class SyncRule : public UpdateRule {
               bounded ? step : std::numeric_limits<double>::infinity())) {
         weight_bound_.Reset(MaxAbs(weights_->values()));
       }
-    } else {
+    } else if (!pass_over) {
       state_->RecordRefusedUpdate();
       common::LogError(
           "shard %d: step %d's averaged update would make a weight or "
@@ -377,7 +479,7 @@ class SyncRule : public UpdateRule {
           "learning rate, or the shards' --max_abs_gradient",
           state_->shard(), weights_->version() - 1);
     }
-    SettleExamples(refused, by_backup);
+    SettleExamples(refused, by_backup, pass_over);
   }
 
   // After the step closed (its update `refused` or not; closed for the
@@ -385,7 +487,9 @@ class SyncRule : public UpdateRule {
   // A rank missing from the step (its lease ran out) passes over its batch
   // for it, as large as the others': when it returns it takes up the step
   // the others are at.
-  void SettleExamples(bool refused, bool by_backup)
+  // A step passed over (`pass_over`) skips nothing of the ranks missing
+  // from it: their next push begins the next step.
+  void SettleExamples(bool refused, bool by_backup, bool pass_over)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int64_t batch = 0;
     for (int rank = 0; rank < num_workers_; ++rank) {
@@ -397,7 +501,7 @@ class SyncRule : public UpdateRule {
       } else if (arrived_[rank]) {
         state_->RecordAppliedSamples(rank, step_samples_[rank]);
         state_->AdvancePosition(rank, step_offsets_[rank], step_samples_[rank]);
-      } else {
+      } else if (!pass_over) {
         if (by_backup) {
           // Its push for this step is to be dropped; a few steps are
           // remembered (a worker late by several).

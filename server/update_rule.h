@@ -78,6 +78,10 @@ struct PushResult {
   int64_t staleness = 0;
   bool duplicate = false;  // a repeat, acknowledged and not applied
   bool stale = false;      // PushPull only: too stale to apply, dropped
+  // Sync: the version whose weights answer the push, where it is not the
+  // one after its base_version (the push began a later step than its base:
+  // see sync_rule.cc, PassOverOpenStep); 0 otherwise.
+  int64_t await_version = 0;
 };
 
 // What a checkpoint keeps of a rule.

@@ -236,6 +236,17 @@ TEST_F(ShardTest, ASyncStepClosesWithEveryRankAndAnswersARepeat) {
   EXPECT_EQ(stats.rejected_pushes_by_code().at("PERMISSION_DENIED"), 1);
 }
 
+// A push that began a later step than its base (a sync shard that went
+// back passed the step over: sync_rule.cc) waits for the step it is in.
+TEST_F(ShardTest, APushThatBeganALaterStepWaitsForIt) {
+  AppliedPush push;
+  push.base_version = 4;
+  push.result.version = 5;
+  EXPECT_EQ(Shard::VersionToAwait(push), 5);
+  push.result.await_version = 6;
+  EXPECT_EQ(Shard::VersionToAwait(push), 6);
+}
+
 TEST_F(ShardTest, AWaitThatOutlastsItsBoundSaysWhatItWaitedFor) {
   EXPECT_THAT(shard_.WaitExpired("pull", 5),
               StatusIs(absl::StatusCode::kDeadlineExceeded,

@@ -46,13 +46,24 @@ struct OwnedPush {
 
 // Each rank's pushes carry the next examples of its data, as a worker's do
 // (a repeat would be a duplicate; see RepeatedExamplesAreNotAppliedTwice).
+// Every test begins at example 0 of each rank (ResetOffsets), as a run
+// does: a sync step's pushes begin at the same position.
+absl::Mutex offsets_mu;
+std::map<int, int64_t>& Offsets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(offsets_mu) {
+  static auto* next = new std::map<int, int64_t>;
+  return *next;
+}
+
 int64_t NextOffset(int rank, int64_t samples) {
-  static std::map<int, int64_t> next;
-  static absl::Mutex mu;
-  absl::MutexLock lock(&mu);
-  const int64_t offset = next[rank];
-  next[rank] += samples;
+  absl::MutexLock lock(&offsets_mu);
+  const int64_t offset = Offsets()[rank];
+  Offsets()[rank] += samples;
   return offset;
+}
+
+void ResetOffsets() {
+  absl::MutexLock lock(&offsets_mu);
+  Offsets().clear();
 }
 
 OwnedPush MakePush(int rank, int64_t base_version, std::vector<float> values,
@@ -64,6 +75,16 @@ OwnedPush MakePush(int rank, int64_t base_version, std::vector<float> values,
   push.data.sample_offset = NextOffset(rank, samples);
   push.data.wire_bytes = 100;
   push.values = std::move(values);
+  return push;
+}
+
+// A push of the rank's next examples that does not consume them (one the
+// shard refuses, whose examples the rank then pushes again).
+OwnedPush MakeRefusedPush(int rank, int64_t base_version,
+                          std::vector<float> values, int64_t samples = 4) {
+  OwnedPush push = MakePush(rank, base_version, std::move(values), samples);
+  absl::MutexLock lock(&offsets_mu);
+  Offsets()[rank] -= samples;
   return push;
 }
 
@@ -85,7 +106,9 @@ class SyncRuleTest : public testing::Test {
                                "learning_rate: 0.5 momentum: 0")),
         state_(common::ModelLayout::FromConfig(config_), config_.seed(), 0, 1),
         rule_(MakeSyncRule(config_, /*num_workers=*/2, &state_)),
-        initial_(Weights(*rule_)) {}
+        initial_(Weights(*rule_)) {
+    ResetOffsets();
+  }
 
   // initial_ - 0.5 * step, elementwise.
   std::vector<float> InitialMinusHalfOf(const std::vector<float>& step) {
@@ -197,6 +220,90 @@ TEST_F(SyncRuleTest, ARepeatedStepThatTheShardLostIsPassedOverNotPaired) {
   ASSERT_OK_AND_ASSIGN(PushResult kept, rule_->Apply(again));
   EXPECT_FALSE(kept.duplicate);
   EXPECT_EQ(state_.SamplePosition(0), 108);  // collecting, not passed over
+}
+
+// The race the resume point alone lost (a sync shard restart in
+// cluster_test, once): worker 0 read the shard that did not go back before
+// worker 1's push closed the step there (its resume point: 100), worker 1
+// after (104). Both repeat their examples from 100 at the restarted shard.
+// Taken alone, worker 1's resume point would pass its batch over while
+// worker 0's is in the step, and the two would stay a step apart here to
+// the end of the run; the step's pushes decide instead: the same position,
+// one step.
+TEST_F(SyncRuleTest, RepeatsOfTheSamePositionMeetInOneStepWhateverTheyResume) {
+  auto push = [](int rank, int64_t offset, int64_t resume, float value) {
+    OwnedPush p = MakePush(rank, 0, Filled(value), 4);
+    p.data.sample_offset = offset;
+    p.data.repeat = true;
+    p.data.resume_point = resume;
+    return p;
+  };
+  ASSERT_OK_AND_ASSIGN(PushResult first, rule_->Apply(push(0, 100, 100, 1.0f)));
+  EXPECT_FALSE(first.duplicate);
+  ASSERT_OK_AND_ASSIGN(PushResult second,
+                       rule_->Apply(push(1, 100, 104, 3.0f)));
+  EXPECT_FALSE(second.duplicate);
+  EXPECT_EQ(second.version, 1);
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(2.0f)));
+  EXPECT_EQ(state_.SamplePosition(0), 104);
+  EXPECT_EQ(state_.SamplePosition(1), 104);
+  EXPECT_THAT(state_.Stats().samples_skipped_by_worker(), testing::IsEmpty());
+}
+
+// A push of examples behind the step's, at a shard that went back: another
+// rank went past them, so the shard passes them over (a duplicate, answered
+// at once) and the rank's next batch meets the step.
+TEST_F(SyncRuleTest, APushBehindTheStepIsPassedOver) {
+  auto push = [](int rank, int64_t offset, float value) {
+    OwnedPush p = MakePush(rank, 0, Filled(value), 4);
+    p.data.sample_offset = offset;
+    return p;
+  };
+  ASSERT_OK(rule_->Apply(push(0, 104, 1.0f)).status());
+  ASSERT_OK_AND_ASSIGN(PushResult behind, rule_->Apply(push(1, 100, 9.0f)));
+  EXPECT_TRUE(behind.duplicate);
+  EXPECT_EQ(behind.version, 0);
+  EXPECT_EQ(behind.await_version, 0);
+  EXPECT_EQ(state_.SamplePosition(1), 104);
+  EXPECT_EQ(Weights(*rule_), initial_);
+  ASSERT_OK_AND_ASSIGN(PushResult next, rule_->Apply(push(1, 104, 3.0f)));
+  EXPECT_EQ(next.version, 1);
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(2.0f)));
+  EXPECT_THAT(state_.Stats().samples_skipped_by_worker(),
+              UnorderedElementsAre(Pair(1, 4)));
+}
+
+// A push of examples ahead of the step's: the step so far holds examples
+// its rank went past. The step closes without an update (its workers get
+// the unchanged weights as the next version and go on), and the push
+// begins the next step, whose version answers it.
+TEST_F(SyncRuleTest, APushAheadOfTheStepClosesItWithoutAnUpdate) {
+  auto push = [](int rank, int64_t base, int64_t offset, float value) {
+    OwnedPush p = MakePush(rank, base, Filled(value), 4);
+    p.data.sample_offset = offset;
+    return p;
+  };
+  ASSERT_OK_AND_ASSIGN(PushResult behind, rule_->Apply(push(1, 0, 100, 9.0f)));
+  EXPECT_EQ(behind.version, 0);
+  bool released = false;
+  state_.WhenVersionAtLeast(1, [&] { released = true; });
+  ASSERT_OK_AND_ASSIGN(PushResult ahead, rule_->Apply(push(0, 0, 104, 1.0f)));
+  EXPECT_TRUE(released);  // worker 1's push-pull is answered
+  EXPECT_FALSE(ahead.duplicate);
+  EXPECT_EQ(ahead.version, 1);
+  EXPECT_EQ(ahead.await_version, 2);
+  EXPECT_EQ(state_.version(), 1);
+  EXPECT_EQ(Weights(*rule_), initial_);
+  EXPECT_EQ(state_.SamplePosition(1), 104);
+  EXPECT_EQ(state_.Stats().refused_updates(), 0);
+  // Worker 1's next batch, from version 1, closes the step with worker 0's.
+  ASSERT_OK_AND_ASSIGN(PushResult next, rule_->Apply(push(1, 1, 104, 3.0f)));
+  EXPECT_EQ(next.version, 2);
+  EXPECT_EQ(Weights(*rule_), InitialMinusHalfOf(Filled(2.0f)));
+  EXPECT_EQ(state_.SamplePosition(0), 108);
+  EXPECT_EQ(state_.SamplePosition(1), 108);
+  EXPECT_THAT(state_.Stats().samples_skipped_by_worker(),
+              UnorderedElementsAre(Pair(1, 4)));
 }
 
 TEST_F(SyncRuleTest, ExamplesCountAsAppliedOnlyOnceTheStepIsApplied) {
@@ -445,7 +552,7 @@ TEST_F(SyncRuleTest, StalePushIsAbortedAndLeavesWeightsUnchanged) {
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(2.0f))).status());
   const std::vector<float> before = Weights(*rule_);
   EXPECT_THAT(
-      rule_->Apply(MakePush(0, 0, Filled(100.0f))),
+      rule_->Apply(MakeRefusedPush(0, 0, Filled(100.0f))),
       StatusIs(absl::StatusCode::kAborted, HasSubstr("pull and retry")));
   EXPECT_EQ(Weights(*rule_), before);
   EXPECT_EQ(state_.version(), 1);
@@ -458,7 +565,7 @@ TEST_F(SyncRuleTest, StalePushIsAbortedAndLeavesWeightsUnchanged) {
 
 TEST_F(SyncRuleTest, PushFromAFutureVersionIsAbortedAndLeavesWeightsUnchanged) {
   EXPECT_THAT(
-      rule_->Apply(MakePush(0, 5, Filled(100.0f))),
+      rule_->Apply(MakeRefusedPush(0, 5, Filled(100.0f))),
       StatusIs(absl::StatusCode::kAborted, HasSubstr("only at version 0")));
   EXPECT_EQ(Weights(*rule_), initial_);
   EXPECT_EQ(state_.version(), 0);
