@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +78,16 @@ absl::Status PushDecoder::TakeHeader(const PushHeader& h) {
   data_.resume_point = h.resume_point();
   data_.replica_seq = h.replica_seq();
   data_.replica_epoch = h.replica_epoch();
+  if (h.sync_step()) {
+    auto step = std::make_shared<SyncStep>();
+    step->version = h.replica_seq();
+    step->max_abs = h.step_max_abs();
+    step->without_update = h.step_without_update();
+    for (const StepExamples& e : h.step_examples()) {
+      step->examples.push_back({e.rank(), e.offset(), e.samples(), e.kind()});
+    }
+    data_.step = std::move(step);
+  }
   push_encoding_ = h.encoding();
   values_ = buffers_->Take();
   return absl::OkStatus();
@@ -103,6 +114,32 @@ absl::Status PushDecoder::CheckHeader(const PushHeader& h) const {
     return absl::InvalidArgumentError(
         "push header has a negative replica_seq or replica_epoch, or one "
         "without the other");
+  }
+  if (h.sync_step() || h.step_examples_size() > 0) {
+    if (!h.sync_step() || h.replica_seq() == 0) {
+      return absl::InvalidArgumentError(
+          "step_examples belong to a forwarded sync step (sync_step and "
+          "replica_seq set)");
+    }
+    if (h.step_examples_size() > num_workers_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a forwarded sync step with ", h.step_examples_size(),
+          " ranks' examples, in a run of ", num_workers_, " workers"));
+    }
+    for (const StepExamples& e : h.step_examples()) {
+      if (e.rank() < 0 || e.rank() >= num_workers_ || e.offset() < 0 ||
+          e.samples() < 0 || e.offset() > kMaxSampleOffset ||
+          e.samples() > limits_.max_samples ||
+          !StepExamples::Kind_IsValid(e.kind())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a forwarded sync step's examples are out of range: rank ",
+            e.rank(), ", examples ", e.offset(), "+", e.samples()));
+      }
+    }
+    if (!(h.step_max_abs() >= 0)) {
+      return absl::InvalidArgumentError(
+          "a forwarded sync step's step_max_abs must be at least 0");
+    }
   }
   // A primary forwards the values its rule applied: float32.
   if (h.replica_seq() > 0 && h.encoding() != ENCODING_FLOAT32) {

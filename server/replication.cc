@@ -370,6 +370,18 @@ grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
       h->set_resume_point(push.resume_point);
       h->set_replica_seq(seq);
       h->set_replica_epoch(epoch);
+      if (push.step != nullptr) {
+        h->set_sync_step(true);
+        h->set_step_without_update(push.step->without_update);
+        h->set_step_max_abs(push.step->max_abs);
+        for (const SyncStep::Examples& e : push.step->examples) {
+          StepExamples* out = h->add_step_examples();
+          out->set_rank(e.rank);
+          out->set_offset(e.offset);
+          out->set_samples(e.samples);
+          out->set_kind(e.kind);
+        }
+      }
     }
     const uint64_t count = std::min<uint64_t>(per_chunk, n - offset);
     chunk.set_offset(offset);

@@ -24,7 +24,33 @@ Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
       learning_rate_(resolved.learning_rate()),
       mode_(resolved.mode()),
       sparse_(sparse),
-      replication_(replication) {}
+      replication_(replication) {
+  if (replication_ != nullptr && mode_ == SYNC) {
+    // A sync step is forwarded once it has closed (the summed update, once
+    // per step), on one thread: in order, off gRPC's threads.
+    publisher_ = std::make_unique<TaskThreads>(1);
+    rule_->PublishStepsThrough([this](std::shared_ptr<const SyncStep> step) {
+      publisher_->Run([this, step = std::move(step)] { PublishStep(step); });
+    });
+  }
+}
+
+void Shard::PublishStep(const std::shared_ptr<const SyncStep>& step) {
+  PushData forward;
+  forward.base_version = step->version - 1;
+  forward.values = step->mean;
+  forward.step = step;
+  if (absl::Status forwarded = replication_->Forward(forward, step->version);
+      !forwarded.ok()) {
+    common::LogWarning(
+        "shard %d: step %d is not acknowledged (%s); the workers waiting for "
+        "it are told to go to the range's backup",
+        state_->shard(), step->version - 1, forwarded.message());
+    state_->ExpireWaiters(absl::InfiniteFuture());
+    return;
+  }
+  state_->RunWaiters(state_->AdvanceVersion(step->version));
+}
 
 absl::Status Shard::CheckServing() const {
   if (replication_ == nullptr) return absl::OkStatus();
@@ -384,7 +410,9 @@ void Shard::ApplyForwarded(
   replication_->ApplyInOrder(
       push.replica_seq, push.replica_epoch,
       [this, &push, applied]() -> absl::Status {
-        absl::StatusOr<PushResult> result = rule_->Apply(push);
+        absl::StatusOr<PushResult> result = push.step != nullptr
+                                                ? rule_->ApplyStep(push)
+                                                : rule_->Apply(push);
         if (!result.ok()) return result.status();
         applied->result = *result;
         return absl::OkStatus();
@@ -408,7 +436,10 @@ absl::Status Shard::Replicate(const PushData& push,
   if (replication_ == nullptr) return absl::OkStatus();
   // A repeat is acknowledged once the backup has every update up to now:
   // its first acknowledgement may have been lost with the forward of the
-  // update that applied it.
+  // update that applied it. A sync push is forwarded with its step, once
+  // the step has closed (PublishStep), and acknowledged by the step's
+  // version.
+  if (mode_ == SYNC && !applied.result.duplicate) return absl::OkStatus();
   absl::Status forwarded =
       applied.result.duplicate
           ? replication_->AwaitForwarded(applied.result.version)
@@ -466,6 +497,9 @@ UpdateRule::PullAnswer Shard::Pull(int rank,
 }
 
 absl::Status Shard::WaitExpired(const char* what, int64_t min_version) const {
+  // A primary fenced while the wait went on (replication): the range is
+  // served elsewhere now.
+  if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
   if (state_->has_staleness_bound()) {
     const std::vector<std::string> waits =
         state_->DescribeClockWaits(absl::Now());

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -26,6 +27,7 @@
 #include "server/replication.h"
 #include "server/shard_sparse_tables.h"
 #include "server/shard_state.h"
+#include "server/task_threads.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -172,6 +174,12 @@ class Shard {
   absl::Status CheckServing() const;
   // The checks of Leave and FinishRank; then ends the session.
   absl::Status EndSession(const LeaveRequest& request, const char* what);
+  // Replicated sync (on publisher_'s thread, in the order the steps
+  // closed): forwards `step` to the range's backup, then publishes its
+  // version (the waits for it end: the step is acknowledged). A primary
+  // fenced meanwhile publishes nothing; the waits end UNAVAILABLE and their
+  // workers follow the range to its backup.
+  void PublishStep(const std::shared_ptr<const SyncStep>& step);
 
   // Constant after construction.
   const uint64_t fingerprint_;
@@ -185,6 +193,9 @@ class Shard {
   Replication* const replication_;  // null: not replicated
 
   Rendezvous rendezvous_;
+  // Replicated sync: the thread that forwards closed steps (PublishStep).
+  // Last: it stops, with every step handed to it forwarded, first.
+  std::unique_ptr<TaskThreads> publisher_;
 };
 
 }  // namespace monsoon::server

@@ -223,9 +223,6 @@ absl::Status CheckReplicas(const ShardServerOptions& options) {
   const TrainingConfig& c = options.config;
   const char* why = nullptr;
   switch (c.mode()) {
-    case SYNC:
-      why = "mode sync (its step's summed update is not forwarded yet)";
-      break;
     case ALLREDUCE:
       why = "mode allreduce (the shards hold no live state to replicate)";
       break;

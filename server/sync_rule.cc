@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -65,6 +66,7 @@ class SyncRule : public UpdateRule {
 
   absl::StatusOr<PushResult> Apply(const PushData& push) override {
     std::vector<ShardState::Waiter> ready;
+    std::vector<std::shared_ptr<const SyncStep>> closed;
     PushResult result;
     {
       absl::MutexLock lock(&mu_);
@@ -105,7 +107,7 @@ class SyncRule : public UpdateRule {
         case Aligned::kAhead:
           // The step so far is of examples that this push's rank went
           // past: it closes without them, and this push begins the next.
-          ready = PassOverOpenStep(push);
+          PassOverOpenStep(push, &ready, &closed);
           result.await_version = weights_->version() + 1;
           break;
         case Aligned::kSame:
@@ -153,10 +155,56 @@ class SyncRule : public UpdateRule {
       if (closes) {
         CloseStep(count_ == 1 ? nullptr : g);
         result.version = weights_->version();
-        std::vector<ShardState::Waiter> released =
-            state_->AdvanceVersion(result.version);
-        std::move(released.begin(), released.end(), std::back_inserter(ready));
+        Publish(&ready, &closed);
       }
+    }
+    for (std::shared_ptr<const SyncStep>& step : closed) {
+      publish_(std::move(step));
+    }
+    state_->RunWaiters(std::move(ready));
+    return result;
+  }
+
+  void PublishStepsThrough(
+      std::function<void(std::shared_ptr<const SyncStep>)> publish) override {
+    absl::MutexLock lock(&mu_);
+    publish_ = std::move(publish);
+  }
+
+  absl::StatusOr<PushResult> ApplyStep(const PushData& push) override {
+    if (push.step == nullptr || push.values.size() != state_->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a forwarded sync step needs its examples and ", state_->size(),
+          " values"));
+    }
+    const SyncStep& step = *push.step;
+    std::vector<ShardState::Waiter> ready;
+    PushResult result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (count_ != 0 || step.version != weights_->version() + 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "forwarded step to version ", step.version, " but the copy of "
+            "shard ", state_->shard(), "'s range is at version ",
+            weights_->version(),
+            count_ != 0 ? " with a step of its own collecting" : "",
+            ": the copies differ"));
+      }
+      const bool refused = WriteStep(Gradient{push.values}, step.max_abs,
+                                     step.without_update);
+      if (refused != step.without_update) {
+        common::LogError(
+            "shard %d: the forwarded step to version %d was applied by the "
+            "range's primary, but its update would overflow here: the "
+            "copies differ",
+            state_->shard(), step.version);
+      }
+      for (const SyncStep::Examples& examples : step.examples) {
+        if (examples.rank < 0 || examples.rank >= num_workers_) continue;
+        Settle(examples);
+      }
+      result.version = weights_->version();
+      ready = state_->AdvanceVersion(result.version);
     }
     state_->RunWaiters(std::move(ready));
     return result;
@@ -291,11 +339,13 @@ class SyncRule : public UpdateRule {
 
   // kAhead: closes the step in progress without an update (the weights and
   // the optimizer's state as they were, its pushes' examples passed over,
-  // as for a refused update), so that `push` begins the next one. Returns
-  // the waiters the new version lets go: the passed-over pushes' workers
-  // get the weights (unchanged) and go on to their next batch, which is
-  // the position of `push`.
-  std::vector<ShardState::Waiter> PassOverOpenStep(const PushData& push)
+  // as for a refused update), so that `push` begins the next one, and
+  // publishes it (Publish): the passed-over pushes' workers get the weights
+  // (unchanged) and go on to their next batch, which is the position of
+  // `push`.
+  void PassOverOpenStep(const PushData& push,
+                        std::vector<ShardState::Waiter>* ready,
+                        std::vector<std::shared_ptr<const SyncStep>>* closed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::string> passed;
     for (int rank = 0; rank < num_workers_; ++rank) {
@@ -313,7 +363,7 @@ class SyncRule : public UpdateRule {
         push.worker_rank, push.sample_offset, weights_->version() + 1);
     CloseStep(nullptr, /*pass_over=*/true);
     waiting_since_ = absl::InfiniteFuture();
-    return state_->AdvanceVersion(weights_->version());
+    Publish(ready, closed);
   }
 
   // A step repeated after a lost shard, at a shard that went back (it
@@ -388,6 +438,7 @@ class SyncRule : public UpdateRule {
  public:
   void Tick(absl::Time now, absl::Duration log_every) override {
     std::vector<ShardState::Waiter> ready;
+    std::vector<std::shared_ptr<const SyncStep>> closed;
     {
       absl::MutexLock lock(&mu_);
       if (count_ == 0) {
@@ -400,7 +451,7 @@ class SyncRule : public UpdateRule {
       }
       if (AllLiveArrived(now)) {
         CloseStep(nullptr);
-        ready = state_->AdvanceVersion(weights_->version());
+        Publish(&ready, &closed);
         waiting_since_ = absl::InfiniteFuture();
       } else if (log_every > absl::ZeroDuration() &&
                  now - last_log_ >= log_every) {
@@ -412,6 +463,9 @@ class SyncRule : public UpdateRule {
         last_log_ = now;
       }
     }
+    for (std::shared_ptr<const SyncStep>& step : closed) {
+      publish_(std::move(step));
+    }
     state_->RunWaiters(std::move(ready));
   }
 
@@ -419,6 +473,9 @@ class SyncRule : public UpdateRule {
   // Averages the step's gradients (the sum, plus `last` where the last push
   // is not in it yet) and publishes the next version.
   // With `pass_over`, the step closes without an update (PassOverOpenStep).
+  // Replicated (publish_), the step's averaged gradient is written out
+  // first (the update applies from it, as the backup's will: the same
+  // values, the same weights) and the step is kept in step_ for Publish.
   void CloseStep(const float* last, bool pass_over = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // Closed for the backup count (not for leases that ran out): the live
@@ -430,22 +487,47 @@ class SyncRule : public UpdateRule {
     if (!by_backup && !pass_over) {
       missing_log_.StepCloses(*state_, arrived_, count_, weights_->version());
     }
-    const Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
-                        1.0f / static_cast<float>(count_), sum_plus_zero_};
-    // An update that would overflow is refused: the step still closes (the
-    // workers wait for its version), with the weights and the optimizer's
-    // state as they were and the step's examples passed over.
-    // The bounds usually guarantee it without a pass: the mean is at most
-    // the sum of the pushes' largest magnitudes, scaled, once that sum
-    // cannot overflow.
+    Gradient mean{absl::MakeConstSpan(sum_.get(), state_->size()), last,
+                  1.0f / static_cast<float>(count_), sum_plus_zero_};
+    // The mean is at most the sum of the pushes' largest magnitudes,
+    // scaled, once that sum cannot overflow.
     const double max_abs = step_max_abs_ < kSafeMagnitude
                                ? step_max_abs_ * mean.scale
                                : std::numeric_limits<double>::infinity();
+    if (publish_) {
+      step_ = std::make_shared<SyncStep>();
+      step_->version = weights_->version() + 1;
+      step_->max_abs = max_abs;
+      step_->mean.resize(state_->size());
+      float* out = step_->mean.data();
+      WithGradient(mean, [out](size_t n, auto grad) {
+        for (size_t i = 0; i < n; ++i) out[i] = grad(i);
+      });
+      mean = Gradient{absl::MakeConstSpan(step_->mean)};
+    }
+    const bool refused = WriteStep(mean, max_abs, pass_over);
+    if (step_ != nullptr) step_->without_update = refused;
+    sum_.reset();  // back to the pool
+    step_max_abs_ = 0;
+    SettleExamples(refused, by_backup, pass_over);
+  }
+
+  // Writes the next version: the optimizer's step with `mean` (whose
+  // magnitude is at most `max_abs`), or without an update when
+  // `without_update` or when the update would overflow (logged). Returns
+  // whether the step went without an update.
+  bool WriteStep(const Gradient& mean, double max_abs, bool without_update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // An update that would overflow is refused: the step still closes (the
+    // workers wait for its version), with the weights and the optimizer's
+    // state as they were and the step's examples passed over.
+    // The bounds usually guarantee it without a pass.
     double step = 0;
-    const bool bounded = !pass_over && optimizer_->BoundStep(max_abs, &step) &&
+    const bool bounded = !without_update &&
+                         optimizer_->BoundStep(max_abs, &step) &&
                          weight_bound_.Allows(step);
     const bool refused =
-        pass_over ||
+        without_update ||
         (!bounded && !optimizer_->StaysFinite(mean, weights_->values().data()));
     const absl::Time began = state_->BeginApply();
     if (step_pulls_ != nullptr) {
@@ -461,15 +543,13 @@ class SyncRule : public UpdateRule {
                      });
     if (step_pulls_ != nullptr) QuantizeStep();
     state_->EndApply(began);
-    sum_.reset();  // back to the pool
-    step_max_abs_ = 0;
     if (!refused) {
       optimizer_->AdvanceBound(max_abs);
       if (!weight_bound_.Advance(
               bounded ? step : std::numeric_limits<double>::infinity())) {
         weight_bound_.Reset(MaxAbs(weights_->values()));
       }
-    } else if (!pass_over) {
+    } else if (!without_update) {
       state_->RecordRefusedUpdate();
       common::LogError(
           "shard %d: step %d's averaged update would make a weight or "
@@ -479,7 +559,23 @@ class SyncRule : public UpdateRule {
           "learning rate, or the shards' --max_abs_gradient",
           state_->shard(), weights_->version() - 1);
     }
-    SettleExamples(refused, by_backup, pass_over);
+    return refused;
+  }
+
+  // After a step closed (CloseStep): without replication its version is
+  // published now (the waiters it lets go added to `ready`); replicated,
+  // the step is added to `closed`, for publish_ once the lock is released.
+  void Publish(std::vector<ShardState::Waiter>* ready,
+               std::vector<std::shared_ptr<const SyncStep>>* closed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (step_ != nullptr) {
+      closed->push_back(std::move(step_));
+      step_.reset();
+      return;
+    }
+    std::vector<ShardState::Waiter> released =
+        state_->AdvanceVersion(weights_->version());
+    std::move(released.begin(), released.end(), std::back_inserter(*ready));
   }
 
   // After the step closed (its update `refused` or not; closed for the
@@ -496,12 +592,11 @@ class SyncRule : public UpdateRule {
       if (arrived_[rank]) batch = std::max(batch, step_samples_[rank]);
     }
     for (int rank = 0; rank < num_workers_; ++rank) {
+      SyncStep::Examples examples{rank, step_offsets_[rank],
+                                  step_samples_[rank], StepExamples::APPLIED};
       if (arrived_[rank] && refused) {
-        state_->PassOver(rank, step_offsets_[rank], step_samples_[rank]);
-      } else if (arrived_[rank]) {
-        state_->RecordAppliedSamples(rank, step_samples_[rank]);
-        state_->AdvancePosition(rank, step_offsets_[rank], step_samples_[rank]);
-      } else if (!pass_over) {
+        examples.kind = StepExamples::PASSED_OVER;
+      } else if (!arrived_[rank] && !pass_over) {
         if (by_backup) {
           // Its push for this step is to be dropped; a few steps are
           // remembered (a worker late by several).
@@ -509,12 +604,34 @@ class SyncRule : public UpdateRule {
           steps.push_back(weights_->version() - 1);
           if (steps.size() > kDroppedKept) steps.pop_front();
         }
-        state_->SkipSamples(rank, batch);
+        examples = {rank, 0, batch, StepExamples::SKIPPED};
+      } else if (!arrived_[rank]) {
+        step_samples_[rank] = 0;
+        continue;
       }
+      Settle(examples);
+      if (step_ != nullptr) step_->examples.push_back(examples);
       step_samples_[rank] = 0;
     }
     std::fill(arrived_.begin(), arrived_.end(), false);
     count_ = 0;
+  }
+
+  // What a step did with one rank's examples, in the shard's counters.
+  void Settle(const SyncStep::Examples& examples) {
+    switch (examples.kind) {
+      case StepExamples::APPLIED:
+        state_->RecordAppliedSamples(examples.rank, examples.samples);
+        state_->AdvancePosition(examples.rank, examples.offset,
+                                examples.samples);
+        break;
+      case StepExamples::PASSED_OVER:
+        state_->PassOver(examples.rank, examples.offset, examples.samples);
+        break;
+      default:  // SKIPPED
+        state_->SkipSamples(examples.rank, examples.samples);
+        break;
+    }
   }
 
   // Dropped pushes remembered per rank (TakeDropped); older ones, if they
@@ -552,6 +669,11 @@ class SyncRule : public UpdateRule {
   double step_max_abs_ ABSL_GUARDED_BY(mu_) = 0;
   WeightBound weight_bound_ ABSL_GUARDED_BY(mu_);
   MissingRanksLog missing_log_ ABSL_GUARDED_BY(mu_);
+  // Replicated (PublishStepsThrough): where closed steps go (set before
+  // serving, constant after), and the step CloseStep just made, until
+  // Publish hands it on.
+  std::function<void(std::shared_ptr<const SyncStep>)> publish_;
+  std::shared_ptr<SyncStep> step_ ABSL_GUARDED_BY(mu_);
   // Since when the step in progress has had a push and waited (logging).
   absl::Time waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time last_log_ ABSL_GUARDED_BY(mu_);

@@ -25,10 +25,12 @@
 #define MONSOON_SERVER_UPDATE_RULE_H_
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -40,6 +42,24 @@
 #include "server/shard_state.h"
 
 namespace monsoon::server {
+
+// A sync step as the range's primary closed it (ps_server --replicas): what
+// its backup needs to make the same step (UpdateRule::ApplyStep).
+struct SyncStep {
+  int64_t version = 0;  // the version the step made
+  // The averaged gradient (at the primary; a forwarded step's arrive as
+  // PushData::values).
+  std::vector<float> mean;
+  double max_abs = 0;  // the bound on |mean| the overflow checks took
+  bool without_update = false;  // refused or passed over: mean not applied
+  struct Examples {
+    int rank = 0;
+    int64_t offset = 0;
+    int64_t samples = 0;
+    StepExamples::Kind kind = StepExamples::APPLIED;
+  };
+  std::vector<Examples> examples;
+};
 
 // One validated push for this shard.
 struct PushData {
@@ -56,6 +76,9 @@ struct PushData {
   // replica_epoch; server/replication.h); 0 for a worker's.
   int64_t replica_seq = 0;
   int64_t replica_epoch = 0;
+  // A sync step forwarded by the range's primary (PushHeader.sync_step):
+  // its examples and flags; the averaged gradient is `values`.
+  std::shared_ptr<const SyncStep> step;
   int64_t wire_bytes = 0;     // serialized size, for statistics
   // The largest magnitude among `values`, when whoever made the push knows
   // it (PushDecoder finds it in its check of the values); infinity when
@@ -135,6 +158,23 @@ class UpdateRule {
   // pull: a rule that compensates for what a worker last saw
   // (delay_compensation) keeps them. Thread-safe, like Snapshot.
   virtual void Pulled(int worker_rank, const WeightsPtr& weights) {}
+
+  // Replication of a rule that closes steps (sync): from now on a step
+  // that closes is not published (its version does not advance, no wait
+  // for it ends) but handed to `publish`, outside the rule's locks, in the
+  // order the steps close; `publish` forwards it to the range's backup and
+  // then advances the version (ShardState::AdvanceVersion). Call before
+  // serving. Rules that make no steps ignore it.
+  virtual void PublishStepsThrough(
+      std::function<void(std::shared_ptr<const SyncStep>)> publish) {}
+
+  // Backup: makes the step that the range's primary closed (forwarded, see
+  // SyncStep), with `push.values` its averaged gradient. FAILED_PRECONDITION
+  // when the step does not follow this copy's version (the copies differ);
+  // UNIMPLEMENTED for rules that make no steps.
+  virtual absl::StatusOr<PushResult> ApplyStep(const PushData& push) {
+    return absl::UnimplementedError("this mode forwards pushes, not steps");
+  }
 
   // Called every fraction of a second by the shard's server. A rule that
   // waits for workers (sync's barrier) closes a step whose missing workers'

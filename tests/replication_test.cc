@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -446,13 +447,141 @@ TEST(ReplicationTest, AFrozenPrimaryThatComesBackIsFencedAndTakesNoWrite) {
   EXPECT_EQ(servers[0]->backup_state()->version(), taken_version + 1);
 }
 
+// Sync: two workers' push-pulls for step k, each on its own thread (the
+// barrier answers them together); `values[r]` is rank r's gradient. OK or
+// the first error.
+absl::Status SyncStep(std::vector<std::unique_ptr<worker::PsClient>>& clients,
+                      int64_t k, const std::vector<std::vector<float>>& values,
+                      std::vector<int64_t> base = {}) {
+  if (base.empty()) base = {k, k};
+  std::vector<absl::Status> statuses(clients.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < clients.size(); ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> params(8, 0.0f);
+      std::vector<int64_t> versions;
+      const worker::PullTarget pull{absl::MakeSpan(params), &versions,
+                                    absl::Seconds(10)};
+      common::BufferLease lease;
+      std::unique_ptr<worker::ShardedPush> push = clients[r]->StartPush(
+          base, 4, /*sample_offset=*/4 * k, &lease, nullptr, &pull);
+      SendHalves(values[r], push.get());
+      statuses[r] = push->Wait();
+      push.reset();
+      if (statuses[r].ok() && !lease.AwaitReleased(absl::Seconds(10))) {
+        statuses[r] = absl::DeadlineExceededError("lease");
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::unique_ptr<worker::PsClient>> TwoClients(
+    ReplicatedPair& pair, const TrainingConfig& config) {
+  std::vector<std::unique_ptr<worker::PsClient>> clients;
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+        worker::PsClient::Connect(pair.Client(config, r));
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (client.ok()) clients.push_back(*std::move(client));
+  }
+  return clients;
+}
+
+// Sync forwards each step once, as the averaged gradient, when it closes;
+// the workers get the step's weights only once the backup has made the
+// same step: the copies hold the same weights, momentum and examples
+// after every step.
+TEST(ReplicationTest, ASyncStepReachesTheBackupBeforeItIsAcknowledged) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: SYNC optimizer: SGD learning_rate: 0.1 "
+      "momentum: 0.9");
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  std::vector<std::unique_ptr<worker::PsClient>> clients =
+      TwoClients(pair, config);
+  ASSERT_EQ(clients.size(), 2u);
+  for (int k = 0; k < 4; ++k) {
+    std::vector<std::vector<float>> values(2, std::vector<float>(8));
+    for (int r = 0; r < 2; ++r) {
+      for (size_t i = 0; i < 8; ++i) values[r][i] = 0.3f * (i + k) - r;
+    }
+    ASSERT_OK(SyncStep(clients, k, values));
+    for (int s = 0; s < 2; ++s) {
+      SCOPED_TRACE(s);
+      ShardServer* primary = pair.servers[s].get();
+      ShardServer* backup = pair.servers[1 - s].get();
+      EXPECT_EQ(backup->backup_state()->version(), k + 1);
+      EXPECT_THAT(Values(backup->backup_rule()),
+                  ElementsAreArray(Values(primary->rule())));
+      EXPECT_EQ(backup->backup_rule()->SaveState().optimizer_state,
+                primary->rule()->SaveState().optimizer_state);
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(backup->backup_state()->SamplePosition(r), 4 * (k + 1));
+      }
+    }
+  }
+  // One forward per step and range, not one per push.
+  absl::StatusOr<std::vector<StatsResponse>> stats =
+      clients[0]->Stats(absl::Seconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ((*stats)[0].replicated_updates(), 4);
+  EXPECT_EQ((*stats)[1].replicated_updates(), 4);
+}
+
+// Sync, a shard's process lost: the workers repeat the step on the range's
+// backup, which has every step they were answered, and training goes on
+// there. Plain SGD at 0.5 with gradients of ones: each step takes 0.5 off
+// every weight.
+TEST(ReplicationTest, SyncGoesOnFromTheBackupWithEveryAcknowledgedStep) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: SYNC optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0");
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  std::vector<std::unique_ptr<worker::PsClient>> clients =
+      TwoClients(pair, config);
+  ASSERT_EQ(clients.size(), 2u);
+  const std::vector<float> initial1 = Values(pair.servers[1]->rule());
+  const std::vector<std::vector<float>> ones(2, std::vector<float>(8, 1.0f));
+  for (int k = 0; k < 3; ++k) ASSERT_OK(SyncStep(clients, k, ones));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  EXPECT_THAT(SyncStep(clients, 3, ones),
+              StatusIs(absl::StatusCode::kUnavailable));
+  for (auto& client : clients) {
+    ASSERT_OK(client->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+    // The backup has the 3 steps answered; shard 0 closed step 3 too (both
+    // pushes reached it): a sync worker resumes at the furthest shard.
+    EXPECT_EQ(client->initial_versions()[1], 3);
+    EXPECT_EQ(client->applied_samples(), 16);
+  }
+  // Step 3 again (shard 0 has it, or collects it), then step 4.
+  ASSERT_OK(SyncStep(clients, 3, ones,
+                     {clients[0]->initial_versions()[0], 3}));
+  ASSERT_OK(SyncStep(clients, 4, ones, {5, 4}));
+  ShardState* taken = pair.servers[0]->backup_state();
+  EXPECT_EQ(taken->version(), 5);
+  EXPECT_EQ(taken->SamplePosition(0), 20);
+  EXPECT_EQ(taken->SamplePosition(1), 20);
+  const std::vector<float> now = Values(pair.servers[0]->backup_rule());
+  for (size_t i = 0; i < now.size(); ++i) {
+    EXPECT_FLOAT_EQ(now[i], initial1[i] - 5 * 0.5f) << i;
+  }
+}
+
 TEST(ReplicationTest, WhatIsNotReplicatedYetIsRefusedWithTheReason) {
   const std::vector<std::string> servers = {"127.0.0.1:1", "127.0.0.1:2"};
-  ShardServerOptions sync = Replicated(
-      ResolvedConfig("layer_sizes: [3, 2] mode: SYNC"), 0, servers, {0, 0});
-  EXPECT_THAT(ShardServer::Start(sync).status(),
+  ShardServerOptions allreduce =
+      Replicated(ResolvedConfig("layer_sizes: [3, 2] mode: ALLREDUCE"), 0,
+                 servers, {0, 0});
+  EXPECT_THAT(ShardServer::Start(allreduce).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("not built for mode sync")));
+                       HasSubstr("not built for mode allreduce")));
   ShardServerOptions no_servers =
       Replicated(PlainSgd(), 0, {}, {0, 0});
   EXPECT_THAT(ShardServer::Start(no_servers).status(),
