@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "proto/metrics.pb.h"
 #include "server/shard_server.h"
+#include "tests/blobs.h"
 #include "tests/local_shards.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
@@ -44,40 +45,10 @@ namespace {
 using ::monsoon::testutil::ResolvedConfig;
 using ::monsoon::testutil::StatusIs;
 
-constexpr int kFeatures = 20;
-constexpr int kClasses = 10;
 constexpr int kShards = 2;
 constexpr int kWorkers = 2;
 
-double Uniform(uint64_t* state) {
-  *state = common::SplitMix64(*state);
-  return (static_cast<double>(*state >> 11) + 0.5) /
-         static_cast<double>(1ull << 53);
-}
-
-// 10 Gaussian blobs in 20 dimensions: centres uniform in [-1, 1]^20 (the
-// same for every split), noise of standard deviation 0.5, labels i % 10.
-worker::Dataset Blobs(int examples, uint64_t noise_seed) {
-  std::vector<double> centres(kClasses * kFeatures);
-  uint64_t state = 42;
-  for (double& c : centres) c = 2 * Uniform(&state) - 1;
-  worker::Dataset data;
-  data.size = examples;
-  data.dim = kFeatures;
-  state = noise_seed;
-  for (int i = 0; i < examples; ++i) {
-    const int label = i % kClasses;
-    data.labels.push_back(label);
-    for (int f = 0; f < kFeatures; ++f) {
-      // Box-Muller.
-      const double gaussian = std::sqrt(-2 * std::log(Uniform(&state))) *
-                              std::cos(2 * M_PI * Uniform(&state));
-      data.images.push_back(
-          static_cast<float>(centres[label * kFeatures + f] + 0.5 * gaussian));
-    }
-  }
-  return data;
-}
+using ::monsoon::testutil::Blobs;
 
 class ClusterTest : public testing::Test {
  protected:
