@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,11 +25,17 @@
 #include "gtest/gtest.h"
 #include "proto/service.grpc.pb.h"
 #include "server/shard_server.h"
+#include "tests/blobs.h"
 #include "tests/local_shards.h"
 #include "tests/status_matchers.h"
 #include "tests/tcp_proxy.h"
 #include "tests/test_util.h"
+#include "worker/cpu_backend.h"
+#include "worker/dataset.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
+#include "worker/training_loop.h"
+#include "worker/worker_counters.h"
 
 namespace monsoon::server {
 namespace {
@@ -84,14 +91,17 @@ ShardServerOptions Replicated(const TrainingConfig& config, int shard,
 // is where they reach each other (by default, each other's ports).
 struct ReplicatedPair {
   explicit ReplicatedPair(const TrainingConfig& config,
-                          std::vector<std::string> peer_addresses = {}) {
+                          std::vector<std::string> peer_addresses = {},
+                          int num_workers = 2) {
     ports = {FreePort(), FreePort()};
     addresses = {absl::StrCat("127.0.0.1:", ports[0]),
                  absl::StrCat("127.0.0.1:", ports[1])};
     if (peer_addresses.empty()) peer_addresses = addresses;
     for (int s = 0; s < 2; ++s) {
+      ShardServerOptions options = Replicated(config, s, peer_addresses, ports);
+      options.num_workers = num_workers;
       absl::StatusOr<std::unique_ptr<ShardServer>> server =
-          ShardServer::Start(Replicated(config, s, peer_addresses, ports));
+          ShardServer::Start(options);
       EXPECT_TRUE(server.ok()) << server.status();
       if (server.ok()) servers.push_back(*std::move(server));
     }
@@ -571,6 +581,89 @@ TEST(ReplicationTest, SyncGoesOnFromTheBackupWithEveryAcknowledgedStep) {
   const std::vector<float> now = Values(pair.servers[0]->backup_rule());
   for (size_t i = 0; i < now.size(); ++i) {
     EXPECT_FLOAT_EQ(now[i], initial1[i] - 5 * 0.5f) << i;
+  }
+}
+
+// One worker's sync run on two replicated shards, training the blobs for
+// 20 epochs (400 steps); with `kill_at`, shard 1's process is lost (shut
+// down at once) once its range reaches that version. The worker's final
+// weights.
+std::vector<float> TrainOneSyncWorker(const TrainingConfig& config,
+                                      int64_t kill_at,
+                                      worker::WorkerResult* result) {
+  ReplicatedPair pair(config, {}, /*num_workers=*/1);
+  if (pair.servers.size() != 2) return {};
+  const worker::Dataset train = testutil::Blobs(400, 1);
+  std::unique_ptr<worker::ComputeBackend> backend = worker::MakeCpuBackend(1);
+  absl::StatusOr<std::unique_ptr<worker::Model>> model = worker::Model::Create(
+      backend.get(), common::ModelLayout::FromConfig(config),
+      config.batch_size());
+  EXPECT_TRUE(model.ok()) << model.status();
+  worker::PsClientOptions options = pair.Client(config, 0);
+  options.num_workers = 1;
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!model.ok() || !client.ok()) return {};
+  worker::WorkerCounters counters;
+  worker::WorkerContext context;
+  context.config = config;
+  context.rank = 0;
+  context.num_workers = 1;
+  context.train = &train;
+  context.model = model->get();
+  context.client = client->get();
+  context.rendezvous = client->get();
+  context.log_interval = absl::ZeroDuration();
+  context.counters = &counters;
+  worker::PlaceWorker(**client, config, /*resume=*/false, &context);
+  std::unique_ptr<worker::TrainingLoop> loop =
+      worker::MakeTrainingLoop(config.mode());
+  absl::StatusOr<worker::WorkerResult> trained =
+      absl::UnknownError("not run");
+  std::thread training([&] { trained = loop->Run(context); });
+  if (kill_at > 0) {
+    while (pair.servers[1]->state()->version() < kill_at &&
+           pair.servers[0]->state()->version() < 400) {
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    pair.servers[1]->Shutdown(absl::ZeroDuration());
+  }
+  training.join();
+  EXPECT_TRUE(trained.ok()) << trained.status();
+  if (!trained.ok()) return {};
+  *result = *trained;
+  std::vector<float> params(common::ModelLayout::FromConfig(config).num_params());
+  EXPECT_OK((*model)->GetParams(absl::MakeSpan(params)));
+  return params;
+}
+
+// Sync with one worker: losing a shard's process changes nothing. The
+// range's backup has every step the worker was answered; the worker sends
+// the step that was in flight again as it was (not recomputed on the other
+// shard's newer weights), so the weights come out as without the failure,
+// bit for bit, and so does every step's loss.
+TEST(ReplicationTest, OneSyncWorkerEndsBitForBitAsWithoutTheFailure) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [20, 16, 10] batch_size: 20 epochs: 20 seed: 3 "
+      "mode: SYNC learning_rate: 0.05 momentum: 0.9");
+  worker::WorkerResult clean_result;
+  const std::vector<float> clean = TrainOneSyncWorker(config, 0, &clean_result);
+  ASSERT_FALSE(clean.empty());
+  for (int64_t kill_at : {57, 211}) {
+    SCOPED_TRACE(kill_at);
+    worker::WorkerResult result;
+    const std::vector<float> failed =
+        TrainOneSyncWorker(config, kill_at, &result);
+    ASSERT_EQ(failed.size(), clean.size());
+    EXPECT_EQ(result.steps, 400);
+    EXPECT_EQ(result.samples, 8000);
+    EXPECT_EQ(result.last_loss, clean_result.last_loss);  // the last step's
+    size_t differ = 0;
+    for (size_t i = 0; i < clean.size(); ++i) {
+      if (std::memcmp(&clean[i], &failed[i], sizeof(float)) != 0) ++differ;
+    }
+    EXPECT_EQ(differ, 0u) << "of " << clean.size();
   }
 }
 

@@ -112,6 +112,9 @@ class ParameterClient {
   // the shards' current one, and the next push repeats a step.
   virtual absl::Status Reconnect(absl::Duration timeout,
                                  absl::Duration log_every) = 0;
+  // Each shard's version when the last Reconnect found it again (empty:
+  // not known).
+  virtual std::vector<int64_t> versions_at_reconnect() const { return {}; }
 
   // Serialized bytes sent in pushes and received in pulls.
   virtual int64_t bytes_pushed() const = 0;

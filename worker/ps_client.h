@@ -128,6 +128,9 @@ class PsClient : public ParameterClient, public RingRendezvous {
   const std::vector<int64_t>& initial_versions() const {
     return initial_versions_;
   }
+  std::vector<int64_t> versions_at_reconnect() const override {
+    return initial_versions_;
+  }
   // Where a restarted worker of this client's rank resumes its data: the
   // examples the shards had passed at registration (applied, or skipped by
   // sync steps that closed without the rank). The least over the shards,

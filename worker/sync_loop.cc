@@ -5,6 +5,7 @@
 // an older checkpoint, its steps simply continue from there.
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -58,19 +59,46 @@ class SyncLoop : public TrainingLoop {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
-      // After a lost shard, the step again on every shard's current
-      // weights: shards that had applied it answer the repeat as a
-      // duplicate, and shards still collecting it with this worker's first
-      // push keep that one (the repeat is marked: PushHeader.repeat), though
-      // a shard that went back makes the recomputed values differ.
+      // After a lost shard, the step again. Where no shard went back past
+      // the weights the step's gradient came from (the range's backup took
+      // a dead shard over, or it came back at or past them), the same
+      // push is sent again as it was: shards that had applied it answer it
+      // as a duplicate, the others take it into the step it was computed
+      // for, as they would have without the failure (bit for bit: a
+      // replicated run comes out the same). Otherwise it is computed again
+      // on every shard's current weights: shards that had applied it
+      // answer the repeat as a duplicate, and shards still collecting it
+      // with this worker's first push keep that one (the repeat is
+      // marked: PushHeader.repeat), though a shard that went back makes
+      // the recomputed values differ.
       absl::StatusOr<BatchResult> step;
+      // This batch's gradient, once computed, and the versions it was
+      // computed from (a push-pull that failed may have changed
+      // `versions`).
+      std::optional<BatchResult> computed;
+      std::vector<int64_t> computed_from;
+      bool resend = false;
+      auto resync = [&]() -> absl::Status {
+        const std::vector<int64_t> now = c.client->versions_at_reconnect();
+        resend = computed.has_value() && now.size() == computed_from.size();
+        for (size_t s = 0; resend && s < now.size(); ++s) {
+          resend = now[s] >= computed_from[s];
+        }
+        if (!resend) return pull();
+        versions = computed_from;
+        return absl::OkStatus();
+      };
       status = RidingOut(
           c,
           [&] {
-            step = Step(c, *pusher->get(), &params, &versions, next, *batches);
+            if (!resend) computed.reset();
+            resend = false;
+            if (!computed.has_value()) computed_from = versions;
+            step = Step(c, *pusher->get(), &params, &versions, next, *batches,
+                        &computed);
             return step.status();
           },
-          pull);
+          resync);
       if (!status.ok()) return barrier_error(status);
       progress.Step(step->loss, batches->batch_size());
     }
@@ -79,18 +107,25 @@ class SyncLoop : public TrainingLoop {
 
  private:
   // One step: the gradient on `params`, pushed to shard s as step
-  // versions[s]; `params` and `versions` get the next step's.
+  // versions[s]; `params` and `versions` get the next step's. The
+  // gradient is computed into the model and noted in `computed`; where
+  // `computed` holds one already, that one (still the model's) is pushed
+  // again.
   absl::StatusOr<BatchResult> Step(const WorkerContext& c,
                                    GradientPusher& pusher, PulledParams* params,
                                    std::vector<int64_t>* versions,
                                    const PullTarget& next,
-                                   const BatchStream& batches) {
+                                   const BatchStream& batches,
+                                   std::optional<BatchResult>* computed) {
     absl::StatusOr<BatchResult> step;
-    {
+    if (computed->has_value()) {
+      step = **computed;
+    } else {
       PhaseTimer timer(c.counters, Phase::kCompute);
       if (auto s = params->Commit(); !s.ok()) return s;
       step = ComputeBatchGradients(c, batches);
       if (!step.ok()) return step.status();
+      *computed = *step;
     }
     // Includes the wait at the barrier.
     PhaseTimer timer(c.counters, Phase::kPushPull);
