@@ -668,6 +668,9 @@ bool ClusterRun::TrainingDone() {
         return true;
       }
       if (worker && !daemon.finished) all_done = false;
+      // A server killed as the last step ended is restarted before the
+      // run goes on to its final evaluation, which needs every shard.
+      if (!worker && daemon.restart_pending) all_done = false;
     }
   }
   return all_done;
