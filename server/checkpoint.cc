@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/float_bytes.h"
 #include "common/model_layout.h"
 #include "common/wire.h"
 
@@ -243,6 +244,33 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
   absl::StatusOr<ShardCheckpoint> checkpoint = ParseCheckpoint(bytes, path);
   if (!checkpoint.ok()) return checkpoint.status();
   return std::optional<ShardCheckpoint>(*std::move(checkpoint));
+}
+
+ShardCheckpoint CheckpointOf(const RuleState& saved, const ShardState& state,
+                             uint64_t config_fingerprint) {
+  ShardCheckpoint checkpoint;
+  checkpoint.set_format_version(kCheckpointFormatVersion);
+  checkpoint.set_config_fingerprint(config_fingerprint);
+  checkpoint.set_shard(state.shard());
+  checkpoint.set_num_shards(state.num_shards());
+  checkpoint.set_version(saved.version);
+  checkpoint.set_offset(state.range().begin);
+  common::AppendFloatBytes(saved.weights, checkpoint.mutable_weights());
+  checkpoint.set_optimizer(saved.optimizer);
+  checkpoint.set_optimizer_state(saved.optimizer_state);
+  *checkpoint.mutable_stats() = saved.stats;
+  return checkpoint;
+}
+
+RuleState SavedStateOf(const ShardCheckpoint& checkpoint) {
+  RuleState saved;
+  saved.version = checkpoint.version();
+  saved.weights.resize(checkpoint.weights().size() / sizeof(float));
+  std::memcpy(saved.weights.data(), checkpoint.weights().data(),
+              saved.weights.size() * sizeof(float));
+  saved.optimizer = checkpoint.optimizer();
+  saved.optimizer_state = checkpoint.optimizer_state();
+  return saved;
 }
 
 absl::StatusOr<ShardCheckpoint> ParseCheckpoint(const std::string& bytes,

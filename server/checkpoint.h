@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/checkpoint.pb.h"
+#include "server/shard_state.h"
+#include "server/update_rule.h"
 
 namespace monsoon::server {
 
@@ -21,6 +23,16 @@ inline constexpr uint32_t kCheckpointFormatVersion = 2;
 
 // DIR/shard-<shard>-of-<num_shards>.ckpt
 std::string CheckpointPath(const std::string& dir, int shard, int num_shards);
+
+// A checkpoint of the range `state` holds, with the rule's `saved` state
+// (UpdateRule::SaveState), without sparse tables.
+ShardCheckpoint CheckpointOf(const RuleState& saved, const ShardState& state,
+                             uint64_t config_fingerprint);
+
+// The rule state `checkpoint` holds (its weights, version and optimizer
+// state), for UpdateRule::RestoreState; `checkpoint` must have been
+// checked (CheckCheckpointMatches).
+RuleState SavedStateOf(const ShardCheckpoint& checkpoint);
 
 // Writes `checkpoint` to `path` atomically. INTERNAL (naming the path and the
 // system error) when it cannot; the previous file, if any, is then intact.

@@ -228,6 +228,19 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Stats(
   return Answer(context, status);
 }
 
+grpc::ServerUnaryReactor* ParameterServiceImpl::Repair(
+    grpc::CallbackServerContext* context, const RepairRequest* request,
+    RepairResponse* response) {
+  grpc::Status status = Authenticate(context);
+  if (status.ok()) {
+    absl::StatusOr<RepairResponse> copy =
+        For(request->shard()).shard.Repair(*request);
+    status = ToGrpcStatus(copy.status());
+    if (copy.ok()) *response = *std::move(copy);
+  }
+  return Answer(context, status);
+}
+
 grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(
     grpc::CallbackServerContext* context, const SparsePullRequest* request,
     SparsePullResponse* response) {

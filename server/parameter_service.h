@@ -38,7 +38,8 @@ using RawParameterService = ParameterService::WithCallbackMethod_Register<
                                     ParameterService::WithCallbackMethod_SparsePush<
                                         ParameterService::WithCallbackMethod_RendezvousSet<
                                             ParameterService::WithCallbackMethod_RendezvousGet<
-                                                ParameterService::Service>>>>>>>>>>>>;
+                                                ParameterService::WithCallbackMethod_Repair<
+                                                    ParameterService::Service>>>>>>>>>>>>>;
 
 // What a shard's service lets clients do.
 struct ServicePolicy {
@@ -120,6 +121,9 @@ class ParameterServiceImpl final : public RawParameterService {
       grpc::CallbackServerContext* context,
       const RendezvousGetRequest* request,
       RendezvousGetResponse* response) override;
+  grpc::ServerUnaryReactor* Repair(grpc::CallbackServerContext* context,
+                                   const RepairRequest* request,
+                                   RepairResponse* response) override;
 
  private:
   // One range's core and what its calls share. With --replicas a service

@@ -87,18 +87,121 @@ void Replication::CheckAtStart(int64_t version) {
     common::LogWarning(
         "the backup of the %s at %s is at version %d (epoch %d) and this "
         "process restarted at %d: it holds what this one lost, so this "
-        "process does not serve the range (its clients move to the backup; "
-        "to bring both copies back, restart the run from its checkpoints)",
+        "process does not serve the range (its clients move to the backup); "
+        "it copies the range back from there and becomes its backup",
         Describe(), options_.peer_address, peer.version(), peer.range_epoch(),
         version);
   } else if (role_ == Role::kBackup && peer.version() > version) {
     diverged_ = true;
     common::LogWarning(
         "the primary of the %s at %s is at version %d and this backup starts "
-        "at %d: the run went on without this process, so its copy does not "
-        "follow and will not take over (the range runs without a backup)",
+        "at %d: the run went on without this process; it copies the range "
+        "again before it follows",
         Describe(), options_.peer_address, peer.version(), version);
   }
+}
+
+bool Replication::NeedsRepair() const {
+  absl::MutexLock lock(&mu_);
+  return role_ == Role::kFenced || (role_ == Role::kBackup && diverged_);
+}
+
+void Replication::BeginRepair() {
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>
+      report;
+  {
+    absl::MutexLock lock(&mu_);
+    FailWaitingLocked(&report);
+    role_ = Role::kBackup;
+    diverged_ = false;
+    repairing_ = true;
+  }
+  for (auto& [callback, status] : report) callback(status);
+}
+
+void Replication::Repaired(int64_t version, int64_t epoch) {
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>
+      report;
+  {
+    absl::MutexLock lock(&mu_);
+    repairing_ = false;
+    epoch_ = epoch;
+    next_seq_ = version + 1;
+    // Held meanwhile: those the copy has already, then those after it.
+    while (!waiting_.empty() && waiting_.begin()->first <= version) {
+      Waiting held = std::move(waiting_.begin()->second);
+      const int64_t seq = waiting_.begin()->first;
+      waiting_.erase(waiting_.begin());
+      absl::Status status = RefuseLocked(seq, held.epoch);
+      report.emplace_back(std::move(held.done), std::move(status));
+    }
+    while (!waiting_.empty() && waiting_.begin()->first == next_seq_) {
+      Waiting next = std::move(waiting_.begin()->second);
+      const int64_t seq = waiting_.begin()->first;
+      waiting_.erase(waiting_.begin());
+      absl::Status status = RefuseLocked(seq, next.epoch);
+      if (status.ok()) status = ApplyLocked(seq, next.apply);
+      report.emplace_back(std::move(next.done), std::move(status));
+    }
+    if (diverged_) FailWaitingLocked(&report);
+    common::Log(
+        "this process holds the backup of the %s again: copied from %s at "
+        "version %d (epoch %d), and follows it from there",
+        Describe(), options_.peer_address, version, epoch);
+  }
+  for (auto& [callback, status] : report) callback(status);
+}
+
+void Replication::RepairFailed(const std::string& why) {
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>
+      report;
+  {
+    absl::MutexLock lock(&mu_);
+    repairing_ = false;
+    diverged_ = true;
+    FailWaitingLocked(&report);
+    common::LogWarning(
+        "the %s could not be copied from %s (%s): this process holds no "
+        "backup of it, and the range runs without one",
+        Describe(), options_.peer_address, why);
+  }
+  for (auto& [callback, status] : report) callback(status);
+}
+
+absl::StatusOr<int64_t> Replication::AttachBackup() {
+  // The channel to the peer may be waiting out a reconnection backoff from
+  // while the process was down: a forward now would fail at once, and the
+  // backup be given up again. It connects first (the asker is up).
+  grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
+  if (!channel_->WaitForConnected(
+          absl::ToChronoTime(absl::Now() + options_.forward_timeout))) {
+    return absl::UnavailableError(absl::StrCat(
+        "the ", Describe(), " cannot reach its backup's process at ",
+        options_.peer_address, " that asked for a copy"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (role_ != Role::kPrimary && role_ != Role::kDegraded) {
+    return absl::FailedPreconditionError(ServingLocked().message());
+  }
+  if (role_ == Role::kDegraded) {
+    common::Log(
+        "the %s has a backup again: %s copies it, and every update is "
+        "forwarded to it from now on",
+        Describe(), options_.peer_address);
+  }
+  role_ = Role::kPrimary;
+  detach_pending_ = false;
+  return epoch_;
+}
+
+void Replication::CopiedAt(int64_t version) {
+  absl::MutexLock lock(&mu_);
+  confirmed_through_ = std::max(confirmed_through_, version);
+  while (!confirmed_.empty() && *confirmed_.begin() <= confirmed_through_ + 1) {
+    confirmed_through_ = std::max(confirmed_through_, *confirmed_.begin());
+    confirmed_.erase(confirmed_.begin());
+  }
+  confirmed_cv_.SignalAll();
 }
 
 Replication::Role Replication::role() const {
@@ -243,7 +346,10 @@ void Replication::ApplyInOrder(int64_t seq, int64_t epoch,
       report;
   {
     absl::MutexLock lock(&mu_);
-    if (role_ == Role::kBackup && !diverged_ &&
+    // Being repaired, every forward is held until the copy is in
+    // (Repaired), whatever its seq.
+    const bool hold = repairing_ && role_ == Role::kBackup;
+    if (!hold && role_ == Role::kBackup && !diverged_ &&
         seq >= next_seq_ + options_.max_ahead) {
       diverged_ = true;
       common::LogWarning(
@@ -253,11 +359,13 @@ void Replication::ApplyInOrder(int64_t seq, int64_t epoch,
           Describe(), next_seq_ - 1, seq);
       FailWaitingLocked(&report);
     }
-    if (absl::Status refused = RefuseLocked(seq, epoch); !refused.ok()) {
+    absl::Status refused;
+    if (!hold) refused = RefuseLocked(seq, epoch);
+    if (!refused.ok()) {
       report.emplace_back(std::move(done), std::move(refused));
-    } else if (seq < next_seq_) {
+    } else if (!hold && seq < next_seq_) {
       report.emplace_back(std::move(done), absl::OkStatus());  // sent again
-    } else if (seq > next_seq_) {
+    } else if (hold || seq > next_seq_) {
       // Not its turn yet: kept until the updates before it are in.
       if (waiting_.count(seq) > 0) {
         report.emplace_back(

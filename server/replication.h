@@ -16,6 +16,14 @@
 // - A primary whose backup is gone (its forward fails and the backup does
 //   not answer a health check) serves on DEGRADED, without a copy, and
 //   says so loudly.
+// - REPAIR: a process restarted after a failure finds its ranges moved on
+//   (CheckAtStart) and asks the process that serves each for a copy
+//   (ParameterService.Repair): that one starts forwarding to it
+//   (AttachBackup), then takes the copy; the asker holds the forwards that
+//   come meanwhile (BeginRepair), restores the copy, and applies those
+//   after it (Repaired). It is then the range's backup, wherever the
+//   primary is: a range taken over is served by the next process, its
+//   backup back home.
 //
 // The updates forwarded are the pushes as the rule applied them (float32,
 // decoded), with the version the primary's update made as their sequence
@@ -42,6 +50,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/service.grpc.pb.h"
@@ -87,10 +96,32 @@ class Replication {
   // it was down starts FENCED; a backup whose primary is past the version
   // it starts at (the run went on without it) does not follow, and never
   // takes over (its copy would lose what the primary applied). Either is
-  // logged; the copies come back together only by restarting the run from
-  // its checkpoints (copying a range back live is not built yet). A peer
-  // that does not answer (the run is starting) changes nothing.
+  // logged, and the copy is then made again (NeedsRepair; ShardServer
+  // copies it through ParameterService.Repair). A peer that does not
+  // answer (the run is starting) changes nothing.
   void CheckAtStart(int64_t version);
+
+  // Repair (a process restarted after the run went on without it; see
+  // ParameterService.Repair). Whether this copy of the range is to be
+  // repaired: a primary fenced at start, or a backup that does not follow.
+  bool NeedsRepair() const;
+  // Copy side: from now on this is the range's backup, but forwarded
+  // updates are held, not applied, until Repaired.
+  void BeginRepair();
+  // The copy now holds the range at `version` of `epoch`: the updates held
+  // since BeginRepair that come after it are applied in order (those up to
+  // it are in the copy already).
+  void Repaired(int64_t version, int64_t epoch);
+  // The copy could not be made: the copy neither follows nor takes over.
+  void RepairFailed(const std::string& why);
+  // Serving side: the range's backup process asks for a copy. From now on
+  // every update is forwarded to it (a primary that went on alone forwards
+  // again). Returns the range's epoch; FAILED_PRECONDITION when this
+  // process does not serve the range.
+  absl::StatusOr<int64_t> AttachBackup();
+  // ...and the copy was taken at `version`: every update up to it has
+  // reached the backup.
+  void CopiedAt(int64_t version);
 
   Role role() const;
   int64_t epoch() const;
@@ -191,6 +222,9 @@ class Replication {
   // Backup: an update failed here, so the copies differ; it neither applies
   // forwards nor takes over from then on.
   bool diverged_ ABSL_GUARDED_BY(mu_) = false;
+  // Backup: between BeginRepair and Repaired, forwards are held in waiting_
+  // whatever their seq.
+  bool repairing_ ABSL_GUARDED_BY(mu_) = false;
   // Primary: every update up to confirmed_through_ is on the backup, and
   // those in confirmed_ (the ones beyond it whose forwards ended first).
   int64_t confirmed_through_ ABSL_GUARDED_BY(mu_) = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "server/checkpoint.h"
 
 namespace monsoon::server {
 
@@ -33,6 +34,37 @@ Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
       publisher_->Run([this, step = std::move(step)] { PublishStep(step); });
     });
   }
+}
+
+absl::StatusOr<RepairResponse> Shard::Repair(const RepairRequest& request) {
+  if (request.config_fingerprint() != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "a copy of shard %d's range was asked for by a process of another "
+        "config (fingerprint %016x, this one's %016x)",
+        state_->shard(), request.config_fingerprint(), fingerprint_));
+  }
+  if (replication_ == nullptr || request.shard() != state_->shard()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this process holds no replicated copy of shard ", request.shard(),
+        "'s range"));
+  }
+  absl::StatusOr<int64_t> epoch = replication_->AttachBackup();
+  if (!epoch.ok()) {
+    return absl::Status(epoch.status().code(),
+                        absl::StrCat("shard ", state_->shard(), ": ",
+                                     epoch.status().message()));
+  }
+  // Taken after the forwards began: every update the copy lacks is
+  // forwarded (those it has, the backup answers as done).
+  const RuleState saved = rule_->SaveState();
+  replication_->CopiedAt(saved.version);
+  RepairResponse response;
+  response.set_range_epoch(*epoch);
+  CheckpointOf(saved, *state_, fingerprint_)
+      .SerializeToString(response.mutable_checkpoint());
+  common::Log("shard %d: its range copied at version %d for its backup",
+              state_->shard(), saved.version);
+  return response;
 }
 
 void Shard::PublishStep(const std::shared_ptr<const SyncStep>& step) {

@@ -157,6 +157,12 @@ class Shard {
   // The shard's counters (ShardState::Stats) and its sparse tables' rows.
   StatsResponse Stats() const;
 
+  // Replication: the range's backup process asks for a copy
+  // (ParameterService.Repair): updates are forwarded to it from now on,
+  // and the answer holds the range as it is. FAILED_PRECONDITION for
+  // another run's caller or when this process does not serve the range.
+  absl::StatusOr<RepairResponse> Repair(const RepairRequest& request);
+
   int num_workers() const { return num_workers_; }
   absl::Duration max_wait() const { return max_wait_; }
   ShardState* state() const { return state_; }

@@ -17,8 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/model_layout.h"
 #include "common/sparse_ids.h"
@@ -284,10 +286,23 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     return metrics;
   }
   if (server->replication_ != nullptr) {
-    // A process restarted after a failure: its ranges may have moved on.
+    // A process restarted after a failure: its ranges may have moved on,
+    // and are copied back from where they went.
+    const int n = options.num_shards;
     server->replication_->CheckAtStart(server->state_->version());
     server->backup_replication_->CheckAtStart(
         server->backup_state_->version());
+    if (server->replication_->NeedsRepair()) {
+      server->RepairRange(options, server->state_.get(), server->rule_.get(),
+                          server->replication_.get(),
+                          options.servers[(options.shard + 1) % n]);
+    }
+    if (server->backup_replication_->NeedsRepair()) {
+      server->RepairRange(options, server->backup_state_.get(),
+                          server->backup_rule_.get(),
+                          server->backup_replication_.get(),
+                          options.servers[(options.shard + n - 1) % n]);
+    }
   }
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
@@ -456,14 +471,7 @@ absl::Status ShardServer::Resume() {
     return absl::FailedPreconditionError(
         absl::StrCat(checkpoint_path_, ": ", matches.message()));
   }
-  RuleState saved;
-  saved.version = checkpoint.version();
-  saved.weights.resize(state_->size());
-  std::memcpy(saved.weights.data(), checkpoint.weights().data(),
-              checkpoint.weights().size());
-  saved.optimizer = checkpoint.optimizer();
-  saved.optimizer_state = checkpoint.optimizer_state();
-  absl::Status restored = rule_->RestoreState(saved);
+  absl::Status restored = rule_->RestoreState(SavedStateOf(checkpoint));
   if (!restored.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(checkpoint_path_, ": ", restored.message()));
@@ -474,6 +482,53 @@ absl::Status ShardServer::Resume() {
   state_->RestoreStats(checkpoint.stats());
   resumed_version_ = checkpoint.version();
   return absl::OkStatus();
+}
+
+void ShardServer::RepairRange(const ShardServerOptions& options,
+                              ShardState* state, UpdateRule* rule,
+                              Replication* replication,
+                              const std::string& peer) {
+  replication->BeginRepair();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);  // a whole range's state
+  std::unique_ptr<ParameterService::Stub> stub =
+      ParameterService::NewStub(grpc::CreateCustomChannel(
+          peer,
+          options.peer_credentials != nullptr
+              ? options.peer_credentials
+              : grpc::InsecureChannelCredentials(),
+          args));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  if (!options.auth_token.empty()) {
+    context.AddMetadata(common::kAuthMetadataKey,
+                        common::BearerValue(options.auth_token));
+  }
+  RepairRequest request;
+  request.set_shard(state->shard());
+  request.set_config_fingerprint(config_fingerprint_);
+  RepairResponse response;
+  const grpc::Status status = stub->Repair(&context, request, &response);
+  if (!status.ok()) {
+    return replication->RepairFailed(
+        common::ToAbslStatus(status).ToString());
+  }
+  ShardCheckpoint checkpoint;
+  if (!checkpoint.ParseFromString(response.checkpoint())) {
+    return replication->RepairFailed("the copy does not parse");
+  }
+  if (absl::Status matches = CheckCheckpointMatches(
+          checkpoint, config_fingerprint_, state->shard(), state->num_shards(),
+          state->size());
+      !matches.ok()) {
+    return replication->RepairFailed(std::string(matches.message()));
+  }
+  if (absl::Status restored = rule->RestoreState(SavedStateOf(checkpoint));
+      !restored.ok()) {
+    return replication->RepairFailed(std::string(restored.message()));
+  }
+  state->RestoreStats(checkpoint.stats());
+  replication->Repaired(checkpoint.version(), response.range_epoch());
 }
 
 absl::Status ShardServer::RestoreSparseTables(
@@ -528,17 +583,8 @@ absl::Status ShardServer::SaveCheckpoint(int64_t* version) {
 absl::Status ShardServer::WriteCheckpointLocked(int64_t* version) {
   const RuleState saved = rule_->SaveState();
   if (version != nullptr) *version = saved.version;
-  ShardCheckpoint checkpoint;
-  checkpoint.set_format_version(kCheckpointFormatVersion);
-  checkpoint.set_config_fingerprint(config_fingerprint_);
-  checkpoint.set_shard(state_->shard());
-  checkpoint.set_num_shards(state_->num_shards());
-  checkpoint.set_version(saved.version);
-  checkpoint.set_offset(state_->range().begin);
-  common::AppendFloatBytes(saved.weights, checkpoint.mutable_weights());
-  checkpoint.set_optimizer(saved.optimizer);
-  checkpoint.set_optimizer_state(saved.optimizer_state);
-  *checkpoint.mutable_stats() = saved.stats;
+  ShardCheckpoint checkpoint =
+      CheckpointOf(saved, *state_, config_fingerprint_);
   // The rows as they are now: pushes that arrive while the weights above
   // are written may be in them or not, as with an asynchronous push.
   for (const auto& table : sparse_->tables()) {

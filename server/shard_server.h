@@ -188,6 +188,14 @@ class ShardServer {
   void StartThreads(const ShardServerOptions& options);
   // Restores the state and the rule from checkpoint_path_, if it exists.
   absl::Status Resume();
+  // With replicas, at start: a range this process restarted behind (its
+  // own, taken over by its backup; or the previous one, which went on
+  // without this backup) is copied from the process that serves it
+  // (ParameterService.Repair), and this process becomes its backup. A copy
+  // that cannot be made is logged; the range then runs without a backup.
+  void RepairRange(const ShardServerOptions& options, ShardState* state,
+                   UpdateRule* rule, Replication* replication,
+                   const std::string& peer);
   // The periodic checkpoint thread's body.
   void CheckpointEvery(
       absl::Duration interval,

@@ -326,7 +326,7 @@ TEST(ReplicationTest, AClientThatStartsAfterTheFirstShardDiedFindsItsBackup) {
   EXPECT_EQ(pair.servers[1]->backup_state()->version(), 1);
 }
 
-TEST(ReplicationTest, AShardRestartedAfterItsRangeMovedOnDoesNotServeIt) {
+TEST(ReplicationTest, AShardRestartedAfterItsRangeMovedOnServesItNoMore) {
   const TrainingConfig config = PlainSgd();
   ReplicatedPair pair(config);
   ASSERT_EQ(pair.servers.size(), 2u);
@@ -343,11 +343,12 @@ TEST(ReplicationTest, AShardRestartedAfterItsRangeMovedOnDoesNotServeIt) {
 
   // Shard 1's process comes back (as a supervisor would restart it), from
   // nothing: its range moved on at shard 0's process, and shard 0's range
-  // went on without it.
+  // went on without it. It copies both back and is their backup, serving
+  // neither.
   absl::StatusOr<std::unique_ptr<ShardServer>> back = ShardServer::Start(
       Replicated(config, 1, pair.addresses, pair.ports));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ((*back)->replication()->role(), Replication::Role::kFenced);
+  EXPECT_EQ((*back)->replication()->role(), Replication::Role::kBackup);
   // A worker that reaches it is sent to the copy that has the updates.
   worker::PsClientOptions late = pair.Client(config, 1);
   absl::StatusOr<std::unique_ptr<worker::PsClient>> second =
@@ -355,11 +356,11 @@ TEST(ReplicationTest, AShardRestartedAfterItsRangeMovedOnDoesNotServeIt) {
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ((*second)->ledger().take_overs, 1);
   EXPECT_EQ((*second)->initial_versions()[1], 2);
-  // Its fresh copy of shard 0's range does not follow, and would not take
-  // over: it never saw shard 0's updates.
-  EXPECT_EQ((*back)->backup_state()->version(), 0);
+  // Its copy of shard 0's range was made at start, and follows.
+  EXPECT_EQ((*back)->backup_state()->version(), 2);
   ASSERT_OK((*second)->Push(ones, {2, 2}, 4));
-  EXPECT_EQ((*back)->backup_state()->version(), 0);
+  EXPECT_EQ((*back)->backup_state()->version(), 3);
+  EXPECT_EQ((*back)->state()->version(), 3);
   EXPECT_EQ(pair.servers[0]->state()->version(), 3);
 }
 
@@ -455,6 +456,77 @@ TEST(ReplicationTest, AFrozenPrimaryThatComesBackIsFencedAndTakesNoWrite) {
   ASSERT_OK((*second)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
   ASSERT_OK((*second)->Push(ones, {1, 1}, 4));
   EXPECT_EQ(servers[0]->backup_state()->version(), taken_version + 1);
+}
+
+// A process restarted after its range was taken over copies both its
+// ranges back (ParameterService.Repair) and is their backup again: the run
+// is protected again, and the other process's death then loses nothing
+// either. Plain SGD at 0.5 with pushes of ones: every acknowledged push
+// takes 0.5 off each weight, exactly once.
+TEST(ReplicationTest, ARestartedProcessIsRepairedAndProtectsTheRunAgain) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(pair.Client(config, 0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> initial0 = Values(pair.servers[0]->rule());
+  const std::vector<float> initial1 = Values(pair.servers[1]->rule());
+  const std::vector<float> ones(8, 1.0f);
+  for (int k = 0; k < 3; ++k) ASSERT_OK((*client)->Push(ones, {k, k}, 4));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  EXPECT_THAT((*client)->Push(ones, {3, 3}, 4),
+              StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_OK((*client)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  ASSERT_OK((*client)->Push(ones, {3, 3}, 4));
+  ASSERT_OK((*client)->Push(ones, {4, 4}, 4));
+  EXPECT_EQ(pair.servers[0]->backup_replication()->role(),
+            Replication::Role::kDegraded);  // range 1, taken over
+
+  // Process 1 comes back: both its ranges are copied at start.
+  absl::StatusOr<std::unique_ptr<ShardServer>> back = ShardServer::Start(
+      Replicated(config, 1, pair.addresses, pair.ports));
+  ASSERT_TRUE(back.ok()) << back.status();
+  pair.servers[1] = *std::move(back);
+  ShardServer* zero = pair.servers[0].get();
+  ShardServer* one = pair.servers[1].get();
+  EXPECT_EQ(one->replication()->role(), Replication::Role::kBackup);
+  EXPECT_EQ(one->backup_replication()->role(), Replication::Role::kBackup);
+  EXPECT_EQ(zero->replication()->role(), Replication::Role::kPrimary);
+  EXPECT_EQ(zero->backup_replication()->role(), Replication::Role::kPrimary);
+  EXPECT_EQ(one->state()->version(), 5);
+  EXPECT_EQ(one->backup_state()->version(), 5);
+  EXPECT_EQ(one->state()->SamplePosition(0), 20);
+  EXPECT_THAT(Values(one->rule()), ElementsAreArray(Values(zero->backup_rule())));
+  EXPECT_THAT(Values(one->backup_rule()), ElementsAreArray(Values(zero->rule())));
+  // Updates reach the copies again before they are acknowledged.
+  ASSERT_OK((*client)->Push(ones, {5, 5}, 4));
+  EXPECT_EQ(one->state()->version(), 6);
+  EXPECT_EQ(one->backup_state()->version(), 6);
+  EXPECT_THAT(Values(one->rule()), ElementsAreArray(Values(zero->backup_rule())));
+  EXPECT_THAT(Values(one->backup_rule()), ElementsAreArray(Values(zero->rule())));
+
+  // Now process 0 dies: process 1 takes both ranges over, range 1 back home.
+  pair.servers[0]->Shutdown(absl::ZeroDuration());
+  pair.servers[0].reset();
+  EXPECT_THAT((*client)->Push(ones, {6, 6}, 4),
+              StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_OK((*client)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  EXPECT_EQ((*client)->initial_versions()[0], 6);
+  EXPECT_EQ((*client)->initial_versions()[1], 6);
+  ASSERT_OK((*client)->Push(ones, {6, 6}, 4));
+  ASSERT_OK((*client)->Push(ones, {7, 7}, 4));
+  EXPECT_EQ(one->state()->version(), 8);
+  EXPECT_EQ(one->backup_state()->version(), 8);
+  const std::vector<float> range0 = Values(one->backup_rule());
+  const std::vector<float> range1 = Values(one->rule());
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_FLOAT_EQ(range0[i], initial0[i] - 8 * 0.5f) << i;
+    EXPECT_FLOAT_EQ(range1[i], initial1[i] - 8 * 0.5f) << i;
+  }
+  EXPECT_EQ((*client)->ledger().updates_lost, 0);
+  EXPECT_EQ((*client)->ledger().take_overs, 3);
 }
 
 // Sync: two workers' push-pulls for step k, each on its own thread (the

@@ -126,7 +126,6 @@ struct Daemon {
   bool restart_pending = false;
   absl::Time restart_at;
   bool finished = false;  // a worker that is done
-  bool lost = false;      // a server given up with --replicas
   bool stopped = false;   // SIGSTOPped by a fault
   absl::Time continue_at;
   std::string report;  // a worker's --report_out for the current process
@@ -705,8 +704,9 @@ void ClusterRun::InjectFaults(absl::Time now, double t) {
 bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
   const int code = sup_.exit_code(daemon.id);
   daemon.stopped = false;
-  if (!worker && options_.replicas > 0 && code != common::kExitConfigError) {
-    return LoseServer(daemon);
+  if (!worker && options_.replicas > 0 && code != common::kExitConfigError &&
+      !LoseServer(daemon)) {
+    return false;
   }
   if (worker) {
     if (code == common::kExitOk || code == common::ExitCodeForSignal(SIGTERM)) {
@@ -759,16 +759,17 @@ bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
   return true;
 }
 
-// With replicas: a server that died is given up, its range served by its
-// backup from now on; false (with failed_ set) when a neighbour is gone
-// too, which took the other copy of a range with it.
+// With replicas: a server that died has its range served by its backup
+// from now on, and is restarted (HandleExit) to copy its ranges back and
+// be their backup (ParameterService.Repair); false (with failed_ set) when
+// a neighbour is down too, which took the other copy of a range with it.
 bool ClusterRun::LoseServer(Daemon& daemon) {
   const int s = static_cast<int>(&daemon - server_daemons_.data());
   const int n = options_.servers;
-  daemon.lost = true;
-  daemon.finished = true;
   for (int neighbour : {(s + n - 1) % n, (s + 1) % n}) {
-    if (neighbour != s && server_daemons_[neighbour].lost) {
+    const Daemon& other = server_daemons_[neighbour];
+    if (neighbour != s &&
+        (other.restart_pending || !sup_.running(other.id))) {
       failed_ = absl::DataLossError(absl::StrCat(
           daemon.role, " died after ", server_daemons_[neighbour].role,
           ": both copies of shard ", neighbour == (s + 1) % n ? s : neighbour,
@@ -781,8 +782,8 @@ bool ClusterRun::LoseServer(Daemon& daemon) {
   Event(absl::StrCat(daemon.role, " died (exit code ", sup_.exit_code(daemon.id),
                      "); its range goes on at its backup in server ",
                      (s + 1) % n,
-                     "; not restarted (with --replicas a restarted server "
-                     "would have to copy its ranges back, not built yet)"));
+                     "; restarted, it copies its ranges back and is their "
+                     "backup"));
   return true;
 }
 
@@ -864,7 +865,7 @@ absl::Status ClusterRun::StopEvaluatorAndServers() {
   if (!status.ok()) return status;
   if (sup_.exit_code(evaluator_) != 0) return ChildFailed(sup_, evaluator_);
   for (const Daemon& server : server_daemons_) {
-    if (!server.lost) sup_.Signal(server.id, SIGTERM);
+    sup_.Signal(server.id, SIGTERM);
   }
   status = sup_.Pump(
       [&] {
@@ -876,7 +877,7 @@ absl::Status ClusterRun::StopEvaluatorAndServers() {
       absl::Seconds(30));
   if (!status.ok()) return status;
   for (const Daemon& server : server_daemons_) {
-    if (!server.lost && sup_.exit_code(server.id) != 0) {
+    if (sup_.exit_code(server.id) != 0) {
       return ChildFailed(sup_, server.id);
     }
   }

@@ -267,7 +267,9 @@ class PsClient : public ParameterClient, public RingRendezvous {
   std::vector<Shard> shards_;
   // Every shard's address as given (server_addresses), and how each range
   // is replicated (RegisterResponse.replicas: 0, or 1 backup in the next
-  // shard's process); whether shard s's range has been taken over.
+  // shard's process); whether shard s's range is served by the next
+  // shard's process now (taken over; a take-over back, once shard s's
+  // process has been repaired, clears it).
   std::vector<std::string> addresses_;
   int replicas_ = 0;
   std::vector<bool> taken_over_;

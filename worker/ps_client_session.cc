@@ -39,7 +39,9 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     shard.Prepare(&context);
     // With a backup to ask, a primary that cannot be reached now is not
     // waited for.
-    const bool can_take_over = replicas_ > 0 && !taken_over_[s];
+    // (After a take-over, the range's other process holds its copy once it
+    // has come back and been repaired: ParameterService.Repair.)
+    const bool can_take_over = replicas_ > 0;
     context.set_wait_for_ready(!can_take_over);
     // Short attempts, so that a stop or a log line is never far off.
     context.set_deadline(
@@ -134,8 +136,11 @@ bool PsClient::NextHoldsBackup(int s) {
 absl::StatusOr<RegisterResponse> PsClient::TakeOver(
     int s, const RegisterRequest& request, absl::Time deadline) {
   const int n = num_shards();
-  Shard backup = Connection(addresses_[(s + 1) % n]);
-  backup.range = absl::StrCat(s);
+  // The range's two processes: shard s's and the next one. Its copy is in
+  // whichever does not serve it now.
+  const bool home = taken_over_[s];
+  Shard backup = Connection(addresses_[home ? s : (s + 1) % n]);
+  if (!home) backup.range = absl::StrCat(s);
   RegisterRequest ask = request;
   ask.set_take_over(true);
   grpc::ClientContext context;
@@ -154,7 +159,7 @@ absl::StatusOr<RegisterResponse> PsClient::TakeOver(
       worker_rank_ >= 0 ? "worker" : "evaluator", std::max(worker_rank_, 0), s,
       shards_[s].address, backup.address, response.range_epoch());
   shards_[s] = std::move(backup);
-  taken_over_[s] = true;
+  taken_over_[s] = !home;
   {
     absl::MutexLock lock(&ledger_mu_);
     ++ledger_.take_overs;
