@@ -127,6 +127,7 @@ void Replication::Repaired(int64_t version, int64_t epoch) {
     repairing_ = false;
     epoch_ = epoch;
     next_seq_ = version + 1;
+    repairs_.fetch_add(1);
     // Held meanwhile: those the copy has already, then those after it.
     while (!waiting_.empty() && waiting_.begin()->first <= version) {
       Waiting held = std::move(waiting_.begin()->second);
@@ -202,6 +203,18 @@ void Replication::CopiedAt(int64_t version) {
     confirmed_.erase(confirmed_.begin());
   }
   confirmed_cv_.SignalAll();
+}
+
+int64_t Replication::Lag(int64_t version) const {
+  absl::MutexLock lock(&mu_);
+  switch (role_) {
+    case Role::kPrimary:
+      return std::max<int64_t>(0, version - confirmed_through_);
+    case Role::kBackup:
+      return static_cast<int64_t>(waiting_.size());
+    default:
+      return 0;
+  }
 }
 
 Replication::Role Replication::role() const {

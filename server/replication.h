@@ -127,6 +127,12 @@ class Replication {
   int64_t epoch() const;
   int64_t replicated_updates() const { return replicated_.load(); }
   int64_t take_overs() const { return take_overs_.load(); }
+  // Copies of the range this process made from its peer (Repaired).
+  int64_t repairs() const { return repairs_.load(); }
+  // How far the copies are apart, in updates: as primary, those applied up
+  // to `version` that the backup has not confirmed yet; as backup, those
+  // held for their turn (or for the copy, while it is made); else 0.
+  int64_t Lag(int64_t version) const;
   StatsResponse::ReplicaRole role_for_stats() const;
 
   // OK when a worker's call (other than a take-over registration) may be
@@ -236,6 +242,7 @@ class Replication {
   absl::CondVar confirmed_cv_;
   std::atomic<int64_t> replicated_{0};
   std::atomic<int64_t> take_overs_{0};
+  std::atomic<int64_t> repairs_{0};
 };
 
 }  // namespace monsoon::server

@@ -231,4 +231,50 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
   return families;
 }
 
+std::vector<MetricFamily> ReplicaMetrics::Collect() const {
+  std::map<std::string, double> role, epoch, updates, take_overs, repairs,
+      lag;
+  for (const Range& range : ranges_) {
+    const std::string label = std::to_string(range.state->shard());
+    role[label] = static_cast<double>(range.replication->role_for_stats());
+    epoch[label] = static_cast<double>(range.replication->epoch());
+    updates[label] =
+        static_cast<double>(range.replication->replicated_updates());
+    take_overs[label] = static_cast<double>(range.replication->take_overs());
+    repairs[label] = static_cast<double>(range.replication->repairs());
+    lag[label] = static_cast<double>(
+        range.replication->Lag(range.state->version()));
+  }
+  std::vector<MetricFamily> families;
+  families.push_back(common::LabeledGauge(
+      "monsoon_replica_role",
+      "What this process is for the range: 1 primary, 2 backup, 3 degraded "
+      "(serves it without a backup), 4 fenced (StatsResponse.ReplicaRole).",
+      "range", role));
+  families.push_back(common::LabeledGauge(
+      "monsoon_replica_epoch",
+      "The range's epoch: 1, and one more at every take-over.", "range",
+      epoch));
+  families.push_back(LabeledCounter(
+      "monsoon_replica_updates_total",
+      "Updates forwarded to the range's backup (as primary) or applied "
+      "from its primary (as backup).",
+      "range", updates));
+  families.push_back(LabeledCounter(
+      "monsoon_replica_take_overs_total",
+      "Take-overs of the range by this process.", "range", take_overs));
+  families.push_back(LabeledCounter(
+      "monsoon_replica_repairs_total",
+      "Copies of the range this process made from the process serving it "
+      "(after a restart), and then followed.",
+      "range", repairs));
+  families.push_back(common::LabeledGauge(
+      "monsoon_replica_lag_updates",
+      "How far the copies are apart, in updates: as primary, those applied "
+      "that the backup has not confirmed; as backup, those held for their "
+      "turn.",
+      "range", lag));
+  return families;
+}
+
 }  // namespace monsoon::server

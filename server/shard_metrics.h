@@ -8,11 +8,13 @@
 #ifndef MONSOON_SERVER_SHARD_METRICS_H_
 #define MONSOON_SERVER_SHARD_METRICS_H_
 
+#include <utility>
 #include <vector>
 
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "server/shard_sparse_tables.h"
+#include "server/replication.h"
 #include "server/shard_state.h"
 
 namespace monsoon::server {
@@ -30,6 +32,26 @@ class ShardMetrics : public prometheus::Collectable {
  private:
   const ShardState* const state_;
   const ShardSparseTables* const sparse_;
+};
+
+// ReplicaMetrics: with --replicas, what the process is for each of its two
+// ranges (its own and the previous shard's backup), labelled by range:
+// role, epoch, updates replicated, take-overs, repairs and the lag between
+// the copies (server/replication.h).
+class ReplicaMetrics : public prometheus::Collectable {
+ public:
+  struct Range {
+    const ShardState* state = nullptr;
+    const Replication* replication = nullptr;
+  };
+  // Not owned; each must outlive this.
+  explicit ReplicaMetrics(std::vector<Range> ranges)
+      : ranges_(std::move(ranges)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const std::vector<Range> ranges_;
 };
 
 }  // namespace monsoon::server

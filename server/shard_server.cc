@@ -421,6 +421,12 @@ absl::Status ShardServer::StartMetrics(const ShardServerOptions& options) {
   if (!metrics.ok()) return metrics.status();
   metrics_ = *std::move(metrics);
   metrics_->Add(std::make_shared<ShardMetrics>(state_.get(), sparse_.get()));
+  if (replication_ != nullptr) {
+    metrics_->Add(std::make_shared<ReplicaMetrics>(
+        std::vector<ReplicaMetrics::Range>{
+            {state_.get(), replication_.get()},
+            {backup_state_.get(), backup_replication_.get()}}));
+  }
   return absl::OkStatus();
 }
 

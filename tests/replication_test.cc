@@ -495,6 +495,8 @@ TEST(ReplicationTest, ARestartedProcessIsRepairedAndProtectsTheRunAgain) {
   EXPECT_EQ(one->backup_replication()->role(), Replication::Role::kBackup);
   EXPECT_EQ(zero->replication()->role(), Replication::Role::kPrimary);
   EXPECT_EQ(zero->backup_replication()->role(), Replication::Role::kPrimary);
+  EXPECT_EQ(one->replication()->repairs(), 1);
+  EXPECT_EQ(one->backup_replication()->repairs(), 1);
   EXPECT_EQ(one->state()->version(), 5);
   EXPECT_EQ(one->backup_state()->version(), 5);
   EXPECT_EQ(one->state()->SamplePosition(0), 20);

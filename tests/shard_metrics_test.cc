@@ -232,6 +232,48 @@ TEST(ShardMetricsTest, SparseTablesAreServedByTable) {
   EXPECT_EQ(Find(plain, "monsoon_shard_sparse_rows"), nullptr);
 }
 
+// With --replicas: each of the process's two ranges, by range label.
+TEST(ShardMetricsTest, ReplicasAreServedByRange) {
+  ShardState own(Layout(), 1, 0, 2);
+  ShardState previous(Layout(), 1, 1, 2);
+  own.AdvanceVersion(5);
+  ReplicationOptions options;
+  options.range = 0;
+  options.num_shards = 2;
+  options.peer_address = "127.0.0.1:1";  // never called here
+  std::unique_ptr<Replication> primary = Replication::Primary(options, 0);
+  options.range = 1;
+  std::unique_ptr<Replication> backup = Replication::Backup(options, 0);
+  const std::vector<prometheus::MetricFamily> families =
+      ReplicaMetrics({{&own, primary.get()}, {&previous, backup.get()}})
+          .Collect();
+  auto by_range = [&](const std::string& name) {
+    std::map<std::string, double> values;
+    const prometheus::MetricFamily* family = Find(families, name);
+    EXPECT_NE(family, nullptr) << name;
+    if (family == nullptr) return values;
+    for (const prometheus::ClientMetric& metric : family->metric) {
+      values[metric.label.at(0).value] =
+          family->type == prometheus::MetricType::Counter
+              ? metric.counter.value
+              : metric.gauge.value;
+    }
+    return values;
+  };
+  using Values = std::map<std::string, double>;
+  EXPECT_EQ(by_range("monsoon_replica_role"), (Values{{"0", 1}, {"1", 2}}));
+  EXPECT_EQ(by_range("monsoon_replica_epoch"), (Values{{"0", 1}, {"1", 1}}));
+  // The primary applied 5 updates its backup has not confirmed.
+  EXPECT_EQ(by_range("monsoon_replica_lag_updates"),
+            (Values{{"0", 5}, {"1", 0}}));
+  EXPECT_EQ(by_range("monsoon_replica_updates_total"),
+            (Values{{"0", 0}, {"1", 0}}));
+  EXPECT_EQ(by_range("monsoon_replica_take_overs_total"),
+            (Values{{"0", 0}, {"1", 0}}));
+  EXPECT_EQ(by_range("monsoon_replica_repairs_total"),
+            (Values{{"0", 0}, {"1", 0}}));
+}
+
 TEST(ShardMetricsTest, NoCheckpointYetIsZero) {
   ShardState state(Layout(), 1, 0, 1);
   const std::vector<prometheus::MetricFamily> families =

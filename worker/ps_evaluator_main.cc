@@ -148,13 +148,16 @@ monsoon::EvalCurve StartCurve(absl::Time* start) {
 absl::StatusOr<monsoon::EvalPoint> EvaluateOnce(
     monsoon::worker::CurveEvaluator& evaluator, PsClient& client, bool last) {
   absl::StatusOr<monsoon::EvalPoint> point = evaluator.EvaluateNow();
-  if (!point.ok() && last &&
-      point.status().code() == absl::StatusCode::kUnavailable) {
+  if (!point.ok() && point.status().code() == absl::StatusCode::kUnavailable) {
+    // A shard lost, restarted, or its range moved to its backup
+    // (--replicas): registered again, the evaluator follows it. Briefly
+    // while the run goes on (the next point is an interval away).
+    const absl::Duration wait = last ? absl::Seconds(30) : absl::Seconds(5);
     monsoon::common::LogWarning(
-        "ps_evaluator: final evaluation: %s; waiting up to 30 s for every "
-        "shard",
-        point.status().ToString());
-    if (client.Reconnect(absl::Seconds(30), absl::Seconds(10)).ok()) {
+        "ps_evaluator: %s%s; waiting up to %.0f s for every shard",
+        last ? "final evaluation: " : "", point.status().ToString(),
+        absl::ToDoubleSeconds(wait));
+    if (client.Reconnect(wait, absl::Seconds(10)).ok()) {
       point = evaluator.EvaluateNow();
     }
   }
