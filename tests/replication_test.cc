@@ -531,6 +531,42 @@ TEST(ReplicationTest, ARestartedProcessIsRepairedAndProtectsTheRunAgain) {
   EXPECT_EQ((*client)->ledger().take_overs, 3);
 }
 
+// Both processes lost before a repair: each range falls back to what its
+// restarted process holds (here no checkpoint: the initial weights), and
+// the worker counts every update it was told was applied as lost (and
+// says so), rather than going on as if nothing happened.
+TEST(ReplicationTest, BothCopiesLostFallBackAndTheWorkerCountsTheLoss) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(pair.Client(config, 0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> ones(8, 1.0f);
+  for (int k = 0; k < 3; ++k) ASSERT_OK((*client)->Push(ones, {k, k}, 4));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  EXPECT_FALSE((*client)->Push(ones, {3, 3}, 4).ok());
+  ASSERT_OK((*client)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  ASSERT_OK((*client)->Push(ones, {3, 3}, 4));
+  ASSERT_OK((*client)->Push(ones, {4, 4}, 4));
+  EXPECT_EQ((*client)->ledger().updates_lost, 0);
+  // Now process 0 dies too, and process 1 comes back from nothing.
+  pair.servers[0]->Shutdown(absl::ZeroDuration());
+  pair.servers[0].reset();
+  absl::StatusOr<std::unique_ptr<ShardServer>> back = ShardServer::Start(
+      Replicated(config, 1, pair.addresses, pair.ports));
+  ASSERT_TRUE(back.ok()) << back.status();
+  pair.servers[1] = *std::move(back);
+  ASSERT_OK((*client)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  EXPECT_EQ((*client)->initial_versions()[0], 0);
+  EXPECT_EQ((*client)->initial_versions()[1], 0);
+  // 5 updates acknowledged on each range (20 examples each), all gone.
+  EXPECT_EQ((*client)->ledger().updates_lost, 10);
+  EXPECT_EQ((*client)->ledger().examples_lost, 40);
+  EXPECT_EQ((*client)->applied_samples(), 0);
+}
+
 // Sync: two workers' push-pulls for step k, each on its own thread (the
 // barrier answers them together); `values[r]` is rank r's gradient. OK or
 // the first error.

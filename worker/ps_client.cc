@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/log.h"
 #include "common/grpc_status.h"
 #include "common/onebit.h"
 #include "worker/shard_streams.h"
@@ -331,16 +332,34 @@ void PsClient::NoteAcknowledged(int s, int64_t end, bool duplicate) {
 }
 
 void PsClient::NoteResumed(int s, int64_t position) {
-  absl::MutexLock lock(&ledger_mu_);
-  if (static_cast<size_t>(s) >= acknowledged_end_.size()) return;
-  if (acknowledged_end_[s] > position) {
-    ledger_.examples_lost += acknowledged_end_[s] - position;
-    acknowledged_end_[s] = position;
+  int64_t examples = 0;
+  int64_t updates = 0;
+  int64_t acknowledged_end = 0;
+  {
+    absl::MutexLock lock(&ledger_mu_);
+    if (static_cast<size_t>(s) >= acknowledged_end_.size()) return;
+    acknowledged_end = acknowledged_end_[s];
+    if (acknowledged_end_[s] > position) {
+      examples = acknowledged_end_[s] - position;
+      ledger_.examples_lost += examples;
+      acknowledged_end_[s] = position;
+    }
+    std::deque<int64_t>& pushes = acknowledged_pushes_[s];
+    while (!pushes.empty() && pushes.back() > position) {
+      ++updates;
+      pushes.pop_back();
+    }
+    ledger_.updates_lost += updates;
   }
-  std::deque<int64_t>& pushes = acknowledged_pushes_[s];
-  while (!pushes.empty() && pushes.back() > position) {
-    ++ledger_.updates_lost;
-    pushes.pop_back();
+  if (updates > 0 || examples > 0) {
+    // Not silent: what the shard had acknowledged and no longer has.
+    common::LogError(
+        "%s %d: shard %d at %s no longer has %d update(s) it acknowledged "
+        "(this rank's examples %d to %d): it went back to an older copy (a "
+        "restart from its checkpoint, or both copies of a replicated range "
+        "lost); they are lost, and training goes on from there",
+        worker_rank_ >= 0 ? "worker" : "evaluator", std::max(worker_rank_, 0),
+        s, shards_[s].address, updates, position, acknowledged_end);
   }
 }
 
