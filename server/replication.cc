@@ -366,9 +366,10 @@ void Replication::ApplyInOrder(int64_t seq, int64_t epoch,
         seq >= next_seq_ + options_.max_ahead) {
       diverged_ = true;
       common::LogWarning(
-          "the backup of the %s is at update %d and was sent update %d: the "
-          "copies started apart (a primary resumed from a checkpoint, its "
-          "backup afresh); this backup stops following",
+          "the backup of the %s is at update %d and was sent update %d, far "
+          "beyond its next: its primary went on without it (or the copies "
+          "started apart); this backup stops following until it has copied "
+          "the range again",
           Describe(), next_seq_ - 1, seq);
       FailWaitingLocked(&report);
     }

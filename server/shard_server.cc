@@ -443,6 +443,39 @@ void ShardServer::StartThreads(const ShardServerOptions& options) {
       raw->CheckpointEvery(interval, report);
     });
   }
+  if (replication_ != nullptr) {
+    repairer_ = std::thread([this, options] { RepairWhileRunning(options); });
+  }
+}
+
+void ShardServer::RepairWhileRunning(const ShardServerOptions& options) {
+  const int n = options.num_shards;
+  struct Copy {
+    ShardState* state;
+    UpdateRule* rule;
+    Replication* replication;
+    std::string peer;
+    absl::Duration backoff = absl::Seconds(1);
+    absl::Time next_try = absl::InfinitePast();
+  };
+  Copy copies[] = {
+      {state_.get(), rule_.get(), replication_.get(),
+       options.servers[(options.shard + 1) % n]},
+      {backup_state_.get(), backup_rule_.get(), backup_replication_.get(),
+       options.servers[(options.shard + n - 1) % n]}};
+  while (!stop_repairs_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    for (Copy& copy : copies) {
+      const absl::Time now = absl::Now();
+      if (!copy.replication->NeedsRepair() || now < copy.next_try) continue;
+      RepairRange(options, copy.state, copy.rule, copy.replication, copy.peer);
+      if (copy.replication->NeedsRepair()) {
+        copy.next_try = absl::Now() + copy.backoff;
+        copy.backoff = std::min(copy.backoff * 2, absl::Seconds(30));
+      } else {
+        copy.backoff = absl::Seconds(1);
+      }
+    }
+  }
 }
 
 absl::Status ShardServer::Resume() {
@@ -533,6 +566,9 @@ void ShardServer::RepairRange(const ShardServerOptions& options,
       !restored.ok()) {
     return replication->RepairFailed(std::string(restored.message()));
   }
+  // A fenced primary's copy may have been ahead (updates its backup
+  // refused): the version goes back with it.
+  state->ResetVersion(checkpoint.version());
   state->RestoreStats(checkpoint.stats());
   replication->Repaired(checkpoint.version(), response.range_epoch());
 }
@@ -615,6 +651,10 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (checkpointer_.joinable()) {
     stop_checkpoints_.Notify();
     checkpointer_.join();
+  }
+  if (repairer_.joinable()) {
+    stop_repairs_.Notify();
+    repairer_.join();
   }
   if (ticker_ != nullptr) ticker_->Stop();
   if (server_ == nullptr) return;

@@ -196,6 +196,11 @@ class ShardServer {
   void RepairRange(const ShardServerOptions& options, ShardState* state,
                    UpdateRule* rule, Replication* replication,
                    const std::string& peer);
+  // The repairer's body: every second, a range whose copy here stopped
+  // following (a backup its primary went on without, after a partition; a
+  // primary fenced after it was frozen) is copied again (RepairRange), with
+  // the attempts spaced out from 1 s to 30 s while they fail.
+  void RepairWhileRunning(const ShardServerOptions& options);
   // The periodic checkpoint thread's body.
   void CheckpointEvery(
       absl::Duration interval,
@@ -228,6 +233,10 @@ class ShardServer {
   // notified, and is joined in Shutdown before the server stops.
   absl::Notification stop_checkpoints_;
   std::thread checkpointer_;
+  // With replicas: the thread that repairs, while the process runs, a
+  // copy that stopped following (RepairWhileRunning), until stop_repairs_.
+  absl::Notification stop_repairs_;
+  std::thread repairer_;
   // Leases, waits past their deadline, progress logs (server/shard_ticker.h);
   // stopped in Shutdown.
   std::unique_ptr<ShardTicker> ticker_;

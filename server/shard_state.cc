@@ -195,6 +195,11 @@ std::vector<ShardState::Waiter> ShardState::AdvanceVersion(int64_t version) {
   return TakeReady(clocks.has_value() ? &*clocks : nullptr);
 }
 
+void ShardState::ResetVersion(int64_t version) {
+  absl::MutexLock lock(&waiters_mu_);
+  version_ = version;
+}
+
 absl::Time ShardState::BeginApply() {
   const int now = applying_.fetch_add(1) + 1;
   int seen = max_applying_.load();

@@ -144,6 +144,11 @@ class ShardState {
   // waiters it made ready; the caller runs them (RunWaiters) after releasing
   // its own locks.
   std::vector<Waiter> AdvanceVersion(int64_t version);
+  // Sets the version, which may go back: the range's copy here was
+  // replaced by another's (replication's repair of a fenced primary, which
+  // had applied updates its backup refused). Waits for later versions go
+  // on waiting.
+  void ResetVersion(int64_t version);
 
   // Runs `ready`: the first on this thread, the others on the shard's
   // helper threads (one fewer than the cores), so that the pulls a version

@@ -42,6 +42,7 @@ namespace {
 
 using ::monsoon::testutil::ResolvedConfig;
 using ::monsoon::testutil::StatusIs;
+using ::testing::AnyOf;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
@@ -445,14 +446,27 @@ TEST(ReplicationTest, AFrozenPrimaryThatComesBackIsFencedAndTakesNoWrite) {
   // and no copy that serves the range has it.
   EXPECT_THAT((*second)->Push(ones, {1, 1}, 4),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("took it")));
-  EXPECT_EQ(servers[1]->replication()->role(), Replication::Role::kFenced);
+  EXPECT_THAT(servers[1]->replication()->role(),
+              AnyOf(Replication::Role::kFenced, Replication::Role::kBackup));
   EXPECT_EQ(servers[0]->backup_state()->version(), taken_version);
-  // From then on it refuses the range's calls, saying where it went.
+  // Fenced, it copies the range back from the process that took it over
+  // (the repairer, within a second or two), and is its backup from then
+  // on: it refuses the range's calls, saying where it is served.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (servers[1]->replication()->repairs() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(servers[1]->replication()->repairs(), 1);
+  EXPECT_EQ(servers[1]->replication()->role(), Replication::Role::kBackup);
   EXPECT_THAT((*second)->Push(ones, {1, 1}, 4),
               StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr("no longer serves")));
-  // The second worker follows the range to the backup; its push counts
-  // there once.
+                       HasSubstr("holds the backup")));
+  // Its copy went back to the one it was given: the push it applied alone
+  // is gone from it.
+  EXPECT_EQ(servers[1]->state()->version(), taken_version);
+  EXPECT_EQ(servers[1]->rule()->Snapshot()->version(), taken_version);
+  // The second worker follows the range to the process that took it over;
+  // its push counts there once.
   ASSERT_OK((*second)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
   ASSERT_OK((*second)->Push(ones, {1, 1}, 4));
   EXPECT_EQ(servers[0]->backup_state()->version(), taken_version + 1);
@@ -565,6 +579,72 @@ TEST(ReplicationTest, BothCopiesLostFallBackAndTheWorkerCountsTheLoss) {
   EXPECT_EQ((*client)->ledger().updates_lost, 10);
   EXPECT_EQ((*client)->ledger().examples_lost, 40);
   EXPECT_EQ((*client)->applied_samples(), 0);
+}
+
+// A partition between a primary and its backup only (the workers reach
+// both): the primary gives its backup up and goes on alone; once the
+// partition heals it tells the backup so, and the backup, which no longer
+// follows, copies the range again (the repairer) and the run is protected
+// again. Nothing acknowledged is lost throughout.
+TEST(ReplicationTest, APartitionBetweenPrimaryAndBackupHealsIntoProtectionAgain) {
+  const TrainingConfig config = PlainSgd();
+  std::vector<int> ports = {FreePort(), FreePort()};
+  // Shard 0's process reaches shard 1's (its range's backup) through the
+  // proxy; everyone else directly.
+  testutil::TcpProxy to_backup(ports[1]);
+  ASSERT_NE(to_backup.port(), 0);
+  const std::vector<std::string> direct = {absl::StrCat("127.0.0.1:", ports[0]),
+                                           absl::StrCat("127.0.0.1:", ports[1])};
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  for (int s = 0; s < 2; ++s) {
+    std::vector<std::string> peers = direct;
+    if (s == 0) peers[1] = to_backup.address();
+    absl::StatusOr<std::unique_ptr<ShardServer>> server =
+        ShardServer::Start(Replicated(config, s, peers, ports));
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers.push_back(*std::move(server));
+  }
+  worker::PsClientOptions options;
+  options.server_addresses = direct;
+  options.config = config;
+  options.worker_rank = 0;
+  options.num_workers = 2;
+  options.connect_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> ones(8, 1.0f);
+  ASSERT_OK((*client)->Push(ones, {0, 0}, 4));
+
+  to_backup.Freeze();
+  ASSERT_OK((*client)->Push(ones, {1, 1}, 4));  // once the backup is given up
+  EXPECT_EQ(servers[0]->replication()->role(), Replication::Role::kDegraded);
+  ASSERT_OK((*client)->Push(ones, {2, 2}, 4));
+  // (The first forward may have got through before its answer was held.)
+  EXPECT_LT(servers[1]->backup_state()->version(),
+            servers[0]->state()->version());
+
+  to_backup.Thaw();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  int64_t k = 3;
+  while (absl::Now() < deadline &&
+         (servers[1]->backup_replication()->repairs() == 0 ||
+          servers[0]->replication()->role() != Replication::Role::kPrimary)) {
+    ASSERT_OK((*client)->Push(ones, {k, k}, 4));
+    ++k;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(servers[1]->backup_replication()->repairs(), 1);
+  EXPECT_EQ(servers[0]->replication()->role(), Replication::Role::kPrimary);
+  EXPECT_EQ(servers[1]->backup_replication()->role(),
+            Replication::Role::kBackup);
+  ASSERT_OK((*client)->Push(ones, {k, k}, 4));
+  EXPECT_EQ(servers[0]->state()->version(), k + 1);
+  EXPECT_EQ(servers[1]->backup_state()->version(), k + 1);
+  EXPECT_THAT(Values(servers[1]->backup_rule()),
+              ElementsAreArray(Values(servers[0]->rule())));
+  EXPECT_EQ((*client)->ledger().updates_lost, 0);
+  EXPECT_EQ((*client)->ledger().take_overs, 0);
 }
 
 // Sync: two workers' push-pulls for step k, each on its own thread (the

@@ -28,6 +28,9 @@ class TcpProxy {
 
   // Stops forwarding anything, in both directions, on every connection.
   void Freeze() { frozen_.store(true); }
+  // Forwards again (connections that the peers closed meanwhile stay
+  // closed).
+  void Thaw() { frozen_.store(false); }
 
  private:
   void Accept();
