@@ -15,23 +15,6 @@
 #include "proto/health.grpc.pb.h"
 
 namespace monsoon::server {
-namespace {
-
-const char* RoleName(Replication::Role role) {
-  switch (role) {
-    case Replication::Role::kPrimary:
-      return "primary";
-    case Replication::Role::kBackup:
-      return "backup";
-    case Replication::Role::kDegraded:
-      return "primary without a backup";
-    case Replication::Role::kFenced:
-      return "fenced (its backup took the range over)";
-  }
-  return "?";
-}
-
-}  // namespace
 
 Replication::Replication(ReplicationOptions options, Role role,
                          int64_t applied)
@@ -136,15 +119,7 @@ void Replication::Repaired(int64_t version, int64_t epoch) {
       absl::Status status = RefuseLocked(seq, held.epoch);
       report.emplace_back(std::move(held.done), std::move(status));
     }
-    while (!waiting_.empty() && waiting_.begin()->first == next_seq_) {
-      Waiting next = std::move(waiting_.begin()->second);
-      const int64_t seq = waiting_.begin()->first;
-      waiting_.erase(waiting_.begin());
-      absl::Status status = RefuseLocked(seq, next.epoch);
-      if (status.ok()) status = ApplyLocked(seq, next.apply);
-      report.emplace_back(std::move(next.done), std::move(status));
-    }
-    if (diverged_) FailWaitingLocked(&report);
+    ApplyWaitingLocked(&report);
     common::Log(
         "this process holds the backup of the %s again: copied from %s at "
         "version %d (epoch %d), and follows it from there",
@@ -392,16 +367,7 @@ void Replication::ApplyInOrder(int64_t seq, int64_t epoch,
       }
     } else {
       report.emplace_back(std::move(done), ApplyLocked(seq, apply));
-      // Then those that waited for it.
-      while (!waiting_.empty() && waiting_.begin()->first == next_seq_) {
-        Waiting next = std::move(waiting_.begin()->second);
-        const int64_t next_seq = waiting_.begin()->first;
-        waiting_.erase(waiting_.begin());
-        absl::Status status = RefuseLocked(next_seq, next.epoch);
-        if (status.ok()) status = ApplyLocked(next_seq, next.apply);
-        report.emplace_back(std::move(next.done), std::move(status));
-      }
-      if (diverged_) FailWaitingLocked(&report);
+      ApplyWaitingLocked(&report);  // then those that waited for it
     }
   }
   for (auto& [callback, status] : report) callback(status);
@@ -435,6 +401,20 @@ absl::Status Replication::ApplyLocked(
   ++next_seq_;
   replicated_.fetch_add(1);
   return absl::OkStatus();
+}
+
+void Replication::ApplyWaitingLocked(
+    std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>*
+        report) {
+  while (!waiting_.empty() && waiting_.begin()->first == next_seq_) {
+    Waiting next = std::move(waiting_.begin()->second);
+    const int64_t seq = waiting_.begin()->first;
+    waiting_.erase(waiting_.begin());
+    absl::Status status = RefuseLocked(seq, next.epoch);
+    if (status.ok()) status = ApplyLocked(seq, next.apply);
+    report->emplace_back(std::move(next.done), std::move(status));
+  }
+  if (diverged_) FailWaitingLocked(report);
 }
 
 void Replication::FailWaitingLocked(

@@ -205,6 +205,11 @@ class Replication {
   absl::Status ApplyLocked(int64_t seq,
                            const std::function<absl::Status()>& apply)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the updates waiting whose turn has come, in order (failing the
+  // rest if that makes the copies differ).
+  void ApplyWaitingLocked(
+      std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>*
+          report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailWaitingLocked(
       std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>*
           report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

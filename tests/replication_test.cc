@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -120,6 +121,21 @@ struct ReplicatedPair {
   std::vector<std::string> addresses;
   std::vector<std::unique_ptr<ShardServer>> servers;
 };
+
+// The two shard processes of `ports`, process s reaching the others at
+// peers(s) (a proxy in front of one, say).
+std::vector<std::unique_ptr<ShardServer>> StartBehind(
+    const TrainingConfig& config, const std::vector<int>& ports,
+    const std::function<std::vector<std::string>(int)>& peers) {
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<std::unique_ptr<ShardServer>> server =
+        ShardServer::Start(Replicated(config, s, peers(s), ports));
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) servers.push_back(*std::move(server));
+  }
+  return servers;
+}
 
 // Sends values[0, 4) to shard 0 and values[4, 8) to shard 1.
 void SendHalves(const std::vector<float>& values, worker::ShardedPush* push) {
@@ -405,13 +421,9 @@ TEST(ReplicationTest, AFrozenPrimaryThatComesBackIsFencedAndTakesNoWrite) {
   ASSERT_NE(to_primary.port(), 0);
   const std::vector<std::string> peers = {
       absl::StrCat("127.0.0.1:", ports[0]), to_primary.address()};
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  for (int s = 0; s < 2; ++s) {
-    absl::StatusOr<std::unique_ptr<ShardServer>> server =
-        ShardServer::Start(Replicated(config, s, peers, ports));
-    ASSERT_TRUE(server.ok()) << server.status();
-    servers.push_back(*std::move(server));
-  }
+  std::vector<std::unique_ptr<ShardServer>> servers =
+      StartBehind(config, ports, [&](int) { return peers; });
+  ASSERT_EQ(servers.size(), 2u);
   worker::PsClientOptions cut;
   cut.server_addresses = peers;
   cut.config = config;
@@ -595,15 +607,13 @@ TEST(ReplicationTest, APartitionBetweenPrimaryAndBackupHealsIntoProtectionAgain)
   ASSERT_NE(to_backup.port(), 0);
   const std::vector<std::string> direct = {absl::StrCat("127.0.0.1:", ports[0]),
                                            absl::StrCat("127.0.0.1:", ports[1])};
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  for (int s = 0; s < 2; ++s) {
-    std::vector<std::string> peers = direct;
-    if (s == 0) peers[1] = to_backup.address();
-    absl::StatusOr<std::unique_ptr<ShardServer>> server =
-        ShardServer::Start(Replicated(config, s, peers, ports));
-    ASSERT_TRUE(server.ok()) << server.status();
-    servers.push_back(*std::move(server));
-  }
+  std::vector<std::unique_ptr<ShardServer>> servers =
+      StartBehind(config, ports, [&](int s) {
+        std::vector<std::string> peers = direct;
+        if (s == 0) peers[1] = to_backup.address();
+        return peers;
+      });
+  ASSERT_EQ(servers.size(), 2u);
   worker::PsClientOptions options;
   options.server_addresses = direct;
   options.config = config;
