@@ -88,9 +88,9 @@ PY
 # With replicas (--replicas=1): server 1 killed during training. Its range
 # goes on at its backup in server 0; restarted, it copies its ranges back
 # and is their backup; no update a shard acknowledged is lost (the workers'
-# ledgers against the shards').
+# ledgers against the shards'). Sync forwards each step once it closes.
 replicated="${out}-replicas"
-"$compare" --modes=downpour,onebit --servers=2 --workers=2 --epochs=1 \
+"$compare" --modes=downpour,onebit,sync --servers=2 --workers=2 --epochs=1 \
   --hidden=32 --eval_interval_s=1 --report_script="$report" \
   --out_dir="$replicated" --replicas=1 --chaos=kill:server1@0.5s \
   > "$replicated.log" 2>&1 || { cat "$replicated.log"; exit 1; }
@@ -98,7 +98,7 @@ replicated="${out}-replicas"
 import json, os, sys
 out = sys.argv[1]
 results = json.load(open(os.path.join(out, "results.json")))
-assert len(results["runs"]) == 2, results["runs"]
+assert len(results["runs"]) == 3, results["runs"]
 for run in results["runs"]:
     assert run["replicas"] == 1, run["name"]
     assert run["failovers"] == 1, (run["name"], run["failovers"])
@@ -114,7 +114,12 @@ for run in results["runs"]:
     whats = [e["what"] for e in run["events"]]
     assert any(w.startswith("server 1 died") for w in whats), whats
     assert 0.5 < run["final_test_accuracy"] <= 1, run["final_test_accuracy"]
-print("compare_modes_test: server 1 killed under --replicas=1, nothing lost")
+    # Restarted, server 1 copied both its ranges back (Repair).
+    log = open(os.path.join(out, "logs", run["name"] + ".log")).read()
+    assert log.count("this process holds the backup of the range") == 2, (
+        run["name"])
+print("compare_modes_test: server 1 killed under --replicas=1, nothing lost, "
+      "its ranges repaired")
 PY
 
 # Both models on a data set of another image size and class count, with no
