@@ -113,8 +113,10 @@ ABSL_FLAG(int, replicas, 0,
           "process (shard s's in shard s+1's, the last one's in shard 0's), "
           "which applies every update before the worker is told it counts "
           "and takes the range over when the process dies: a dead shard "
-          "loses no acknowledged update. Needs --servers. 0: none (a dead "
-          "shard restarts from its checkpoint). Env MONSOON_REPLICAS.");
+          "loses no acknowledged update; restarted, the process copies its "
+          "ranges back from where they are served and is their backup. "
+          "Needs --servers. 0: none (a dead shard restarts from its "
+          "checkpoint). Env MONSOON_REPLICAS.");
 ABSL_FLAG(std::string, servers, "",
           "With --replicas: every shard's address in shard order, as the "
           "workers' --servers (one address holding {i}, as ps-{i}.ps:5000, "

@@ -85,9 +85,9 @@ ABSL_FLAG(int, max_restarts, 3,
 ABSL_FLAG(int, replicas, 0,
           "1: every server's range gets a live backup in the next server "
           "(ps_server --replicas), which takes the range over when the server "
-          "dies: a killed server loses no acknowledged update, and is not "
-          "restarted. Async modes (downpour, hogwild, onebit, easgd); 0: "
-          "none, a dead server restarts from its checkpoint.");
+          "dies: a killed server loses no acknowledged update; restarted, it "
+          "copies its ranges back and is their backup. Every mode but "
+          "allreduce; 0: none, a dead server restarts from its checkpoint.");
 ABSL_FLAG(std::string, chaos, "",
           "Faults injected into every run, from the start of its training: "
           "comma-separated kill:TARGET@TIME (SIGKILL) or "
