@@ -407,6 +407,48 @@ absl::Status CheckDecayAndChunkRanges(const TrainingConfig& c) {
   return absl::OkStatus();
 }
 
+// Elastic workers: the modes and options whose state follows the live
+// ranks; data_shard_batches in range, its default set.
+absl::Status CheckElastic(TrainingConfig* c) {
+  if (!c->elastic()) {
+    if (c->has_data_shard_batches()) {
+      return Invalid("data_shard_batches",
+                     "is for elastic runs (elastic: true), whose data is "
+                     "handed out in data shards; without it each worker "
+                     "trains its rank's part");
+    }
+    c->clear_elastic();
+    return absl::OkStatus();
+  }
+  const char* why = nullptr;
+  if (c->mode() == ALLREDUCE) {
+    why = "is not built for mode allreduce: the ring's members are fixed "
+          "when it forms";
+  } else if (c->backup_workers() > 0) {
+    why = "does not work with backup_workers yet: a dropped push's examples "
+          "would count as applied in the shards' ledger, which decides when "
+          "a data shard is done";
+  } else if (c->has_max_staleness()) {
+    why = "does not work with max_staleness yet: a joiner's clock would "
+          "start behind every member's and hold them all back";
+  } else if (c->pull_compression() == COMPRESSION_ONEBIT) {
+    why = "does not work with pull_compression yet: the shards' per-worker "
+          "copies are not made and dropped as workers come and go";
+  } else if (c->sparse_tables_size() > 0) {
+    why = "does not work with sparse_tables yet: click data is not handed "
+          "out in data shards";
+  } else if (c->tensors_size() > 0) {
+    why = "does not work with a script's model yet: the script's own data "
+          "loader splits the data by rank";
+  }
+  if (why != nullptr) return Invalid("elastic", why);
+  if (!c->has_data_shard_batches()) c->set_data_shard_batches(8);
+  if (c->data_shard_batches() < 1 || c->data_shard_batches() > 1000000) {
+    return Invalid("data_shard_batches", "must be from 1 to 1000000");
+  }
+  return absl::OkStatus();
+}
+
 // Off is off however it is spelt: an option set to what leaves it off is
 // cleared, so that the fingerprint is that of the config without it. Also
 // gives a learning-rate schedule its default factor.
@@ -489,6 +531,7 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
                    "shards, and a ring carries dense gradients only (use sync, "
                    "with sparse_rows_async for the hybrid)");
   }
+  if (absl::Status s = CheckElastic(&c); !s.ok()) return s;
   // The resolved config says the scale the rows start with.
   for (SparseTableConfig& table : *c.mutable_sparse_tables()) {
     if (!table.has_init_scale()) {

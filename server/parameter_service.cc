@@ -241,6 +241,19 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Repair(
   return Answer(context, status);
 }
 
+grpc::ServerUnaryReactor* ParameterServiceImpl::TakeData(
+    grpc::CallbackServerContext* context, const TakeDataRequest* request,
+    TakeDataResponse* response) {
+  grpc::Status status = Authenticate(context);
+  if (status.ok()) {
+    absl::StatusOr<TakeDataResponse> next =
+        For(request->shard()).shard.TakeData(*request);
+    status = ToGrpcStatus(next.status());
+    if (next.ok()) *response = *std::move(next);
+  }
+  return Answer(context, status);
+}
+
 grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(
     grpc::CallbackServerContext* context, const SparsePullRequest* request,
     SparsePullResponse* response) {

@@ -39,7 +39,8 @@ using RawParameterService = ParameterService::WithCallbackMethod_Register<
                                         ParameterService::WithCallbackMethod_RendezvousSet<
                                             ParameterService::WithCallbackMethod_RendezvousGet<
                                                 ParameterService::WithCallbackMethod_Repair<
-                                                    ParameterService::Service>>>>>>>>>>>>>;
+                                                    ParameterService::WithCallbackMethod_TakeData<
+                                                        ParameterService::Service>>>>>>>>>>>>>>;
 
 // What a shard's service lets clients do.
 struct ServicePolicy {
@@ -124,6 +125,9 @@ class ParameterServiceImpl final : public RawParameterService {
   grpc::ServerUnaryReactor* Repair(grpc::CallbackServerContext* context,
                                    const RepairRequest* request,
                                    RepairResponse* response) override;
+  grpc::ServerUnaryReactor* TakeData(grpc::CallbackServerContext* context,
+                                     const TakeDataRequest* request,
+                                     TakeDataResponse* response) override;
 
  private:
   // One range's core and what its calls share. With --replicas a service

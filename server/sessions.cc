@@ -6,6 +6,23 @@
 
 namespace monsoon::server {
 
+void Sessions::set_elastic(bool elastic) {
+  absl::MutexLock lock(&mu_);
+  elastic_ = elastic;
+}
+
+bool Sessions::IsLive(const Session& session, absl::Time now) const {
+  if (session.id == 0 && session.last_contact == absl::InfinitePast()) {
+    return !elastic_;  // never called
+  }
+  return !session.left && now - session.last_contact < lease_;
+}
+
+Sessions::Membership Sessions::membership() const {
+  absl::MutexLock lock(&mu_);
+  return membership_;
+}
+
 void Sessions::set_lease(absl::Duration lease) {
   absl::MutexLock lock(&mu_);
   lease_ = lease;
@@ -41,6 +58,10 @@ absl::Status Sessions::Open(int rank, uint64_t session) {
         "? (a restarted worker is let in once the other's lease of ",
         absl::FormatDuration(lease_), " has run out)"));
   }
+  if (held.id == 0 || !IsLive(held, now)) {
+    ++membership_.joins;
+    ++membership_.epoch;
+  }
   held.id = session;
   held.last_contact = now;
   held.left = false;
@@ -65,6 +86,10 @@ void Sessions::End(int rank, uint64_t session) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(rank);
   if (it == sessions_.end() || it->second.id != session) return;
+  if (!it->second.left && !it->second.lapse_reported) {
+    ++membership_.leaves;
+    ++membership_.epoch;
+  }
   it->second.last_contact = absl::InfinitePast();
   it->second.left = true;
 }
@@ -81,6 +106,10 @@ void Sessions::Touch(int rank) {
   Session& session = sessions_[rank];
   // A call still under way from a process that left does not bring it back.
   if (!session.left) {
+    if (session.lapse_reported) {
+      ++membership_.joins;  // back after its lease ran out
+      ++membership_.epoch;
+    }
     session.last_contact = now;
     session.lapse_reported = false;
   }
@@ -97,6 +126,8 @@ std::vector<std::pair<int, absl::Duration>> Sessions::NewlyLapsed(
       continue;
     }
     session.lapse_reported = true;
+    ++membership_.leaves;
+    ++membership_.epoch;
     lapsed.emplace_back(rank, now - session.last_contact);
   }
   return lapsed;
@@ -105,7 +136,8 @@ std::vector<std::pair<int, absl::Duration>> Sessions::NewlyLapsed(
 bool Sessions::Alive(int rank, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(rank);
-  return it == sessions_.end() || now - it->second.last_contact < lease_;
+  if (it == sessions_.end()) return !elastic_;
+  return IsLive(it->second, now);
 }
 
 std::map<int, absl::Time> Sessions::LastContacts() const {
@@ -142,8 +174,7 @@ std::vector<bool> Sessions::LiveRanks(int num_ranks, absl::Time now) const {
     auto it = sessions_.find(rank);
     // Live: never called (still starting), or called within the lease and
     // not left.
-    live[rank] = it == sessions_.end() ||
-                 (!it->second.left && now - it->second.last_contact < lease_);
+    live[rank] = it == sessions_.end() ? !elastic_ : IsLive(it->second, now);
   }
   return live;
 }

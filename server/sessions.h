@@ -21,6 +21,10 @@ namespace monsoon::server {
 
 class Sessions {
  public:
+  // Elastic runs (TrainingConfig.elastic): a rank that has not registered
+  // is not live (it may never come), rather than a worker still starting.
+  // Set before serving.
+  void set_elastic(bool elastic);
   void set_lease(absl::Duration lease);
   absl::Duration lease() const;
   // Registration of `rank` by the process that drew `session`: OK (and the
@@ -56,6 +60,17 @@ class Sessions {
   // called, or called within the lease and not left).
   std::vector<bool> LiveRanks(int num_ranks, absl::Time now) const;
 
+  // Who is in the run: a rank joins when it registers, or calls again
+  // after its lease ran out, not being live; it leaves when it ends its
+  // session or its lease runs out (seen by NewlyLapsed). The epoch counts
+  // both.
+  struct Membership {
+    int64_t epoch = 0;
+    int64_t joins = 0;
+    int64_t leaves = 0;
+  };
+  Membership membership() const;
+
  private:
   struct Session {
     uint64_t id = 0;
@@ -63,7 +78,14 @@ class Sessions {
     bool left = false;
     bool lapse_reported = false;  // by NewlyLapsed, since the last call
   };
+  // Live: registered (or, outside elastic runs, never called), called
+  // within the lease and not left.
+  bool IsLive(const Session& session, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
+  bool elastic_ ABSL_GUARDED_BY(mu_) = false;
+  Membership membership_ ABSL_GUARDED_BY(mu_);
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
   std::map<int, Session> sessions_ ABSL_GUARDED_BY(mu_);
 };

@@ -157,13 +157,30 @@ absl::StatusOr<RegisterResponse> Shard::Register(
         " was asked to take over a range, but this process runs without "
         "--replicas: give every ps_server of the run the same --replicas"));
   }
+  if (request.worker_rank() >= 0 && state_->elastic() &&
+      state_->WorkersFinished()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", state_->shard(), ": rank ", request.worker_rank(),
+        " cannot join: the run's data is all trained and its workers have "
+        "finished"));
+  }
   if (request.worker_rank() >= 0) {
+    // Another process held the rank (its lease ran out): what it had in
+    // hand of the data goes back to the queue.
+    const bool replaces =
+        !state_->CheckSession(request.worker_rank(), request.session()).ok();
     if (absl::Status session =
             state_->OpenSession(request.worker_rank(), request.session());
         !session.ok()) {
       common::LogWarning("shard %d: refused a registration: %s",
                          state_->shard(), session.ToString());
       return session;
+    }
+    if (replaces && state_->ReleaseData(request.worker_rank())) {
+      common::Log(
+          "shard %d: rank %d's unfinished data shard went back to the "
+          "queue (a new process holds the rank)",
+          state_->shard(), request.worker_rank());
     }
     common::Log(
         "shard %d: rank %d registered (its data resumes at example "
@@ -209,7 +226,70 @@ absl::Status Shard::EndSession(const LeaveRequest& request, const char* what) {
     return held;
   }
   state_->EndSession(request.worker_rank(), request.session());
+  if (state_->ReleaseData(request.worker_rank())) {
+    common::Log("shard %d: rank %d's unfinished data shard went back to the "
+                "queue",
+                state_->shard(), request.worker_rank());
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<TakeDataResponse> Shard::TakeData(
+    const TakeDataRequest& request) {
+  if (absl::Status caller =
+          CheckCaller(request.config_fingerprint(), request.shard());
+      !caller.ok()) {
+    return caller;
+  }
+  const int rank = request.worker_rank();
+  if (rank < 0 || rank >= num_workers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", rank, " is outside [0, ", num_workers_,
+                     "): check --num_workers"));
+  }
+  if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
+  DataQueue* queue = state_->data_queue();
+  if (queue == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", state_->shard(),
+        state_->elastic() ? " does not keep the data queue (shard 0 does)"
+                          : " runs a config without elastic: its workers "
+                            "split the data by rank"));
+  }
+  if (absl::Status held = state_->CheckSession(rank, request.session());
+      !held.ok()) {
+    return held;
+  }
+  if (state_->HasLeft(rank)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " left or finished; register again to take data"));
+  }
+  state_->Touch(rank);  // renews the rank's lease
+  std::optional<DataShard> done;
+  if (request.has_done()) {
+    done = DataShard{request.done().epoch(), request.done().index(), 0, 0};
+  }
+  absl::StatusOr<DataQueue::Answer> answer = queue->Take(
+      rank, done, request.next_offset(), request.examples_per_epoch());
+  if (!answer.ok()) return answer.status();
+  TakeDataResponse response;
+  switch (answer->kind) {
+    case DataQueue::Kind::kShard:
+      response.set_kind(TakeDataResponse::SHARD);
+      response.mutable_shard()->set_epoch(answer->shard.epoch);
+      response.mutable_shard()->set_index(answer->shard.index);
+      response.set_first_batch(answer->shard.first_batch);
+      response.set_batches(answer->shard.batches);
+      break;
+    case DataQueue::Kind::kWait:
+      response.set_kind(TakeDataResponse::WAIT);
+      break;
+    case DataQueue::Kind::kFinished:
+      response.set_kind(TakeDataResponse::FINISHED);
+      break;
+  }
+  response.set_batches_per_epoch(queue->counts().batches_per_epoch);
+  return response;
 }
 
 absl::Status Shard::Leave(const LeaveRequest& request) {

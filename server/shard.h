@@ -163,6 +163,13 @@ class Shard {
   // another run's caller or when this process does not serve the range.
   absl::StatusOr<RepairResponse> Repair(const RepairRequest& request);
 
+  // Elastic runs (TrainingConfig.elastic), shard 0: the rank's next data
+  // shard from the queue (server/data_queue.h), `request.done` its last.
+  // FAILED_PRECONDITION on another shard or in a run that is not elastic,
+  // or for a training set of another size than the run's; PERMISSION_DENIED
+  // for a rank another session holds.
+  absl::StatusOr<TakeDataResponse> TakeData(const TakeDataRequest& request);
+
   int num_workers() const { return num_workers_; }
   absl::Duration max_wait() const { return max_wait_; }
   ShardState* state() const { return state_; }

@@ -191,6 +191,22 @@ absl::Status MakeRangeCore(const ShardServerOptions& options,
   }
   (*state)->set_lease(options.lease);
   (*state)->SetNumWorkers(options.num_workers);
+  if (options.config.elastic()) {
+    // Shard 0 hands out the data. In sync a worker with nothing left to
+    // train finishes rather than wait outside the barrier, and a silent
+    // rank's data goes back once its lease runs out, as the barrier stops
+    // waiting for it (a rank waiting at the barrier stays in touch). In
+    // the other modes after two leases: a worker waiting at another
+    // shard's barrier or for a pull calls nothing here meanwhile.
+    const bool sync = options.config.mode() == SYNC;
+    (*state)->SetElastic(
+        shard == 0 ? (*state)->MakeDataQueue(
+                         options.config.epochs(), options.config.batch_size(),
+                         options.config.data_shard_batches(),
+                         /*wait_for_others=*/!sync)
+                   : nullptr,
+        /*release_leases=*/sync ? 1 : 2);
+  }
   if (std::optional<StalenessBound> bound =
           StalenessBoundFor(options.config, options.num_workers);
       bound.has_value()) {
@@ -243,6 +259,9 @@ absl::Status CheckReplicas(const ShardServerOptions& options) {
   }
   if (why == nullptr && c.sparse_tables_size() > 0) {
     why = "sparse_tables (row updates are not forwarded yet)";
+  }
+  if (why == nullptr && c.elastic()) {
+    why = "elastic (shard 0's data queue is not forwarded yet)";
   }
   if (why != nullptr) {
     return absl::InvalidArgumentError(
@@ -519,6 +538,11 @@ absl::Status ShardServer::Resume() {
     return rows;
   }
   state_->RestoreStats(checkpoint.stats());
+  if (absl::Status queue = state_->RestoreDataQueue(checkpoint.stats());
+      !queue.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(checkpoint_path_, ": ", queue.message()));
+  }
   resumed_version_ = checkpoint.version();
   return absl::OkStatus();
 }

@@ -349,14 +349,73 @@ void ShardState::SetNumWorkers(int num_workers) {
   num_workers_ = num_workers;
 }
 
+void ShardState::SetElastic(std::unique_ptr<DataQueue> queue,
+                            int release_leases) {
+  elastic_ = true;
+  release_leases_ = std::max(release_leases, 1);
+  data_queue_ = std::move(queue);
+  sessions_.set_elastic(true);
+}
+
+std::unique_ptr<DataQueue> ShardState::MakeDataQueue(int epochs,
+                                                     int64_t batch_size,
+                                                     int shard_batches,
+                                                     bool wait_for_others) {
+  return std::make_unique<DataQueue>(
+      epochs, batch_size, shard_batches, wait_for_others,
+      [this](int rank) { return SamplePosition(rank); });
+}
+
+bool ShardState::ReleaseData(int rank) {
+  if (data_queue_ == nullptr) return false;
+  return data_queue_->Release(rank);
+}
+
+std::vector<int> ShardState::ReleaseSilentData(absl::Time now) {
+  std::vector<int> released;
+  if (data_queue_ == nullptr) return released;
+  const absl::Duration lease = sessions_.lease();
+  for (int rank : data_queue_->Ranks()) {
+    if (sessions_.SinceContact(rank, now) >= release_leases_ * lease &&
+        data_queue_->Release(rank)) {
+      released.push_back(rank);
+    }
+  }
+  return released;
+}
+
+absl::Status ShardState::RestoreDataQueue(const StatsResponse& stats) {
+  if (data_queue_ == nullptr || !stats.has_data_queue()) {
+    return absl::OkStatus();
+  }
+  return data_queue_->Restore(stats.data_queue());
+}
+
+bool ShardState::FinishedLocked() const {
+  if (num_workers_ <= 0) return false;
+  if (!elastic_) {
+    return static_cast<int>(finished_ranks_.size()) >= num_workers_;
+  }
+  // A rank finishes only once the queue is done (or, in sync, has nothing
+  // left for it): then the others still live are finishing too.
+  if (finished_ranks_.empty()) return false;
+  const std::vector<bool> live = sessions_.LiveRanks(num_workers_, absl::Now());
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    if (live[rank] && finished_ranks_.count(rank) == 0) return false;
+  }
+  return true;
+}
+
+bool ShardState::WorkersFinished() const {
+  absl::MutexLock lock(&stats_mu_);
+  return FinishedLocked();
+}
+
 bool ShardState::FinishRank(int rank) {
   absl::MutexLock lock(&stats_mu_);
-  const bool was_complete =
-      static_cast<int>(finished_ranks_.size()) >= num_workers_;
+  const bool was_complete = FinishedLocked();
   finished_ranks_.insert(rank);
-  const bool complete =
-      num_workers_ > 0 &&
-      static_cast<int>(finished_ranks_.size()) >= num_workers_;
+  const bool complete = FinishedLocked();
   if (complete && !was_complete) {
     workers_finished_unix_s_ =
         absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
@@ -369,10 +428,14 @@ absl::Status ShardState::CloseRun() {
   {
     absl::MutexLock lock(&stats_mu_);
     std::vector<int> missing;
+    const std::vector<bool> live =
+        sessions_.LiveRanks(std::max(num_workers_, 0), absl::Now());
     for (int rank = 0; rank < num_workers_; ++rank) {
+      // Elastic: the ranks that are gone are not waited for.
+      if (elastic_ && !live[rank]) continue;
       if (finished_ranks_.count(rank) == 0) missing.push_back(rank);
     }
-    if (num_workers_ <= 0 || !missing.empty()) {
+    if (num_workers_ <= 0 || !missing.empty() || !FinishedLocked()) {
       return absl::FailedPreconditionError(
           absl::StrCat("shard ", shard_,
                        ": the run cannot be closed before every worker "
@@ -386,6 +449,8 @@ absl::Status ShardState::CloseRun() {
 
 StatsResponse ShardState::Stats() const {
   StatsResponse stats;
+  // Before stats_mu_: the queue reads the ledger under its own lock.
+  if (data_queue_ != nullptr) *stats.mutable_data_queue() = data_queue_->Save();
   stats.set_shard(shard_);
   stats.set_version(version());
   absl::MutexLock lock(&stats_mu_);
@@ -412,9 +477,18 @@ StatsResponse ShardState::Stats() const {
   stats.set_refused_updates(refused_updates_);
   stats.set_backup_dropped_pushes(backup_dropped_);
   for (int rank : finished_ranks_) stats.add_finished_ranks(rank);
-  stats.set_workers_finished(num_workers_ > 0 &&
-                             static_cast<int>(finished_ranks_.size()) >=
-                                 num_workers_);
+  stats.set_workers_finished(FinishedLocked());
+  if (elastic_) {
+    const Sessions::Membership membership = sessions_.membership();
+    stats.set_membership_epoch(membership.epoch);
+    stats.set_joins(membership.joins);
+    stats.set_leaves(membership.leaves);
+    const std::vector<bool> live =
+        sessions_.LiveRanks(std::max(num_workers_, 0), absl::Now());
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (live[rank]) stats.add_live_ranks(rank);
+    }
+  }
   stats.set_first_push_unix_s(first_push_unix_s_);
   stats.set_workers_finished_unix_s(workers_finished_unix_s_);
   stats.set_run_closed(run_closed_.HasBeenNotified());

@@ -28,6 +28,7 @@
 #include "common/model_layout.h"
 #include "proto/service.pb.h"
 #include "server/buffer_pool.h"
+#include "server/data_queue.h"
 #include "server/policies/staleness_bound.h"
 #include "server/sessions.h"
 #include "server/task_threads.h"
@@ -266,6 +267,29 @@ class ShardState {
   // The end of a run. The worker count is set before serving, constant
   // after (without it, no rank counts as the last to finish).
   void SetNumWorkers(int num_workers);
+  // Elastic runs (TrainingConfig.elastic), set before serving: the worker
+  // count is the most ranks; the workers have finished once one has
+  // finished (the data queue is done) and no other is live and
+  // unfinished. `queue`: shard 0's data queue, null elsewhere.
+  // `release_leases`: how many leases a rank is silent before its data
+  // goes back to the queue (ReleaseSilentData).
+  void SetElastic(std::unique_ptr<DataQueue> queue, int release_leases);
+  // Shard 0's data queue for `config`, reading this shard's ledger.
+  std::unique_ptr<DataQueue> MakeDataQueue(int epochs, int64_t batch_size,
+                                           int shard_batches,
+                                           bool wait_for_others);
+  bool elastic() const { return elastic_; }
+  DataQueue* data_queue() { return data_queue_.get(); }
+  // The rank is gone (left, lease ran out, replaced by another process):
+  // its data shards go back to the queue (shard 0). True if any did.
+  bool ReleaseData(int rank);
+  // Releases the data of the ranks silent for release_leases leases (a
+  // worker that died): the ranks released.
+  std::vector<int> ReleaseSilentData(absl::Time now);
+  // Restores the data queue from a checkpoint's Stats (shard 0).
+  absl::Status RestoreDataQueue(const StatsResponse& stats);
+  // Whether every worker has finished (see SetElastic).
+  bool WorkersFinished() const;
   // `rank` trained all its examples (RegisterRequest.finished): counted
   // once, kept in Stats() and so in the checkpoint. True when it was the
   // last rank of [0, num_workers) to finish.
@@ -324,6 +348,10 @@ class ShardState {
   std::atomic<int> max_applying_{0};
 
   Sessions sessions_;
+  // Set before serving (SetElastic), constant after.
+  bool elastic_ = false;
+  std::unique_ptr<DataQueue> data_queue_;
+  int release_leases_ = 1;
 
   mutable absl::Mutex stats_mu_;
   int64_t pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
@@ -343,6 +371,8 @@ class ShardState {
   int64_t refused_updates_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int num_workers_ ABSL_GUARDED_BY(stats_mu_) = 0;
   std::set<int> finished_ranks_ ABSL_GUARDED_BY(stats_mu_);
+  // Under stats_mu_: whether the workers have finished.
+  bool FinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(stats_mu_);
   double first_push_unix_s_ ABSL_GUARDED_BY(stats_mu_) = 0;
   double workers_finished_unix_s_ ABSL_GUARDED_BY(stats_mu_) = 0;
   absl::Notification run_closed_;

@@ -38,6 +38,12 @@ void ShardTicker::Tick(absl::Time now) {
   // A slow worker whose lease ran out, or that left, no longer holds the
   // others back (bounded staleness).
   state_->RunWaiters(state_->ReleaseWaiters(now));
+  for (int rank : state_->ReleaseSilentData(now)) {
+    common::Log(
+        "shard %d: rank %d's unfinished data shards went back to the queue "
+        "(it made no call for twice its lease)",
+        state_->shard(), rank);
+  }
   for (const auto& [rank, silent] : state_->NewlyLapsed(now)) {
     if (!log_lapses_) continue;
     common::LogWarning(

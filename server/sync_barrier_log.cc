@@ -29,10 +29,16 @@ std::string DescribeMissingRanks(const ShardState& state,
 void MissingRanksLog::StepCloses(const ShardState& state,
                                  const std::vector<bool>& arrived, int count,
                                  int64_t version) {
-  const int num_workers = static_cast<int>(arrived.size());
+  int num_workers = static_cast<int>(arrived.size());
   std::vector<int> left, silent;
-  for (int rank = 0; rank < num_workers; ++rank) {
+  for (int rank = 0; rank < static_cast<int>(arrived.size()); ++rank) {
     if (arrived[rank]) continue;
+    // Elastic: a rank that never registered is not a member (yet).
+    if (state.elastic() && !state.HasLeft(rank) &&
+        state.SinceContact(rank, absl::Now()) == absl::InfiniteDuration()) {
+      --num_workers;
+      continue;
+    }
     (state.HasLeft(rank) ? left : silent).push_back(rank);
   }
   std::vector<int> missing = left;

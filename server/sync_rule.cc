@@ -50,6 +50,7 @@ class SyncRule : public UpdateRule {
   SyncRule(const TrainingConfig& resolved, int num_workers, ShardState* state)
       : num_workers_(num_workers),
         backup_(std::min(resolved.backup_workers(), num_workers - 1)),
+        elastic_(resolved.elastic()),
         state_(state),
         optimizer_(MakeOptimizer(resolved, state->size())),
         weights_(state->InitialWeights()),
@@ -136,7 +137,7 @@ class SyncRule : public UpdateRule {
       // alive has (the others' leases ran out).
       // With backup workers, also once all but backup_ have.
       const bool closes = count_ == num_workers_ ||
-                          (backup_ > 0 && count_ >= num_workers_ - backup_) ||
+                          (backup_ > 0 && count_ >= Members() - backup_) ||
                           AllLiveArrived(absl::Now());
       const float* g = push.values.data();
       if (count_ == 1) {
@@ -309,7 +310,9 @@ class SyncRule : public UpdateRule {
   enum class Aligned { kSame, kBehind, kAhead, kUnknown };
 
   Aligned Alignment(const PushData& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (count_ == 0 || push.samples <= 0) return Aligned::kUnknown;
+    // Elastic: each rank's examples are counted from its own start, not
+    // in step with the others'.
+    if (elastic_ || count_ == 0 || push.samples <= 0) return Aligned::kUnknown;
     int64_t offset = -1;
     for (int rank = 0; rank < num_workers_; ++rank) {
       if (!arrived_[rank]) continue;
@@ -425,6 +428,19 @@ class SyncRule : public UpdateRule {
     sum_plus_zero_ = false;
   }
 
+  // The ranks a step is of: every worker, or in an elastic run the live
+  // ones (those that pushed it included).
+  int Members() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!elastic_) return num_workers_;
+    const std::vector<bool> live = state_->sessions().LiveRanks(
+        num_workers_, absl::Now());
+    int members = 0;
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (live[rank] || arrived_[rank]) ++members;
+    }
+    return members;
+  }
+
   // Whether every rank that is still alive has pushed this step (and at
   // least one has).
   bool AllLiveArrived(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -444,6 +460,12 @@ class SyncRule : public UpdateRule {
       if (count_ == 0) {
         waiting_since_ = absl::InfiniteFuture();
         return;
+      }
+      // A rank whose push waits at the barrier is in touch, however long
+      // the others take: its lease does not run out meanwhile (it would
+      // count as gone, and in an elastic run lose its data shard).
+      for (int rank = 0; rank < num_workers_; ++rank) {
+        if (arrived_[rank]) state_->Touch(rank);
       }
       if (waiting_since_ == absl::InfiniteFuture()) {
         waiting_since_ = now;
@@ -481,9 +503,9 @@ class SyncRule : public UpdateRule {
     // Closed for the backup count (not for leases that ran out): the live
     // ranks it closes without will still push this step; their pushes are
     // to be dropped. That is the design, not news: no log line.
+    const int members = Members();
     const bool by_backup = !pass_over && backup_ > 0 &&
-                           count_ >= num_workers_ - backup_ &&
-                           count_ < num_workers_;
+                           count_ >= members - backup_ && count_ < members;
     if (!by_backup && !pass_over) {
       missing_log_.StepCloses(*state_, arrived_, count_, weights_->version());
     }
@@ -584,7 +606,9 @@ class SyncRule : public UpdateRule {
   // for it, as large as the others': when it returns it takes up the step
   // the others are at.
   // A step passed over (`pass_over`) skips nothing of the ranks missing
-  // from it: their next push begins the next step.
+  // from it: their next push begins the next step. Nor does any step of an
+  // elastic run: a rank's data is the data shards it takes, not a place in
+  // the steps.
   void SettleExamples(bool refused, bool by_backup, bool pass_over)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int64_t batch = 0;
@@ -596,7 +620,7 @@ class SyncRule : public UpdateRule {
                                   step_samples_[rank], StepExamples::APPLIED};
       if (arrived_[rank] && refused) {
         examples.kind = StepExamples::PASSED_OVER;
-      } else if (!arrived_[rank] && !pass_over) {
+      } else if (!arrived_[rank] && !pass_over && !elastic_) {
         if (by_backup) {
           // Its push for this step is to be dropped; a few steps are
           // remembered (a worker late by several).
@@ -641,6 +665,7 @@ class SyncRule : public UpdateRule {
   // Constant after construction.
   const int num_workers_;
   const int backup_;  // backup_workers, fewer than num_workers_
+  const bool elastic_;
   ShardState* const state_;
 
   absl::Mutex mu_;

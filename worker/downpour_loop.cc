@@ -168,6 +168,8 @@ class DownpourLoop : public TrainingLoop {
       if (auto s = RidingOut(c, step, pull); !s.ok()) return s;
       progress.Step(result->loss, batches->batch_size());
     }
+    // An elastic stream ends early when its call to the queue fails.
+    if (!batches->status().ok()) return batches->status();
     return progress.Finish();
   }
 
@@ -195,6 +197,8 @@ class DownpourLoop : public TrainingLoop {
         !s.ok()) {
       return s;
     }
+    // An elastic stream ends early when its call to the queue fails.
+    if (!batches->status().ok()) return batches->status();
     return progress.Finish();
   }
 };

@@ -161,6 +161,8 @@ class EasgdLoop : public TrainingLoop {
     if (since_exchange > 0) {
       if (auto s = exchange(); !s.ok()) return s;
     }
+    // An elastic stream ends early when its call to the queue fails.
+    if (!batches->status().ok()) return batches->status();
     return progress.Finish();
   }
 };

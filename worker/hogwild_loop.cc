@@ -64,6 +64,8 @@ class HogwildLoop : public TrainingLoop {
         !s.ok()) {
       return s;
     }
+    // An elastic stream ends early when its call to the queue fails.
+    if (!batches->status().ok()) return batches->status();
     return progress.Finish();
   }
 };

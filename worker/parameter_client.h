@@ -9,9 +9,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/model_layout.h"
@@ -115,6 +117,17 @@ class ParameterClient {
   // Each shard's version when the last Reconnect found it again (empty:
   // not known).
   virtual std::vector<int64_t> versions_at_reconnect() const { return {}; }
+
+  // Elastic runs (TrainingConfig.elastic): this rank's next data shard
+  // from shard 0's queue (ParameterService.TakeData), `done` the one it
+  // finished, `next_offset` the sample offset of its next batch;
+  // `examples_per_epoch` is the size of its training set. UNIMPLEMENTED
+  // for a client without a queue to ask.
+  virtual absl::StatusOr<TakeDataResponse> TakeData(
+      int64_t examples_per_epoch, const std::optional<DataShardRef>& done,
+      int64_t next_offset, absl::Duration timeout) {
+    return absl::UnimplementedError("this client has no data queue to ask");
+  }
 
   // Serialized bytes sent in pushes and received in pulls.
   virtual int64_t bytes_pushed() const = 0;

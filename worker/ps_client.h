@@ -203,6 +203,12 @@ class PsClient : public ParameterClient, public RingRendezvous {
 
   ReplicaLedger ledger() const;
 
+  // Elastic runs: the next data shard from shard 0's queue, one attempt
+  // within `timeout`; an error names shard 0.
+  absl::StatusOr<TakeDataResponse> TakeData(
+      int64_t examples_per_epoch, const std::optional<DataShardRef>& done,
+      int64_t next_offset, absl::Duration timeout) override;
+
   // Serialized bytes this client has sent in pushes and received in pulls.
   int64_t bytes_pushed() const override { return bytes_pushed_.load(); }
   int64_t bytes_pulled() const override { return bytes_pulled_.load(); }

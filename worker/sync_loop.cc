@@ -102,6 +102,8 @@ class SyncLoop : public TrainingLoop {
       if (!status.ok()) return barrier_error(status);
       progress.Step(step->loss, batches->batch_size());
     }
+    // An elastic stream ends early when its call to the queue fails.
+    if (!batches->status().ok()) return batches->status();
     return progress.Finish();
   }
 

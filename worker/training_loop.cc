@@ -80,7 +80,72 @@ absl::StatusOr<BatchStream> BatchStream::Create(const Dataset* data,
   return stream;
 }
 
+BatchStream BatchStream::Elastic(const Dataset* data,
+                                 const TrainingConfig& config,
+                                 int64_t sample_origin, TakeData take) {
+  BatchStream stream;
+  stream.data_ = data;
+  stream.partition_ = Partition{0, data->size};
+  stream.seed_ = config.seed();
+  stream.rank_ = 0;  // one order per epoch for every worker
+  stream.batch_size_ = config.batch_size();
+  stream.epochs_ = config.epochs();
+  stream.origin_ = sample_origin;
+  stream.take_ = std::move(take);
+  stream.images_.resize(static_cast<size_t>(config.batch_size()) * data->dim);
+  stream.labels_.resize(config.batch_size());
+  return stream;
+}
+
+namespace {
+
+// An elastic worker's way to the queue: a lost shard 0 is waited for
+// (RidingOut), and so are other workers' shards in flight (WAIT), with a
+// line every log interval saying so.
+BatchStream::TakeData QueueFor(const WorkerContext& c) {
+  return [&c](const std::optional<DataShardRef>& done,
+              int64_t next_offset) -> absl::StatusOr<TakeDataResponse> {
+    const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
+    const absl::Time start = absl::Now();
+    absl::Time logged = start;
+    for (;;) {
+      TakeDataResponse answer;
+      auto take = [&]() -> absl::Status {
+        absl::StatusOr<TakeDataResponse> next =
+            c.client->TakeData(c.train->size, done, next_offset, timeout);
+        if (!next.ok()) return next.status();
+        answer = *std::move(next);
+        return absl::OkStatus();
+      };
+      if (absl::Status s = RidingOut(c, take, [] { return absl::OkStatus(); });
+          !s.ok()) {
+        return s;
+      }
+      if (answer.kind() != TakeDataResponse::WAIT) return answer;
+      if (c.stop != nullptr && c.stop->HasBeenNotified()) {
+        return absl::CancelledError("stopped");
+      }
+      const absl::Time now = absl::Now();
+      if (c.log_interval > absl::ZeroDuration() &&
+          now - logged >= c.log_interval) {
+        common::Log(
+            "worker %d: no data shard left to take; waiting %.0f s so far "
+            "for other workers' shards in flight (one comes back if its "
+            "worker goes)",
+            c.rank, absl::ToDoubleSeconds(now - start));
+        logged = now;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  };
+}
+
+}  // namespace
+
 absl::StatusOr<BatchStream> BatchStream::ForWorker(const WorkerContext& c) {
+  if (c.config.elastic()) {
+    return Elastic(c.train, c.config, c.sample_origin, QueueFor(c));
+  }
   absl::StatusOr<BatchStream> stream =
       Create(c.train, c.config, c.rank, c.num_workers);
   if (!stream.ok()) return stream;
@@ -150,7 +215,9 @@ absl::Status RidingOut(const WorkerContext& c,
 
 void PlaceWorker(const ParameterClient& client, const TrainingConfig& config,
                  bool resume, WorkerContext* context) {
-  if (resume) {
+  // Elastic: the queue knows what is left to train; the rank's examples
+  // are numbered on from those its shards applied.
+  if (resume && !config.elastic()) {
     context->resume_steps =
         std::max<int64_t>(client.applied_samples() / config.batch_size(), 0);
     context->sample_origin = 0;
@@ -167,7 +234,48 @@ bool BatchStream::Skip(int64_t steps) {
   return true;
 }
 
+bool BatchStream::AdvanceElastic() {
+  if (!status_.ok()) return false;
+  if (held_.has_value() && step_ < shard_end_) {
+    ++step_;
+    ++batches_given_;
+    return true;
+  }
+  absl::StatusOr<TakeDataResponse> next =
+      take_(held_, origin_ + batches_given_ * batch_size_);
+  if (!next.ok()) {
+    status_ = next.status();
+    return false;
+  }
+  held_.reset();
+  if (next->kind() != TakeDataResponse::SHARD) return false;
+  const int epoch = next->shard().epoch();
+  if (epoch < 0 || epoch >= epochs_ || next->batches() < 1 ||
+      next->first_batch() < 0 ||
+      (next->first_batch() + next->batches()) * batch_size_ > data_->size) {
+    status_ = absl::InternalError(absl::StrCat(
+        "shard 0 handed out data shard ", next->shard().index(), " of epoch ",
+        epoch, " (batches ", next->first_batch(), " to ",
+        next->first_batch() + next->batches(), " of ", batch_size_,
+        " examples), which this worker's ", data_->size,
+        " examples and ", epochs_, " epochs do not hold"));
+    return false;
+  }
+  held_ = next->shard();
+  ++data_shards_;
+  if (epoch != epoch_) {
+    epoch_ = epoch;
+    order_ = ShuffledOrder(partition_, seed_, rank_, epoch_);
+  }
+  steps_per_epoch_ = next->batches_per_epoch();
+  step_ = next->first_batch() + 1;
+  shard_end_ = next->first_batch() + next->batches();
+  ++batches_given_;
+  return true;
+}
+
 bool BatchStream::Advance() {
+  if (take_) return AdvanceElastic();
   if (epoch_ < 0 || step_ == steps_per_epoch_) {
     if (epoch_ + 1 >= epochs_) return false;
     ++epoch_;

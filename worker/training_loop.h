@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -145,8 +146,28 @@ std::unique_ptr<TrainingLoop> MakeTrainingLoop(Mode mode);
 // shuffled from (seed, rank, epoch). Every worker gets the same number of
 // steps per epoch (the smallest partition's, in whole batches), which the
 // sync barrier needs.
+//
+// In an elastic run (config.elastic) the batches come instead from the data
+// shards that shard 0's queue hands this worker (server/data_queue.h): each
+// is a run of batches of the epoch's order of the whole training set,
+// shuffled from (seed, epoch); the stream asks for the next when it has
+// given out a shard's last batch, saying it finished that one.
 class BatchStream {
  public:
+  // The next data shard, `done` the one finished, `next_offset` the
+  // sample offset of the next batch: an answer SHARD or FINISHED (a WAIT
+  // is waited out by the function).
+  using TakeData = std::function<absl::StatusOr<TakeDataResponse>(
+      const std::optional<DataShardRef>& done, int64_t next_offset)>;
+  // The elastic stream over `data` (see above).
+  static BatchStream Elastic(const Dataset* data, const TrainingConfig& config,
+                             int64_t sample_origin, TakeData take);
+  // Why Next() returned false, if not the end of the data (an elastic
+  // stream's call to the queue failed).
+  const absl::Status& status() const { return status_; }
+  // Elastic: data shards taken so far.
+  int64_t data_shards() const { return data_shards_; }
+
   // INVALID_ARGUMENT when the partition holds less than one batch.
   static absl::StatusOr<BatchStream> Create(const Dataset* data,
                                             const TrainingConfig& config,
@@ -170,6 +191,7 @@ class BatchStream {
   // Where the last batch begins in this rank's data over the whole run, in
   // examples (PushHeader.sample_offset).
   int64_t sample_offset() const {
+    if (take_) return origin_ + (batches_given_ - 1) * batch_size_;
     return origin_ + (epoch_ * steps_per_epoch_ + step_ - 1) * batch_size_;
   }
 
@@ -192,6 +214,16 @@ class BatchStream {
   std::vector<int64_t> order_;
   std::vector<float> images_;
   std::vector<int32_t> labels_;
+  // Elastic streams only.
+  // Moves to the next batch, asking for a data shard when the one held is
+  // used up.
+  bool AdvanceElastic();
+  TakeData take_;
+  absl::Status status_;
+  std::optional<DataShardRef> held_;
+  int64_t shard_end_ = 0;      // the held shard's end, in batches of the epoch
+  int64_t batches_given_ = 0;  // by this stream, for sample_offset()
+  int64_t data_shards_ = 0;
 };
 
 // The config's learning-rate schedule at `epoch` (0-based):
