@@ -63,6 +63,20 @@ void MissingRanksLog::StepCloses(const ShardState& state,
         " (a worker whose steps take longer than that needs a "
         "larger --lease_s)");
   }
+  if (state.elastic()) {
+    // Members come and go: a leave is news, not a fault.
+    constexpr char kFormat[] =
+        "shard %d: step %d closes with %d of %d ranks' gradients: %s; the "
+        "steps are the live ranks' from now on (nothing skipped: what a "
+        "rank leaves of its data goes back to the queue)";
+    if (silent.empty()) {
+      common::Log(kFormat, state.shard(), version, count, num_workers, why);
+    } else {
+      common::LogWarning(kFormat, state.shard(), version, count, num_workers,
+                         why);
+    }
+    return;
+  }
   common::LogWarning(
       "shard %d: step %d closes with %d of %d workers' gradients: %s; their "
       "batches are skipped, and the barrier is the live workers' until they "

@@ -41,7 +41,7 @@ TEST(ParseChaosTest, RefusesWhatCannotBeInjected) {
   EXPECT_THAT(ParseChaos("crash:server0@1s", 2, 2).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("'crash:server0@1s': the action must be "
-                                 "kill or stop")));
+                                 "kill, stop, add or remove")));
   EXPECT_THAT(ParseChaos("kill:server2@1s", 2, 2).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("this run has 2 servers, numbered from 0")));
@@ -65,6 +65,57 @@ TEST(ParseChaosTest, RefusesWhatCannotBeInjected) {
   EXPECT_THAT(ParseChaos("kill:server0@1s+2s", 2, 2).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("a kill takes no duration")));
+}
+
+TEST(ParseChaosTest, ElasticRunsAddWorkersOfTheNextRanksAndRemoveThem) {
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<Fault> faults,
+      ParseChaos("remove:worker1@20s,add:worker@10s,kill:worker3@30s,"
+                 "add:worker@12s",
+                 /*servers=*/2, /*workers=*/2, /*elastic=*/true));
+  ASSERT_EQ(faults.size(), 4u);
+  EXPECT_EQ(faults[0].kind, Fault::Kind::kAdd);
+  EXPECT_FALSE(faults[0].server);
+  EXPECT_EQ(faults[0].index, 2);
+  EXPECT_EQ(faults[1].kind, Fault::Kind::kAdd);
+  EXPECT_EQ(faults[1].index, 3);
+  EXPECT_EQ(faults[1].at_s, 12);
+  EXPECT_EQ(faults[2].kind, Fault::Kind::kRemove);
+  EXPECT_EQ(faults[2].index, 1);
+  EXPECT_EQ(faults[3].kind, Fault::Kind::kKill);
+  EXPECT_EQ(faults[3].index, 3);
+  EXPECT_EQ(RanksFor(faults, 2), 4);
+}
+
+TEST(ParseChaosTest, RefusesMembershipChangesThatCannotBe) {
+  EXPECT_THAT(ParseChaos("add:worker@1s", 2, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only an elastic run (--elastic)")));
+  EXPECT_THAT(ParseChaos("add:worker1@1s", 2, 2, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("write add:worker@TIME")));
+  EXPECT_THAT(ParseChaos("remove:server1@1s", 2, 2, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("write remove:workerN@TIME")));
+  EXPECT_THAT(ParseChaos("remove:worker0@1s+2s", 2, 2, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a remove takes no duration")));
+  EXPECT_THAT(ParseChaos("remove:worker0@1s,kill:worker1@2s", 2, 2, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'kill:worker1@2s': it would take the run's "
+                                 "last worker away")));
+  EXPECT_THAT(ParseChaos("remove:worker2@1s", 2, 2, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ranks 0 to 1 (2 at the start and 0 added)")));
+  EXPECT_THAT(ParseChaos("remove:worker2@1s,add:worker@5s", 2, 2, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("worker 2 is not in the run by then")));
+  EXPECT_THAT(ParseChaos("remove:worker0@1s,remove:worker0@2s", 2, 2, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("worker 0 is not in the run by then")));
+  // Outside elastic runs a killed worker is restarted: killing every one
+  // is allowed.
+  EXPECT_TRUE(ParseChaos("kill:worker0@1s,kill:worker1@1s", 2, 2).ok());
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 //   kill:server1@10s           SIGKILL server 1 ten seconds into training
 //   kill:worker0@20s           SIGKILL worker 0 at 20 s
 //   stop:server0@5s+10s        SIGSTOP server 0 at 5 s, SIGCONT at 15 s
+//   add:worker@10s             elastic runs: start a worker of a new rank
+//   remove:worker1@20s         elastic runs: worker 1 leaves (SIGTERM: it
+//                              ends its step and leaves cleanly)
 //
 // Times count from the start of training (the workers' start); a fault list
 // is comma-separated. Stateless functions; thread-safe.
@@ -19,10 +22,10 @@
 namespace monsoon::tools {
 
 struct Fault {
-  enum class Kind { kKill, kStop };
+  enum class Kind { kKill, kStop, kAdd, kRemove };
   Kind kind = Kind::kKill;
   bool server = true;  // a server (shard), else a worker
-  int index = 0;       // the shard or the worker's rank
+  int index = 0;       // the shard or the worker's rank; kAdd: -1
   double at_s = 0;     // from the start of training
   double for_s = 0;    // kStop: how long the process stays stopped
   std::string text;    // as written, e.g. "stop:server0@5s+10s"
@@ -33,9 +36,17 @@ struct Fault {
 
 // The faults of `spec` in time order. INVALID_ARGUMENT naming the part that
 // is wrong: an unknown action or target, a server or worker beyond the
-// run's counts, a negative or missing time, a stop without a duration.
+// run's counts, a negative or missing time, a stop without a duration, an
+// add or a remove in a run that is not `elastic`, or one that takes the
+// run's last worker away (a remove, or in an elastic run a kill: a killed
+// worker is not started again). `workers` counts the ranks an elastic run
+// starts with; its adds take the ranks after them.
 absl::StatusOr<std::vector<Fault>> ParseChaos(absl::string_view spec,
-                                              int servers, int workers);
+                                              int servers, int workers,
+                                              bool elastic = false);
+
+// The ranks an elastic run needs: its first `workers` and one per add.
+int RanksFor(const std::vector<Fault>& faults, int workers);
 
 }  // namespace monsoon::tools
 

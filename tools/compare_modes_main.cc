@@ -92,7 +92,8 @@ ABSL_FLAG(std::string, chaos, "",
           "Faults injected into every run, from the start of its training: "
           "comma-separated kill:TARGET@TIME (SIGKILL) or "
           "stop:TARGET@TIME+DURATION (SIGSTOP, then SIGCONT), TARGET serverN "
-          "or workerN, e.g. kill:server1@3s,stop:server0@1s+2s. The table "
+          "or workerN, e.g. kill:server1@3s,stop:server0@1s+2s; with "
+          "--elastic also add:worker@TIME and remove:workerN@TIME. The table "
           "then counts the faults and restarts of each run, and the "
           "accuracy plot marks them.");
 ABSL_FLAG(std::string, tls_dir, "",
@@ -313,7 +314,8 @@ absl::Status SetFaultsAndTlsFromFlags(ComparisonOptions* options) {
   }
   for (int s : options->servers) {
     for (int w : options->workers) {
-      auto faults = monsoon::tools::ParseChaos(options->chaos, s, w);
+      auto faults = monsoon::tools::ParseChaos(
+          options->chaos, s, w, monsoon::tools::ElasticFromFlags());
       if (!faults.ok()) return faults.status();
     }
   }

@@ -273,7 +273,13 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
             // listed in the run's metrics_targets.json (not on emulated hosts,
             // whose addresses this machine does not share).
             if (network == nullptr) {
-              absl::StatusOr<int> port = FreePortRange(servers + workers + 1);
+              absl::StatusOr<int> port = FreePortRange(
+                  servers +
+                  RanksFor(ParseChaos(options.chaos, servers, workers,
+                                      config->elastic())
+                               .value_or(std::vector<Fault>()),
+                           workers) +
+                  1);
               if (port.ok()) {
                 run.metrics_port = *port;
               } else {
@@ -285,9 +291,10 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
               progress.Sample(sample);
             };
             absl::StatusOr<std::vector<Fault>> faults =
-                ParseChaos(options.chaos, servers, workers);
+                ParseChaos(options.chaos, servers, workers, config->elastic());
             if (!faults.ok()) return faults.status();
             run.faults = *std::move(faults);
+            run.max_workers = RanksFor(run.faults, workers);
             absl::StatusOr<RunMetrics> metrics =
                 RunLocalCluster(run, supervisor);
             supervisor->StopAll(absl::Seconds(5));

@@ -38,7 +38,19 @@ ABSL_FLAG(std::string, data_dir, "",
           "and test.libsvm (empty: the config's, default "
           "/usr/share/datasets/fashion-mnist).");
 
+ABSL_FLAG(bool, elastic, false,
+          "Elastic workers (config field elastic): workers may join and "
+          "leave the run (--chaos=add:worker@T,remove:workerN@T), and the "
+          "data is handed out by shard 0 in data shards of "
+          "data_shard_batches batches rather than split by rank. Every mode "
+          "but allreduce.");
+
 namespace monsoon::tools {
+
+bool ElasticFromFlags(const TrainingConfig* config) {
+  return absl::GetFlag(FLAGS_elastic) ||
+         (config != nullptr && config->elastic());
+}
 
 absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode, Model model) {
   TrainingConfig config;
@@ -80,6 +92,7 @@ absl::StatusOr<TrainingConfig> ConfigFromFlags(Mode mode, Model model) {
   if (!absl::GetFlag(FLAGS_data_dir).empty()) {
     config.set_data_dir(absl::GetFlag(FLAGS_data_dir));
   }
+  if (absl::GetFlag(FLAGS_elastic)) config.set_elastic(true);
   if (!absl::GetFlag(FLAGS_hidden).empty()) {
     auto hidden = common::ParseIntList(absl::GetFlag(FLAGS_hidden));
     if (!hidden.ok()) {

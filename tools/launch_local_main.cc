@@ -76,7 +76,10 @@ ABSL_FLAG(std::string, chaos, "",
           "Faults to inject, from the start of training: comma-separated "
           "kill:TARGET@TIME (SIGKILL) or stop:TARGET@TIME+DURATION (SIGSTOP, "
           "then SIGCONT), TARGET serverN or workerN, e.g. "
-          "kill:server1@10s,stop:server0@5s+10s.");
+          "kill:server1@10s,stop:server0@5s+10s. With --elastic also "
+          "add:worker@TIME (a worker of the next rank joins) and "
+          "remove:workerN@TIME (it leaves cleanly); a killed worker is then "
+          "not restarted, and taking the last worker away is refused.");
 ABSL_FLAG(std::string, tls_dir, "",
           "Mutual TLS for every connection, with the certificates in this "
           "folder (as tools/make_certs.sh DIR makes them). Default: "
@@ -151,11 +154,12 @@ absl::Status SetRunFromFlags(LocalClusterOptions* options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_restarts must be in [0, 100], got ", max_restarts));
   }
-  auto faults =
-      monsoon::tools::ParseChaos(absl::GetFlag(FLAGS_chaos), servers, workers);
+  auto faults = monsoon::tools::ParseChaos(absl::GetFlag(FLAGS_chaos), servers,
+                                           workers, options->config.elastic());
   if (!faults.ok()) return faults.status();
   options->servers = servers;
   options->workers = workers;
+  options->max_workers = monsoon::tools::RanksFor(*faults, workers);
   options->max_restarts =
       absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
   options->faults = *std::move(faults);
@@ -171,7 +175,8 @@ absl::Status SetRunFromFlags(LocalClusterOptions* options) {
 // The exit code for an error: finding no free ports is not the flags'
 // fault.
 absl::Status SetMetricsFromFlags(LocalClusterOptions* options, int* exit_code) {
-  const int daemons = options->servers + options->workers + 1;
+  const int daemons =
+      options->servers + monsoon::tools::RunRanks(*options) + 1;
   *exit_code = kExitConfigError;
   options->metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (options->metrics_port == -1) {
@@ -271,12 +276,20 @@ void LogPlan(const LocalClusterOptions& options) {
       monsoon::common::ShapeString(layout.input()), layout.num_params(),
       monsoon::common::OptimizerName(config.optimizer()),
       config.learning_rate(), options.work_dir);
+  if (config.elastic()) {
+    monsoon::common::Log(
+        "launch: elastic: ranks 0 to %d, %d started now; shard 0 hands the "
+        "data out in data shards of %d batches",
+        monsoon::tools::RunRanks(options) - 1, options.workers,
+        config.data_shard_batches());
+  }
   if (options.metrics_port != 0) {
     monsoon::common::Log(
         "launch: metrics on 127.0.0.1:%d-%d (GET /metrics; shards, workers, "
         "evaluator), listed in %s/metrics_targets.json",
         options.metrics_port,
-        options.metrics_port + options.servers + options.workers,
+        options.metrics_port + options.servers +
+            monsoon::tools::RunRanks(options),
         options.work_dir);
   }
 }

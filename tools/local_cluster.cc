@@ -40,6 +40,12 @@ std::string ExecutablePath() {
   return n > 0 ? std::string(path, static_cast<size_t>(n)) : "";
 }
 
+int RunRanks(const LocalClusterOptions& options) {
+  return options.config.elastic()
+             ? std::max(options.workers, options.max_workers)
+             : options.workers;
+}
+
 std::string DefaultBinDir() {
   const std::string exe = ExecutablePath();
   if (exe.empty()) return ".";
@@ -125,7 +131,9 @@ struct Daemon {
   int restarts = 0;
   bool restart_pending = false;
   absl::Time restart_at;
-  bool finished = false;  // a worker that is done
+  bool finished = false;  // a worker that is done (or not started)
+  bool removed = false;   // a worker a remove fault told to leave
+  absl::Time added_at = absl::InfinitePast();  // started by an add fault
   bool stopped = false;   // SIGSTOPped by a fault
   absl::Time continue_at;
   std::string report;  // a worker's --report_out for the current process
@@ -161,6 +169,8 @@ class ClusterRun {
       : options_(options),
         sup_(*supervisor),
         placed_(options.placement != nullptr),
+        elastic_(options.config.elastic()),
+        ranks_(RunRanks(options)),
         restarts_(options.max_restarts > 0),
         json_logs_(common::CurrentLogFormat() == common::LogFormat::kJson),
         config_path_(options.work_dir + "/config.textproto"),
@@ -192,6 +202,7 @@ class ClusterRun {
                                   const std::string& script);
   absl::Status StartEvaluator();
   absl::Status StartWorkers();
+  absl::Status StartWorker(int rank);
   void StartProgressPoller();
 
   // 3. Training: until every worker is done.
@@ -213,6 +224,8 @@ class ClusterRun {
   const LocalClusterOptions& options_;
   ProcessSupervisor& sup_;
   const bool placed_;
+  const bool elastic_;
+  const int ranks_;  // RunRanks
   const bool restarts_;
   const bool json_logs_;  // the daemons log as the launcher does
   const std::string config_path_;
@@ -268,6 +281,10 @@ absl::StatusOr<RunMetrics> ClusterRun::Run() {
 }
 
 absl::Status ClusterRun::PrepareFiles() {
+  if (placed_ && elastic_) {
+    return absl::InvalidArgumentError(
+        "elastic runs are not built for --link yet: run them on loopback");
+  }
   if (placed_ && options_.metrics_port != 0) {
     return absl::InvalidArgumentError(
         "metrics are served on 127.0.0.1, which the emulated hosts of --link "
@@ -339,10 +356,10 @@ absl::Status ClusterRun::WriteMetricsTargets() const {
     absl::StrAppend(&targets, "}}", last ? "\n" : ",\n");
   };
   for (int s = 0; s < options_.servers; ++s) add(s, "shard", s, false);
-  for (int r = 0; r < options_.workers; ++r) {
+  for (int r = 0; r < ranks_; ++r) {
     add(options_.servers + r, "worker", r, false);
   }
-  add(options_.servers + options_.workers, "evaluator", -1, true);
+  add(options_.servers + ranks_, "evaluator", -1, true);
   targets += "]\n";
   const std::string path = options_.work_dir + "/metrics_targets.json";
   std::ofstream out(path);
@@ -384,7 +401,7 @@ absl::Status ClusterRun::StartServers() {
         options_.bin_dir + "/server/ps_server",
         absl::StrCat("--shard=", s),
         absl::StrCat("--num_shards=", options_.servers),
-        absl::StrCat("--num_workers=", options_.workers),
+        absl::StrCat("--num_workers=", ranks_),
         "--listen=" + (placed_ ? options_.placement->server_listen[s]
                                : listen[s]),
         "--port_file=" + port_files_.back(),
@@ -457,7 +474,7 @@ absl::Status ClusterRun::WaitForServers() {
               : server_list_;
   common::Log("launch: %d servers up at %s", options_.servers,
               worker_server_list);
-  worker_lists_.assign(options_.workers, worker_server_list);
+  worker_lists_.assign(ranks_, worker_server_list);
   return absl::OkStatus();
 }
 
@@ -529,7 +546,7 @@ absl::Status ClusterRun::StartEvaluator() {
       token_flag_};
   argv.insert(argv.end(), client_tls_.begin(), client_tls_.end());
   if (options_.metrics_port != 0) {
-    argv.push_back(MetricsFlag(options_.servers + options_.workers));
+    argv.push_back(MetricsFlag(options_.servers + ranks_));
   }
   if (json_logs_) argv.push_back("--log_format=json");
   std::string script = options_.evaluator_cmd.empty() ? options_.worker_cmd
@@ -542,15 +559,28 @@ absl::Status ClusterRun::StartEvaluator() {
 }
 
 absl::Status ClusterRun::StartWorkers() {
-  worker_daemons_.resize(options_.workers);
-  for (int r = 0; r < options_.workers; ++r) {
+  worker_daemons_.resize(ranks_);
+  for (int r = 0; r < ranks_; ++r) {
+    if (r < options_.workers) {
+      if (absl::Status s = StartWorker(r); !s.ok()) return s;
+    } else {
+      worker_daemons_[r].role = absl::StrCat("worker ", r);
+      worker_daemons_[r].finished = true;  // until an add starts it
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterRun::StartWorker(int r) {
+  {
     Daemon& daemon = worker_daemons_[r];
+    daemon.finished = false;
     daemon.role = absl::StrCat("worker ", r);
     daemon.report = absl::StrCat(options_.work_dir, "/worker-", r, ".report");
     std::remove(daemon.report.c_str());
     daemon.argv = {options_.bin_dir + "/worker/ps_worker",
                    absl::StrCat("--rank=", r),
-                   absl::StrCat("--num_workers=", options_.workers),
+                   absl::StrCat("--num_workers=", ranks_),
                    "--servers=" + worker_lists_[r],
                    "--config=" + config_path_,
                    "--device=" + options_.device,
@@ -621,7 +651,7 @@ void ClusterRun::StartProgressPoller() {
   poller_options.connect_timeout = absl::Seconds(1);
   poller_ = std::make_unique<ProgressPoller>(
       poller_options, curve_path_, start_,
-      ExamplesPerEpoch(options_.config, options_.workers),
+      ExamplesPerEpoch(options_.config, elastic_ ? 1 : options_.workers),
       options_.config.epochs());
 }
 
@@ -652,6 +682,7 @@ bool ClusterRun::TrainingDone() {
     for (Daemon& daemon : worker_daemons_) sup_.Signal(daemon.id, SIGTERM);
   }
   InjectFaults(now, t);
+  if (!failed_.ok()) return true;
   bool all_done = true;
   for (bool worker : {false, true}) {
     for (Daemon& daemon : worker ? worker_daemons_ : server_daemons_) {
@@ -662,7 +693,8 @@ bool ClusterRun::TrainingDone() {
       }
       if (daemon.restart_pending) {
         if (now >= daemon.restart_at && !Restart(daemon, worker)) return true;
-      } else if (!daemon.finished && !sup_.running(daemon.id) &&
+      } else if (!daemon.finished && daemon.id >= 0 &&
+                 !sup_.running(daemon.id) &&
                  !HandleExit(daemon, worker)) {
         return true;
       }
@@ -681,14 +713,31 @@ void ClusterRun::InjectFaults(absl::Time now, double t) {
          options_.faults[next_fault_].at_s <= t;
        ++next_fault_) {
     const Fault& fault = options_.faults[next_fault_];
+    if (!fault.server && fault.index >= ranks_) {
+      Event(absl::StrCat(fault.text, ": the run has ranks 0 to ", ranks_ - 1,
+                         "; nothing done"));
+      continue;
+    }
     Daemon& daemon = fault.server ? server_daemons_[fault.index]
                                   : worker_daemons_[fault.index];
-    if (!sup_.running(daemon.id)) {
+    if (fault.kind == Fault::Kind::kAdd) {
+      daemon.added_at = now;
+      if (absl::Status s = StartWorker(fault.index); !s.ok()) {
+        failed_ = s;
+        return;
+      }
+      Event(absl::StrCat("add ", daemon.role, " (joins the run)"));
+    } else if (daemon.id < 0 || !sup_.running(daemon.id)) {
       Event(absl::StrCat(fault.text, ": ", daemon.role,
                          " is not running; nothing done"));
     } else if (fault.kind == Fault::Kind::kKill) {
       sup_.Signal(daemon.id, SIGKILL);
       Event(absl::StrCat("kill ", daemon.role, " (SIGKILL)"));
+    } else if (fault.kind == Fault::Kind::kRemove) {
+      sup_.Signal(daemon.id, SIGTERM);
+      daemon.removed = true;
+      Event(absl::StrCat("remove ", daemon.role,
+                         " (SIGTERM: it ends its step and leaves)"));
     } else {
       sup_.Signal(daemon.id, SIGSTOP);
       daemon.stopped = true;
@@ -715,6 +764,35 @@ bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
     if (code == common::kExitOk || limit_reached_) {
       daemon.finished = true;
       return true;
+    }
+    if (elastic_) {
+      // A worker that goes is not started again: the others train what it
+      // left (its data shards go back to the queue).
+      daemon.finished = true;
+      if (daemon.removed && code == common::ExitCodeForSignal(SIGTERM)) {
+        Event(absl::StrCat(daemon.role, " left"));
+      } else {
+        Event(absl::StrCat(daemon.role, " died (exit code ", code,
+                           "); not restarted in an elastic run: its data "
+                           "shards go back to the queue"));
+      }
+      bool anyone = false;
+      for (const Daemon& other : worker_daemons_) anyone |= !other.finished;
+      if (!anyone && code != common::kExitConfigError) {
+        bool added_later = false;
+        for (size_t f = next_fault_; f < options_.faults.size(); ++f) {
+          added_later |= options_.faults[f].kind == Fault::Kind::kAdd;
+        }
+        if (!added_later) {
+          failed_ = absl::InternalError(absl::StrCat(
+              daemon.role,
+              " was the last worker of the run and exited with code ", code,
+              " before the data was all trained; command: ",
+              sup_.command_line(daemon.id)));
+          return false;
+        }
+      }
+      if (code != common::kExitConfigError) return true;
     }
     if (options_.config.mode() == ALLREDUCE) {
       // A restart cannot help: the ring ended with the worker, and a new
@@ -833,6 +911,30 @@ absl::Status ClusterRun::CollectTraining() {
   metrics_.stopped_by_time_limit = limit_reached_;
   absl::Status reported = ReadWorkerReports(report_paths_, &metrics_);
   if (!reported.ok()) return reported;
+  // How long a joiner took from its registration to the end of its first
+  // step, its push answered (its report: a worker that was killed wrote
+  // none), and from the add that started its process.
+  for (const Daemon& daemon : worker_daemons_) {
+    std::string text;
+    WorkerReport report;
+    if (daemon.added_at == absl::InfinitePast() ||
+        !ReadFile(absl::StrCat(options_.work_dir, "/worker-",
+                               &daemon - worker_daemons_.data(), ".report"),
+                  &text) ||
+        !google::protobuf::TextFormat::ParseFromString(text, &report) ||
+        report.steps() == 0) {
+      continue;
+    }
+    metrics_.add_to_first_push_s = std::max(
+        metrics_.add_to_first_push_s,
+        report.first_step_end_unix_s() -
+            absl::ToUnixMicros(daemon.added_at) * 1e-6);
+    if (report.registered_unix_s() > 0) {
+      metrics_.join_to_first_push_s =
+          std::max(metrics_.join_to_first_push_s,
+                   report.first_step_end_unix_s() - report.registered_unix_s());
+    }
+  }
   common::Log(
       "launch: training done in %.1f s (%.1f s of steps, %.0f samples/s); "
       "final evaluation",
@@ -853,6 +955,25 @@ absl::Status ClusterRun::ReadShardStats() {
       (*client)->Stats(absl::Seconds(10));
   if (!stats.ok()) return stats.status();
   metrics_.shard_stats = *stats;
+  if (elastic_ && !limit_reached_ && !stats->empty()) {
+    // Every data shard of every epoch done, or said loudly how many not.
+    const DataQueueState& queue = (*stats)[0].data_queue();
+    const int64_t per_epoch =
+        queue.shard_batches() > 0
+            ? (queue.batches_per_epoch() + queue.shard_batches() - 1) /
+                  queue.shard_batches()
+            : 0;
+    const int64_t due = per_epoch * queue.epochs();
+    if (queue.done_size() < due) {
+      common::LogWarning(
+          "launch: %d of the run's %d data shards were not trained: the "
+          "workers that held them went when the others had finished (see "
+          "examples_trained per epoch in the metrics)",
+          due - queue.done_size(), due);
+      Event(absl::StrCat(due - queue.done_size(), " of ", due,
+                         " data shards not trained"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -94,7 +94,13 @@ absl::StatusOr<int> FreePortRange(int count);
 struct LocalClusterOptions {
   TrainingConfig config;  // resolved
   int servers = 2;
-  int workers = 2;
+  int workers = 2;  // started at once
+  // Elastic runs (config.elastic): the ranks the run may have, every
+  // daemon's --num_workers (0: `workers`). The chaos's add faults start
+  // workers of the ranks after the first `workers`; a worker that dies is
+  // not started again (its data shards go back to the queue), and one that
+  // a remove fault stops leaves. Loopback only (not with a placement).
+  int max_workers = 0;
   // Folder with server/ps_server, worker/ps_worker, worker/ps_evaluator.
   std::string bin_dir;
   // Where the config, port files and the curve are written (must exist).
@@ -144,7 +150,7 @@ struct LocalClusterOptions {
   std::string tls_dir;
   // If not 0, every daemon serves Prometheus metrics on 127.0.0.1: shard s
   // on metrics_port + s, worker r on metrics_port + servers + r, the
-  // evaluator on metrics_port + servers + workers; and
+  // evaluator on metrics_port + servers + RunRanks(); and
   // WORK_DIR/metrics_targets.json lists them for Prometheus'
   // file_sd_configs (labels role and, for shards and workers, index).
   int metrics_port = 0;
@@ -160,6 +166,10 @@ struct LocalClusterOptions {
   // never holds up the supervisor; a sample then keeps its last figures.
   std::function<void(const RunProgressSample&)> on_progress;
 };
+
+// The ranks of a run: `max_workers` in an elastic run that sets it, else
+// `workers`. Metrics ports are kept for each.
+int RunRanks(const LocalClusterOptions& options);
 
 // Runs the cluster to the end. CANCELLED on Ctrl-C, after stopping every
 // process; INTERNAL naming the process when one fails for good (it exited

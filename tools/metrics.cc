@@ -228,6 +228,26 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"examples_lost\": ", run.examples_lost, ",\n");
   absl::StrAppend(&json, "  \"max_step_gap_s\": ", Number(run.max_step_gap_s),
                   ",\n");
+  // Elastic runs, from shard 0 (which keeps the data queue): its membership
+  // epoch (a join or a leave each), the examples its ledger applied twice,
+  // and each epoch's examples trained (of its done data shards).
+  const StatsResponse first =
+      run.shard_stats.empty() ? StatsResponse() : run.shard_stats[0];
+  absl::StrAppend(&json, "  \"elastic\": ",
+                  run.config.elastic() ? "true" : "false", ",\n");
+  absl::StrAppend(&json, "  \"membership_changes\": ",
+                  first.membership_epoch(), ",\n");
+  absl::StrAppend(&json, "  \"examples_trained_twice\": ",
+                  first.data_queue().examples_trained_twice(), ",\n");
+  absl::StrAppend(&json, "  \"data_shards_requeued\": ",
+                  first.data_queue().shards_requeued(), ",\n");
+  absl::StrAppend(&json, "  \"join_to_first_push_s\": ",
+                  Number(run.join_to_first_push_s), ",\n");
+  absl::StrAppend(&json, "  \"add_to_first_push_s\": ",
+                  Number(run.add_to_first_push_s), ",\n");
+  absl::StrAppend(&json, "  \"examples_trained\": [",
+                  absl::StrJoin(first.data_queue().examples_trained(), ", "),
+                  "],\n");
   json += "  \"events\": [";
   for (size_t i = 0; i < run.events.size(); ++i) {
     absl::StrAppend(&json, i == 0 ? "" : ", ",

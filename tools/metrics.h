@@ -74,6 +74,13 @@ struct RunMetrics {
   int64_t updates_lost = 0;
   int64_t examples_lost = 0;
   double max_step_gap_s = 0;
+  // Elastic runs, over the workers an add fault started: the longest time
+  // from a joiner's registration with every shard to the end of its first
+  // step (its first pull, data shard, gradient and push answered), and from
+  // the add that started its process (loading the data included); 0
+  // without one.
+  double join_to_first_push_s = 0;
+  double add_to_first_push_s = 0;
   bool stopped_by_time_limit = false;
   std::vector<StatsResponse> shard_stats;
   EvalCurve curve;
@@ -118,7 +125,11 @@ std::string ConfigJson(const TrainingConfig& config);
 // workers' ledgers summed: pushes a shard acknowledged as applied, and of
 // them those, and their examples, that no surviving copy had when the
 // worker came back), max_step_gap_s (the longest time between two steps of
-// any worker), events [{time_s, what}, ...],
+// any worker), elastic, membership_changes, examples_trained_twice,
+// data_shards_requeued and examples_trained [per epoch] (an elastic run's
+// shard 0: joins and leaves, its data queue's counts; 0 and [] otherwise),
+// join_to_first_push_s and add_to_first_push_s (RunMetrics'),
+// events [{time_s, what}, ...],
 // staleness {mean, p50, p99, max},
 // staleness_histogram [count of staleness 0, of 1, ...] (MergeStalenessCounts:
 // summed over shards, the last entry counting every push at least that

@@ -128,7 +128,7 @@ void WriteReport(int rank, int64_t resumed_steps,
                  const monsoon::worker::WorkerResult& progress,
                  const monsoon::worker::WorkerCounters& counters,
                  const monsoon::worker::ReplicaLedger& ledger,
-                 const std::string& outcome) {
+                 const std::string& outcome, absl::Time registered) {
   const std::string path = absl::GetFlag(FLAGS_report_out);
   if (path.empty()) return;
   monsoon::WorkerReport report = monsoon::worker::MakeWorkerReport(
@@ -137,6 +137,9 @@ void WriteReport(int rank, int64_t resumed_steps,
   report.set_updates_lost(ledger.updates_lost);
   report.set_examples_lost(ledger.examples_lost);
   report.set_take_overs(ledger.take_overs);
+  if (registered != absl::InfinitePast()) {
+    report.set_registered_unix_s(absl::ToUnixMicros(registered) * 1e-6);
+  }
   std::string text;
   google::protobuf::TextFormat::PrintToString(report, &text);
   std::ofstream out(path);
@@ -309,12 +312,14 @@ int Finish(const absl::StatusOr<monsoon::worker::WorkerResult>& result,
                          termination.signal());
     WriteReport(rank, context.resume_steps, *context.progress,
                 *context.counters, client.ledger(),
-                absl::StrCat("stopped by signal ", termination.signal()));
+                absl::StrCat("stopped by signal ", termination.signal()),
+                context.registered);
     return monsoon::common::ExitCodeForSignal(termination.signal());
   }
   WriteReport(rank, context.resume_steps, *context.progress, *context.counters,
               client.ledger(),
-              result.ok() ? "done" : result.status().ToString());
+              result.ok() ? "done" : result.status().ToString(),
+              context.registered);
   if (const double linger = absl::GetFlag(FLAGS_metrics_linger_s);
       serving_metrics && linger > 0) {
     monsoon::common::Log(
@@ -443,6 +448,7 @@ int main(int argc, char** argv) {
       (*backend)->Name(), train->size, layout.num_params(), servers->size());
 
   WorkerContext context;
+  context.registered = absl::Now();
   context.config = *config;
   context.rank = rank;
   context.num_workers = num_workers;

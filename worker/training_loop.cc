@@ -29,6 +29,7 @@ WorkerReport MakeWorkerReport(int rank, int64_t resumed_steps,
   report.set_resumed_steps(resumed_steps);
   report.set_first_step_unix_s(UnixSeconds(progress.first_step));
   report.set_last_step_unix_s(UnixSeconds(progress.last_step));
+  report.set_first_step_end_unix_s(UnixSeconds(progress.first_step_end));
   report.set_outcome(outcome);
   for (int p = 0; p < kNumPhases; ++p) {
     const common::Histogram::Snapshot phase = counters.phases[p].Read();
@@ -358,7 +359,10 @@ void ProgressLog::Step(double loss, int64_t samples) {
     }
   }
   const absl::Time now = absl::Now();
-  if (result_.steps == 0) result_.first_step = start_;
+  if (result_.steps == 0) {
+    result_.first_step = start_;
+    result_.first_step_end = now;
+  }
   result_.max_step_gap = std::max(
       result_.max_step_gap, now - (result_.steps == 0 ? start_ : result_.last_step));
   result_.last_step = now;

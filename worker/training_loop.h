@@ -36,6 +36,8 @@ struct WorkerResult {
   // until a step has run).
   absl::Time first_step = absl::InfinitePast();
   absl::Time last_step = absl::InfinitePast();
+  // When the first step ended (its push answered).
+  absl::Time first_step_end = absl::InfinitePast();
   // The longest time between the ends of two consecutive steps (from the
   // loop's start for the first): how long a failure held the worker up.
   absl::Duration max_step_gap;
@@ -74,6 +76,8 @@ struct WorkerContext {
   WorkerResult* progress = nullptr;
   // If not null, counted at every step too (for metrics).
   WorkerCounters* counters = nullptr;
+  // When the client had registered with every shard (for the report).
+  absl::Time registered = absl::InfinitePast();
   // How long a loop waits for a lost shard to come back (RideOut) before
   // it gives up.
   absl::Duration shard_lost_timeout = absl::Minutes(5);
