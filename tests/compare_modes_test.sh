@@ -195,3 +195,38 @@ for r in results["runs"]:
 print("compare_modes_test: mlp and lenet trained on 16x12 images of 3 "
       "classes with no config")
 PY
+
+# Elastic workers (--elastic): two workers join, one leaves and one is
+# SIGKILLed during training. Nothing restarts; shard 0's data queue hands
+# every data shard of every epoch out until it is done, those of the
+# workers that went to the others.
+elastic="${out}-elastic"
+"$compare" --modes=sync,downpour --servers=2 --workers=2 --epochs=3 \
+  --hidden=32 --eval_interval_s=1 --report_script="$report" --elastic \
+  --out_dir="$elastic" \
+  --chaos=add:worker@0.3s,add:worker@0.3s,remove:worker1@0.8s,kill:worker2@1.2s \
+  > "$elastic.log" 2>&1 || { cat "$elastic.log"; exit 1; }
+/usr/bin/python3 - "$elastic" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+results = json.load(open(os.path.join(out, "results.json")))
+assert [r["name"] for r in results["runs"]] == [
+    "sync-s2-w2", "downpour-s2-w2"], results["runs"]
+for run in results["runs"]:
+    assert run["elastic"], run["name"]
+    assert run["restarts"] == 0, (run["name"], run["restarts"])
+    # Every epoch's whole batches, each data shard done once.
+    assert run["examples_trained"] == [60000 // 64 * 64] * 3, (
+        run["name"], run["examples_trained"])
+    whats = [e["what"] for e in run["events"]]
+    assert whats.count("add worker 2 (joins the run)") == 1, whats
+    assert "add worker 3 (joins the run)" in whats, whats
+    # Joins (4) and leaves (the remove, the kill if it came before the end,
+    # and every finish): each a new membership epoch.
+    assert run["membership_changes"] >= 8, (run["name"],
+                                            run["membership_changes"])
+    assert 0 < run["join_to_first_push_s"] < 10, run["join_to_first_push_s"]
+    assert 0.5 < run["final_test_accuracy"] <= 1, run["final_test_accuracy"]
+print("compare_modes_test: elastic runs trained every data shard while "
+      "workers joined, left and died")
+PY

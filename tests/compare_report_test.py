@@ -249,6 +249,21 @@ class CompareReportTest(unittest.TestCase):
         self.assertIn("Faults injected into every run: kill:server1@1.5s.",
                       compare_report.format_summary(results))
 
+    def test_elastic_runs_count_workers_added_and_removed(self):
+        events = [
+            {"time_s": 2.0, "what": "add worker 2 (joins the run)"},
+            {"time_s": 2.0, "what": "add worker 3 (joins the run)"},
+            {"time_s": 5.0, "what": "remove worker 1 (SIGTERM: it ends its "
+                                    "step and leaves)"},
+            {"time_s": 6.5, "what": "worker 1 left"},
+            {"time_s": 7.0, "what": "kill worker 2 (SIGKILL)"},
+        ]
+        results = dict(RESULTS, runs=[
+            run("sync-s2-w2", "sync", 2, [point(9.0, 0.87)], events=events),
+        ])
+        rows = compare_report.summary_rows(results)
+        self.assertEqual(rows[0]["faults"], "2 adds, 1 remove, 1 kill")
+
     def test_main_writes_summary_md(self):
         with tempfile.TemporaryDirectory() as out:
             path = os.path.join(out, "results.json")

@@ -31,11 +31,11 @@ def time_to_target(curve, target):
 
 def fault_summary(run):
     """What happened to a run's processes: "2 kills, 1 stop, 2 restarts",
-    or "" when nothing did."""
+    with elastic workers also adds and removes, or "" when nothing did."""
     counts = {}
     for event in run.get("events", []):
         what = event["what"]
-        for kind in ("kill", "stop"):
+        for kind in ("kill", "stop", "add", "remove"):
             if what.startswith(kind + " "):
                 counts[kind] = counts.get(kind, 0) + 1
     restarts = run.get("restarts", 0)
@@ -363,13 +363,16 @@ def write_plots(results, out_dir):
             if not events:
                 continue
             # The run's faults and restarts, in its colour: a dashed line
-            # for a fault, a dotted one for a restart; events within 0.1 s
+            # for a fault, a dotted one for a restart, a dash-dot one for a
+            # worker joining or leaving (elastic runs); events within 0.1 s
             # share a line and a label.
             marks = {}
             for event in run.get("events", []):
                 what = event["what"]
                 if what.startswith(("kill ", "stop ")):
                     style = "--"
+                elif what.startswith(("add ", "remove ")):
+                    style = "-."
                 elif what.startswith("restarted "):
                     style = ":"
                 else:
