@@ -159,7 +159,9 @@ absl::StatusOr<RegisterResponse> Shard::Register(
   }
   if (request.worker_rank() >= 0 && state_->elastic() &&
       state_->WorkersFinished()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    // OUT_OF_RANGE, as for reading past the end: nothing is left to train
+    // (ps_worker exits 0 on it).
+    return absl::OutOfRangeError(absl::StrCat(
         "shard ", state_->shard(), ": rank ", request.worker_rank(),
         " cannot join: the run's data is all trained and its workers have "
         "finished"));

@@ -193,19 +193,13 @@ absl::Status MakeRangeCore(const ShardServerOptions& options,
   (*state)->SetNumWorkers(options.num_workers);
   if (options.config.elastic()) {
     // Shard 0 hands out the data. In sync a worker with nothing left to
-    // train finishes rather than wait outside the barrier, and a silent
-    // rank's data goes back once its lease runs out, as the barrier stops
-    // waiting for it (a rank waiting at the barrier stays in touch). In
-    // the other modes after two leases: a worker waiting at another
-    // shard's barrier or for a pull calls nothing here meanwhile.
-    const bool sync = options.config.mode() == SYNC;
+    // train finishes rather than wait outside the barrier.
     (*state)->SetElastic(
         shard == 0 ? (*state)->MakeDataQueue(
                          options.config.epochs(), options.config.batch_size(),
                          options.config.data_shard_batches(),
-                         /*wait_for_others=*/!sync)
-                   : nullptr,
-        /*release_leases=*/sync ? 1 : 2);
+                         /*wait_for_others=*/options.config.mode() != SYNC)
+                   : nullptr);
   }
   if (std::optional<StalenessBound> bound =
           StalenessBoundFor(options.config, options.num_workers);

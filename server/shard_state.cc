@@ -349,10 +349,8 @@ void ShardState::SetNumWorkers(int num_workers) {
   num_workers_ = num_workers;
 }
 
-void ShardState::SetElastic(std::unique_ptr<DataQueue> queue,
-                            int release_leases) {
+void ShardState::SetElastic(std::unique_ptr<DataQueue> queue) {
   elastic_ = true;
-  release_leases_ = std::max(release_leases, 1);
   data_queue_ = std::move(queue);
   sessions_.set_elastic(true);
 }
@@ -376,7 +374,7 @@ std::vector<int> ShardState::ReleaseSilentData(absl::Time now) {
   if (data_queue_ == nullptr) return released;
   const absl::Duration lease = sessions_.lease();
   for (int rank : data_queue_->Ranks()) {
-    if (sessions_.SinceContact(rank, now) >= release_leases_ * lease &&
+    if (sessions_.SinceContact(rank, now) >= lease &&
         data_queue_->Release(rank)) {
       released.push_back(rank);
     }

@@ -271,9 +271,7 @@ class ShardState {
   // count is the most ranks; the workers have finished once one has
   // finished (the data queue is done) and no other is live and
   // unfinished. `queue`: shard 0's data queue, null elsewhere.
-  // `release_leases`: how many leases a rank is silent before its data
-  // goes back to the queue (ReleaseSilentData).
-  void SetElastic(std::unique_ptr<DataQueue> queue, int release_leases);
+  void SetElastic(std::unique_ptr<DataQueue> queue);
   // Shard 0's data queue for `config`, reading this shard's ledger.
   std::unique_ptr<DataQueue> MakeDataQueue(int epochs, int64_t batch_size,
                                            int shard_batches,
@@ -283,8 +281,11 @@ class ShardState {
   // The rank is gone (left, lease ran out, replaced by another process):
   // its data shards go back to the queue (shard 0). True if any did.
   bool ReleaseData(int rank);
-  // Releases the data of the ranks silent for release_leases leases (a
-  // worker that died): the ranks released.
+  // Releases the data of the ranks silent for their lease (a worker that
+  // died): the ranks released. A live worker may be only slow (a sync
+  // worker waiting at another shard's barrier calls nothing here): what it
+  // trained of a shard released meanwhile is counted when it says so
+  // (server/data_queue.h), and the shard trained twice at worst.
   std::vector<int> ReleaseSilentData(absl::Time now);
   // Restores the data queue from a checkpoint's Stats (shard 0).
   absl::Status RestoreDataQueue(const StatsResponse& stats);
@@ -351,7 +352,6 @@ class ShardState {
   // Set before serving (SetElastic), constant after.
   bool elastic_ = false;
   std::unique_ptr<DataQueue> data_queue_;
-  int release_leases_ = 1;
 
   mutable absl::Mutex stats_mu_;
   int64_t pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;

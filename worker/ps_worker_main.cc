@@ -440,6 +440,14 @@ int main(int argc, char** argv) {
   int connect_error = kExitFailure;
   auto client = monsoon::worker::ConnectWithClientFlags(
       ClientOptions(*config, *servers, *termination), &connect_error);
+  if (!client.ok() && config->elastic() &&
+      absl::IsOutOfRange(client.status())) {
+    // A worker started after an elastic run's data was all trained (a
+    // Kubernetes Job's later index): nothing to do.
+    monsoon::common::Log("ps_worker: rank %d has nothing left to train: %s",
+                         rank, client.status().message());
+    return kExitOk;
+  }
   if (!client.ok()) return Fail(connect_error, client.status());
   monsoon::common::Log(
       "ps_worker: rank %d/%d, mode %s, device %s, %d training examples, %d "
