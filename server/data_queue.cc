@@ -8,11 +8,10 @@
 namespace monsoon::server {
 
 DataQueue::DataQueue(int epochs, int64_t batch_size, int shard_batches,
-                     bool wait_for_others, Position position)
+                     Position position)
     : epochs_(std::max(epochs, 0)),
       batch_size_(std::max<int64_t>(batch_size, 1)),
       shard_batches_(std::max(shard_batches, 1)),
-      wait_for_others_(wait_for_others),
       position_(std::move(position)),
       done_(std::max(epochs, 0)),
       examples_trained_(std::max(epochs, 0), 0) {}
@@ -173,8 +172,7 @@ absl::StatusOr<DataQueue::Answer> DataQueue::Take(
   // back (its worker may go); shards trained and waiting for the ledger
   // are this worker's own last pushes or, if another's, come back only if
   // that worker goes, whose shards are then taken by those still waiting.
-  answer.kind =
-      wait_for_others_ && !held_.empty() ? Kind::kWait : Kind::kFinished;
+  answer.kind = held_.empty() ? Kind::kFinished : Kind::kWait;
   return answer;
 }
 

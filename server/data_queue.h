@@ -56,12 +56,10 @@ class DataQueue {
  public:
   // Where `rank`'s examples stand in the shard's ledger.
   using Position = std::function<int64_t(int rank)>;
-  // `wait_for_others`: a worker that finds no shard left while others are
-  // training one waits for them (Take answers kWait), since one may come
-  // back; otherwise it is told the run is finished for it (sync: a worker
-  // waiting outside the barrier would hold up the step).
+  // A worker that finds no shard left while others are training one is
+  // told to wait (Take answers kWait), since one may come back.
   DataQueue(int epochs, int64_t batch_size, int shard_batches,
-            bool wait_for_others, Position position);
+            Position position);
 
   enum class Kind { kShard, kWait, kFinished };
   struct Answer {
@@ -145,7 +143,6 @@ class DataQueue {
   const int epochs_;
   const int64_t batch_size_;
   const int shard_batches_;
-  const bool wait_for_others_;
   const Position position_;
 
   absl::Mutex mu_;

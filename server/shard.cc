@@ -262,10 +262,8 @@ absl::StatusOr<TakeDataResponse> Shard::TakeData(
       !held.ok()) {
     return held;
   }
-  if (state_->HasLeft(rank)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " left or finished; register again to take data"));
-  }
+  // A rank that left to wait for data outside the barrier (sync) may ask;
+  // its call does not bring it back (Touch ignores a rank that left).
   state_->Touch(rank);  // renews the rank's lease
   std::optional<DataShard> done;
   if (request.has_done()) {

@@ -220,10 +220,49 @@ void AddSparseFamilies(const ShardSparseTables& sparse,
       "table", refused));
 }
 
+// Elastic runs: who is in the run, and (shard 0) what its data queue did.
+void AddElasticFamilies(const StatsResponse& stats,
+                        std::vector<MetricFamily>* families) {
+  families->push_back(Gauge(
+      "monsoon_shard_membership_epoch",
+      "Elastic runs: joins and leaves this shard has seen (its membership "
+      "epoch).",
+      static_cast<double>(stats.membership_epoch())));
+  families->push_back(Counter(
+      "monsoon_shard_joins_total",
+      "Elastic runs: ranks that registered, or called again after their "
+      "lease ran out.",
+      static_cast<double>(stats.joins())));
+  families->push_back(Counter(
+      "monsoon_shard_leaves_total",
+      "Elastic runs: ranks that left, finished, or whose lease ran out.",
+      static_cast<double>(stats.leaves())));
+  families->push_back(Gauge("monsoon_shard_live_ranks",
+                            "Elastic runs: the ranks in the run now.",
+                            static_cast<double>(stats.live_ranks_size())));
+  if (!stats.has_data_queue()) return;
+  const DataQueueState& queue = stats.data_queue();
+  families->push_back(Counter(
+      "monsoon_data_shards_done_total",
+      "Elastic runs, shard 0: data shards whose examples the ledger holds.",
+      static_cast<double>(queue.done_size())));
+  families->push_back(Counter(
+      "monsoon_data_shards_requeued_total",
+      "Elastic runs, shard 0: data shards put back in the queue (their "
+      "worker left or went silent).",
+      static_cast<double>(queue.shards_requeued())));
+  families->push_back(Counter(
+      "monsoon_examples_trained_twice_total",
+      "Elastic runs, shard 0: examples applied of data shards that were put "
+      "back, or trained again after they were done.",
+      static_cast<double>(queue.examples_trained_twice())));
+}
+
 std::vector<MetricFamily> ShardMetrics::Collect() const {
   const StatsResponse stats = state_->Stats();
   std::vector<MetricFamily> families;
   AddPushFamilies(stats, &families);
+  if (state_->elastic()) AddElasticFamilies(stats, &families);
   AddTimingFamilies(*state_, stats, &families);
   AddWorkerFamilies(*state_, &families);
   AddCheckpointFamilies(*state_, &families);

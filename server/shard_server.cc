@@ -192,14 +192,12 @@ absl::Status MakeRangeCore(const ShardServerOptions& options,
   (*state)->set_lease(options.lease);
   (*state)->SetNumWorkers(options.num_workers);
   if (options.config.elastic()) {
-    // Shard 0 hands out the data. In sync a worker with nothing left to
-    // train finishes rather than wait outside the barrier.
-    (*state)->SetElastic(
-        shard == 0 ? (*state)->MakeDataQueue(
-                         options.config.epochs(), options.config.batch_size(),
-                         options.config.data_shard_batches(),
-                         /*wait_for_others=*/options.config.mode() != SYNC)
-                   : nullptr);
+    // Shard 0 hands out the data.
+    (*state)->SetElastic(shard == 0 ? (*state)->MakeDataQueue(
+                                          options.config.epochs(),
+                                          options.config.batch_size(),
+                                          options.config.data_shard_batches())
+                                    : nullptr);
   }
   if (std::optional<StalenessBound> bound =
           StalenessBoundFor(options.config, options.num_workers);

@@ -357,10 +357,9 @@ void ShardState::SetElastic(std::unique_ptr<DataQueue> queue) {
 
 std::unique_ptr<DataQueue> ShardState::MakeDataQueue(int epochs,
                                                      int64_t batch_size,
-                                                     int shard_batches,
-                                                     bool wait_for_others) {
+                                                     int shard_batches) {
   return std::make_unique<DataQueue>(
-      epochs, batch_size, shard_batches, wait_for_others,
+      epochs, batch_size, shard_batches,
       [this](int rank) { return SamplePosition(rank); });
 }
 
@@ -374,7 +373,7 @@ std::vector<int> ShardState::ReleaseSilentData(absl::Time now) {
   if (data_queue_ == nullptr) return released;
   const absl::Duration lease = sessions_.lease();
   for (int rank : data_queue_->Ranks()) {
-    if (sessions_.SinceContact(rank, now) >= lease &&
+    if (sessions_.SinceContact(rank, now) >= lease * 1.5 &&
         data_queue_->Release(rank)) {
       released.push_back(rank);
     }

@@ -274,17 +274,18 @@ class ShardState {
   void SetElastic(std::unique_ptr<DataQueue> queue);
   // Shard 0's data queue for `config`, reading this shard's ledger.
   std::unique_ptr<DataQueue> MakeDataQueue(int epochs, int64_t batch_size,
-                                           int shard_batches,
-                                           bool wait_for_others);
+                                           int shard_batches);
   bool elastic() const { return elastic_; }
   DataQueue* data_queue() { return data_queue_.get(); }
   // The rank is gone (left, lease ran out, replaced by another process):
   // its data shards go back to the queue (shard 0). True if any did.
   bool ReleaseData(int rank);
-  // Releases the data of the ranks silent for their lease (a worker that
-  // died): the ranks released. A live worker may be only slow (a sync
-  // worker waiting at another shard's barrier calls nothing here): what it
-  // trained of a shard released meanwhile is counted when it says so
+  // Releases the data of the ranks silent for one and a half leases (a
+  // worker that died): the ranks released. Half a lease more than the
+  // barrier waits: a live sync worker waits at another shard's barrier, and
+  // calls nothing here, until a dead worker's lease runs out there. A live
+  // worker silent longer (only slow) loses nothing: what it trained of a
+  // shard released meanwhile is counted when it says so
   // (server/data_queue.h), and the shard trained twice at worst.
   std::vector<int> ReleaseSilentData(absl::Time now);
   // Restores the data queue from a checkpoint's Stats (shard 0).

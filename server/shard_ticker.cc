@@ -41,7 +41,7 @@ void ShardTicker::Tick(absl::Time now) {
   for (int rank : state_->ReleaseSilentData(now)) {
     common::Log(
         "shard %d: rank %d's unfinished data shards went back to the queue "
-        "(it made no call for its lease)",
+        "(it made no call for one and a half leases)",
         state_->shard(), rank);
   }
   for (const auto& [rank, silent] : state_->NewlyLapsed(now)) {

@@ -27,10 +27,10 @@ constexpr int kShardBatches = 4;
 // The shard's ledger: each rank's position (its examples applied).
 class DataQueueTest : public testing::Test {
  protected:
-  std::unique_ptr<DataQueue> Make(int epochs, int shard_batches = kShardBatches,
-                                  bool wait_for_others = true) {
+  std::unique_ptr<DataQueue> Make(int epochs,
+                                  int shard_batches = kShardBatches) {
     return std::make_unique<DataQueue>(
-        epochs, kBatch, shard_batches, wait_for_others,
+        epochs, kBatch, shard_batches,
         [this](int rank) { return ledger_[rank]; });
   }
 
@@ -184,7 +184,7 @@ TEST_F(DataQueueTest, AShardDoneTwiceCountsItsSecondCopyAsTrainedTwice) {
 }
 
 TEST_F(DataQueueTest, WithNothingLeftAWorkerWaitsForOthersInTrainingOrFinishes) {
-  auto waits = Make(1, /*shard_batches=*/10, /*wait_for_others=*/true);
+  auto waits = Make(1, /*shard_batches=*/10);
   const DataShard only = Take(*waits, 0, std::nullopt, 0).shard;
   EXPECT_EQ(Take(*waits, 1, std::nullopt, 0).kind, Kind::kWait);
   waits->Release(0);
@@ -194,11 +194,6 @@ TEST_F(DataQueueTest, WithNothingLeftAWorkerWaitsForOthersInTrainingOrFinishes) 
   EXPECT_FALSE(waits->Finished());
   ledger_[1] = 40;
   EXPECT_TRUE(waits->Finished());
-
-  auto sync = Make(1, 10, /*wait_for_others=*/false);
-  Take(*sync, 0, std::nullopt, 0);
-  EXPECT_EQ(Take(*sync, 1, std::nullopt, 0).kind, Kind::kFinished);
-  EXPECT_FALSE(sync->Finished());
 }
 
 TEST_F(DataQueueTest, RefusesAnotherTrainingSetAndShardsThatDoNotExist) {

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,40 @@ TEST(ShardMetricsTest, EachFamilyHoldsWhatTheShardCounted) {
   EXPECT_THAT(buckets,
               ElementsAre(std::make_pair(0.0, 2u), std::make_pair(1.0, 2u),
                           std::make_pair(2.0, 3u)));
+}
+
+// An elastic run's shard 0: its members and its data queue.
+TEST(ShardMetricsTest, AnElasticShardServesItsMembersAndDataQueue) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.SetNumWorkers(4);
+  state.SetElastic(state.MakeDataQueue(/*epochs=*/1, /*batch_size=*/4,
+                                       /*shard_batches=*/2));
+  ASSERT_TRUE(state.OpenSession(0, 11).ok());
+  ASSERT_TRUE(state.OpenSession(1, 12).ok());
+  ASSERT_TRUE(state.data_queue()->Take(1, std::nullopt, 0, 40).ok());
+  state.EndSession(1, 12);
+  ASSERT_TRUE(state.ReleaseData(1));
+  const std::vector<prometheus::MetricFamily> families =
+      ShardMetrics(&state).Collect();
+  auto value = [&](const std::string& name) {
+    const prometheus::MetricFamily* family = Find(families, name);
+    EXPECT_NE(family, nullptr) << name;
+    if (family == nullptr) return -1.0;
+    const auto& metric = family->metric.at(0);
+    return family->type == prometheus::MetricType::Gauge ? metric.gauge.value
+                                                         : metric.counter.value;
+  };
+  EXPECT_EQ(value("monsoon_shard_membership_epoch"), 3);
+  EXPECT_EQ(value("monsoon_shard_joins_total"), 2);
+  EXPECT_EQ(value("monsoon_shard_leaves_total"), 1);
+  EXPECT_EQ(value("monsoon_shard_live_ranks"), 1);
+  EXPECT_EQ(value("monsoon_data_shards_done_total"), 0);
+  EXPECT_EQ(value("monsoon_data_shards_requeued_total"), 1);
+  EXPECT_EQ(value("monsoon_examples_trained_twice_total"), 0);
+  // A shard that is not elastic serves none of them.
+  ShardState fixed(Layout(), 1, 0, 1);
+  EXPECT_EQ(Find(ShardMetrics(&fixed).Collect(), "monsoon_shard_joins_total"),
+            nullptr);
 }
 
 // The shard's timings, workers and checkpoints, family by family.

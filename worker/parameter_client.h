@@ -118,6 +118,12 @@ class ParameterClient {
   // not known).
   virtual std::vector<int64_t> versions_at_reconnect() const { return {}; }
 
+  // Tells every shard this rank is done (`finished`) or stepping out: no
+  // sync step waits for it. UNIMPLEMENTED for a client without shards.
+  virtual absl::Status Leave(absl::Duration timeout, bool finished = false) {
+    return absl::UnimplementedError("this client has no shards to leave");
+  }
+
   // Elastic runs (TrainingConfig.elastic): this rank's next data shard
   // from shard 0's queue (ParameterService.TakeData), `done` the one it
   // finished, `next_offset` the sample offset of its next batch;

@@ -106,7 +106,7 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // shard that does not hear it lets the lease run out instead). With
   // `finished`, the worker trained all its examples: the shards count its
   // rank as finished (StatsResponse.finished_ranks).
-  absl::Status Leave(absl::Duration timeout, bool finished = false);
+  absl::Status Leave(absl::Duration timeout, bool finished = false) override;
 
   // Whether every shard counts this client's rank as finished
   // (StatsResponse.finished_ranks): a worker that trained all its examples

@@ -59,6 +59,12 @@ class SyncLoop : public TrainingLoop {
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
       }
+      if (batches->TakeRejoined()) {
+        // Elastic: back in the run after waiting out of it for data; the
+        // steps went on meanwhile.
+        status = RidingOut(c, pull, pull);
+        if (!status.ok()) return barrier_error(status);
+      }
       // After a lost shard, the step again. Where no shard went back past
       // the weights the step's gradient came from (the range's backup took
       // a dead shard over, or it came back at or past them), the same

@@ -102,13 +102,16 @@ namespace {
 
 // An elastic worker's way to the queue: a lost shard 0 is waited for
 // (RidingOut), and so are other workers' shards in flight (WAIT), with a
-// line every log interval saying so.
+// line every log interval saying so. A sync worker leaves the run while it
+// waits (a member that pushes nothing would hold every step up) and
+// registers again when a data shard comes back.
 BatchStream::TakeData QueueFor(const WorkerContext& c) {
-  return [&c](const std::optional<DataShardRef>& done,
-              int64_t next_offset) -> absl::StatusOr<TakeDataResponse> {
+  return [&c](const std::optional<DataShardRef>& done, int64_t next_offset,
+              bool* rejoined) -> absl::StatusOr<TakeDataResponse> {
     const absl::Duration timeout = absl::Seconds(c.config.call_timeout_s());
     const absl::Time start = absl::Now();
     absl::Time logged = start;
+    bool left = false;
     for (;;) {
       TakeDataResponse answer;
       auto take = [&]() -> absl::Status {
@@ -122,9 +125,30 @@ BatchStream::TakeData QueueFor(const WorkerContext& c) {
           !s.ok()) {
         return s;
       }
+      if (answer.kind() == TakeDataResponse::SHARD && left) {
+        const absl::Duration log_every = c.log_interval > absl::ZeroDuration()
+                                             ? c.log_interval
+                                             : absl::Seconds(5);
+        if (absl::Status back = c.client->Reconnect(timeout, log_every);
+            !back.ok()) {
+          return back;
+        }
+        common::Log("worker %d: a data shard came back; joined the run again",
+                    c.rank);
+        *rejoined = true;
+      }
       if (answer.kind() != TakeDataResponse::WAIT) return answer;
       if (c.stop != nullptr && c.stop->HasBeenNotified()) {
         return absl::CancelledError("stopped");
+      }
+      if (c.config.mode() == SYNC && !left) {
+        if (absl::Status out = c.client->Leave(timeout); !out.ok()) return out;
+        left = true;
+        common::Log(
+            "worker %d: no data shard left to take while others train "
+            "theirs; out of the steps until one comes back or the data is "
+            "all trained",
+            c.rank);
       }
       const absl::Time now = absl::Now();
       if (c.log_interval > absl::ZeroDuration() &&
@@ -242,8 +266,10 @@ bool BatchStream::AdvanceElastic() {
     ++batches_given_;
     return true;
   }
+  bool rejoined = false;
   absl::StatusOr<TakeDataResponse> next =
-      take_(held_, origin_ + batches_given_ * batch_size_);
+      take_(held_, origin_ + batches_given_ * batch_size_, &rejoined);
+  rejoined_ |= rejoined;
   if (!next.ok()) {
     status_ = next.status();
     return false;

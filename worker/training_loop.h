@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -160,9 +161,11 @@ class BatchStream {
  public:
   // The next data shard, `done` the one finished, `next_offset` the
   // sample offset of the next batch: an answer SHARD or FINISHED (a WAIT
-  // is waited out by the function).
+  // is waited out by the function, which sets *rejoined if the worker
+  // left the run meanwhile and registered again).
   using TakeData = std::function<absl::StatusOr<TakeDataResponse>(
-      const std::optional<DataShardRef>& done, int64_t next_offset)>;
+      const std::optional<DataShardRef>& done, int64_t next_offset,
+      bool* rejoined)>;
   // The elastic stream over `data` (see above).
   static BatchStream Elastic(const Dataset* data, const TrainingConfig& config,
                              int64_t sample_origin, TakeData take);
@@ -171,6 +174,9 @@ class BatchStream {
   const absl::Status& status() const { return status_; }
   // Elastic: data shards taken so far.
   int64_t data_shards() const { return data_shards_; }
+  // Elastic sync: whether the worker left the run to wait for data and
+  // joined it again since the last call (its weights are then old: pull).
+  bool TakeRejoined() { return std::exchange(rejoined_, false); }
 
   // INVALID_ARGUMENT when the partition holds less than one batch.
   static absl::StatusOr<BatchStream> Create(const Dataset* data,
@@ -228,6 +234,7 @@ class BatchStream {
   int64_t shard_end_ = 0;      // the held shard's end, in batches of the epoch
   int64_t batches_given_ = 0;  // by this stream, for sample_offset()
   int64_t data_shards_ = 0;
+  bool rejoined_ = false;
 };
 
 // The config's learning-rate schedule at `epoch` (0-based):
