@@ -221,9 +221,10 @@ for run in results["runs"]:
     whats = [e["what"] for e in run["events"]]
     assert whats.count("add worker 2 (joins the run)") == 1, whats
     assert "add worker 3 (joins the run)" in whats, whats
-    # Joins (4) and leaves (the remove, the kill if it came before the end,
-    # and every finish): each a new membership epoch.
-    assert run["membership_changes"] >= 8, (run["name"],
+    # Joins (4) and leaves (the remove and every finish; the kill's once
+    # its lease runs out, which the end of the run may come before): each
+    # a new membership epoch.
+    assert run["membership_changes"] >= 7, (run["name"],
                                             run["membership_changes"])
     assert 0 < run["join_to_first_push_s"] < 10, run["join_to_first_push_s"]
     assert 0.5 < run["final_test_accuracy"] <= 1, run["final_test_accuracy"]
