@@ -29,7 +29,9 @@ ABSL_FLAG(int, num_shards, 1,
           "(env MONSOON_NUM_SHARDS).");
 ABSL_FLAG(int, num_workers, 1,
           "How many workers train (sync waits for all "
-          "of them at every step) (env MONSOON_NUM_WORKERS).");
+          "of them at every step); in an elastic run (config elastic: true) "
+          "the most ranks it may have, of which the live ones count (env "
+          "MONSOON_NUM_WORKERS).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:5000",
           "host:port to serve on; port 0 picks a free one. The default "
           "serves this machine only: give 0.0.0.0:PORT (with "

@@ -37,8 +37,9 @@
 ABSL_FLAG(int, rank, 0, "This worker's rank, 0-based (env MONSOON_RANK).");
 ABSL_FLAG(int, num_workers, 1,
           "How many workers train; worker r trains on "
-          "the r-th 1/num_workers of the training set (env "
-          "MONSOON_NUM_WORKERS).");
+          "the r-th 1/num_workers of the training set. In an elastic run "
+          "(config elastic: true) the most ranks the run may have, the data "
+          "handed out by shard 0 (env MONSOON_NUM_WORKERS).");
 ABSL_FLAG(std::string, servers, "",
           "Comma-separated host:port of every "
           "ps_server, in shard order (env MONSOON_SERVERS).");
