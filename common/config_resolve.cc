@@ -428,9 +428,6 @@ absl::Status CheckElastic(TrainingConfig* c) {
     why = "does not work with backup_workers yet: a dropped push's examples "
           "would count as applied in the shards' ledger, which decides when "
           "a data shard is done";
-  } else if (c->has_max_staleness()) {
-    why = "does not work with max_staleness yet: a joiner's clock would "
-          "start behind every member's and hold them all back";
   } else if (c->pull_compression() == COMPRESSION_ONEBIT) {
     why = "does not work with pull_compression yet: the shards' per-worker "
           "copies are not made and dropped as workers come and go";

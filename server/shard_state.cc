@@ -118,13 +118,37 @@ void ShardState::SetStalenessBound(StalenessBound bound) {
   bound_.emplace(std::move(bound));
 }
 
+std::map<int, int64_t> ShardState::ClockExamples() const {
+  absl::MutexLock lock(&stats_mu_);
+  std::map<int, int64_t> examples = applied_samples_;
+  for (const auto& [rank, offset] : clock_offsets_) examples[rank] += offset;
+  return examples;
+}
+
 ShardState::Clocks ShardState::ReadClocks(absl::Time now) const {
-  std::map<int, int64_t> applied;
-  {
-    absl::MutexLock lock(&stats_mu_);
-    applied = applied_samples_;
+  return bound_->Read(ClockExamples(),
+                      sessions_.LiveRanks(bound_->num_workers(), now));
+}
+
+absl::Status ShardState::OpenSession(int rank, uint64_t session) {
+  const absl::Time now = absl::Now();
+  const bool joins = elastic_ && bound_.has_value() && rank >= 0 &&
+                     rank < bound_->num_workers() &&
+                     !sessions_.Alive(rank, now);
+  if (absl::Status opened = sessions_.Open(rank, session); !opened.ok()) {
+    return opened;
   }
-  return bound_->Read(applied, sessions_.LiveRanks(bound_->num_workers(), now));
+  if (!joins) return absl::OkStatus();
+  std::vector<bool> others = sessions_.LiveRanks(bound_->num_workers(), now);
+  others[rank] = false;
+  const Clocks clocks = bound_->Read(ClockExamples(), others);
+  if (clocks.slowest_rank < 0) return absl::OkStatus();  // nobody to follow
+  absl::MutexLock lock(&stats_mu_);
+  auto applied = applied_samples_.find(rank);
+  clock_offsets_[rank] =
+      clocks.slowest * bound_->batch_size() -
+      (applied == applied_samples_.end() ? 0 : applied->second);
+  return absl::OkStatus();
 }
 
 std::vector<ShardState::Waiter> ShardState::TakeReady(const Clocks* clocks) {

@@ -176,9 +176,11 @@ class ShardState {
   const Sessions& sessions() const { return sessions_; }
   void set_lease(absl::Duration lease) { sessions_.set_lease(lease); }
   absl::Duration lease() const { return sessions_.lease(); }
-  absl::Status OpenSession(int rank, uint64_t session) {
-    return sessions_.Open(rank, session);
-  }
+  // Sessions::Open. In an elastic run under bounded staleness, a rank
+  // that joins starts at the slowest live member's clock, not at the
+  // examples it has applied (none, for a new rank): it would hold every
+  // member back until it caught up.
+  absl::Status OpenSession(int rank, uint64_t session);
   void EndSession(int rank, uint64_t session) { sessions_.End(rank, session); }
   bool HasLeft(int rank) const { return sessions_.HasLeft(rank); }
   absl::Status CheckSession(int rank, uint64_t session) const {
@@ -330,6 +332,9 @@ class ShardState {
   using Clocks = StalenessBound::Clocks;
   // Reads the applied examples and the leases (not under waiters_mu_).
   Clocks ReadClocks(absl::Time now) const;
+  // The examples each rank's clock counts: those applied, plus where its
+  // clock started (clock_offsets_).
+  std::map<int, int64_t> ClockExamples() const;
   // Takes the ready waiters out (under waiters_mu_).
   std::vector<Waiter> TakeReady(const Clocks* clocks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(waiters_mu_);
@@ -372,6 +377,10 @@ class ShardState {
   int64_t refused_updates_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int num_workers_ ABSL_GUARDED_BY(stats_mu_) = 0;
   std::set<int> finished_ranks_ ABSL_GUARDED_BY(stats_mu_);
+  // Elastic runs under bounded staleness: examples added to a rank's
+  // applied ones for its clock, so that a joiner's starts at the slowest
+  // live member's (OpenSession).
+  std::map<int, int64_t> clock_offsets_ ABSL_GUARDED_BY(stats_mu_);
   // Under stats_mu_: whether the workers have finished.
   bool FinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(stats_mu_);
   double first_push_unix_s_ ABSL_GUARDED_BY(stats_mu_) = 0;

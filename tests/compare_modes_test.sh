@@ -199,12 +199,15 @@ PY
 # Elastic workers (--elastic): two workers join, one leaves and one is
 # SIGKILLed during training. Nothing restarts; shard 0's data queue hands
 # every data shard of every epoch out until it is done, those of the
-# workers that went to the others.
+# workers that went to the others. (On a loaded machine a joiner may still
+# be loading its data when it is killed, or join after the data is all
+# trained: the counts of joins and leaves are checked for what always
+# holds.)
 elastic="${out}-elastic"
-"$compare" --modes=sync,downpour --servers=2 --workers=2 --epochs=3 \
+"$compare" --modes=sync,downpour --servers=2 --workers=2 --epochs=6 \
   --hidden=32 --eval_interval_s=1 --report_script="$report" --elastic \
   --out_dir="$elastic" \
-  --chaos=add:worker@0.3s,add:worker@0.3s,remove:worker1@0.8s,kill:worker2@1.2s \
+  --chaos=add:worker@0.3s,add:worker@0.3s,remove:worker1@1.5s,kill:worker2@3s \
   > "$elastic.log" 2>&1 || { cat "$elastic.log"; exit 1; }
 /usr/bin/python3 - "$elastic" <<'PY'
 import json, os, sys
@@ -216,17 +219,17 @@ for run in results["runs"]:
     assert run["elastic"], run["name"]
     assert run["restarts"] == 0, (run["name"], run["restarts"])
     # Every epoch's whole batches, each data shard done once.
-    assert run["examples_trained"] == [60000 // 64 * 64] * 3, (
+    assert run["examples_trained"] == [60000 // 64 * 64] * 6, (
         run["name"], run["examples_trained"])
     whats = [e["what"] for e in run["events"]]
     assert whats.count("add worker 2 (joins the run)") == 1, whats
     assert "add worker 3 (joins the run)" in whats, whats
-    # Joins (4) and leaves (the remove and every finish; the kill's once
-    # its lease runs out, which the end of the run may come before): each
-    # a new membership epoch.
-    assert run["membership_changes"] >= 7, (run["name"],
+    assert any(w.startswith("remove worker 1") for w in whats), whats
+    # The first two workers' joins and leaves (a finish, or rank 1's
+    # remove), each a new membership epoch.
+    assert run["membership_changes"] >= 4, (run["name"],
                                             run["membership_changes"])
-    assert 0 < run["join_to_first_push_s"] < 10, run["join_to_first_push_s"]
+    assert 0 <= run["join_to_first_push_s"] < 10, run["join_to_first_push_s"]
     assert 0.5 < run["final_test_accuracy"] <= 1, run["final_test_accuracy"]
 print("compare_modes_test: elastic runs trained every data shard while "
       "workers joined, left and died")

@@ -606,6 +606,39 @@ TEST(ResolveModelTest, SparseRowsAsyncIsSyncsAndSparseLrsOnly) {
                        HasSubstr("is for model SPARSE_LR")));
 }
 
+TEST(ResolveConfigTest, ElasticTakesItsDataShardsAndRefusesWhatItCannotFollow) {
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig c,
+      ResolveConfig(Parse("layer_sizes: [4, 2] mode: SYNC elastic: true")));
+  EXPECT_TRUE(c.elastic());
+  EXPECT_EQ(c.data_shard_batches(), 8);
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig ssp,
+      ResolveConfig(Parse("layer_sizes: [4, 2] mode: DOWNPOUR elastic: true "
+                          "max_staleness: 2 data_shard_batches: 3")));
+  EXPECT_EQ(ssp.data_shard_batches(), 3);
+  // false is cleared, so the fingerprint is what it was without the field.
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig off,
+      ResolveConfig(Parse("layer_sizes: [4, 2] elastic: false")));
+  EXPECT_FALSE(off.has_elastic());
+  const std::pair<const char*, const char*> refused[] = {
+      {"mode: ALLREDUCE elastic: true", "the ring's members are fixed"},
+      {"mode: SYNC elastic: true backup_workers: 1", "backup_workers"},
+      {"mode: SYNC elastic: true pull_compression: COMPRESSION_ONEBIT",
+       "per-worker copies"},
+      {"mode: DOWNPOUR elastic: true data_shard_batches: 0",
+       "must be from 1 to 1000000"},
+      {"mode: DOWNPOUR data_shard_batches: 4", "is for elastic runs"},
+  };
+  for (const auto& [text, why] : refused) {
+    EXPECT_THAT(
+        ResolveConfig(Parse(absl::StrCat("layer_sizes: [4, 2] ", text))),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(why)))
+        << text;
+  }
+}
+
 TEST(ResolveModelTest, LenetCarriesTheHyperparametersItWasTunedWith) {
   const TrainingConfig sync = Resolve("model: LENET");
   EXPECT_EQ(sync.mode(), SYNC);

@@ -313,6 +313,42 @@ TEST(ShardStateTest, TheStalenessBoundHoldsExactlyTheWorkerAheadOfIt) {
   EXPECT_THAT(state.DescribeClockWaits(absl::Now()), IsEmpty());
 }
 
+// Elastic runs: a rank that joins starts at the slowest live member's
+// clock, not at its own 0 steps (which would hold every member back until
+// it caught up).
+TEST(ShardStateTest, AJoinerStartsAtTheSlowestMembersClock) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.set_lease(absl::Seconds(10));
+  state.SetNumWorkers(3);
+  state.SetElastic(nullptr);
+  state.SetStalenessBound(StalenessBound(/*max_staleness=*/1,
+                                         /*num_workers=*/3, /*batch_size=*/4));
+  ASSERT_TRUE(state.OpenSession(0, 1).ok());
+  ASSERT_TRUE(state.OpenSession(1, 2).ok());
+  state.RecordAppliedSamples(0, 40);  // step 10
+  state.RecordAppliedSamples(1, 32);  // step 8
+  ASSERT_TRUE(state.OpenSession(2, 3).ok());  // joins at step 8
+  int ran = 0;
+  ASSERT_NE(state.WhenVersionAtLeast(
+                0, [&] { ++ran; }, absl::InfiniteFuture(), nullptr,
+                /*clock_rank=*/0),
+            0u);
+  // Rank 1 moves to step 10 and the joiner one step, to 9: rank 0 is
+  // within 1 step of the slowest. (At its own count the joiner would be
+  // at step 1, and rank 0 would wait 8 of its steps more.)
+  state.RecordAppliedSamples(1, 8);
+  state.RecordAppliedSamples(2, 4);
+  std::vector<ShardState::Waiter> ready = state.AdvanceVersion(1);
+  ASSERT_THAT(ready, SizeIs(1));
+  ready[0]();
+  EXPECT_EQ(ran, 1);
+  // The joiner's own pulls go at once: it is the slowest.
+  EXPECT_EQ(state.WhenVersionAtLeast(
+                0, [&] { ++ran; }, absl::InfiniteFuture(), nullptr, 2),
+            0u);
+  EXPECT_EQ(ran, 2);
+}
+
 TEST(ShardStateTest, ASlowWorkerThatLeftOrWentSilentNoLongerHoldsOthers) {
   ShardState state(Layout(), 1, 0, 1);
   state.set_lease(absl::Seconds(10));

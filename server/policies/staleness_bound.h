@@ -41,6 +41,7 @@ class StalenessBound {
 
   int max_staleness() const { return max_staleness_; }
   int num_workers() const { return num_workers_; }
+  int64_t batch_size() const { return batch_size_; }
 
  private:
   const int max_staleness_;
