@@ -104,6 +104,7 @@ absl::StatusOr<DataQueue::Answer> DataQueue::Take(
     int rank, std::optional<DataShard> done, int64_t next_offset,
     int64_t examples_per_epoch) {
   absl::MutexLock lock(&mu_);
+  waiting_.erase(rank);
   const int64_t batches = examples_per_epoch / batch_size_;
   if (batches_per_epoch_ == 0) {
     if (batches < 1) {
@@ -169,15 +170,22 @@ absl::StatusOr<DataQueue::Answer> DataQueue::Take(
     return answer;
   }
   // Nothing left to hand out. Another worker's shard in training may come
-  // back (its worker may go); shards trained and waiting for the ledger
-  // are this worker's own last pushes or, if another's, come back only if
-  // that worker goes, whose shards are then taken by those still waiting.
-  answer.kind = held_.empty() ? Kind::kFinished : Kind::kWait;
+  // back (its worker may go), and so may one it trained that the ledger
+  // does not hold yet: the asker waits for them. Not for a worker's that
+  // waits itself (easgd: its last steps reach the centre only once it
+  // leaves its loop), nor for its own (its last pushes follow).
+  bool others = !held_.empty();
+  for (const auto& [other, trained] : trained_) {
+    others |= other != rank && waiting_.count(other) == 0;
+  }
+  answer.kind = others ? Kind::kWait : Kind::kFinished;
+  if (others) waiting_.insert(rank);
   return answer;
 }
 
 bool DataQueue::Release(int rank) {
   absl::MutexLock lock(&mu_);
+  waiting_.erase(rank);
   Settle();
   bool released = false;
   if (auto held = held_.find(rank); held != held_.end()) {

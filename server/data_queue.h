@@ -56,8 +56,9 @@ class DataQueue {
  public:
   // Where `rank`'s examples stand in the shard's ledger.
   using Position = std::function<int64_t(int rank)>;
-  // A worker that finds no shard left while others are training one is
-  // told to wait (Take answers kWait), since one may come back.
+  // A worker that finds no shard left while another is training one, or
+  // has trained one that the ledger does not hold yet, is told to wait
+  // (Take answers kWait), since it may come back.
   DataQueue(int epochs, int64_t batch_size, int shard_batches,
             Position position);
 
@@ -155,6 +156,8 @@ class DataQueue {
   std::map<int, Held> held_ ABSL_GUARDED_BY(mu_);  // being trained
   // Trained, not all applied yet.
   std::multimap<int, Held> trained_ ABSL_GUARDED_BY(mu_);
+  // The ranks told to wait at their last call.
+  std::set<int> waiting_ ABSL_GUARDED_BY(mu_);
   // What each release counted as trained twice, by (rank, epoch, index):
   // taken back if the rank was only slow and finishes the shard after all.
   std::map<std::tuple<int, int, int64_t>, int64_t> released_

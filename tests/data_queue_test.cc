@@ -189,11 +189,44 @@ TEST_F(DataQueueTest, WithNothingLeftAWorkerWaitsForOthersInTrainingOrFinishes) 
   EXPECT_EQ(Take(*waits, 1, std::nullopt, 0).kind, Kind::kWait);
   waits->Release(0);
   EXPECT_EQ(Take(*waits, 1, std::nullopt, 0).shard.index, only.index);
-  // Trained, its pushes not all applied yet: nothing to wait for.
+  // Trained, its pushes not all applied yet: its own last pushes follow.
   EXPECT_EQ(Take(*waits, 1, only, 40).kind, Kind::kFinished);
   EXPECT_FALSE(waits->Finished());
+  // Another worker waits for them: rank 1 may go before they arrive.
+  EXPECT_EQ(Take(*waits, 2, std::nullopt, 0).kind, Kind::kWait);
   ledger_[1] = 40;
+  EXPECT_EQ(Take(*waits, 2, std::nullopt, 0).kind, Kind::kFinished);
   EXPECT_TRUE(waits->Finished());
+}
+
+// easgd: a worker's last steps reach the centre only once it leaves its
+// loop. Two workers whose last shards wait for that must not wait for each
+// other.
+TEST_F(DataQueueTest, WorkersWaitingForEachOthersLastPushesDoNotWaitForever) {
+  auto queue = Make(1, /*shard_batches=*/5);  // 2 shards of 20 examples
+  const DataShard a = Take(*queue, 0, std::nullopt, 0).shard;
+  const DataShard b = Take(*queue, 1, std::nullopt, 0).shard;
+  EXPECT_EQ(Take(*queue, 0, a, 20).kind, Kind::kWait);   // for rank 1's
+  EXPECT_EQ(Take(*queue, 1, b, 20).kind, Kind::kFinished);  // 0 waits
+  ledger_[1] = 20;  // rank 1's last steps arrive
+  EXPECT_EQ(Take(*queue, 0, std::nullopt, 20).kind, Kind::kFinished);
+  ledger_[0] = 20;
+  EXPECT_TRUE(queue->Finished());
+}
+
+// A worker whose last shard waits for its pushes dies: the others, told to
+// wait, take it.
+TEST_F(DataQueueTest, AWaitingWorkerTakesTheLastShardOfOneThatDied) {
+  auto queue = Make(1, /*shard_batches=*/10);
+  const DataShard only = Take(*queue, 0, std::nullopt, 0).shard;
+  EXPECT_EQ(Take(*queue, 0, only, 40).kind, Kind::kFinished);
+  EXPECT_EQ(Take(*queue, 1, std::nullopt, 0).kind, Kind::kWait);
+  ledger_[0] = 36;  // its last push never arrived
+  EXPECT_TRUE(queue->Release(0));
+  const DataQueue::Answer again = Take(*queue, 1, std::nullopt, 0);
+  ASSERT_EQ(again.kind, Kind::kShard);
+  EXPECT_EQ(again.shard.index, only.index);
+  EXPECT_EQ(queue->counts().examples_trained_twice, 36);
 }
 
 TEST_F(DataQueueTest, RefusesAnotherTrainingSetAndShardsThatDoNotExist) {
