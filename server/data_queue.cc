@@ -55,14 +55,6 @@ void DataQueue::Complete(int rank, const Held& held) {
       put_back_.end());
 }
 
-bool DataQueue::IsTrainedBy(int rank, const DataShard& shard) const {
-  auto [first, last] = trained_.equal_range(rank);
-  for (auto it = first; it != last; ++it) {
-    if (it->second.shard == shard) return true;
-  }
-  return false;
-}
-
 void DataQueue::Settle() {
   for (auto it = trained_.begin(); it != trained_.end();) {
     if (Applied(it->first, it->second) < Examples(it->second.shard)) {
@@ -134,7 +126,7 @@ absl::StatusOr<DataQueue::Answer> DataQueue::Take(
       trained_.emplace(rank, held->second);
       held_.erase(held);
       held = held_.end();
-    } else if (held == held_.end() && !IsTrainedBy(rank, finished) &&
+    } else if (held == held_.end() &&
                !(last_done_.count(rank) > 0 && last_done_[rank] == finished)) {
       // The rank's shard was put back (its lease ran out while it was
       // only slow, or a restarted shard 0 saved it in flight) and yet it
@@ -207,13 +199,6 @@ bool DataQueue::Finished() {
   Settle();
   return batches_per_epoch_ > 0 &&
          shards_done_ == shards_per_epoch_ * static_cast<int64_t>(epochs_);
-}
-
-std::vector<int> DataQueue::Holders() {
-  absl::MutexLock lock(&mu_);
-  std::vector<int> ranks;
-  for (const auto& [rank, held] : held_) ranks.push_back(rank);
-  return ranks;
 }
 
 std::vector<int> DataQueue::Ranks() {

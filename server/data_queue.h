@@ -84,8 +84,6 @@ class DataQueue {
 
   // Every shard of every epoch is done (false before the first Take).
   bool Finished();
-  // The ranks training a shard now.
-  std::vector<int> Holders();
   // The ranks with a shard in training or trained and not all applied.
   std::vector<int> Ranks();
 
@@ -128,10 +126,6 @@ class DataQueue {
   // A trained shard the ledger holds all of: done, or (done before by
   // another copy) trained twice.
   void Complete(int rank, const Held& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `rank` trained `shard` and waits for the ledger to hold it (a
-  // call repeated after its answer was lost says so again).
-  bool IsTrainedBy(int rank, const DataShard& shard) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes the trained shards whose examples the ledger now holds.
   void Settle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next shard to hand out, if any.

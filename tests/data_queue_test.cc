@@ -99,7 +99,7 @@ TEST_F(DataQueueTest, AGoneRanksShardsGoFirstToTheNextAskerCountingWhatWasApplie
   ledger_[0] = 108;
   EXPECT_TRUE(queue->Release(0));
   EXPECT_FALSE(queue->Release(0));  // nothing left of it
-  EXPECT_THAT(queue->Holders(), ElementsAre(1));
+  EXPECT_THAT(queue->Ranks(), ElementsAre(1));
   ledger_[1] = 16;
   DataQueue::Answer next = Take(*queue, 1, b, 16);
   ASSERT_EQ(next.kind, Kind::kShard);

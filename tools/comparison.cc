@@ -272,14 +272,14 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
             // Every daemon serves Prometheus metrics, on free loopback ports
             // listed in the run's metrics_targets.json (not on emulated hosts,
             // whose addresses this machine does not share).
+            absl::StatusOr<std::vector<Fault>> faults =
+                ParseChaos(options.chaos, servers, workers, config->elastic());
+            if (!faults.ok()) return faults.status();
+            run.faults = *std::move(faults);
+            run.max_workers = RanksFor(run.faults, workers);
             if (network == nullptr) {
-              absl::StatusOr<int> port = FreePortRange(
-                  servers +
-                  RanksFor(ParseChaos(options.chaos, servers, workers,
-                                      config->elastic())
-                               .value_or(std::vector<Fault>()),
-                           workers) +
-                  1);
+              absl::StatusOr<int> port =
+                  FreePortRange(servers + RunRanks(run) + 1);
               if (port.ok()) {
                 run.metrics_port = *port;
               } else {
@@ -290,11 +290,6 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
             run.on_progress = [&](const RunProgressSample& sample) {
               progress.Sample(sample);
             };
-            absl::StatusOr<std::vector<Fault>> faults =
-                ParseChaos(options.chaos, servers, workers, config->elastic());
-            if (!faults.ok()) return faults.status();
-            run.faults = *std::move(faults);
-            run.max_workers = RanksFor(run.faults, workers);
             absl::StatusOr<RunMetrics> metrics =
                 RunLocalCluster(run, supervisor);
             supervisor->StopAll(absl::Seconds(5));
