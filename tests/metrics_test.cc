@@ -91,6 +91,30 @@ TEST(MetricsTest, StepPhasesAreSummedOverWorkersWithTheirMeans) {
                         "\"mean_ms\": 6.25}},\n"));
 }
 
+// The workers' ledgers are summed: what the shards acknowledged as applied,
+// what they answered as a duplicate, and what was lost.
+TEST(MetricsTest, LedgersAreSummedOverTheWorkers) {
+  WorkerReport a;
+  a.set_updates_acknowledged(934);
+  a.set_updates_answered_as_duplicate(2);
+  a.set_max_step_gap_s(0.25);
+  WorkerReport b;
+  b.set_updates_acknowledged(935);
+  b.set_updates_answered_as_duplicate(1);
+  b.set_updates_lost(3);
+  b.set_examples_lost(192);
+  b.set_max_step_gap_s(0.5);
+  RunMetrics run;
+  AddWorkerPhases(a, &run);
+  AddWorkerPhases(b, &run);
+  const std::string json = MetricsJson(run);
+  EXPECT_THAT(json, HasSubstr("\"updates_acknowledged\": 1869,\n"
+                              "  \"updates_answered_as_duplicate\": 3,\n"
+                              "  \"updates_lost\": 3,\n"
+                              "  \"examples_lost\": 192,\n"
+                              "  \"max_step_gap_s\": 0.5,\n"));
+}
+
 TEST(MetricsTest, StepPhasesAreAnEmptyObjectWithoutPhasesOrCounts) {
   RunMetrics run;
   AddWorkerPhases(WorkerReport(), &run);

@@ -220,6 +220,7 @@ TEST(ReplicationTest, APushIsAcknowledgedOnlyOnceTheBackupAppliedIt) {
                   before1[0] - 3 * 0.5f);
   // Three pushes, each acknowledged as applied by both shards.
   EXPECT_EQ((*client)->ledger().updates_acknowledged, 6);
+  EXPECT_EQ((*client)->ledger().updates_answered_as_duplicate, 0);
   EXPECT_EQ((*client)->ledger().updates_lost, 0);
   // The backup knows where rank 0's data is, as the primary does.
   EXPECT_EQ(pair.servers[0]->backup_state()->SamplePosition(0), 12);
@@ -307,6 +308,8 @@ TEST(ReplicationTest, ABackupTakesOverALostShardAndNothingAcknowledgedIsLost) {
   // lost.
   EXPECT_EQ((*client)->ledger().updates_acknowledged,
             acknowledged_before + 1 + shard0_applied_now + 2 + 2);
+  EXPECT_EQ((*client)->ledger().updates_answered_as_duplicate,
+            1 - shard0_applied_now);
   EXPECT_EQ((*client)->ledger().updates_lost, 0);
   EXPECT_EQ((*client)->ledger().take_overs, 1);
   absl::StatusOr<std::vector<StatsResponse>> stats =

@@ -140,6 +140,7 @@ void AddWorkerPhases(const WorkerReport& report, RunMetrics* run) {
   run->ring_bytes_sent += report.ring_bytes_sent();
   run->ring_bytes_received += report.ring_bytes_received();
   run->updates_acknowledged += report.updates_acknowledged();
+  run->updates_answered_as_duplicate += report.updates_answered_as_duplicate();
   run->updates_lost += report.updates_lost();
   run->examples_lost += report.examples_lost();
   run->max_step_gap_s = std::max(run->max_step_gap_s, report.max_step_gap_s());
@@ -224,6 +225,8 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"failovers\": ", failovers, ",\n");
   absl::StrAppend(&json, "  \"updates_acknowledged\": ",
                   run.updates_acknowledged, ",\n");
+  absl::StrAppend(&json, "  \"updates_answered_as_duplicate\": ",
+                  run.updates_answered_as_duplicate, ",\n");
   absl::StrAppend(&json, "  \"updates_lost\": ", run.updates_lost, ",\n");
   absl::StrAppend(&json, "  \"examples_lost\": ", run.examples_lost, ",\n");
   absl::StrAppend(&json, "  \"max_step_gap_s\": ", Number(run.max_step_gap_s),

@@ -67,10 +67,12 @@ struct RunMetrics {
   int64_t ring_bytes_sent = 0;
   int64_t ring_bytes_received = 0;
   // Replication's count, from the workers' reports (WorkerReport's
-  // updates_acknowledged, updates_lost, examples_lost summed; the longest
-  // max_step_gap_s), and the --replicas the shards ran with.
+  // updates_acknowledged, updates_answered_as_duplicate, updates_lost,
+  // examples_lost summed; the longest max_step_gap_s), and the --replicas
+  // the shards ran with.
   int replicas = 0;
   int64_t updates_acknowledged = 0;
+  int64_t updates_answered_as_duplicate = 0;
   int64_t updates_lost = 0;
   int64_t examples_lost = 0;
   double max_step_gap_s = 0;
@@ -121,10 +123,11 @@ std::string ConfigJson(const TrainingConfig& config);
 // summed over shards),
 // stopped_by_time_limit, restarts, replicas (the shards' --replicas),
 // failovers (ranges taken over by their backups: the shards' take_overs
-// summed), updates_acknowledged, updates_lost and examples_lost (the
-// workers' ledgers summed: pushes a shard acknowledged as applied, and of
-// them those, and their examples, that no surviving copy had when the
-// worker came back), max_step_gap_s (the longest time between two steps of
+// summed), updates_acknowledged, updates_answered_as_duplicate,
+// updates_lost and examples_lost (the workers' ledgers summed: pushes a
+// shard acknowledged as applied, pushes sent again that a shard answered as
+// a duplicate, and of the applied ones those, and their examples, that no
+// surviving copy had when the worker came back), max_step_gap_s (the longest time between two steps of
 // any worker), elastic, membership_changes, examples_trained_twice,
 // data_shards_requeued and examples_trained [per epoch] (an elastic run's
 // shard 0: joins and leaves, its data queue's counts; 0 and [] otherwise),

@@ -324,7 +324,10 @@ void PsClient::NoteAcknowledged(int s, int64_t end, bool duplicate) {
     acknowledged_pushes_.assign(shards_.size(), {});
   }
   acknowledged_end_[s] = std::max(acknowledged_end_[s], end);
-  if (duplicate) return;
+  if (duplicate) {
+    ++ledger_.updates_answered_as_duplicate;
+    return;
+  }
   ++ledger_.updates_acknowledged;
   std::deque<int64_t>& pushes = acknowledged_pushes_[s];
   pushes.push_back(end);

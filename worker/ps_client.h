@@ -74,6 +74,10 @@ struct PsClientOptions {
 // data is when the client comes back after losing it (Reconnect) is lost.
 struct ReplicaLedger {
   int64_t updates_acknowledged = 0;  // pushes acknowledged as applied
+  // Pushes answered as a duplicate: sent again after a failure lost their
+  // first answer (or ended the call before it came), and applied once, on
+  // the first sending.
+  int64_t updates_answered_as_duplicate = 0;
   int64_t updates_lost = 0;
   int64_t examples_lost = 0;
   int64_t take_overs = 0;  // ranges this client saw taken over

@@ -135,6 +135,8 @@ void WriteReport(int rank, int64_t resumed_steps,
   monsoon::WorkerReport report = monsoon::worker::MakeWorkerReport(
       rank, resumed_steps, progress, counters, outcome);
   report.set_updates_acknowledged(ledger.updates_acknowledged);
+  report.set_updates_answered_as_duplicate(
+      ledger.updates_answered_as_duplicate);
   report.set_updates_lost(ledger.updates_lost);
   report.set_examples_lost(ledger.examples_lost);
   report.set_take_overs(ledger.take_overs);
