@@ -424,13 +424,6 @@ absl::Status CheckElastic(TrainingConfig* c) {
   if (c->mode() == ALLREDUCE) {
     why = "is not built for mode allreduce: the ring's members are fixed "
           "when it forms";
-  } else if (c->backup_workers() > 0) {
-    why = "does not work with backup_workers yet: a dropped push's examples "
-          "would count as applied in the shards' ledger, which decides when "
-          "a data shard is done";
-  } else if (c->pull_compression() == COMPRESSION_ONEBIT) {
-    why = "does not work with pull_compression yet: the shards' per-worker "
-          "copies are not made and dropped as workers come and go";
   } else if (c->sparse_tables_size() > 0) {
     why = "does not work with sparse_tables yet: click data is not handed "
           "out in data shards";

@@ -43,6 +43,11 @@ class DownpourRule : public SerialRule {
     compensation_->Pulled(worker_rank, weights);
   }
 
+  void DropWorker(int worker_rank) override {
+    if (pull_copies_ != nullptr) pull_copies_->Drop(worker_rank);
+    if (compensation_ != nullptr) compensation_->Drop(worker_rank);
+  }
+
  protected:
   Optimizer* optimizer() override { return optimizer_.get(); }
 

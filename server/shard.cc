@@ -228,6 +228,7 @@ absl::Status Shard::EndSession(const LeaveRequest& request, const char* what) {
     return held;
   }
   state_->EndSession(request.worker_rank(), request.session());
+  rule_->DropWorker(request.worker_rank());
   if (state_->ReleaseData(request.worker_rank())) {
     common::Log("shard %d: rank %d's unfinished data shard went back to the "
                 "queue",

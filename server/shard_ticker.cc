@@ -45,6 +45,7 @@ void ShardTicker::Tick(absl::Time now) {
         state_->shard(), rank);
   }
   for (const auto& [rank, silent] : state_->NewlyLapsed(now)) {
+    rule_->DropWorker(rank);
     if (!log_lapses_) continue;
     common::LogWarning(
         "shard %d: rank %d made no call for %s: its lease of %s ran out "

@@ -74,8 +74,13 @@ class SyncRule : public UpdateRule {
       const int64_t version = weights_->version();
       if (push.base_version < version && TakeDropped(push)) {
         // Its step closed without it (backup workers): dropped, and the
-        // worker carries on from the current weights.
+        // worker carries on from the current weights. In an elastic run
+        // its examples are passed over only now (the step could not know
+        // them), so that its data shard is done.
         state_->RecordBackupDrop(push.wire_bytes);
+        if (elastic_) {
+          state_->PassOver(push.worker_rank, push.sample_offset, push.samples);
+        }
         result.version = version;
         result.stale = true;
         return result;
@@ -615,21 +620,21 @@ class SyncRule : public UpdateRule {
     for (int rank = 0; rank < num_workers_; ++rank) {
       if (arrived_[rank]) batch = std::max(batch, step_samples_[rank]);
     }
+    // Elastic, closed for the backup count: the members it closed without.
+    std::vector<bool> late;
+    if (elastic_ && by_backup) {
+      late = state_->sessions().LiveRanks(num_workers_, absl::Now());
+    }
     for (int rank = 0; rank < num_workers_; ++rank) {
       SyncStep::Examples examples{rank, step_offsets_[rank],
                                   step_samples_[rank], StepExamples::APPLIED};
       if (arrived_[rank] && refused) {
         examples.kind = StepExamples::PASSED_OVER;
       } else if (!arrived_[rank] && !pass_over && !elastic_) {
-        if (by_backup) {
-          // Its push for this step is to be dropped; a few steps are
-          // remembered (a worker late by several).
-          std::deque<int64_t>& steps = dropped_[rank];
-          steps.push_back(weights_->version() - 1);
-          if (steps.size() > kDroppedKept) steps.pop_front();
-        }
+        if (by_backup) RememberDropped(rank);
         examples = {rank, 0, batch, StepExamples::SKIPPED};
       } else if (!arrived_[rank]) {
+        if (!late.empty() && late[rank]) RememberDropped(rank);
         step_samples_[rank] = 0;
         continue;
       }
@@ -639,6 +644,15 @@ class SyncRule : public UpdateRule {
     }
     std::fill(arrived_.begin(), arrived_.end(), false);
     count_ = 0;
+  }
+
+  // The step just closed (backup workers) without `rank`: its push for
+  // it is to be dropped. A few steps are remembered (a worker late by
+  // several).
+  void RememberDropped(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::deque<int64_t>& steps = dropped_[rank];
+    steps.push_back(weights_->version() - 1);
+    if (steps.size() > kDroppedKept) steps.pop_front();
   }
 
   // What a step did with one rank's examples, in the shard's counters.

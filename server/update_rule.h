@@ -159,6 +159,12 @@ class UpdateRule {
   // (delay_compensation) keeps them. Thread-safe, like Snapshot.
   virtual void Pulled(int worker_rank, const WeightsPtr& weights) {}
 
+  // Worker `worker_rank` left, finished or let its lease run out: what the
+  // rule keeps per worker (compressed pulls' copy, delay compensation's
+  // last pull) is dropped. If the rank calls again, its next pull is a full
+  // one and its next push is not compensated. Thread-safe.
+  virtual void DropWorker(int worker_rank) {}
+
   // Replication of a rule that closes steps (sync): from now on a step
   // that closes is not published (its version does not advance, no wait
   // for it ends) but handed to `publish`, outside the rule's locks, in the

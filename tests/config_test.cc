@@ -617,6 +617,18 @@ TEST(ResolveConfigTest, ElasticTakesItsDataShardsAndRefusesWhatItCannotFollow) {
       ResolveConfig(Parse("layer_sizes: [4, 2] mode: DOWNPOUR elastic: true "
                           "max_staleness: 2 data_shard_batches: 3")));
   EXPECT_EQ(ssp.data_shard_batches(), 3);
+  // Backup workers count the live members; compressed pulls keep a copy
+  // per worker from its first pull until it leaves.
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig backup,
+      ResolveConfig(Parse("layer_sizes: [4, 2] mode: SYNC elastic: true "
+                          "backup_workers: 1")));
+  EXPECT_EQ(backup.backup_workers(), 1);
+  ASSERT_OK_AND_ASSIGN(
+      TrainingConfig pulls,
+      ResolveConfig(Parse("layer_sizes: [4, 2] mode: DOWNPOUR elastic: true "
+                          "pull_compression: COMPRESSION_ONEBIT")));
+  EXPECT_EQ(pulls.pull_compression(), COMPRESSION_ONEBIT);
   // false is cleared, so the fingerprint is what it was without the field.
   ASSERT_OK_AND_ASSIGN(
       TrainingConfig off,
@@ -624,9 +636,6 @@ TEST(ResolveConfigTest, ElasticTakesItsDataShardsAndRefusesWhatItCannotFollow) {
   EXPECT_FALSE(off.has_elastic());
   const std::pair<const char*, const char*> refused[] = {
       {"mode: ALLREDUCE elastic: true", "the ring's members are fixed"},
-      {"mode: SYNC elastic: true backup_workers: 1", "backup_workers"},
-      {"mode: SYNC elastic: true pull_compression: COMPRESSION_ONEBIT",
-       "per-worker copies"},
       {"mode: DOWNPOUR elastic: true data_shard_batches: 0",
        "must be from 1 to 1000000"},
       {"mode: DOWNPOUR data_shard_batches: 4", "is for elastic runs"},

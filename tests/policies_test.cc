@@ -73,6 +73,25 @@ TEST(DelayCompensationTest, AddsLambdaGSquaredTimesTheWeightsMove) {
   EXPECT_THAT(out, ElementsAre(2.0f, -4.0f));
 }
 
+// A worker that left is forgotten: its push, unless it pulls again first,
+// is applied as it came.
+TEST(DelayCompensationTest, ALeaversLastPullIsDropped) {
+  DelayCompensation compensation(/*lambda=*/0.5f);
+  compensation.Pulled(0, MakeWeights({1.0f, 6.0f}, 3));
+  compensation.Pulled(1, MakeWeights({1.0f, 6.0f}, 3));
+  EXPECT_EQ(compensation.workers(), 2);
+  compensation.Drop(0);
+  compensation.Drop(0);  // a second drop changes nothing
+  EXPECT_EQ(compensation.workers(), 1);
+  const std::vector<float> g = {1.0f, -2.0f};
+  const std::vector<float> now = {3.0f, 5.0f};
+  std::vector<float> out;
+  compensation.Compensate(0, g, now.data(), &out);
+  EXPECT_THAT(out, ElementsAre(1.0f, -2.0f));
+  compensation.Compensate(1, g, now.data(), &out);
+  EXPECT_THAT(out, ElementsAre(2.0f, -4.0f));
+}
+
 // What a worker holding its copy does with a delta: adds the decoding.
 std::vector<float> Apply(const EncodedDelta& delta, std::vector<float> copy,
                          int bucket_size) {
@@ -100,6 +119,23 @@ TEST(WorkerPullCopiesTest, ADeltaTakesTheWorkersCopyToTheShardsBitForBit) {
   EXPECT_EQ(copies.DeltaFor(0, /*have_version=*/7, second), nullptr);
   ASSERT_NE(copies.DeltaFor(0, /*have_version=*/9, second), nullptr);
   EXPECT_THAT(worker, testing::SizeIs(4));
+}
+
+// A worker that left has its copy and residual dropped; if the rank comes
+// back, even naming the version it held, its first pull is a full one.
+TEST(WorkerPullCopiesTest, ALeaversCopyIsDroppedAndItsNextPullIsFull) {
+  WorkerPullCopies copies(/*bucket_size=*/2);
+  const WeightsPtr first = MakeWeights({1.0f, 2.0f, 3.0f, 4.0f}, 5);
+  EXPECT_EQ(copies.DeltaFor(0, std::nullopt, first), nullptr);
+  EXPECT_EQ(copies.DeltaFor(1, std::nullopt, first), nullptr);
+  EXPECT_EQ(copies.workers(), 2);
+  copies.Drop(1);
+  EXPECT_EQ(copies.workers(), 1);
+  const WeightsPtr second = MakeWeights({1.5f, 1.0f, 3.25f, 4.0f}, 9);
+  EXPECT_EQ(copies.DeltaFor(1, /*have_version=*/5, second), nullptr);
+  EXPECT_EQ(copies.workers(), 2);
+  // The one that stayed still gets a difference.
+  EXPECT_NE(copies.DeltaFor(0, /*have_version=*/5, second), nullptr);
 }
 
 TEST(StepPullEncoderTest, TheShardsStepIsWhatAWorkerGetsFromTheDelta) {

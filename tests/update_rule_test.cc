@@ -453,6 +453,64 @@ TEST(SyncBackupTest, AStepClosesWithAllButTheBackupsAndDropsTheLatePush) {
   EXPECT_EQ(Weights(*rule), expected);
 }
 
+// Elastic: the backup count is of the live members (a rank that never
+// registered is none), and a late push's examples are passed over when it
+// comes (not when the step closes, which cannot know them), so that its
+// data shard is done.
+TEST(SyncBackupTest, ElasticBackupsCountTheLiveMembers) {
+  ResetOffsets();
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: SYNC optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0 backup_workers: 1 elastic: true");
+  ShardState state(common::ModelLayout::FromConfig(config), config.seed(), 0,
+                   1);
+  state.set_lease(absl::Seconds(10));
+  state.SetNumWorkers(4);
+  state.SetElastic(nullptr);
+  std::unique_ptr<UpdateRule> rule =
+      MakeSyncRule(config, /*num_workers=*/4, &state);
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_OK(state.OpenSession(rank, /*session=*/rank + 1));
+  }
+  std::vector<float> expected = Weights(*rule);
+  ASSERT_OK(rule->Apply(MakePush(0, 0, Filled(1.0f))).status());
+  EXPECT_EQ(state.version(), 0);
+  // Three members (rank 3 never came): two of them close the step.
+  ASSERT_OK_AND_ASSIGN(PushResult second,
+                       rule->Apply(MakePush(1, 0, Filled(3.0f))));
+  EXPECT_EQ(second.version, 1);
+  for (float& v : expected) v -= 0.5f * 2.0f;
+  EXPECT_EQ(Weights(*rule), expected);
+  EXPECT_EQ(state.SamplePosition(2), 0);
+  ASSERT_OK_AND_ASSIGN(PushResult late,
+                       rule->Apply(MakePush(2, 0, Filled(100.0f))));
+  EXPECT_TRUE(late.stale);
+  EXPECT_EQ(Weights(*rule), expected);
+  // Its examples [0, 4) are behind the rank's position now, counted as
+  // skipped (not applied) when the push came.
+  EXPECT_EQ(state.SamplePosition(2), 4);
+  StatsResponse stats = state.Stats();
+  EXPECT_EQ(stats.backup_dropped_pushes(), 1);
+  EXPECT_THAT(stats.samples_skipped_by_worker(),
+              UnorderedElementsAre(Pair(2, 4)));
+  EXPECT_THAT(stats.samples_applied_by_worker(),
+              UnorderedElementsAre(Pair(0, 4), Pair(1, 4)));
+  // Rank 2 leaves: two members, and all but one close a step.
+  state.EndSession(2, /*session=*/3);
+  ASSERT_OK_AND_ASSIGN(PushResult alone,
+                       rule->Apply(MakePush(1, 1, Filled(2.0f))));
+  EXPECT_EQ(alone.version, 2);
+  for (float& v : expected) v -= 0.5f * 2.0f;
+  EXPECT_EQ(Weights(*rule), expected);
+  // Rank 0's push for step 1 is dropped; rank 2, gone, was not waited for
+  // and has no step to drop.
+  ASSERT_OK_AND_ASSIGN(PushResult late0,
+                       rule->Apply(MakePush(0, 1, Filled(9.0f))));
+  EXPECT_TRUE(late0.stale);
+  EXPECT_EQ(state.SamplePosition(0), 8);
+  EXPECT_EQ(state.Stats().backup_dropped_pushes(), 2);
+}
+
 TEST_F(SyncRuleTest, NextStepStartsFromAnEmptySum) {
   ASSERT_OK(rule_->Apply(MakePush(0, 0, Filled(2.0f))).status());
   ASSERT_OK(rule_->Apply(MakePush(1, 0, Filled(2.0f))).status());

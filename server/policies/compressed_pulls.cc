@@ -46,6 +46,16 @@ void StepPullEncoder::Reset() {
   delta_.reset();
 }
 
+void WorkerPullCopies::Drop(int rank) {
+  absl::MutexLock lock(&mu_);
+  views_.erase(rank);
+}
+
+int WorkerPullCopies::workers() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(views_.size());
+}
+
 std::shared_ptr<const EncodedDelta> WorkerPullCopies::DeltaFor(
     int rank, std::optional<int64_t> have_version, const WeightsPtr& weights) {
   const absl::Span<const float> now = weights->values();

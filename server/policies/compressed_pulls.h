@@ -85,6 +85,13 @@ class WorkerPullCopies {
   std::shared_ptr<const EncodedDelta> DeltaFor(
       int rank, std::optional<int64_t> have_version, const WeightsPtr& weights);
 
+  // Drops worker `rank`'s copy and residual (it left): its next pull is a
+  // full one, which makes them again.
+  void Drop(int rank);
+
+  // The workers whose copy is kept.
+  int workers();
+
  private:
   struct WorkerView {
     std::vector<float> values;

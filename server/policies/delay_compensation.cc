@@ -9,6 +9,16 @@ void DelayCompensation::Pulled(int rank, const WeightsPtr& weights) {
   pulled_[rank] = weights;
 }
 
+void DelayCompensation::Drop(int rank) {
+  absl::MutexLock lock(&mu_);
+  pulled_.erase(rank);
+}
+
+int DelayCompensation::workers() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(pulled_.size());
+}
+
 void DelayCompensation::Compensate(int rank, absl::Span<const float> g,
                                    const float* in, std::vector<float>* out) {
   WeightsPtr pulled;

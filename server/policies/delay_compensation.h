@@ -28,6 +28,13 @@ class DelayCompensation {
   // Worker `rank` (>= 0) was sent `weights`.
   void Pulled(int rank, const WeightsPtr& weights);
 
+  // Forgets worker `rank`'s last pull (it left): its next push, unless it
+  // pulls first, is applied uncompensated.
+  void Drop(int rank);
+
+  // The workers whose last pull is kept.
+  int workers();
+
   // `out` = g compensated for the weights `in` (of g.size() values) that it
   // is applied to. Without a pull of `rank` seen (the shard restarted
   // since) there is nothing to compensate against: `out` = g.
