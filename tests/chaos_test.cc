@@ -9,6 +9,7 @@
 namespace monsoon::tools {
 namespace {
 
+using ::monsoon::testutil::IsOkAndHolds;
 using ::monsoon::testutil::StatusIs;
 using ::testing::HasSubstr;
 
@@ -85,6 +86,44 @@ TEST(ParseChaosTest, ElasticRunsAddWorkersOfTheNextRanksAndRemoveThem) {
   EXPECT_EQ(faults[3].kind, Fault::Kind::kKill);
   EXPECT_EQ(faults[3].index, 3);
   EXPECT_EQ(RanksFor(faults, 2), 4);
+}
+
+// --workers=MIN:MAX: MIN started, MAX ranks (every daemon's --num_workers).
+TEST(WorkerCountTest, MinMaxGivesTheRunRoomToGrow) {
+  ASSERT_OK_AND_ASSIGN(WorkerCount plain, ParseWorkerCount("4", false));
+  EXPECT_EQ(plain.start, 4);
+  EXPECT_EQ(plain.max, 0);
+  ASSERT_OK_AND_ASSIGN(WorkerCount range, ParseWorkerCount("2:6", true));
+  EXPECT_EQ(range.start, 2);
+  EXPECT_EQ(range.max, 6);
+  ASSERT_OK_AND_ASSIGN(std::vector<Fault> adds,
+                       ParseChaos("add:worker@1s,add:worker@2s", 2, 2, true));
+  // Without MAX, one rank per add; with it, MAX, whatever the adds.
+  EXPECT_THAT(RanksFor(adds, plain), IsOkAndHolds(6));
+  EXPECT_THAT(RanksFor(adds, WorkerCount{2, 0}), IsOkAndHolds(4));
+  EXPECT_THAT(RanksFor(adds, range), IsOkAndHolds(6));
+  EXPECT_THAT(RanksFor({}, range), IsOkAndHolds(6));
+  EXPECT_THAT(RanksFor(adds, WorkerCount{2, 3}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--chaos adds 2 workers to the 2 started: "
+                                 "more than --workers=2:3")));
+  const std::pair<const char*, const char*> refused[] = {
+      {"", "give a count such as 4"},
+      {"two", "give a count such as 4"},
+      {"2:", "give a count such as 4"},
+      {"1:2:3", "give a count such as 4"},
+      {"0", "counts must be in [1, 256]"},
+      {"2:300", "counts must be in [1, 256]"},
+      {"4:2", "MAX is below MIN"},
+  };
+  for (const auto& [text, why] : refused) {
+    EXPECT_THAT(ParseWorkerCount(text, true),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(why)))
+        << text;
+  }
+  EXPECT_THAT(ParseWorkerCount("2:6", false),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("add --elastic")));
 }
 
 TEST(ParseChaosTest, RefusesMembershipChangesThatCannotBe) {

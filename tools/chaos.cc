@@ -54,6 +54,49 @@ int RanksFor(const std::vector<Fault>& faults, int workers) {
   return ranks;
 }
 
+absl::StatusOr<WorkerCount> ParseWorkerCount(absl::string_view text,
+                                             bool elastic) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  WorkerCount count;
+  if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &count.start) ||
+      (parts.size() == 2 && !absl::SimpleAtoi(parts[1], &count.max))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers='", text,
+        "': give a count such as 4, or in an elastic run MIN:MAX such as 2:6 "
+        "(start MIN, let the run grow to MAX)"));
+  }
+  if (count.start < 1 || count.start > 256 ||
+      (parts.size() == 2 && (count.max < 1 || count.max > 256))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers='", text, "': counts must be in [1, 256]"));
+  }
+  if (parts.size() == 2 && !elastic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers=", text,
+        " gives the most workers an elastic run may have: add --elastic, or "
+        "give one count"));
+  }
+  if (parts.size() == 2 && count.max < count.start) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers=", text, ": MAX is below MIN (the ", count.start,
+                     " workers started are ranks of the run)"));
+  }
+  return count;
+}
+
+absl::StatusOr<int> RanksFor(const std::vector<Fault>& faults,
+                             const WorkerCount& count) {
+  const int needed = RanksFor(faults, count.start);
+  if (count.max == 0) return needed;
+  if (needed > count.max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--chaos adds ", needed - count.start, " workers to the ", count.start,
+        " started: more than --workers=", count.start, ":", count.max,
+        " lets the run have; raise MAX or drop an add"));
+  }
+  return count.max;
+}
+
 absl::StatusOr<std::vector<Fault>> ParseChaos(absl::string_view spec,
                                               int servers, int workers,
                                               bool elastic) {

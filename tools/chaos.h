@@ -48,6 +48,26 @@ absl::StatusOr<std::vector<Fault>> ParseChaos(absl::string_view spec,
 // The ranks an elastic run needs: its first `workers` and one per add.
 int RanksFor(const std::vector<Fault>& faults, int workers);
 
+// --workers of the launchers: a count, or in an elastic run MIN:MAX, the
+// workers started and the most ranks the run may have (every daemon's
+// --num_workers), which leaves room for MAX - MIN to join, by an add fault
+// or started by hand.
+struct WorkerCount {
+  int start = 0;
+  int max = 0;  // 0: start plus the chaos's adds
+};
+
+// INVALID_ARGUMENT naming what is wrong: not a count or MIN:MAX, a count
+// outside [1, 256], MAX below MIN, MIN:MAX without `elastic`.
+absl::StatusOr<WorkerCount> ParseWorkerCount(absl::string_view text,
+                                             bool elastic);
+
+// The ranks of a run that starts `count` and injects `faults`: count.max
+// if set, else RanksFor. INVALID_ARGUMENT when the adds need more ranks
+// than count.max.
+absl::StatusOr<int> RanksFor(const std::vector<Fault>& faults,
+                             const WorkerCount& count);
+
 }  // namespace monsoon::tools
 
 #endif  // MONSOON_TOOLS_CHAOS_H_

@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -56,7 +57,9 @@ ABSL_FLAG(std::string, servers, "2",
           "comma-separated sweep such as 1,2.");
 ABSL_FLAG(std::string, workers, "2",
           "Worker counts: one value, or a "
-          "comma-separated sweep such as 1,2,4 (adds a samples/s plot).");
+          "comma-separated sweep such as 1,2,4 (adds a samples/s plot). With "
+          "--elastic also one MIN:MAX: start MIN, every daemon's "
+          "--num_workers MAX (room for MAX - MIN to join).");
 ABSL_FLAG(double, time_limit_s, 0,
           "Wall-clock budget per run in seconds "
           "(0: train the config's epochs).");
@@ -210,9 +213,23 @@ absl::Status SetSweepFromFlags(ComparisonOptions* options) {
   options->stragglers = *std::move(stragglers);
   auto servers = Counts("servers", absl::GetFlag(FLAGS_servers));
   if (!servers.ok()) return servers.status();
-  auto workers = Counts("workers", absl::GetFlag(FLAGS_workers));
-  if (!workers.ok()) return workers.status();
   options->servers = *servers;
+  const std::string workers_flag = absl::GetFlag(FLAGS_workers);
+  if (absl::StrContains(workers_flag, ':')) {
+    if (absl::StrContains(workers_flag, ',')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--workers='", workers_flag,
+          "': MIN:MAX is one run's count, not part of a sweep"));
+    }
+    auto count = monsoon::tools::ParseWorkerCount(
+        workers_flag, monsoon::tools::ElasticFromFlags());
+    if (!count.ok()) return count.status();
+    options->workers = {count->start};
+    options->max_workers = count->max;
+    return absl::OkStatus();
+  }
+  auto workers = Counts("workers", workers_flag);
+  if (!workers.ok()) return workers.status();
   options->workers = *workers;
   return absl::OkStatus();
 }
@@ -317,6 +334,9 @@ absl::Status SetFaultsAndTlsFromFlags(ComparisonOptions* options) {
       auto faults = monsoon::tools::ParseChaos(
           options->chaos, s, w, monsoon::tools::ElasticFromFlags());
       if (!faults.ok()) return faults.status();
+      auto ranks = monsoon::tools::RanksFor(
+          *faults, monsoon::tools::WorkerCount{w, options->max_workers});
+      if (!ranks.ok()) return ranks.status();
     }
   }
   return absl::OkStatus();

@@ -276,7 +276,10 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
                 ParseChaos(options.chaos, servers, workers, config->elastic());
             if (!faults.ok()) return faults.status();
             run.faults = *std::move(faults);
-            run.max_workers = RanksFor(run.faults, workers);
+            absl::StatusOr<int> ranks =
+                RanksFor(run.faults, WorkerCount{workers, options.max_workers});
+            if (!ranks.ok()) return ranks.status();
+            run.max_workers = *ranks;
             if (network == nullptr) {
               absl::StatusOr<int> port =
                   FreePortRange(servers + RunRanks(run) + 1);

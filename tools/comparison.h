@@ -59,6 +59,9 @@ struct ComparisonOptions {
   std::map<int, double> stragglers;
   std::vector<int> servers;  // one sweep point per count
   std::vector<int> workers;
+  // Elastic runs: every daemon's --num_workers (--workers=MIN:MAX; 0: the
+  // workers started plus one per add fault).
+  int max_workers = 0;
   // The resolved config for a mode and model preset (MODEL_AUTO: the
   // config's model); mode-dependent defaults differ.
   std::function<absl::StatusOr<TrainingConfig>(Mode, Model)> config_for;

@@ -36,7 +36,12 @@ ABSL_FLAG(std::string, model, "",
           "\"Sparse models\"), instead of the config's model (default: the "
           "config's, the MLP unless it says otherwise).");
 ABSL_FLAG(int, servers, 2, "Parameter-server shards to start.");
-ABSL_FLAG(int, workers, 2, "Worker replicas to start.");
+ABSL_FLAG(std::string, workers, "2",
+          "Worker replicas to start. With --elastic also MIN:MAX: start MIN, "
+          "and give every daemon --num_workers=MAX, so that up to MAX - MIN "
+          "workers may join (add: faults, or ps_worker started by hand with "
+          "a rank below MAX); without MAX the run has the workers started "
+          "plus one rank per add.");
 ABSL_FLAG(std::string, metrics_out, "",
           "Write the run's metrics (JSON) "
           "here; they are printed either way.");
@@ -139,11 +144,14 @@ absl::StatusOr<monsoon::TrainingConfig> ConfigFromFlags() {
 // bad one.
 absl::Status SetRunFromFlags(LocalClusterOptions* options) {
   const int servers = absl::GetFlag(FLAGS_servers);
-  const int workers = absl::GetFlag(FLAGS_workers);
-  if (servers < 1 || servers > 64 || workers < 1 || workers > 256) {
-    return absl::InvalidArgumentError(
-        "--servers must be in [1, 64] and --workers in [1, 256]");
+  if (servers < 1 || servers > 64) {
+    return absl::InvalidArgumentError("--servers must be in [1, 64]");
   }
+  absl::StatusOr<monsoon::tools::WorkerCount> count =
+      monsoon::tools::ParseWorkerCount(absl::GetFlag(FLAGS_workers),
+                                       options->config.elastic());
+  if (!count.ok()) return count.status();
+  const int workers = count->start;
   if (auto s =
           monsoon::worker::CheckDataFilesFor(options->config);
       !s.ok()) {
@@ -159,7 +167,9 @@ absl::Status SetRunFromFlags(LocalClusterOptions* options) {
   if (!faults.ok()) return faults.status();
   options->servers = servers;
   options->workers = workers;
-  options->max_workers = monsoon::tools::RanksFor(*faults, workers);
+  absl::StatusOr<int> ranks = monsoon::tools::RanksFor(*faults, *count);
+  if (!ranks.ok()) return ranks.status();
+  options->max_workers = *ranks;
   options->max_restarts =
       absl::GetFlag(FLAGS_restart_failed) ? max_restarts : 0;
   options->faults = *std::move(faults);
