@@ -57,8 +57,13 @@ dial; every daemon serves Prometheus metrics on its metrics port
 (monsoon_build_info of its role and the process metrics; a worker's final
 ones while it lingers, after which SIGTERM ends it); an evaluator stopped
 by SIGTERM before the run's end (before the workers start) exits 143 and
-its successor continues the curve; every worker exits 0; then the run ends by itself: the evaluator measures the
-final weights and exits 0, the finisher writes metrics.json on the results
+its successor continues the curve; every worker exits 0 (in an elastic
+run, whose config says `elastic: true`, the workers' Job is first scaled
+as the Job controller scales an elastic Indexed Job: up to --num_workers,
+whose new indices join the run, then down by one, whose pod is ended by
+SIGTERM and leaves it; the finisher's metrics must then count every
+example of every epoch trained and a join and a leave of each rank); then
+the run ends by itself: the evaluator measures the final weights and exits 0, the finisher writes metrics.json on the results
 claim and exits 0, and every shard writes its final checkpoint and exits 0
 within a minute. A shard started again on that claim (a rerun that forgot
 the old volumes) must exit 2 saying the run is finished. Last, shards on
@@ -66,7 +71,8 @@ fresh claims are stopped with SIGTERM within terminationGracePeriodSeconds,
 each leaving its checkpoint, and a restarted one resumes from it. Every
 pod's command line and exit code is logged.
 
-  tests/k8s_manifests_test.py [--overlay_dir=DIR | --rendered=FILE]
+  tests/k8s_manifests_test.py [--overlay=NAME | --overlay_dir=DIR |
+      --rendered=FILE]
       [--bin_dir=bazel-bin] [--containers [--gpu_check]]
 
 Under `bazel test` it finds the overlay and the binaries in its runfiles.
@@ -206,9 +212,6 @@ class Cluster:
             if kind not in ("StatefulSet", "Deployment", "Job"):
                 continue
             spec = o["spec"]
-            template = spec["template"]
-            labels = dict(template.get("metadata", {}).get("labels", {}))
-            grace = template["spec"].get("terminationGracePeriodSeconds", 30)
             if kind == "StatefulSet":
                 count = spec.get("replicas", 1)
             elif kind == "Deployment":
@@ -220,46 +223,71 @@ class Cluster:
                                   f"{spec.get('parallelism', 1)} is not its "
                                   f"completions {count}: not every pod of "
                                   "the run would run at once")
-            indexed = kind == "Job" and spec.get("completionMode") == "Indexed"
             for i in range(count):
-                pod_labels = dict(labels)
-                annotations = {}
-                if kind == "StatefulSet":
-                    pod_name = f"{name}-{i}"
-                    pod_labels["apps.kubernetes.io/pod-index"] = str(i)
-                    pod_labels["statefulset.kubernetes.io/pod-name"] = pod_name
-                elif indexed:
-                    # The pod's hostname is <job>-<index>.
-                    pod_name = f"{name}-{i}"
-                    annotations["batch.kubernetes.io/job-completion-index"] = str(i)
-                    pod_labels["batch.kubernetes.io/job-completion-index"] = str(i)
-                else:
-                    pod_name = f"{name}-{i}"
-                pod = Pod(pod_name, kind, name, template["spec"], pod_labels,
-                          annotations, self._ip(), grace)
-                if kind == "Job" and not indexed:
-                    pod.backoff_limit = spec.get("backoffLimit", 6)
-                service = None
-                if kind == "StatefulSet":
-                    service = spec.get("serviceName", "")
-                    if service not in services:
-                        raise Failure(f"StatefulSet {name}: no Service "
-                                      f"'{service}' for serviceName")
-                elif indexed and template["spec"].get("subdomain"):
-                    service = template["spec"]["subdomain"]
-                    if service not in services:
-                        raise Failure(f"Job {name}: no Service '{service}' "
-                                      "for its pods' subdomain")
-                if service is not None:
-                    pod.dns_name = f"{pod_name}.{service}"
-                    for suffix in ("", ".default", ".default.svc",
-                                   ".default.svc.cluster.local"):
-                        self.hosts[f"{pod_name}.{service}{suffix}"] = pod.ip
-                    for claim in spec.get("volumeClaimTemplates", []):
-                        cname = f"{claim['metadata']['name']}-{pod_name}"
-                        pod.volume_dirs[claim["metadata"]["name"]] = \
-                            self._claim(cname)
-                self.pods.append(pod)
+                self.pods.append(self.make_pod(o, i, services))
+
+    def make_pod(self, o, i, services):
+        """Pod `i` of the StatefulSet, Deployment or Job `o`."""
+        kind, name = o["kind"], o["metadata"]["name"]
+        spec = o["spec"]
+        template = spec["template"]
+        labels = dict(template.get("metadata", {}).get("labels", {}))
+        grace = template["spec"].get("terminationGracePeriodSeconds", 30)
+        indexed = kind == "Job" and spec.get("completionMode") == "Indexed"
+        pod_labels = dict(labels)
+        annotations = {}
+        if kind == "StatefulSet":
+            pod_name = f"{name}-{i}"
+            pod_labels["apps.kubernetes.io/pod-index"] = str(i)
+            pod_labels["statefulset.kubernetes.io/pod-name"] = pod_name
+        elif indexed:
+            # The pod's hostname is <job>-<index>.
+            pod_name = f"{name}-{i}"
+            annotations["batch.kubernetes.io/job-completion-index"] = str(i)
+            pod_labels["batch.kubernetes.io/job-completion-index"] = str(i)
+        else:
+            pod_name = f"{name}-{i}"
+        pod = Pod(pod_name, kind, name, template["spec"], pod_labels,
+                  annotations, self._ip(), grace)
+        if kind == "Job" and not indexed:
+            pod.backoff_limit = spec.get("backoffLimit", 6)
+        service = None
+        if kind == "StatefulSet":
+            service = spec.get("serviceName", "")
+            if service not in services:
+                raise Failure(f"StatefulSet {name}: no Service "
+                              f"'{service}' for serviceName")
+        elif indexed and template["spec"].get("subdomain"):
+            service = template["spec"]["subdomain"]
+            if service not in services:
+                raise Failure(f"Job {name}: no Service '{service}' "
+                              "for its pods' subdomain")
+        if service is not None:
+            pod.dns_name = f"{pod_name}.{service}"
+            for suffix in ("", ".default", ".default.svc",
+                           ".default.svc.cluster.local"):
+                self.hosts[f"{pod_name}.{service}{suffix}"] = pod.ip
+            for claim in spec.get("volumeClaimTemplates", []):
+                cname = f"{claim['metadata']['name']}-{pod_name}"
+                pod.volume_dirs[claim["metadata"]["name"]] = \
+                    self._claim(cname)
+        return pod
+
+    def scale_up(self, job, count):
+        """What the Job controller does when an elastic Indexed Job's
+        parallelism and completions are raised to `count`: the pods of the
+        new indices (planned here; the caller starts them)."""
+        o = next(x for x in self.objects
+                 if x["kind"] == "Job" and x["metadata"]["name"] == job)
+        services = {x["metadata"]["name"]: x for x in self.objects
+                    if x["kind"] == "Service"}
+        have = [p for p in self.pods if p.owner == job]
+        added = [self.make_pod(o, i, services)
+                 for i in range(len(have), count)]
+        for pod in added:
+            pod.cluster_tail = lambda lines, pod=pod: self.tail(pod, lines)
+        self.pods.extend(added)
+        return added
 
     def _claim(self, name):
         if name not in self.claims:
@@ -931,6 +959,72 @@ def wait_for(pod, text, timeout_s, lines=20):
         time.sleep(0.2)
 
 
+def is_elastic(cluster):
+    """Whether the run's config (a ConfigMap's file) says elastic: true."""
+    return any(re.search(r"^\s*elastic\s*:\s*true\b", str(text), re.M)
+               for data in cluster.config_maps.values()
+               for text in data.values())
+
+
+def scale_workers(cluster, servers, workers):
+    """An elastic run's workers' Job scaled as `kubectl patch job ps-worker
+    -p '{"spec":{"parallelism":N,"completions":N}}'` scales it: once the
+    first workers train, up to --num_workers (the Job controller starts the
+    new indices, which join the run), then down by one (it deletes the
+    highest index's pod: SIGTERM within its grace period, and the worker
+    leaves the run). Returns the workers that go on, and the one removed."""
+    most = int(flags_of(workers[0].argv).get("num_workers", "1"))
+    if most <= len(workers):
+        raise Failure(f"an elastic run whose workers' Job starts {len(workers)} "
+                      f"of at most {most} ranks: no room to scale up")
+    everything = 1 << 30
+    for pod in workers:
+        rank = pod.annotations["batch.kubernetes.io/job-completion-index"]
+        wait_for(servers[0], f"rank {rank} registered", 120, everything)
+    added = cluster.scale_up(workers[0].owner, most)
+    for pod in added:
+        cluster.start(pod)
+    for pod in added:
+        rank = pod.annotations["batch.kubernetes.io/job-completion-index"]
+        wait_for(servers[0], f"rank {rank} registered", 120, everything)
+    log(f"scaled {workers[0].owner} from {len(workers)} to {most}: ranks "
+        f"{len(workers)} to {most - 1} joined the run")
+    removed = added[-1]
+    time.sleep(0.5)  # a step or two of its own
+    code = cluster.terminate(removed)
+    text = cluster.tail(removed, everything)
+    if code != 128 + signal.SIGTERM or "stopped by signal" not in text:
+        raise Failure(f"{removed.name}: exit code {code} after SIGTERM "
+                      f"(scaled down mid-run), expected 143 and 'stopped by "
+                      f"signal':\n{cluster.tail(removed, 30)}")
+    log(f"scaled {workers[0].owner} down to {most - 1}: {removed.name} left "
+        f"the run (exit code {code})")
+    return workers + added[:-1], removed
+
+
+def check_elastic_metrics(cluster, metrics, ranks):
+    """Every example of every epoch trained (shard 0's ledger), and every
+    rank's join and leave counted."""
+    config = next(text for data in cluster.config_maps.values()
+                  for text in data.values() if "elastic" in str(text))
+    epochs = int(re.search(r"^\s*epochs\s*:\s*(\d+)", config, re.M).group(1))
+    batch = int(re.search(r"^\s*batch_size\s*:\s*(\d+)", config,
+                          re.M).group(1))
+    per_epoch = 60000 // batch * batch  # Fashion-MNIST's, in whole batches
+    trained = metrics.get("examples_trained")
+    if (metrics.get("elastic") is not True or trained != [per_epoch] * epochs
+            or metrics.get("membership_changes", 0) < 2 * ranks):
+        raise Failure(f"elastic run: examples_trained {trained}, expected "
+                      f"{epochs} x {per_epoch}; membership_changes "
+                      f"{metrics.get('membership_changes')}, expected at "
+                      f"least {2 * ranks} (a join and a leave of each of "
+                      f"{ranks} ranks); elastic {metrics.get('elastic')}")
+    log(f"elastic run: every example of {epochs} epochs trained, "
+        f"{metrics['membership_changes']} membership changes, "
+        f"{metrics.get('data_shards_requeued')} data shards re-queued, "
+        f"{metrics.get('examples_trained_twice')} examples trained twice")
+
+
 def wait_exit(cluster, pod, deadline, what):
     """The pod's exit code, once it exits by itself before `deadline`."""
     try:
@@ -1042,6 +1136,9 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
                 f"{len(curves[pod.name])} points")
         for pod in workers:
             cluster.start(pod)
+        elastic = is_elastic(cluster)
+        if elastic:
+            workers, removed = scale_workers(cluster, servers, workers)
         # Every daemon's metrics, as a Prometheus in the cluster would scrape
         # them: the shards, the evaluator and the finisher while they serve,
         # each worker once it has trained and serves its final figures
@@ -1109,6 +1206,8 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
                 f"{metrics['samples_per_s']:.0f} samples/s, final test "
                 f"accuracy {metrics['final_test_accuracy']:.4f}, "
                 f"{len(metrics['curve'])} curve points")
+            if elastic:
+                check_elastic_metrics(cluster, metrics, len(workers) + 1)
         check_checkpoints(servers)
         # A rerun that forgot the old volumes: the shard refuses the finished
         # run's checkpoint, with what to do.
@@ -1160,6 +1259,9 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--overlay_dir")
+    parser.add_argument("--overlay", default="cpu-small",
+                        help="the overlay under tools/k8s/overlays to run "
+                        "(without --overlay_dir)")
     parser.add_argument("--rendered", help="already rendered YAML")
     parser.add_argument("--bin_dir")
     parser.add_argument("--probe")
@@ -1203,7 +1305,7 @@ def main():
                   "rendered or run")
             return 0
         overlay = args.overlay_dir or os.path.join(
-            root, "tools/k8s/overlays/cpu-small")
+            root, "tools/k8s/overlays", args.overlay)
         text = render(overlay)
     objects = [o for o in yaml.safe_load_all(text) if o]
     gpu_objects = None

@@ -114,7 +114,7 @@ for overlay in "$k8s"/overlays/*/ "$k8s"/collect/; do
 done
 # The README's kubectl commands against what the overlays and collect/
 # render; and a README with wrong ones must fail.
-renders=("$work"/cpu-small.yaml "$work"/gpu.yaml "$work"/collect.yaml)
+renders=("$work"/cpu-small.yaml "$work"/gpu.yaml "$work"/elastic.yaml "$work"/collect.yaml)
 if out=$(python3 "$here/readme.py" "$k8s/README.md" "${renders[@]}" 2>&1); then
   echo "k8s-validate: ok: $out"
 else

@@ -27,7 +27,9 @@
 //     pinned tag (not latest) or a digest, with imagePullPolicy
 //     IfNotPresent; the counts agree: the shards' and the workers' Jobs
 //     run completions = parallelism pods, and every daemon's --num_shards,
-//     --servers and --num_workers say the same counts.
+//     --servers and --num_workers say the same counts (in an elastic run,
+//     whose config says `elastic: true`, --num_workers is the most ranks:
+//     the workers' Job starts at most that many).
 // Usage: node policy.js rendered.yaml. Prints one line per violation and
 // exits 1 if there is any.
 "use strict";
@@ -126,8 +128,18 @@ function serverCount(flags) {
   return servers.length;
 }
 
+// Whether the run's config (ConfigMap monsoon-config) is elastic: then
+// --num_workers is the most ranks, and the workers' Job may start fewer.
+function elasticRun() {
+  return objects.some((o) => o.kind === "ConfigMap" &&
+    /^monsoon-config/.test((o.metadata || {}).name || "") &&
+    Object.values(o.data || {}).some((text) =>
+      /^\s*elastic\s*:\s*true\b/m.test(String(text))));
+}
+
 // The counts: every place that names the shard or worker count agrees.
 function checkCounts(daemons) {
+  const elastic = elasticRun();
   const jobOf = (daemon) => {
     const d = daemons.find((x) => x.daemon === daemon);
     return d ? d.pod : null;
@@ -162,6 +174,10 @@ function checkCounts(daemons) {
       }
     }
     for (const [flag, value, wanted] of said) {
+      if (elastic && flag === "--num_workers" && wanted !== null &&
+          wanted >= 1 && wanted <= value) {
+        continue;  // the Job starts `wanted` of the run's `value` ranks
+      }
       if (wanted !== null && value !== wanted) {
         fail(d.where, `counts disagree: ${flag} says ${value}, but ` +
           `${flag === "--num_workers" ? workerPod.where : shardPod.where} ` +
