@@ -119,6 +119,15 @@ ABSL_FLAG(int, replicas, 0,
           "ranges back from where they are served and is their backup. "
           "Needs --servers. 0: none (a dead shard restarts from its "
           "checkpoint). Env MONSOON_REPLICAS.");
+ABSL_FLAG(std::string, peer_tls_cert, "",
+          "With --replicas and TLS: the certificate this shard presents when "
+          "it dials the other shards, which require a client certificate of "
+          "the run's CA (the workers' client.pem does). Default: --tls_cert, "
+          "which serves only if it is also for client authentication (a "
+          "server-only certificate fails every handshake, and each range "
+          "goes on without its backup). Env MONSOON_PEER_TLS_CERT.");
+ABSL_FLAG(std::string, peer_tls_key, "",
+          "The private key of --peer_tls_cert (env MONSOON_PEER_TLS_KEY).");
 ABSL_FLAG(std::string, servers, "",
           "With --replicas: every shard's address in shard order, as the "
           "workers' --servers (one address holding {i}, as ps-{i}.ps:5000, "
@@ -236,11 +245,23 @@ absl::Status SetSecurityFromFlags(ShardServerOptions* options) {
                                               absl::GetFlag(FLAGS_tls_ca)});
   if (!credentials.ok()) return credentials.status();
   options->credentials = *std::move(credentials);
+  const std::string peer_cert = absl::GetFlag(FLAGS_peer_tls_cert);
+  const std::string peer_key = absl::GetFlag(FLAGS_peer_tls_key);
+  if (peer_cert.empty() != peer_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--peer_tls_cert and --peer_tls_key go together: give both");
+  }
+  if (!peer_cert.empty() && absl::GetFlag(FLAGS_tls_cert).empty()) {
+    return absl::InvalidArgumentError(
+        "--peer_tls_cert without --tls_cert: the shards speak TLS to each "
+        "other only when they serve it");
+  }
   if (absl::GetFlag(FLAGS_replicas) > 0) {
     // The processes forward updates to each other as clients.
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> peer =
         monsoon::common::ChannelCredentialsFrom(
-            {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+            {peer_cert.empty() ? absl::GetFlag(FLAGS_tls_cert) : peer_cert,
+             peer_key.empty() ? absl::GetFlag(FLAGS_tls_key) : peer_key,
              absl::GetFlag(FLAGS_tls_ca)});
     if (!peer.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(

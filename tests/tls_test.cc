@@ -2,6 +2,11 @@
 // the test certificates in tests/testdata/tls (made by tools/make_certs.sh).
 #include "common/tls.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,6 +101,90 @@ TEST_F(TlsTest, ServerOnlyTlsAdmitsClientsThatTrustItsCa) {
               StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_OK(ConnectAndPush({"", "", Pem("run", "ca.pem")}));
   EXPECT_EQ(server_->state()->version(), 1);
+}
+
+// A port that was free a moment ago on 127.0.0.1.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
+          0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) ==
+          0) {
+    port = ntohs(address.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// Replicated shards (--replicas=1) dial each other as clients: under
+// mutual TLS each presents a client certificate of the run's CA
+// (ps_server --peer_tls_cert, the workers' client.pem) and every update
+// reaches the backup. The shard's own certificate, for server
+// authentication only, fails every handshake: each range goes on without
+// its backup (DEGRADED), as ps_server's --peer_tls_cert help warns.
+TEST(TlsReplicationTest, ShardsReachTheirBackupsWithAClientCertificate) {
+  const TrainingConfig config = ResolvedConfig(kConfig);
+  for (const bool client_pair : {true, false}) {
+    SCOPED_TRACE(client_pair ? "client.pem" : "server.pem");
+    const std::vector<int> ports = {FreePort(), FreePort()};
+    const std::vector<std::string> addresses = {
+        absl::StrCat("127.0.0.1:", ports[0]),
+        absl::StrCat("127.0.0.1:", ports[1])};
+    const std::string pair = client_pair ? "client" : "server";
+    std::vector<std::unique_ptr<server::ShardServer>> servers;
+    for (int s = 0; s < 2; ++s) {
+      server::ShardServerOptions options;
+      options.config = config;
+      options.shard = s;
+      options.num_shards = 2;
+      options.num_workers = 1;
+      options.listen_address = addresses[s];
+      options.replicas = 1;
+      options.servers = addresses;
+      ASSERT_OK_AND_ASSIGN(options.credentials,
+                           common::ServerCredentialsFrom(ServerFiles(true)));
+      ASSERT_OK_AND_ASSIGN(
+          options.peer_credentials,
+          common::ChannelCredentialsFrom({Pem("run", pair + ".pem"),
+                                          Pem("run", pair + ".key"),
+                                          Pem("run", "ca.pem")}));
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<server::ShardServer> server,
+                           server::ShardServer::Start(options));
+      servers.push_back(std::move(server));
+    }
+    worker::PsClientOptions options;
+    options.server_addresses = addresses;
+    options.config = config;
+    options.connect_timeout = absl::Seconds(10);
+    ASSERT_OK_AND_ASSIGN(
+        options.credentials,
+        common::ChannelCredentialsFrom({Pem("run", "client.pem"),
+                                        Pem("run", "client.key"),
+                                        Pem("run", "ca.pem")}));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::PsClient> client,
+                         worker::PsClient::Connect(options));
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_OK(client->Push(std::vector<float>(53, 1.0f), {k, k}, 4));
+    }
+    ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> stats,
+                         client->Stats(absl::Seconds(5)));
+    ASSERT_EQ(stats.size(), 2u);
+    for (int s = 0; s < 2; ++s) {
+      // Shard s's range has its backup in the other process.
+      EXPECT_EQ(stats[s].replica_role(), client_pair
+                                             ? StatsResponse::PRIMARY
+                                             : StatsResponse::DEGRADED)
+          << s;
+      EXPECT_EQ(servers[1 - s]->backup_state()->version(),
+                client_pair ? 3 : 0)
+          << s;
+    }
+  }
 }
 
 TEST(TlsFilesTest, IncompleteOrUnreadableFilesAreInvalid) {

@@ -302,7 +302,10 @@ absl::Status ClusterRun::PrepareFiles() {
     const std::string& d = options_.tls_dir;
     server_tls_ = {"--tls_cert=" + d + "/server.pem",
                    "--tls_key=" + d + "/server.key",
-                   "--tls_ca=" + d + "/ca.pem"};
+                   "--tls_ca=" + d + "/ca.pem",
+                   // With replicas the shards dial each other as clients.
+                   "--peer_tls_cert=" + d + "/client.pem",
+                   "--peer_tls_key=" + d + "/client.key"};
     client_tls_ = {"--tls_cert=" + d + "/client.pem",
                    "--tls_key=" + d + "/client.key",
                    "--tls_ca=" + d + "/ca.pem"};
