@@ -277,6 +277,14 @@ bool Replication::AskPeer(ParameterService::Stub* stub, absl::Duration timeout,
          peer->shard() == options_.range;
 }
 
+bool Replication::PrimaryClosedTheRun() {
+  StatsResponse peer;
+  return AskPeer(stub_.get(), options_.probe_timeout, &peer) &&
+         peer.run_closed() &&
+         (peer.replica_role() == StatsResponse::PRIMARY ||
+          peer.replica_role() == StatsResponse::DEGRADED);
+}
+
 bool Replication::PeerServes() {
   StatsResponse peer;
   return AskPeer(stub_.get(), options_.probe_timeout, &peer) &&

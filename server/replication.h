@@ -135,6 +135,10 @@ class Replication {
   int64_t Lag(int64_t version) const;
   StatsResponse::ReplicaRole role_for_stats() const;
 
+  // Backup: whether the primary serves the range and has closed the run
+  // (StatsResponse.run_closed), asked within the probe timeout.
+  bool PrimaryClosedTheRun();
+
   // OK when a worker's call (other than a take-over registration) may be
   // served: a primary (degraded or not) or a backup that took over. Else
   // UNAVAILABLE saying where the range is.

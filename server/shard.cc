@@ -318,15 +318,31 @@ absl::Status Shard::CloseRun(const CloseRunRequest& request) {
       !caller.ok()) {
     return caller;
   }
-  if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
+  // A backup (the range was taken over, and this process came back as its
+  // backup): the run is over once the copy that serves the range closed
+  // it, having seen every worker finish; this copy then ends too, so that
+  // its process saves its final checkpoint and stops.
+  bool closed_by_primary = false;
+  if (absl::Status serving = CheckServing(); !serving.ok()) {
+    if (replication_ == nullptr ||
+        replication_->role() != Replication::Role::kBackup ||
+        !replication_->PrimaryClosedTheRun()) {
+      return serving;
+    }
+    closed_by_primary = true;
+  }
   // The finisher: the results are collected, the run is over.
-  if (absl::Status closed = state_->CloseRun(); !closed.ok()) {
+  if (absl::Status closed = state_->CloseRun(closed_by_primary);
+      !closed.ok()) {
     common::LogWarning("shard %d: refused to close the run: %s",
                        state_->shard(), closed.ToString());
     return closed;
   }
-  common::Log("shard %d: the run is closed (results collected)",
-              state_->shard());
+  common::Log("shard %d: the run is closed (results collected)%s",
+              state_->shard(),
+              closed_by_primary ? "; this process holds its backup, and the "
+                                  "primary closed it"
+                                : "");
   return absl::OkStatus();
 }
 

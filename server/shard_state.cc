@@ -445,8 +445,8 @@ bool ShardState::FinishRank(int rank) {
   return false;
 }
 
-absl::Status ShardState::CloseRun() {
-  {
+absl::Status ShardState::CloseRun(bool closed_by_primary) {
+  if (!closed_by_primary) {
     absl::MutexLock lock(&stats_mu_);
     std::vector<int> missing;
     const std::vector<bool> live =

@@ -301,7 +301,9 @@ class ShardState {
   // Closes the run (the finisher collected its results): OK once every
   // rank has finished, then run_closed() is notified (idempotent);
   // FAILED_PRECONDITION, saying which ranks have not, before.
-  absl::Status CloseRun();
+  // `closed_by_primary`: a backup copy whose primary closed the run (and
+  // checked the ranks there): closed without the check.
+  absl::Status CloseRun(bool closed_by_primary = false);
   const absl::Notification& run_closed() const { return run_closed_; }
   StatsResponse Stats() const;
   // Replaces the counters with those of an earlier Stats() (from a

@@ -44,6 +44,7 @@ namespace {
 using ::monsoon::testutil::ResolvedConfig;
 using ::monsoon::testutil::StatusIs;
 using ::testing::AnyOf;
+using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
@@ -499,6 +500,11 @@ TEST(ReplicationTest, ARestartedProcessIsRepairedAndProtectsTheRunAgain) {
   absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
       worker::PsClient::Connect(pair.Client(config, 0));
   ASSERT_TRUE(client.ok()) << client.status();
+  // One that only reads the counters (the Kubernetes finisher): it makes
+  // no call that would follow a range taken over.
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> observer =
+      worker::PsClient::Connect(pair.Client(config, -1));
+  ASSERT_TRUE(observer.ok()) << observer.status();
   const std::vector<float> initial0 = Values(pair.servers[0]->rule());
   const std::vector<float> initial1 = Values(pair.servers[1]->rule());
   const std::vector<float> ones(8, 1.0f);
@@ -538,6 +544,21 @@ TEST(ReplicationTest, ARestartedProcessIsRepairedAndProtectsTheRunAgain) {
   EXPECT_THAT(Values(one->rule()), ElementsAreArray(Values(zero->backup_rule())));
   EXPECT_THAT(Values(one->backup_rule()), ElementsAreArray(Values(zero->rule())));
 
+  // The observer still calls process 1 for range 1, which only backs it up
+  // now: its counters are those of the copy that serves it (process 0's),
+  // where the worker's finish was recorded.
+  ASSERT_OK((*client)->Leave(absl::Seconds(5), /*finished=*/true));
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> seen,
+                       (*observer)->Stats(absl::Seconds(5)));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].shard(), 1);
+  EXPECT_EQ(seen[1].replica_role(), StatsResponse::PRIMARY);
+  EXPECT_EQ(seen[1].version(), 6);
+  EXPECT_THAT(seen[1].finished_ranks(), ElementsAre(0));
+  EXPECT_THAT(seen[0].finished_ranks(), ElementsAre(0));
+  // The worker comes back to train on (a new session of its rank).
+  ASSERT_OK((*client)->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+
   // Now process 0 dies: process 1 takes both ranges over, range 1 back home.
   pair.servers[0]->Shutdown(absl::ZeroDuration());
   pair.servers[0].reset();
@@ -558,6 +579,46 @@ TEST(ReplicationTest, ARestartedProcessIsRepairedAndProtectsTheRunAgain) {
   }
   EXPECT_EQ((*client)->ledger().updates_lost, 0);
   EXPECT_EQ((*client)->ledger().take_overs, 3);
+}
+
+// The finisher closes a run whose range 1 was taken over and whose process
+// came back as its backup: the serving copy (in process 0) closes it first,
+// having seen every worker finish, then process 1's backup copy, which asks
+// it; both processes then save their final checkpoints and stop.
+TEST(ReplicationTest, ARunWhoseRangeMovedIsClosedEverywhere) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config, {}, /*num_workers=*/1);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  worker::PsClientOptions worker_options = pair.Client(config, 0);
+  worker_options.num_workers = 1;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::PsClient> client,
+                       worker::PsClient::Connect(worker_options));
+  worker::PsClientOptions finisher_options = pair.Client(config, -1);
+  finisher_options.num_workers = 1;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::PsClient> finisher,
+                       worker::PsClient::Connect(finisher_options));
+  const std::vector<float> ones(8, 1.0f);
+  ASSERT_OK(client->Push(ones, {0, 0}, 4));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  EXPECT_THAT(client->Push(ones, {1, 1}, 4),
+              StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_OK(client->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  ASSERT_OK(client->Push(ones, {1, 1}, 4));
+  ShardServerOptions again = Replicated(config, 1, pair.addresses, pair.ports);
+  again.num_workers = 1;
+  ASSERT_OK_AND_ASSIGN(pair.servers[1], ShardServer::Start(again));
+  ASSERT_EQ(pair.servers[1]->replication()->role(), Replication::Role::kBackup);
+  // Before every worker finished: refused, and nothing closed.
+  EXPECT_THAT(finisher->CloseRun(absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("before every worker has finished")));
+  EXPECT_FALSE(pair.servers[1]->run_closed().HasBeenNotified());
+  ASSERT_OK(client->Leave(absl::Seconds(5), /*finished=*/true));
+  ASSERT_OK(finisher->CloseRun(absl::Seconds(5)));
+  EXPECT_TRUE(pair.servers[0]->run_closed().HasBeenNotified());
+  EXPECT_TRUE(pair.servers[1]->run_closed().HasBeenNotified());
+  EXPECT_TRUE(pair.servers[0]->backup_state()->run_closed().HasBeenNotified());
 }
 
 // Both processes lost before a repair: each range falls back to what its

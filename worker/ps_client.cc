@@ -384,6 +384,24 @@ absl::StatusOr<std::vector<StatsResponse>> PsClient::Stats(
     if (!status.ok()) {
       return Annotate(common::ToAbslStatus(status), s, shards_[s].address);
     }
+    if (stats[s].replica_role() != StatsResponse::BACKUP &&
+        stats[s].replica_role() != StatsResponse::FENCED) {
+      continue;
+    }
+    // That process no longer serves the range (it was taken over while
+    // this client made no call that would have followed it): the range's
+    // other process does, whose figures these are.
+    Shard other = OtherProcessOf(s);
+    grpc::ClientContext asked;
+    other.Prepare(&asked);
+    asked.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    StatsResponse served;
+    if (other.stub->Stats(&asked, request, &served).ok() &&
+        served.shard() == s &&
+        (served.replica_role() == StatsResponse::PRIMARY ||
+         served.replica_role() == StatsResponse::DEGRADED)) {
+      stats[s] = std::move(served);
+    }
   }
   return stats;
 }

@@ -180,6 +180,9 @@ class PsClient : public ParameterClient, public RingRendezvous {
                     const std::vector<int64_t>& base_versions, int64_t samples,
                     std::vector<PushResponse>* results = nullptr);
 
+  // Every range's counters, from the process that serves it: where the
+  // process this client calls for a range answers that it only holds its
+  // backup (or was fenced), the range's other process is asked.
   absl::StatusOr<std::vector<StatsResponse>> Stats(absl::Duration timeout);
 
   // Sparse tables (TrainingConfig.sparse_tables): the rows of `ids` of
@@ -263,6 +266,9 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // Whether the next shard's process holds a copy of shard s's range (asked
   // when shard s has not answered yet, so replicas_ is not known).
   bool NextHoldsBackup(int s);
+  // A connection to the process of range s's other copy: the next shard's
+  // process, or s's own after a take-over.
+  Shard OtherProcessOf(int s) const;
   // A connection to `address` with this client's channel settings.
   Shard Connection(const std::string& address) const;
 

@@ -262,8 +262,35 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
   return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
     request.set_shard(s);
     CloseRunResponse response;
+    // A replicated range taken over while this client made no call that
+    // would have followed it: the process here holds only its backup. The
+    // copy that serves it closes the run first (it checks that every
+    // worker finished), then this one, which asks it.
+    StatsRequest asked;
+    asked.set_shard(s);
+    StatsResponse here;
+    grpc::ClientContext stats_context;
+    shards_[s].Prepare(&stats_context);
+    stats_context.set_deadline(context->deadline());
+    if (shards_[s].stub->Stats(&stats_context, asked, &here).ok() &&
+        (here.replica_role() == StatsResponse::BACKUP ||
+         here.replica_role() == StatsResponse::FENCED)) {
+      Shard other = OtherProcessOf(s);
+      grpc::ClientContext first;
+      other.Prepare(&first);
+      first.set_deadline(context->deadline());
+      if (grpc::Status status = other.stub->CloseRun(&first, request, &response);
+          !status.ok()) {
+        return status;
+      }
+    }
     return shards_[s].stub->CloseRun(context, request, &response);
   });
+}
+
+PsClient::Shard PsClient::OtherProcessOf(int s) const {
+  const int n = num_shards();
+  return Connection(addresses_[taken_over_[s] ? s : (s + 1) % n]);
 }
 
 absl::Status PsClient::CallEverywhere(
