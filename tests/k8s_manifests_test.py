@@ -62,7 +62,10 @@ run, whose config says `elastic: true`, the workers' Job is first scaled
 as the Job controller scales an elastic Indexed Job: up to --num_workers,
 whose new indices join the run, then down by one, whose pod is ended by
 SIGTERM and leaves it; the finisher's metrics must then count every
-example of every epoch trained and a join and a leave of each rank); then
+example of every epoch trained and a join and a leave of each rank; in a
+replicated run, whose shards run with --replicas, the last shard's pod is
+SIGKILLed mid-run and replaced as its Job does, must copy its ranges back,
+and no worker may lose an acknowledged update); then
 the run ends by itself: the evaluator measures the final weights and exits 0, the finisher writes metrics.json on the results
 claim and exits 0, and every shard writes its final checkpoint and exits 0
 within a minute. A shard started again on that claim (a rerun that forgot
@@ -251,6 +254,8 @@ class Cluster:
                   annotations, self._ip(), grace)
         if kind == "Job" and not indexed:
             pod.backoff_limit = spec.get("backoffLimit", 6)
+        elif indexed and "backoffLimitPerIndex" in spec:
+            pod.backoff_limit = spec["backoffLimitPerIndex"]
         service = None
         if kind == "StatefulSet":
             service = spec.get("serviceName", "")
@@ -749,9 +754,12 @@ def check_security(objects):
     log(f"every pod non-root with a read-only root; every daemon has "
         f"--auth_token_file{' and the TLS flags' if tls else ''} "
         f"(TLS {'on' if tls else 'off'})")
-    # Exactly the workers and the evaluator may reach the shards.
+    # Exactly the workers and the evaluator may reach the shards (and, with
+    # --replicas, the shards, which dial each other).
     shards = [t for t in daemons if t[3] == "ps_server"]
-    clients = [t for t in daemons if t[3] != "ps_server"]
+    replicated = any(int(flags_of(c.get("args", [])).get("replicas", "0")) > 0
+                     for _, _, c, _ in shards)
+    clients = [t for t in daemons if t[3] != "ps_server" or replicated]
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
     for what, labels, _, _ in shards:
         allowed = [(p, rule) for p in policies
@@ -1002,6 +1010,59 @@ def scale_workers(cluster, servers, workers):
     return workers + added[:-1], removed
 
 
+def is_replicated(servers):
+    """Whether the shards run with --replicas."""
+    return any(int(flags_of(pod.argv).get("replicas", "0")) > 0
+               for pod in servers)
+
+
+def kill_shard(cluster, servers, workers):
+    """A replicated run: SIGKILL the last shard's pod once the workers
+    train (a lost node), and start another as its Job does; its ranges go
+    on at their backups meanwhile, and the new pod copies them back and is
+    their backup."""
+    everything = 1 << 30
+    for pod in workers:
+        rank = pod.annotations["batch.kubernetes.io/job-completion-index"]
+        wait_for(servers[0], f"rank {rank} registered", 120, everything)
+    time.sleep(0.5)
+    victim = servers[-1]
+    victim.process.kill()
+    victim.process.wait()
+    log(f"killed {victim.name} (SIGKILL) mid-run")
+    if not cluster.replace_failed(victim, "(SIGKILL mid-run)"):
+        raise Failure(f"{victim.name}: its Job does not replace a failed pod")
+    deadline = time.monotonic() + 120
+    while cluster.tail(victim, everything).count(
+            "this process holds the backup of the range") < 2:
+        if victim.process.poll() is not None or time.monotonic() > deadline:
+            raise Failure(f"{victim.name}, started again: did not copy both "
+                          f"its ranges back (exit code "
+                          f"{victim.process.poll()}):\n{cluster.tail(victim, 30)}")
+        time.sleep(0.2)
+    log(f"{victim.name} started again, copied its ranges back from their "
+        "backups and is their backup")
+    return victim
+
+
+def check_nothing_lost(cluster, workers, metrics):
+    """No worker was told a shard no longer has an update it had
+    acknowledged, and each followed the range to its backup."""
+    everything = 1 << 30
+    for pod in workers:
+        text = cluster.tail(pod, everything)
+        if "no longer has" in text or "took it over" not in text:
+            raise Failure(f"{pod.name}: lost acknowledged updates, or never "
+                          f"followed the range to its backup:\n"
+                          f"{cluster.tail(pod, 30)}")
+    if metrics.get("failovers", 0) < 1:
+        raise Failure(f"replicated run: failovers {metrics.get('failovers')}, "
+                      "expected at least 1 (the killed shard's range taken "
+                      "over)")
+    log(f"replicated run: {metrics['failovers']} failover(s), no worker lost "
+        "an acknowledged update")
+
+
 def check_elastic_metrics(cluster, metrics, ranks):
     """Every example of every epoch trained (shard 0's ledger), and every
     rank's join and leave counted."""
@@ -1139,6 +1200,9 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
         elastic = is_elastic(cluster)
         if elastic:
             workers, removed = scale_workers(cluster, servers, workers)
+        replicated = is_replicated(servers)
+        if replicated:
+            kill_shard(cluster, servers, workers)
         # Every daemon's metrics, as a Prometheus in the cluster would scrape
         # them: the shards, the evaluator and the finisher while they serve,
         # each worker once it has trained and serves its final figures
@@ -1208,6 +1272,8 @@ def run(objects, bin_dir, probe, make_certs, containers=False,
                 f"{len(metrics['curve'])} curve points")
             if elastic:
                 check_elastic_metrics(cluster, metrics, len(workers) + 1)
+            if replicated:
+                check_nothing_lost(cluster, workers, metrics)
         check_checkpoints(servers)
         # A rerun that forgot the old volumes: the shard refuses the finished
         # run's checkpoint, with what to do.

@@ -27,9 +27,11 @@
 //     pinned tag (not latest) or a digest, with imagePullPolicy
 //     IfNotPresent; the counts agree: the shards' and the workers' Jobs
 //     run completions = parallelism pods, and every daemon's --num_shards,
-//     --servers and --num_workers say the same counts (in an elastic run,
-//     whose config says `elastic: true`, --num_workers is the most ranks:
-//     the workers' Job starts at most that many).
+//     --servers and --num_workers say the same counts (a shard's --servers
+//     too, with --replicas, whose shards are then also the shards'
+//     clients; in an elastic run, whose config says `elastic: true`,
+//     --num_workers is the most ranks: the workers' Job starts at most that
+//     many).
 // Usage: node policy.js rendered.yaml. Prints one line per violation and
 // exits 1 if there is any.
 "use strict";
@@ -167,6 +169,9 @@ function checkCounts(daemons) {
     if (d.daemon === "ps_server") {
       said.push(["--num_shards", Number(d.flags.num_shards || 1), shards]);
       said.push(["--num_workers", Number(d.flags.num_workers || 1), workers]);
+      if (Number(d.flags.replicas || 0) > 0) {
+        said.push(["--servers", serverCount(d.flags), shards]);
+      }
     } else {
       said.push(["--servers", serverCount(d.flags), shards]);
       if (d.daemon === "ps_worker") {
@@ -440,7 +445,10 @@ function checkNetworkPolicies(daemons) {
   if (shards.length === 0) return;
   const podMetrics = new Map();
   for (const d of daemons) podMetrics.set(d.pod, metricsPort(d));
-  const clients = new Set(daemons.filter((d) => d.daemon !== "ps_server").map((d) => d.pod));
+  // With --replicas the shards dial each other: they are clients too.
+  const replicated = shards.some((d) => Number(d.flags.replicas || 0) > 0);
+  const clients = new Set(daemons.filter((d) =>
+    d.daemon !== "ps_server" || replicated).map((d) => d.pod));
   const shardPods = new Set(shards.map((d) => d.pod));
   const ports = new Set(shards.map((d) => (listenPort(d) || {}).port)
     .filter((p) => p !== undefined));  // else already reported
