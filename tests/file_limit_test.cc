@@ -32,6 +32,7 @@
 namespace monsoon {
 namespace {
 
+using ::monsoon::testutil::FreePort;
 using ::testing::HasSubstr;
 
 constexpr int kFileLimit = 1024;
@@ -40,22 +41,6 @@ constexpr int kConnections = 1100;
 std::string Runfile(const std::string& path) {
   const char* dir = std::getenv("TEST_SRCDIR");
   return absl::StrCat(dir != nullptr ? dir : ".", "/monsoon/", path);
-}
-
-// A port on 127.0.0.1 that was free a moment ago.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 // A connected TCP socket to 127.0.0.1:port, or -1.

@@ -4,10 +4,6 @@
 // backup take the range over and loses nothing acknowledged; a primary that
 // was given up for dead and comes back is fenced; a backup does not take
 // over from a primary that still answers it.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -41,31 +37,13 @@
 namespace monsoon::server {
 namespace {
 
+using ::monsoon::testutil::FreePort;
 using ::monsoon::testutil::ResolvedConfig;
 using ::monsoon::testutil::StatusIs;
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-
-// A port that was free a moment ago on 127.0.0.1.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
-          0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) ==
-          0) {
-    port = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 // Downpour with plain SGD at rate 0.5 on a [3, 2] layer (8 parameters, 4
 // per shard of 2), so that every weight after k pushes of ones is known.

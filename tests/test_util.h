@@ -38,6 +38,9 @@ void WriteGzipFile(const std::string& path, absl::string_view bytes);
 std::string IdxBytes(const std::vector<uint32_t>& dims,
                      const std::vector<uint8_t>& data);
 
+// A port on 127.0.0.1 that was free a moment ago (0 if none was found).
+int FreePort();
+
 }  // namespace monsoon::testutil
 
 #endif  // MONSOON_TESTS_TEST_UTIL_H_

@@ -2,11 +2,6 @@
 // the test certificates in tests/testdata/tls (made by tools/make_certs.sh).
 #include "common/tls.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +16,7 @@
 namespace monsoon {
 namespace {
 
+using ::monsoon::testutil::FreePort;
 using ::monsoon::testutil::ResolvedConfig;
 using ::monsoon::testutil::StatusIs;
 using ::testing::HasSubstr;
@@ -101,24 +97,6 @@ TEST_F(TlsTest, ServerOnlyTlsAdmitsClientsThatTrustItsCa) {
               StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_OK(ConnectAndPush({"", "", Pem("run", "ca.pem")}));
   EXPECT_EQ(server_->state()->version(), 1);
-}
-
-// A port that was free a moment ago on 127.0.0.1.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
-          0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) ==
-          0) {
-    port = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 // Replicated shards (--replicas=1) dial each other as clients: under
