@@ -97,6 +97,7 @@ size_t ShardState::NumWaiting() const {
 uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready,
                                         absl::Time deadline, Waiter expired,
                                         int clock_rank) {
+  const int caller_rank = clock_rank;
   if (!has_staleness_bound()) clock_rank = -1;
   std::optional<Clocks> clocks;
   if (clock_rank >= 0) clocks = ReadClocks(absl::Now());
@@ -106,7 +107,8 @@ uint64_t ShardState::WhenVersionAtLeast(int64_t min_version, Waiter ready,
         (clocks.has_value() && !bound_->Allows(*clocks, clock_rank))) {
       const uint64_t id = next_waiter_id_++;
       waiters_.emplace(id, Pending{min_version, std::move(ready), deadline,
-                                   std::move(expired), clock_rank});
+                                   std::move(expired), clock_rank,
+                                   caller_rank});
       return id;
     }
   }
@@ -207,6 +209,17 @@ void ShardState::ExpireWaiters(absl::Time now) {
 bool ShardState::CancelWaiter(uint64_t id) {
   absl::MutexLock lock(&waiters_mu_);
   return waiters_.erase(id) > 0;
+}
+
+void ShardState::TouchWaitingRanks() {
+  std::set<int> waiting;
+  {
+    absl::MutexLock lock(&waiters_mu_);
+    for (const auto& [id, pending] : waiters_) {
+      if (pending.caller_rank >= 0) waiting.insert(pending.caller_rank);
+    }
+  }
+  for (int rank : waiting) Touch(rank);
 }
 
 std::vector<ShardState::Waiter> ShardState::AdvanceVersion(int64_t version) {

@@ -138,6 +138,13 @@ class ShardState {
   // Removes a waiting callback. True if it was removed before it ran, in
   // which case it never will.
   bool CancelWaiter(uint64_t id);
+
+  // Touches every worker rank whose call waits here for a version (a sync
+  // barrier's pull, a pull held by the staleness bound): it is in touch,
+  // however long the others take, and its lease does not run out
+  // meanwhile. A call whose client went away is cancelled, and so no
+  // longer touches its rank. ShardServer's ticker calls it.
+  void TouchWaitingRanks();
   // Callbacks waiting for a version (pulls, sync push-pulls).
   size_t NumWaiting() const;
 
@@ -329,7 +336,8 @@ class ShardState {
     Waiter ready;
     absl::Time deadline;
     Waiter expired;
-    int clock_rank;  // -1: no clock condition
+    int clock_rank;   // -1: no clock condition
+    int caller_rank;  // the worker whose call waits; -1: none
   };
   using Clocks = StalenessBound::Clocks;
   // Reads the applied examples and the leases (not under waiters_mu_).

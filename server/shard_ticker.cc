@@ -33,6 +33,11 @@ void ShardTicker::Stop() {
 }
 
 void ShardTicker::Tick(absl::Time now) {
+  // A rank whose call waits at the barrier (or for the staleness bound) is
+  // in touch, however long the others take: its lease does not run out
+  // meanwhile (it would count as gone, and in an elastic run lose its data
+  // shard). A rank that only pushed, and whose process then died, is not.
+  state_->TouchWaitingRanks();
   rule_->Tick(now, log_every_);
   state_->ExpireWaiters(now);
   // A slow worker whose lease ran out, or that left, no longer holds the

@@ -466,12 +466,6 @@ class SyncRule : public UpdateRule {
         waiting_since_ = absl::InfiniteFuture();
         return;
       }
-      // A rank whose push waits at the barrier is in touch, however long
-      // the others take: its lease does not run out meanwhile (it would
-      // count as gone, and in an elastic run lose its data shard).
-      for (int rank = 0; rank < num_workers_; ++rank) {
-        if (arrived_[rank]) state_->Touch(rank);
-      }
       if (waiting_since_ == absl::InfiniteFuture()) {
         waiting_since_ = now;
         last_log_ = now;

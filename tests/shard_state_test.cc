@@ -313,6 +313,30 @@ TEST(ShardStateTest, TheStalenessBoundHoldsExactlyTheWorkerAheadOfIt) {
   EXPECT_THAT(state.DescribeClockWaits(absl::Now()), IsEmpty());
 }
 
+// A rank whose call waits for a version (a sync barrier's pull) is in
+// touch however long it waits; one that only pushed, or whose waiting call
+// was cancelled (its client went away), lets its lease run out.
+TEST(ShardStateTest, ARankWhoseCallWaitsKeepsItsLease) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.set_lease(absl::Milliseconds(200));
+  state.SetNumWorkers(2);
+  ASSERT_TRUE(state.OpenSession(0, 1).ok());
+  ASSERT_TRUE(state.OpenSession(1, 2).ok());
+  const uint64_t id = state.WhenVersionAtLeast(
+      1, [] {}, absl::InfiniteFuture(), nullptr, /*clock_rank=*/1);
+  ASSERT_NE(id, 0u);
+  for (int i = 0; i < 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(150));
+    state.TouchWaitingRanks();
+  }
+  EXPECT_TRUE(state.Alive(1, absl::Now()));
+  EXPECT_FALSE(state.Alive(0, absl::Now()));
+  ASSERT_TRUE(state.CancelWaiter(id));
+  absl::SleepFor(absl::Milliseconds(300));
+  state.TouchWaitingRanks();
+  EXPECT_FALSE(state.Alive(1, absl::Now()));
+}
+
 // Elastic runs: a rank that joins starts at the slowest live member's
 // clock, not at its own 0 steps (which would hold every member back until
 // it caught up).
