@@ -217,6 +217,9 @@ class ClusterRun {
   // 4. and 5. The results, and the end of the evaluator and the servers.
   absl::Status CollectTraining();
   absl::Status ReadShardStats();
+  // An elastic run's data shards not trained yet, from shard 0's queue;
+  // -1 before any worker asked for one.
+  absl::StatusOr<int64_t> UntrainedDataShards();
   absl::Status StopEvaluatorAndServers();
   absl::Status ReadCurve();
 
@@ -786,12 +789,26 @@ bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
         for (size_t f = next_fault_; f < options_.faults.size(); ++f) {
           added_later |= options_.faults[f].kind == Fault::Kind::kAdd;
         }
+        // Killed on its way out (the data all trained, the others gone
+        // already), it leaves nothing undone: the run ends as it would.
+        const absl::StatusOr<int64_t> untrained = UntrainedDataShards();
+        if (untrained.ok() && *untrained == 0) {
+          Event(absl::StrCat(daemon.role,
+                             " was the last worker; every data shard was "
+                             "already trained"));
+          return true;
+        }
         if (!added_later) {
           failed_ = absl::InternalError(absl::StrCat(
               daemon.role,
               " was the last worker of the run and exited with code ", code,
-              " before the data was all trained; command: ",
-              sup_.command_line(daemon.id)));
+              " before the data was all trained (",
+              untrained.ok() && *untrained > 0
+                  ? absl::StrCat(*untrained, " data shards left")
+                  : absl::StrCat("shard 0's data queue: ",
+                                 untrained.ok() ? "not started"
+                                                : untrained.status().ToString()),
+              "); command: ", sup_.command_line(daemon.id)));
           return false;
         }
       }
@@ -950,6 +967,30 @@ absl::Status ClusterRun::CollectTraining() {
 
 // 4. The shards' counters, while they still run. The client closes its
 // channels on return, before the servers shut down.
+int64_t DataShardsDue(const DataQueueState& queue) {
+  const int64_t per_epoch =
+      queue.shard_batches() > 0
+          ? (queue.batches_per_epoch() + queue.shard_batches() - 1) /
+                queue.shard_batches()
+          : 0;
+  return per_epoch * queue.epochs();
+}
+
+absl::StatusOr<int64_t> ClusterRun::UntrainedDataShards() {
+  worker::PsClientOptions options = client_options_;
+  options.connect_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(options);
+  if (!client.ok()) return client.status();
+  absl::StatusOr<std::vector<StatsResponse>> stats =
+      (*client)->Stats(absl::Seconds(5));
+  if (!stats.ok()) return stats.status();
+  const DataQueueState& queue = (*stats)[0].data_queue();
+  const int64_t due = DataShardsDue(queue);
+  if (queue.batches_per_epoch() == 0) return int64_t{-1};  // none asked yet
+  return due - queue.done_size();
+}
+
 absl::Status ClusterRun::ReadShardStats() {
   absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
       worker::PsClient::Connect(client_options_);
@@ -961,12 +1002,7 @@ absl::Status ClusterRun::ReadShardStats() {
   if (elastic_ && !limit_reached_ && !stats->empty()) {
     // Every data shard of every epoch done, or said loudly how many not.
     const DataQueueState& queue = (*stats)[0].data_queue();
-    const int64_t per_epoch =
-        queue.shard_batches() > 0
-            ? (queue.batches_per_epoch() + queue.shard_batches() - 1) /
-                  queue.shard_batches()
-            : 0;
-    const int64_t due = per_epoch * queue.epochs();
+    const int64_t due = DataShardsDue(queue);
     if (queue.done_size() < due) {
       common::LogWarning(
           "launch: %d of the run's %d data shards were not trained: the "
