@@ -217,6 +217,9 @@ class ClusterRun {
   // 4. and 5. The results, and the end of the evaluator and the servers.
   absl::Status CollectTraining();
   absl::Status ReadShardStats();
+  // The shards' counters now, through a client of its own (its channels
+  // closed on return), connecting and asking within `timeout` each.
+  absl::StatusOr<std::vector<StatsResponse>> StatsNow(absl::Duration timeout);
   // An elastic run's data shards not trained yet, from shard 0's queue;
   // -1 before any worker asked for one.
   absl::StatusOr<int64_t> UntrainedDataShards();
@@ -965,8 +968,7 @@ absl::Status ClusterRun::CollectTraining() {
   return absl::OkStatus();
 }
 
-// 4. The shards' counters, while they still run. The client closes its
-// channels on return, before the servers shut down.
+// An elastic run's data shards, over every epoch.
 int64_t DataShardsDue(const DataQueueState& queue) {
   const int64_t per_epoch =
       queue.shard_batches() > 0
@@ -976,14 +978,19 @@ int64_t DataShardsDue(const DataQueueState& queue) {
   return per_epoch * queue.epochs();
 }
 
-absl::StatusOr<int64_t> ClusterRun::UntrainedDataShards() {
+absl::StatusOr<std::vector<StatsResponse>> ClusterRun::StatsNow(
+    absl::Duration timeout) {
   worker::PsClientOptions options = client_options_;
-  options.connect_timeout = absl::Seconds(5);
+  options.connect_timeout = timeout;
   absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
       worker::PsClient::Connect(options);
   if (!client.ok()) return client.status();
+  return (*client)->Stats(timeout);
+}
+
+absl::StatusOr<int64_t> ClusterRun::UntrainedDataShards() {
   absl::StatusOr<std::vector<StatsResponse>> stats =
-      (*client)->Stats(absl::Seconds(5));
+      StatsNow(absl::Seconds(5));
   if (!stats.ok()) return stats.status();
   const DataQueueState& queue = (*stats)[0].data_queue();
   const int64_t due = DataShardsDue(queue);
@@ -991,12 +998,10 @@ absl::StatusOr<int64_t> ClusterRun::UntrainedDataShards() {
   return due - queue.done_size();
 }
 
+// 4. The shards' counters, while they still run.
 absl::Status ClusterRun::ReadShardStats() {
-  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
-      worker::PsClient::Connect(client_options_);
-  if (!client.ok()) return client.status();
   absl::StatusOr<std::vector<StatsResponse>> stats =
-      (*client)->Stats(absl::Seconds(10));
+      StatsNow(absl::Seconds(10));
   if (!stats.ok()) return stats.status();
   metrics_.shard_stats = *stats;
   if (elastic_ && !limit_reached_ && !stats->empty()) {
