@@ -384,10 +384,7 @@ absl::StatusOr<std::vector<StatsResponse>> PsClient::Stats(
     if (!status.ok()) {
       return Annotate(common::ToAbslStatus(status), s, shards_[s].address);
     }
-    if (stats[s].replica_role() != StatsResponse::BACKUP &&
-        stats[s].replica_role() != StatsResponse::FENCED) {
-      continue;
-    }
+    if (!OnlyBacksUp(stats[s])) continue;
     // That process no longer serves the range (it was taken over while
     // this client made no call that would have followed it): the range's
     // other process does, whose figures these are.

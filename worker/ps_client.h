@@ -269,6 +269,9 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // A connection to the process of range s's other copy: the next shard's
   // process, or s's own after a take-over.
   Shard OtherProcessOf(int s) const;
+  // Whether a process's Stats of a range say it does not serve it (it
+  // holds the range's backup, or was fenced): its other copy does.
+  static bool OnlyBacksUp(const StatsResponse& stats);
   // A connection to `address` with this client's channel settings.
   Shard Connection(const std::string& address) const;
 

@@ -273,8 +273,7 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
     shards_[s].Prepare(&stats_context);
     stats_context.set_deadline(context->deadline());
     if (shards_[s].stub->Stats(&stats_context, asked, &here).ok() &&
-        (here.replica_role() == StatsResponse::BACKUP ||
-         here.replica_role() == StatsResponse::FENCED)) {
+        OnlyBacksUp(here)) {
       Shard other = OtherProcessOf(s);
       grpc::ClientContext first;
       other.Prepare(&first);
@@ -286,6 +285,11 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
     }
     return shards_[s].stub->CloseRun(context, request, &response);
   });
+}
+
+bool PsClient::OnlyBacksUp(const StatsResponse& stats) {
+  return stats.replica_role() == StatsResponse::BACKUP ||
+         stats.replica_role() == StatsResponse::FENCED;
 }
 
 PsClient::Shard PsClient::OtherProcessOf(int s) const {
