@@ -967,6 +967,18 @@ def wait_for(pod, text, timeout_s, lines=20):
         time.sleep(0.2)
 
 
+# Enough lines of a pod's log to read all of it.
+WHOLE_LOG = 1 << 30
+
+
+def wait_registered(shard, workers):
+    """Until the shard's log says each worker pod's rank (its Job's
+    completion index) registered."""
+    for pod in workers:
+        rank = pod.annotations["batch.kubernetes.io/job-completion-index"]
+        wait_for(shard, f"rank {rank} registered", 120, WHOLE_LOG)
+
+
 def is_elastic(cluster):
     """Whether the run's config (a ConfigMap's file) says elastic: true."""
     return any(re.search(r"^\s*elastic\s*:\s*true\b", str(text), re.M)
@@ -985,22 +997,17 @@ def scale_workers(cluster, servers, workers):
     if most <= len(workers):
         raise Failure(f"an elastic run whose workers' Job starts {len(workers)} "
                       f"of at most {most} ranks: no room to scale up")
-    everything = 1 << 30
-    for pod in workers:
-        rank = pod.annotations["batch.kubernetes.io/job-completion-index"]
-        wait_for(servers[0], f"rank {rank} registered", 120, everything)
+    wait_registered(servers[0], workers)
     added = cluster.scale_up(workers[0].owner, most)
     for pod in added:
         cluster.start(pod)
-    for pod in added:
-        rank = pod.annotations["batch.kubernetes.io/job-completion-index"]
-        wait_for(servers[0], f"rank {rank} registered", 120, everything)
+    wait_registered(servers[0], added)
     log(f"scaled {workers[0].owner} from {len(workers)} to {most}: ranks "
         f"{len(workers)} to {most - 1} joined the run")
     removed = added[-1]
     time.sleep(0.5)  # a step or two of its own
     code = cluster.terminate(removed)
-    text = cluster.tail(removed, everything)
+    text = cluster.tail(removed, WHOLE_LOG)
     if code != 128 + signal.SIGTERM or "stopped by signal" not in text:
         raise Failure(f"{removed.name}: exit code {code} after SIGTERM "
                       f"(scaled down mid-run), expected 143 and 'stopped by "
@@ -1021,10 +1028,7 @@ def kill_shard(cluster, servers, workers):
     train (a lost node), and start another as its Job does; its ranges go
     on at their backups meanwhile, and the new pod copies them back and is
     their backup."""
-    everything = 1 << 30
-    for pod in workers:
-        rank = pod.annotations["batch.kubernetes.io/job-completion-index"]
-        wait_for(servers[0], f"rank {rank} registered", 120, everything)
+    wait_registered(servers[0], workers)
     time.sleep(0.5)
     victim = servers[-1]
     victim.process.kill()
@@ -1033,7 +1037,7 @@ def kill_shard(cluster, servers, workers):
     if not cluster.replace_failed(victim, "(SIGKILL mid-run)"):
         raise Failure(f"{victim.name}: its Job does not replace a failed pod")
     deadline = time.monotonic() + 120
-    while cluster.tail(victim, everything).count(
+    while cluster.tail(victim, WHOLE_LOG).count(
             "this process holds the backup of the range") < 2:
         if victim.process.poll() is not None or time.monotonic() > deadline:
             raise Failure(f"{victim.name}, started again: did not copy both "
@@ -1048,9 +1052,8 @@ def kill_shard(cluster, servers, workers):
 def check_nothing_lost(cluster, workers, metrics):
     """No worker was told a shard no longer has an update it had
     acknowledged, and each followed the range to its backup."""
-    everything = 1 << 30
     for pod in workers:
-        text = cluster.tail(pod, everything)
+        text = cluster.tail(pod, WHOLE_LOG)
         if "no longer has" in text or "took it over" not in text:
             raise Failure(f"{pod.name}: lost acknowledged updates, or never "
                           f"followed the range to its backup:\n"
