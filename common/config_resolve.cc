@@ -98,6 +98,7 @@ void FillPresetDefaults(Model preset, TrainingConfig* c) {
   if (preset != LENET) return;
   if (!c->has_weight_decay()) c->set_weight_decay(kLenetWeightDecay);
   if (!c->has_lr_decay_epochs()) c->set_lr_decay_epochs(kLenetLrDecayEpochs);
+  if (!c->has_output_init()) c->set_output_init(ZERO);
   for (const PresetDefaults& d : kPresetDefaults) {
     if (d.model != preset || d.mode != c->mode()) continue;
     if (d.learning_rate > 0 && !c->has_learning_rate()) {
@@ -458,6 +459,7 @@ void ClearWhatIsOff(TrainingConfig* c) {
   if (c->delay_compensation() == 0) c->clear_delay_compensation();
   if (c->backup_workers() == 0) c->clear_backup_workers();
   if (!c->sparse_rows_async()) c->clear_sparse_rows_async();
+  if (c->output_init() != ZERO) c->clear_output_init();
 }
 
 // Fields read under an old name: sync_timeout_s is call_timeout_s (it was
@@ -520,6 +522,12 @@ absl::StatusOr<TrainingConfig> ResolveConfig(const TrainingConfig& input,
                    "are not trained in mode allreduce: rows live on the "
                    "shards, and a ring carries dense gradients only (use sync, "
                    "with sparse_rows_async for the hybrid)");
+  }
+  if (c.output_init() == ZERO && c.tensors_size() > 0) {
+    return Invalid("output_init",
+                   "is for models made of layers: a script's model starts "
+                   "from the initial_weights its rank 0 writes, and "
+                   "sparse_lr's dense part from zero already");
   }
   if (absl::Status s = CheckElastic(&c); !s.ok()) return s;
   // The resolved config says the scale the rows start with.

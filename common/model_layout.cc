@@ -257,17 +257,24 @@ ModelLayout ModelLayout::FromTensors(
 
 ModelLayout ModelLayout::FromConfig(const TrainingConfig& config) {
   if (config.tensors_size() > 0) return FromTensors(config.tensors());
+  ModelLayout layout;
   if (config.layer_sizes_size() > 0) {
-    return ModelLayout(std::vector<int>(config.layer_sizes().begin(),
-                                        config.layer_sizes().end()));
+    layout = ModelLayout(std::vector<int>(config.layer_sizes().begin(),
+                                          config.layer_sizes().end()));
+  } else if (config.input_shape_size() == 3) {
+    std::vector<const Layer*> layers;
+    for (const Layer& layer : config.layers()) layers.push_back(&layer);
+    absl::StatusOr<ModelLayout> created = Create(
+        {config.input_shape(0), config.input_shape(1), config.input_shape(2)},
+        layers);
+    if (!created.ok()) return ModelLayout();
+    layout = *std::move(created);
   }
-  if (config.input_shape_size() != 3) return ModelLayout();
-  std::vector<const Layer*> layers;
-  for (const Layer& layer : config.layers()) layers.push_back(&layer);
-  absl::StatusOr<ModelLayout> layout = Create(
-      {config.input_shape(0), config.input_shape(1), config.input_shape(2)},
-      layers);
-  return layout.ok() ? *std::move(layout) : ModelLayout();
+  if (config.output_init() == ZERO && !layout.layers_.empty() &&
+      layout.layers_.back().weights >= 0) {
+    layout.tensors_[layout.layers_.back().weights].starts_at_zero = true;
+  }
+  return layout;
 }
 
 int ModelLayout::num_classes() const {
@@ -370,6 +377,7 @@ float InitialValue(const ModelLayout& layout, uint64_t seed, uint64_t index) {
     if (layer.weights < 0) continue;
     const TensorSpec& w = layout.tensors()[layer.weights];
     if (index >= w.offset && index < w.offset + w.size()) {
+      if (w.starts_at_zero) return 0.0f;
       const uint64_t bits = SplitMix64(SplitMix64(seed) ^ index);
       // 24 random bits -> uniform in [-1, 1).
       const double u = static_cast<double>(bits >> 40) / (1ull << 23) - 1.0;

@@ -29,6 +29,9 @@ struct TensorSpec {
   // Weights: the inputs each unit sums (He initialization's fan-in); a
   // bias: 0.
   uint64_t fan_in = 0;
+  // Weights that start at 0 instead of He uniform (TrainingConfig's
+  // output_init ZERO, on the output layer).
+  bool starts_at_zero = false;
   uint64_t size() const { return rows * cols; }
 };
 
@@ -89,8 +92,10 @@ class ModelLayout {
       const google::protobuf::RepeatedPtrField<ExternalTensor>& tensors);
 
   // The layout of a resolved config (common/config.h's ResolveConfig): its
-  // tensors, layer_sizes or layers. The config must have passed ResolveConfig;
-  // otherwise the layout has no layers and no parameters.
+  // tensors, layer_sizes or layers, with the output layer's weights
+  // starting at 0 where its output_init says so. The config must have
+  // passed ResolveConfig; otherwise the layout has no layers and no
+  // parameters.
   static ModelLayout FromConfig(const TrainingConfig& config);
 
   const std::vector<LayerSpec>& layers() const { return layers_; }
@@ -140,8 +145,8 @@ struct ShardRange {
 ShardRange ShardRangeFor(uint64_t num_params, int num_shards, int shard);
 
 // The initial value of global parameter `index`: a pure function of (seed,
-// index, layout). Weights are uniform in +-sqrt(6 / fan_in) (He uniform);
-// biases are 0.
+// index, layout). Weights are uniform in +-sqrt(6 / fan_in) (He uniform)
+// unless they start at 0 (TensorSpec::starts_at_zero); biases are 0.
 float InitialValue(const ModelLayout& layout, uint64_t seed, uint64_t index);
 
 // Fills out[i] = InitialValue(layout, seed, begin + i).

@@ -683,6 +683,24 @@ TEST(ResolveModelTest, LenetCarriesTheHyperparametersItWasTunedWith) {
   EXPECT_EQ(mlp.learning_rate(), 0.05f);
   EXPECT_FALSE(mlp.has_weight_decay());
   EXPECT_FALSE(mlp.has_lr_decay_epochs());
+  EXPECT_FALSE(mlp.has_output_init());
+}
+
+TEST(ResolveModelTest, LenetsOutputLayerStartsAtZeroUnlessTheConfigSaysHe) {
+  EXPECT_EQ(Resolve("model: LENET").output_init(), ZERO);
+  EXPECT_EQ(Resolve("model: MLP output_init: ZERO").output_init(), ZERO);
+  // He is the default, so saying it leaves the field unset: the
+  // fingerprint is that of a config without it. Resolving again keeps it.
+  const TrainingConfig he = Resolve("model: LENET output_init: HE_UNIFORM");
+  EXPECT_FALSE(he.has_output_init());
+  ASSERT_OK_AND_ASSIGN(const TrainingConfig again, ResolveConfig(he));
+  EXPECT_FALSE(again.has_output_init());
+  EXPECT_NE(ConfigFingerprint(he), ConfigFingerprint(Resolve("model: LENET")));
+  EXPECT_FALSE(Resolve("model: MLP output_init: HE_UNIFORM").has_output_init());
+  EXPECT_THAT(
+      ResolveConfig(Parse("output_init: ZERO tensors { name: 'w' dims: 4 }")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("'output_init' is for models made of layers")));
 }
 
 TEST(ResolveModelTest, ShapesAndClassesComeFromTheData) {

@@ -240,6 +240,32 @@ TEST(InitialValueTest, BiasesAreZeroAndWeightsWithinHeUniformLimits) {
   }
 }
 
+TEST(InitialValueTest, OutputInitZeroZeroesTheOutputLayersWeightsOnly) {
+  TrainingConfig he;
+  he.add_layer_sizes(6);
+  he.add_layer_sizes(5);
+  he.add_layer_sizes(3);
+  TrainingConfig zero = he;
+  zero.set_output_init(ZERO);
+  const ModelLayout he_layout = ModelLayout::FromConfig(he);
+  const ModelLayout zero_layout = ModelLayout::FromConfig(zero);
+  ASSERT_EQ(zero_layout.num_params(), 6 * 5 + 5 + 5 * 3 + 3);
+  std::vector<float> he_values(he_layout.num_params());
+  std::vector<float> zero_values(zero_layout.num_params());
+  InitialValues(he_layout, /*seed=*/3, 0, absl::MakeSpan(he_values));
+  InitialValues(zero_layout, /*seed=*/3, 0, absl::MakeSpan(zero_values));
+  // layer0/weights (30) and layer0/bias (5) as with He; layer1/weights
+  // (15) zero where He's are not; layer1/bias zero either way.
+  for (int i = 0; i < 35; ++i) EXPECT_EQ(zero_values[i], he_values[i]) << i;
+  for (int i = 35; i < 50; ++i) {
+    EXPECT_EQ(zero_values[i], 0.0f) << i;
+    EXPECT_NE(he_values[i], 0.0f) << i;
+  }
+  for (int i = 50; i < 53; ++i) EXPECT_EQ(zero_values[i], 0.0f) << i;
+  EXPECT_TRUE(zero_layout.tensors()[2].starts_at_zero);
+  EXPECT_FALSE(zero_layout.tensors()[0].starts_at_zero);
+}
+
 TEST(InitialValueTest, IsTheSameWhicheverShardComputesIt) {
   const ModelLayout layout({6, 5, 3});
   std::vector<float> whole(layout.num_params());

@@ -492,6 +492,9 @@ TEST(LenetModelTest, HasTheDocumentedSizeAndTrainsAStep) {
   fashion_mnist.num_classes = 10;
   ASSERT_OK_AND_ASSIGN(TrainingConfig resolved,
                        common::ResolveConfig(config, &fashion_mnist));
+  // He weights on the output layer too, so that every layer shapes the loss
+  // (the preset's output layer starts at zero).
+  resolved.clear_output_init();
   const common::ModelLayout layout = common::ModelLayout::FromConfig(resolved);
   EXPECT_EQ(layout.num_params(), 61706u);
   EXPECT_EQ(layout.Describe(),

@@ -51,6 +51,24 @@ struct Trained {
   int64_t steps = 0;
 };
 
+// Measures the test set on the weights the shards of `cluster` hold.
+void Measure(const testutil::LocalCluster& cluster, const TrainingConfig& config,
+             const worker::Dataset& test, Trained* out) {
+  const common::ModelLayout layout = common::ModelLayout::FromConfig(config);
+  std::unique_ptr<worker::ComputeBackend> backend = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<worker::PsClient> observer,
+      worker::PsClient::Connect(
+          testutil::ClientOptions(cluster.servers, config, /*rank=*/-1)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::Model> eval_model,
+                       worker::Model::Create(backend.get(), layout, 500));
+  worker::Evaluator evaluator(observer.get(), eval_model.get(), &test,
+                              absl::Now());
+  ASSERT_OK_AND_ASSIGN(EvalPoint point, evaluator.EvaluateNow());
+  out->test_loss = point.test_loss();
+  out->test_accuracy = point.test_accuracy();
+}
+
 // Trains `config` (resolved) with one worker through one shard and measures
 // the test set on the shard's weights.
 void Train(const TrainingConfig& config, const worker::Dataset& train,
@@ -76,17 +94,7 @@ void Train(const TrainingConfig& config, const worker::Dataset& train,
   ASSERT_OK_AND_ASSIGN(worker::WorkerResult result, loop->Run(context));
   out->steps = result.steps;
 
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<worker::PsClient> observer,
-      worker::PsClient::Connect(
-          testutil::ClientOptions(cluster.servers, config, /*rank=*/-1)));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::Model> eval_model,
-                       worker::Model::Create(backend.get(), layout, 500));
-  worker::Evaluator evaluator(observer.get(), eval_model.get(), &test,
-                              absl::Now());
-  ASSERT_OK_AND_ASSIGN(EvalPoint point, evaluator.EvaluateNow());
-  out->test_loss = point.test_loss();
-  out->test_accuracy = point.test_accuracy();
+  ASSERT_NO_FATAL_FAILURE(Measure(cluster, config, test, out));
 }
 
 class PresetsTest
@@ -114,6 +122,31 @@ TEST_P(PresetsTest, TrainsAsShippedInEveryMode) {
   EXPECT_LT(trained.test_loss, 0.5 * std::log(kClasses))
       << model << " " << mode << ": test accuracy " << trained.test_accuracy;
   EXPECT_GT(trained.test_accuracy, 0.6) << model << " " << mode;
+}
+
+// The lenet preset's output layer starts at zero, so a fresh LeNet gives
+// every class the same logit: its test loss is ln(10) exactly (float
+// rounding aside), not the 5.5 that He weights after two max pools gave.
+TEST(FreshPresetTest, AFreshLenetPredictsEveryClassAlike) {
+  TrainingConfig raw;
+  raw.set_model(LENET);
+  ASSERT_OK_AND_ASSIGN(TrainingConfig config,
+                       common::ResolveConfigWithData(raw));
+  ASSERT_OK_AND_ASSIGN(const worker::Dataset test,
+                       FirstExamples(config, worker::Split::kTest, 1000));
+  testutil::LocalCluster cluster(config, /*num_shards=*/2, /*num_workers=*/1);
+  ASSERT_NE(cluster.client, nullptr);
+  Trained fresh;
+  ASSERT_NO_FATAL_FAILURE(Measure(cluster, config, test, &fresh));
+  EXPECT_NEAR(fresh.test_loss, std::log(kClasses), 1e-5);
+
+  // With He weights on the output layer the loss starts far above it.
+  config.clear_output_init();
+  testutil::LocalCluster he_cluster(config, 2, 1);
+  ASSERT_NE(he_cluster.client, nullptr);
+  Trained he;
+  ASSERT_NO_FATAL_FAILURE(Measure(he_cluster, config, test, &he));
+  EXPECT_GT(he.test_loss, 1.2 * std::log(kClasses));
 }
 
 INSTANTIATE_TEST_SUITE_P(
