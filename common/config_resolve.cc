@@ -460,6 +460,7 @@ void ClearWhatIsOff(TrainingConfig* c) {
   if (c->backup_workers() == 0) c->clear_backup_workers();
   if (!c->sparse_rows_async()) c->clear_sparse_rows_async();
   if (c->output_init() != ZERO) c->clear_output_init();
+  if (!c->push_after_backward()) c->clear_push_after_backward();
 }
 
 // Fields read under an old name: sync_timeout_s is call_timeout_s (it was

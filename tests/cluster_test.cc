@@ -255,6 +255,48 @@ TEST_F(ClusterTest, AllreduceWithTwoWorkersIsSyncBitForBit) {
   }
 }
 
+// Sync workers push each shard's part as soon as backward has made its
+// range final. On [20, 8, 30, 10] (748 parameters) shard 1 holds [374,
+// 748), final once the middle layer (from 168) is done: it leaves while
+// the first layer's backward runs, every step. The same values go either
+// way, so training comes out bit for bit as with pushes after backward.
+TEST_F(ClusterTest, SyncPushesDuringBackwardTrainBitForBitAsAfterIt) {
+  const std::string common_config =
+      "layer_sizes: [20, 8, 30, 10] batch_size: 20 epochs: 2 seed: 3 "
+      "call_timeout_s: 60 weight_decay: 0.001 lr_decay_epochs: 1 "
+      "lr_decay_factor: 0.5 mode: SYNC ";
+  const TrainingConfig after =
+      ResolvedConfig(common_config + "push_after_backward: true");
+  ASSERT_NO_FATAL_FAILURE(StartServers(after));
+  ASSERT_NO_FATAL_FAILURE(Train(after));
+  for (int w = 0; w < kWorkers; ++w) ASSERT_OK(results_[w].status());
+  const std::vector<float> pushed_after = final_params_[0];
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(counters_[w].shard_pushes_during_backward.load(), 0);
+  }
+  servers_.clear();
+  addresses_.clear();
+
+  const TrainingConfig during = ResolvedConfig(common_config);
+  EXPECT_FALSE(during.has_push_after_backward());
+  ASSERT_NO_FATAL_FAILURE(StartServers(during));
+  ASSERT_NO_FATAL_FAILURE(Train(during));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_OK(results_[w].status()) << "worker " << w;
+    EXPECT_EQ(results_[w]->steps, 20) << "worker " << w;
+    // Shard 1's part, each of the 20 steps.
+    EXPECT_EQ(counters_[w].shard_pushes_during_backward.load(), 20)
+        << "worker " << w;
+    EXPECT_TRUE(final_params_[w] == pushed_after)
+        << "worker " << w << " differs from pushes after backward";
+  }
+  // And training moved the weights.
+  const common::ModelLayout layout = common::ModelLayout::FromConfig(during);
+  std::vector<float> initial(layout.num_params());
+  common::InitialValues(layout, 3, 0, absl::MakeSpan(initial));
+  EXPECT_NE(pushed_after, initial);
+}
+
 // A ring member that stops breaks the ring: its peer's next all-reduce
 // fails with UNAVAILABLE (not a hang), naming the ring.
 TEST_F(ClusterTest, AllreduceEndsWithAnErrorWhenAWorkerStops) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/model_layout.h"
@@ -16,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
+#include "server/shard_state.h"
 #include "tests/local_shards.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
@@ -220,6 +222,75 @@ TEST(GradientPusherTest, PushWithAPullTargetGetsTheWeightsThatIncludeIt) {
     EXPECT_NE(params, initial);
     cpu->Free(device);
   }
+}
+
+// A staged push sends shard 1's part as soon as Ready says its range is
+// final: shard 1 closes its step (one worker) while shard 0 has nothing
+// yet, and Finish sends shard 0's. The weights come out as a plain push's.
+TEST(GradientPusherTest, AStagedPushSendsEachShardOnceItsRangeIsFinal) {
+  for (const char* text : {kFloat32, kOneBit}) {
+    SCOPED_TRACE(text);
+    const TrainingConfig config = ResolvedConfig(text);
+    Cluster plain(config), staged(config);
+    ASSERT_NE(plain.client, nullptr);
+    ASSERT_NE(staged.client, nullptr);
+    std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
+    ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<GradientPusher> plain_pusher,
+        GradientPusher::Create(cpu.get(), plain.client.get(), config));
+    ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<GradientPusher> pusher,
+        GradientPusher::Create(cpu.get(), staged.client.get(), config));
+    ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+    const std::vector<float> g = Gradient(2);
+    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> plain_push,
+                         plain_pusher->Push(device, {0, 0}, 8, 0));
+    ASSERT_OK(plain_push->Wait());
+
+    std::vector<float> params(53, -7.0f);
+    std::vector<int64_t> versions;
+    const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagedPush> push,
+                         pusher->Start(device, {0, 0}, 8, 0, &pull));
+    push->Ready(30);  // shard 1 holds [26, 53): not all final yet
+    EXPECT_EQ(push->sent_early(), 0);
+    push->Ready(26);
+    EXPECT_EQ(push->sent_early(), 1);
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (staged.servers[1]->state()->version() < 1 &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ(staged.servers[1]->state()->version(), 1);
+    EXPECT_EQ(staged.servers[0]->state()->version(), 0);
+    push->Ready(0);  // backward has ended: shard 0 goes, and not early
+    EXPECT_EQ(push->sent_early(), 1);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> call, push->Finish());
+    ASSERT_OK(call->Wait());
+    EXPECT_THAT(versions, testing::ElementsAre(1, 1));
+    EXPECT_EQ(params, plain.Weights(1));
+    EXPECT_EQ(staged.Weights(1), plain.Weights(1));
+    EXPECT_EQ(staged.client->bytes_pushed(), plain.client->bytes_pushed());
+    cpu->Free(device);
+  }
+}
+
+TEST(GradientPusherTest, AStagedPushTakesNoAccumulatedSteps) {
+  const TrainingConfig config = ResolvedConfig(kFloat32);
+  Cluster cluster(config);
+  ASSERT_NE(cluster.client, nullptr);
+  std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<GradientPusher> pusher,
+      GradientPusher::Create(cpu.get(), cluster.client.get(), config));
+  ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+  cpu->Fill(53, 0.5f, device);
+  ASSERT_OK(pusher->Accumulate(device));
+  EXPECT_THAT(pusher->Start(device, {0, 0}, 8, 0).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("nothing accumulated")));
+  cpu->Free(device);
 }
 
 }  // namespace

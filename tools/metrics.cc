@@ -139,6 +139,7 @@ void AddWorkerPhases(const WorkerReport& report, RunMetrics* run) {
   }
   run->ring_bytes_sent += report.ring_bytes_sent();
   run->ring_bytes_received += report.ring_bytes_received();
+  run->shard_pushes_during_backward += report.shard_pushes_during_backward();
   run->updates_acknowledged += report.updates_acknowledged();
   run->updates_answered_as_duplicate += report.updates_answered_as_duplicate();
   run->updates_lost += report.updates_lost();
@@ -209,6 +210,8 @@ std::string MetricsJson(const RunMetrics& run) {
   absl::StrAppend(&json, "  \"bytes_total\": ",
                   bytes_pushed + bytes_pulled + run.ring_bytes_sent, ",\n");
   absl::StrAppend(&json, "  \"pushes\": ", pushes, ",\n");
+  absl::StrAppend(&json, "  \"shard_pushes_during_backward\": ",
+                  run.shard_pushes_during_backward, ",\n");
   absl::StrAppend(&json, "  \"rejected_pushes\": ", rejected, ",\n");
   absl::StrAppend(&json, "  \"duplicate_pushes\": ", duplicates, ",\n");
   absl::StrAppend(&json, "  \"samples_skipped\": ", skipped, ",\n");

@@ -66,6 +66,8 @@ struct RunMetrics {
   // WorkerReport.ring_bytes_sent and _received summed (allreduce).
   int64_t ring_bytes_sent = 0;
   int64_t ring_bytes_received = 0;
+  // WorkerReport.shard_pushes_during_backward summed (sync).
+  int64_t shard_pushes_during_backward = 0;
   // Replication's count, from the workers' reports (WorkerReport's
   // updates_acknowledged, updates_answered_as_duplicate, updates_lost,
   // examples_lost summed; the longest max_step_gap_s), and the --replicas

@@ -153,9 +153,23 @@ absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
       backend_->Axpy(client_->ranges().back().end, 1.0f, device_grads, sum_);
     }
     values = sum_;
+    accumulated_steps_ = 0;  // the next Accumulate starts a new sum
   } else if (device_grads == nullptr) {
     return absl::FailedPreconditionError(
         "a push of nothing: no gradient given and none accumulated");
+  }
+  absl::StatusOr<std::unique_ptr<StagedPush>> staged =
+      Start(values, base_versions, samples, sample_offset, pull);
+  if (!staged.ok()) return staged.status();
+  return (*staged)->Finish();
+}
+
+absl::StatusOr<std::unique_ptr<StagedPush>> GradientPusher::Start(
+    const float* device_grads, const std::vector<int64_t>& base_versions,
+    int64_t samples, int64_t sample_offset, const PullTarget* pull) {
+  if (device_grads == nullptr || accumulated_steps_ > 0) {
+    return absl::FailedPreconditionError(
+        "a staged push takes one step's gradient, with nothing accumulated");
   }
   // The previous push's RPCs may still borrow the host buffers.
   if (!lease_.AwaitReleased(kReleaseTimeout)) {
@@ -168,28 +182,61 @@ absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
   // sent from where they are.
   const bool borrow = pull != nullptr && encoding_ == ENCODING_FLOAT32 &&
                       backend_->HostMemory();
-  std::unique_ptr<ShardedPush> push = client_->StartPush(
-      base_versions, samples, sample_offset, &lease_, nullptr, pull);
+  return std::unique_ptr<StagedPush>(new StagedPush(
+      this, device_grads, borrow,
+      client_->StartPush(base_versions, samples, sample_offset, &lease_,
+                         nullptr, pull)));
+}
+
+StagedPush::StagedPush(GradientPusher* pusher, const float* values,
+                       bool borrow, std::unique_ptr<ShardedPush> push)
+    : pusher_(pusher),
+      values_(values),
+      borrow_(borrow),
+      push_(std::move(push)),
+      unsent_(pusher->client_->num_shards()) {}
+
+StagedPush::~StagedPush() {
+  // Not finished (backward failed): the shards sent are waited for, so
+  // that no RPC outlives the buffers it borrows.
+  if (push_ == nullptr) return;
+  LeasedPush unfinished(std::move(push_), &pusher_->lease_);
+  unfinished.Wait().IgnoreError();
+}
+
+bool StagedPush::SendShard(int s) {
+  const common::ShardRange range = pusher_->client_->ranges()[s];
+  absl::StatusOr<ShardPayload> payload =
+      pusher_->Prepare(s, values_ + range.begin, borrow_);
+  if (!payload.ok()) {
+    failed_ = absl::Status(payload.status().code(),
+                           absl::StrCat("preparing the push to shard ", s,
+                                        ": ", payload.status().message()));
+    return false;
+  }
+  push_->Send(s, *payload);
+  return true;
+}
+
+void StagedPush::Ready(uint64_t from) {
+  while (failed_.ok() && unsent_ > 0 &&
+         pusher_->client_->ranges()[unsent_ - 1].begin >= from) {
+    if (!SendShard(unsent_ - 1)) return;
+    --unsent_;
+    if (from > 0) ++sent_early_;  // from 0: backward has ended
+  }
+}
+
+absl::StatusOr<std::unique_ptr<PendingCall>> StagedPush::Finish() {
   // Shard by shard: each Send starts that shard's RPC before the next
   // shard's payload is prepared.
-  absl::Status failed;
-  for (int s = 0; s < client_->num_shards(); ++s) {
-    absl::StatusOr<ShardPayload> payload =
-        Prepare(s, values + client_->ranges()[s].begin, borrow);
-    if (!payload.ok()) {
-      failed = absl::Status(payload.status().code(),
-                            absl::StrCat("preparing the push to shard ", s,
-                                         ": ", payload.status().message()));
-      break;
-    }
-    push->Send(s, *payload);
-  }
-  accumulated_steps_ = 0;  // the next Accumulate starts a new sum
-  if (failed.ok()) failed = MeasureResidual();
-  auto leased = std::make_unique<LeasedPush>(std::move(push), &lease_);
-  if (!failed.ok()) {
+  for (int s = 0; failed_.ok() && s < unsent_; ++s) SendShard(s);
+  unsent_ = 0;
+  if (failed_.ok()) failed_ = pusher_->MeasureResidual();
+  auto leased = std::make_unique<LeasedPush>(std::move(push_), &pusher_->lease_);
+  if (!failed_.ok()) {
     leased->Wait().IgnoreError();  // the shards already sent
-    return failed;
+    return failed_;
   }
   return leased;
 }

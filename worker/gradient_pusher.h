@@ -32,6 +32,48 @@
 
 namespace monsoon::worker {
 
+class GradientPusher;
+
+// A push handed to the shards while the backward pass still runs
+// (GradientPusher::Start): shard s's RPC starts as soon as the gradients of
+// its whole range are final (Ready), so that it crosses the wire, and in
+// sync the shard's barrier may close and send the range's next weights,
+// while backward goes on below it (as DDP and Horovod overlap their
+// buckets with backward; here a shard's range is the bucket). The values
+// sent are the same as Push's, so the outcome is bit for bit the same.
+// Not thread-safe: the worker thread that runs backward calls it.
+class StagedPush {
+ public:
+  ~StagedPush();
+  StagedPush(const StagedPush&) = delete;
+  StagedPush& operator=(const StagedPush&) = delete;
+
+  // The gradients of parameters [from, end) are final and stay so until
+  // the push has been waited on: sends each shard not sent yet whose range
+  // lies there, the last shard first.
+  void Ready(uint64_t from);
+  // Sends the shards not sent yet, in order, and hands the push over as
+  // GradientPusher::Push does (with its errors).
+  absl::StatusOr<std::unique_ptr<PendingCall>> Finish();
+  // Shards sent by Ready while backward still ran (from > 0).
+  int sent_early() const { return sent_early_; }
+
+ private:
+  friend class GradientPusher;
+  StagedPush(GradientPusher* pusher, const float* values, bool borrow,
+             std::unique_ptr<ShardedPush> push);
+  // Prepares and sends shard s; false (and failed_ set) if it could not.
+  bool SendShard(int s);
+
+  GradientPusher* const pusher_;
+  const float* const values_;  // all parameters' gradients
+  const bool borrow_;
+  std::unique_ptr<ShardedPush> push_;
+  int unsent_ = 0;  // shards [0, unsent_) are not sent yet
+  int sent_early_ = 0;
+  absl::Status failed_;
+};
+
 class GradientPusher {
  public:
   // `config` is the resolved one the client connected with. With 1-bit
@@ -62,12 +104,23 @@ class GradientPusher {
       const float* device_grads, const std::vector<int64_t>& base_versions,
       int64_t samples, int64_t sample_offset, const PullTarget* pull = nullptr);
 
+  // Push's arguments, for a gradient the backward pass is still computing
+  // into device_grads: StagedPush::Ready sends each shard's part once it is
+  // final, Finish the rest. Only with nothing accumulated (Accumulate).
+  // device_grads must stay unchanged, once a part is final, until the push
+  // has been waited on; with `pull`, so must the parameters of a part
+  // sent, which its answer overwrites.
+  absl::StatusOr<std::unique_ptr<StagedPush>> Start(
+      const float* device_grads, const std::vector<int64_t>& base_versions,
+      int64_t samples, int64_t sample_offset, const PullTarget* pull = nullptr);
+
   // sum += device_grads, on the device, for the next Push.
   absl::Status Accumulate(const float* device_grads);
   // Steps accumulated since the last push.
   int accumulated_steps() const { return accumulated_steps_; }
 
  private:
+  friend class StagedPush;
   GradientPusher(ComputeBackend* backend, ParameterClient* client,
                  const TrainingConfig& config, WorkerCounters* counters);
   // Measures the residual's norm into counters_ if a second has passed.

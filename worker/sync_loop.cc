@@ -125,26 +125,55 @@ class SyncLoop : public TrainingLoop {
                                    const PullTarget& next,
                                    const BatchStream& batches,
                                    std::optional<BatchResult>* computed) {
-    absl::StatusOr<BatchResult> step;
+    // Includes the wait at the barrier.
+    auto push_pull = [&](std::unique_ptr<PendingCall> push) -> absl::Status {
+      PhaseTimer timer(c.counters, Phase::kPushPull);
+      return push->Wait();
+    };
     if (computed->has_value()) {
-      step = **computed;
-    } else {
+      // A shard that already holds this push (a worker restarted, or
+      // repeating its step after a lost connection) answers it as a
+      // duplicate, with the next step's weights all the same (PushPull).
+      absl::StatusOr<std::unique_ptr<PendingCall>> push =
+          pusher.Push(c.model->device_gradients(), *versions,
+                      batches.batch_size(), batches.sample_offset(), &next);
+      if (!push.ok()) return push.status();
+      if (absl::Status status = push_pull(*std::move(push)); !status.ok()) {
+        return status;
+      }
+      return **computed;
+    }
+    absl::StatusOr<BatchResult> step;
+    std::unique_ptr<PendingCall> push;
+    {
       PhaseTimer timer(c.counters, Phase::kCompute);
       if (auto s = params->Commit(); !s.ok()) return s;
-      step = ComputeBatchGradients(c, batches);
-      if (!step.ok()) return step.status();
+      // Each shard's part leaves as soon as backward has made it final
+      // (unless the config says to wait for the whole pass): the answer of
+      // a shard, its range's next weights, may land in `params` while
+      // backward goes on below that range, which it no longer reads.
+      absl::StatusOr<std::unique_ptr<StagedPush>> staged =
+          pusher.Start(c.model->device_gradients(), *versions,
+                       batches.batch_size(), batches.sample_offset(), &next);
+      if (!staged.ok()) return staged.status();
+      Model::GradientsReady ready;
+      if (!c.config.push_after_backward()) {
+        ready = [&staged](uint64_t from) { (*staged)->Ready(from); };
+      }
+      step = ComputeBatchGradients(c, batches, ready);
+      if (!step.ok()) return step.status();  // ~StagedPush waits for it
       *computed = *step;
+      if (c.counters != nullptr) {
+        c.counters->shard_pushes_during_backward += (*staged)->sent_early();
+      }
+      absl::StatusOr<std::unique_ptr<PendingCall>> finished =
+          (*staged)->Finish();
+      if (!finished.ok()) return finished.status();
+      push = *std::move(finished);
     }
-    // Includes the wait at the barrier.
-    PhaseTimer timer(c.counters, Phase::kPushPull);
-    // A shard that already holds this push (a worker restarted, or
-    // repeating its step after a lost connection) answers it as a
-    // duplicate, with the next step's weights all the same (PushPull).
-    absl::StatusOr<std::unique_ptr<PendingCall>> push =
-        pusher.Push(c.model->device_gradients(), *versions,
-                    batches.batch_size(), batches.sample_offset(), &next);
-    if (!push.ok()) return push.status();
-    if (absl::Status status = (*push)->Wait(); !status.ok()) return status;
+    if (absl::Status status = push_pull(std::move(push)); !status.ok()) {
+      return status;
+    }
     return step;
   }
 };

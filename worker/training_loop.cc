@@ -42,6 +42,8 @@ WorkerReport MakeWorkerReport(int rank, int64_t resumed_steps,
   report.set_max_step_gap_s(absl::ToDoubleSeconds(progress.max_step_gap));
   report.set_ring_bytes_sent(counters.ring_bytes_sent.load());
   report.set_ring_bytes_received(counters.ring_bytes_received.load());
+  report.set_shard_pushes_during_backward(
+      counters.shard_pushes_during_backward.load());
   return report;
 }
 
@@ -335,12 +337,13 @@ float LearningRateScale(const TrainingConfig& config, int epoch) {
                                      epoch / config.lr_decay_epochs()));
 }
 
-absl::StatusOr<BatchResult> ComputeBatchGradients(const WorkerContext& context,
-                                                  const BatchStream& batches) {
+absl::StatusOr<BatchResult> ComputeBatchGradients(
+    const WorkerContext& context, const BatchStream& batches,
+    const Model::GradientsReady& ready) {
   context.model->set_gradient_scale(
       LearningRateScale(context.config, batches.epoch()));
   return context.model->ComputeGradients(batches.images(), batches.labels(),
-                                         batches.batch_size());
+                                         batches.batch_size(), ready);
 }
 
 PulledParams::PulledParams(Model* model) : model_(model) {

@@ -243,9 +243,11 @@ float LearningRateScale(const TrainingConfig& config, int epoch);
 
 // The gradients of the stream's current batch, on the context's model,
 // scaled for the batch's epoch by the config's learning-rate schedule: the
-// one way every loop computes a step's gradients.
-absl::StatusOr<BatchResult> ComputeBatchGradients(const WorkerContext& context,
-                                                  const BatchStream& batches);
+// one way every loop computes a step's gradients. `ready` (if set) hears
+// of each layer's gradients as backward makes them final (Model).
+absl::StatusOr<BatchResult> ComputeBatchGradients(
+    const WorkerContext& context, const BatchStream& batches,
+    const Model::GradientsReady& ready = nullptr);
 
 // Where a loop's pulls put the weights: straight into the model's own
 // parameters where the backend keeps them in host memory (no copy), else

@@ -151,25 +151,37 @@ absl::StatusOr<BatchResult> Model::ReadStats(int examples) {
   return result;
 }
 
-absl::StatusOr<BatchResult> Model::ComputeGradients(const float* images,
-                                                    const int32_t* labels,
-                                                    int batch) {
+absl::StatusOr<BatchResult> Model::ComputeGradients(
+    const float* images, const int32_t* labels, int batch,
+    const GradientsReady& ready) {
   if (auto s = Upload(images, labels, batch); !s.ok()) return s;
   backend_->Fill(2, 0.0f, stats_);
   Forward(batch, /*backward=*/true);
+  // Parameters lie in the layers' order (each layer's weights, then its
+  // bias), so backward makes them final from the end of the vector down.
+  uint64_t final_from = layout_.num_params();
   for (size_t i = layers_.size(); i-- > 0;) {
     // The input's gradient is needed by the layers below, not by the data.
     float* din = i == 0 && !layers_[0]->InPlace() ? nullptr : deltas_[i];
     layers_[i]->Backward(batch, params_, activations_[i], activations_[i + 1],
                          deltas_[i + 1], din, grads_);
-  }
-  if (weight_decay_ > 0) {
-    backend_->Axpy(layout_.num_params(), weight_decay_, params_, grads_);
-  }
-  if (gradient_scale_ != 1) {
-    backend_->Scale(layout_.num_params(), gradient_scale_, grads_);
+    const int weights = layout_.layers()[i].weights;
+    if (weights < 0) continue;
+    const uint64_t from = layout_.tensors()[weights].offset;
+    FinishGradients(from, final_from);
+    final_from = from;
+    if (ready) ready(from);
   }
   return ReadStats(batch);
+}
+
+void Model::FinishGradients(uint64_t begin, uint64_t end) {
+  if (weight_decay_ > 0) {
+    backend_->Axpy(end - begin, weight_decay_, params_ + begin, grads_ + begin);
+  }
+  if (gradient_scale_ != 1) {
+    backend_->Scale(end - begin, gradient_scale_, grads_ + begin);
+  }
 }
 
 absl::Status Model::ApplyGradients(float learning_rate, float momentum) {

@@ -10,6 +10,7 @@
 #define MONSOON_WORKER_MODEL_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,11 +44,19 @@ class Model {
   absl::Status SetParams(absl::Span<const float> params);
   absl::Status GetParams(absl::Span<float> params);
 
+  // Called by ComputeGradients each time the backward pass has made the
+  // gradients of parameters [from, num_params) final (weight decay and
+  // scale included), from the output layer down: once after each layer with
+  // parameters, `from` its weights' first index. The pass does not touch
+  // those gradients again, nor read those parameters.
+  using GradientsReady = std::function<void(uint64_t from)>;
+
   // Forward and backward on `batch` examples (host memory): the gradient of
-  // the mean loss lands in the device gradient buffer.
-  absl::StatusOr<BatchResult> ComputeGradients(const float* images,
-                                               const int32_t* labels,
-                                               int batch);
+  // the mean loss lands in the device gradient buffer, layer by layer
+  // (`ready`, if set, hears of each).
+  absl::StatusOr<BatchResult> ComputeGradients(
+      const float* images, const int32_t* labels, int batch,
+      const GradientsReady& ready = nullptr);
   absl::Status GetGradients(absl::Span<float> grads);
   // The device gradient buffer, for backends that process it in place.
   float* device_gradients() { return grads_; }
@@ -80,6 +89,10 @@ class Model {
   // gradient lands in deltas_.back().
   void Forward(int batch, bool backward);
   absl::StatusOr<BatchResult> ReadStats(int batch);
+  // Adds weight decay to the gradients of parameters [begin, end) and
+  // scales them (set_weight_decay, set_gradient_scale): one layer's, as
+  // backward finishes it.
+  void FinishGradients(uint64_t begin, uint64_t end);
   absl::Status Upload(const float* images, const int32_t* labels, int batch);
 
   ComputeBackend* const backend_;
