@@ -46,9 +46,10 @@ class Model {
 
   // Called by ComputeGradients each time the backward pass has made the
   // gradients of parameters [from, num_params) final (weight decay and
-  // scale included), from the output layer down: once after each layer with
-  // parameters, `from` its weights' first index. The pass does not touch
-  // those gradients again, nor read those parameters.
+  // scale included), from the output layer down: after each layer with
+  // parameters, `from` its weights' first index rounded up to a multiple
+  // of 32 (0 at the end). The pass does not touch those gradients again,
+  // nor read those parameters.
   using GradientsReady = std::function<void(uint64_t from)>;
 
   // Forward and backward on `batch` examples (host memory): the gradient of
