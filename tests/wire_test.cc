@@ -462,6 +462,31 @@ TEST(WireTest, FirstOutsideGivesTheLargestMagnitudeWhenAllAreInside) {
   EXPECT_EQ(max_abs, 0.0f);
 }
 
+// Against a value-by-value reference: every lane of the 16 running maxima,
+// the remainder of a block and of the whole, and the largest magnitude in
+// any of them.
+TEST(WireTest, FirstOutsideAgreesWithAValueByValueSearchAtEveryPosition) {
+  for (size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{1023},
+                   size_t{1024}, size_t{1041}, size_t{2071}}) {
+    SCOPED_TRACE(n);
+    std::vector<float> values(n);
+    for (size_t i = 0; i < n; ++i) {
+      values[i] = 0.5f * std::sin(static_cast<float>(i));
+    }
+    for (size_t at = 0; at < n; ++at) {
+      std::vector<float> largest = values;
+      largest[at] = -0.75f;
+      float max_abs = -1.0f;
+      ASSERT_EQ(FirstOutside(largest.data(), n, 1.0f, &max_abs), n) << at;
+      ASSERT_EQ(max_abs, 0.75f) << at;
+      std::vector<float> beyond = largest;
+      beyond[at] = at % 2 == 0 ? std::nanf("") : -1.5f;
+      if (at + 1 < n) beyond[n - 1] = 2.0f;  // a later one is not the first
+      ASSERT_EQ(FirstOutside(beyond.data(), n, 1.0f), at) << at;
+    }
+  }
+}
+
 TEST(WireTest, ValuesDigestTellsAnyChangeFromTheSameValues) {
   // 1003 values: whole groups of eight lanes and a remainder.
   std::vector<float> values(1003);
