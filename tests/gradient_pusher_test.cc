@@ -71,47 +71,71 @@ ShardPayload Payload(PushEncoding encoding, uint64_t n, const void* data,
   return payload;
 }
 
-TEST(GradientPusherTest, Float32PushMatchesThePlainPush) {
+// The backend every test pushes from, and the device buffers of 53 values
+// it hands out, freed with the test however it ends.
+class GradientPusherTest : public testing::Test {
+ protected:
+  ~GradientPusherTest() override {
+    for (float* device : devices_) cpu_->Free(device);
+  }
+
+  // A pusher on `cluster`'s client.
+  absl::StatusOr<std::unique_ptr<GradientPusher>> Pusher(
+      const Cluster& cluster, const TrainingConfig& config,
+      WorkerCounters* counters = nullptr) {
+    if (cluster.client == nullptr) {
+      return absl::UnavailableError("the cluster's client did not connect");
+    }
+    return GradientPusher::Create(cpu_.get(), cluster.client.get(), config,
+                                  counters);
+  }
+
+  absl::StatusOr<float*> Device() {
+    absl::StatusOr<float*> device = cpu_->AllocateFloats(53);
+    if (device.ok()) devices_.push_back(*device);
+    return device;
+  }
+
+  std::unique_ptr<ComputeBackend> cpu_ = MakeCpuBackend(1);
+  std::vector<float*> devices_;
+};
+
+TEST_F(GradientPusherTest, Float32PushMatchesThePlainPush) {
   const TrainingConfig config = ResolvedConfig(kFloat32);
   Cluster plain(config), pushed(config);
   ASSERT_NE(plain.client, nullptr);
   ASSERT_NE(pushed.client, nullptr);
-  std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
   WorkerCounters counters;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
-                       GradientPusher::Create(cpu.get(), pushed.client.get(),
-                                              config, &counters));
-  ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+                       Pusher(pushed, config, &counters));
+  ASSERT_OK_AND_ASSIGN(float* device, Device());
   constexpr int kSteps = 5;
   for (int step = 0; step < kSteps; ++step) {
     const std::vector<float> g = Gradient(step);
     ASSERT_OK(plain.client->Push(g, {step, step}, 8));
-    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK(cpu_->CopyToDevice(g.data(), device, 53 * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> push,
                          pusher->Push(device, {step, step}, 8, 8 * step));
     // The pusher copied the gradient: the device buffer may change now.
-    cpu->Fill(53, 1e9f, device);
+    cpu_->Fill(53, 1e9f, device);
     ASSERT_OK(push->Wait());
   }
-  cpu->Free(device);
   EXPECT_TRUE(std::isnan(counters.residual_norm.load()));  // no residual
   EXPECT_EQ(pushed.client->bytes_pushed(), plain.client->bytes_pushed());
   EXPECT_EQ(pushed.Weights(kSteps), plain.Weights(kSteps));
 }
 
-TEST(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
+TEST_F(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
   // The backend's codec with the pusher's residual against the host codec
   // with one of the test's, pushed shard by shard through PsClient.
   const TrainingConfig config = ResolvedConfig(kOneBit);
   Cluster by_hand(config), pushed(config);
   ASSERT_NE(by_hand.client, nullptr);
   ASSERT_NE(pushed.client, nullptr);
-  std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
   WorkerCounters counters;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
-                       GradientPusher::Create(cpu.get(), pushed.client.get(),
-                                              config, &counters));
-  ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+                       Pusher(pushed, config, &counters));
+  ASSERT_OK_AND_ASSIGN(float* device, Device());
   const std::vector<float> initial = pushed.Weights(0);
   std::vector<float> residual(53, 0.0f);
   constexpr int kSteps = 5;
@@ -131,7 +155,7 @@ TEST(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
                             encoded[s].scales.size()));
     }
     ASSERT_OK(push->Wait());
-    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK(cpu_->CopyToDevice(g.data(), device, 53 * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> pushing,
                          pusher->Push(device, {step, step}, 8, 8 * step));
     ASSERT_OK(pushing->Wait());
@@ -144,24 +168,21 @@ TEST(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
       EXPECT_DOUBLE_EQ(counters.residual_norm.load(), std::sqrt(sum));
     }
   }
-  cpu->Free(device);
   EXPECT_EQ(pushed.client->bytes_pushed(), by_hand.client->bytes_pushed());
   const std::vector<float> weights = pushed.Weights(kSteps);
   EXPECT_EQ(weights, by_hand.Weights(kSteps));
   EXPECT_NE(weights, initial);
 }
 
-TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
+TEST_F(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
   const TrainingConfig config = ResolvedConfig(kFloat32);
   Cluster cluster(config);
   ASSERT_NE(cluster.client, nullptr);
-  std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<GradientPusher> pusher,
-      GradientPusher::Create(cpu.get(), cluster.client.get(), config));
-  ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                       Pusher(cluster, config));
+  ASSERT_OK_AND_ASSIGN(float* device, Device());
   auto upload = [&](const std::vector<float>& g) {
-    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK(cpu_->CopyToDevice(g.data(), device, 53 * sizeof(float)));
   };
   // Nothing given and nothing accumulated.
   EXPECT_THAT(pusher->Push(nullptr, {0, 0}, 8, /*sample_offset=*/0).status(),
@@ -193,23 +214,20 @@ TEST(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
   ASSERT_OK(push->Wait());
   for (size_t i = 0; i < expected.size(); ++i) expected[i] -= 0.0f + g1[i];
   EXPECT_EQ(cluster.Weights(2), expected);
-  cpu->Free(device);
 }
 
-TEST(GradientPusherTest, PushWithAPullTargetGetsTheWeightsThatIncludeIt) {
+TEST_F(GradientPusherTest, PushWithAPullTargetGetsTheWeightsThatIncludeIt) {
   for (const char* text : {kFloat32, kOneBit}) {
     SCOPED_TRACE(text);
     const TrainingConfig config = ResolvedConfig(text);
     Cluster cluster(config);
     ASSERT_NE(cluster.client, nullptr);
-    std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-    ASSERT_OK_AND_ASSIGN(
-        std::unique_ptr<GradientPusher> pusher,
-        GradientPusher::Create(cpu.get(), cluster.client.get(), config));
-    ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                         Pusher(cluster, config));
+    ASSERT_OK_AND_ASSIGN(float* device, Device());
     const std::vector<float> initial = cluster.Weights(0);
     const std::vector<float> g = Gradient(4);
-    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK(cpu_->CopyToDevice(g.data(), device, 53 * sizeof(float)));
     std::vector<float> params(53, -7.0f);
     std::vector<int64_t> versions;
     const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
@@ -220,30 +238,26 @@ TEST(GradientPusherTest, PushWithAPullTargetGetsTheWeightsThatIncludeIt) {
     EXPECT_THAT(versions, testing::ElementsAre(1, 1));
     EXPECT_EQ(params, cluster.Weights(1));
     EXPECT_NE(params, initial);
-    cpu->Free(device);
   }
 }
 
 // A staged push sends shard 1's part as soon as Ready says its range is
 // final: shard 1 closes its step (one worker) while shard 0 has nothing
 // yet, and Finish sends shard 0's. The weights come out as a plain push's.
-TEST(GradientPusherTest, AStagedPushSendsEachShardOnceItsRangeIsFinal) {
+TEST_F(GradientPusherTest, AStagedPushSendsEachShardOnceItsRangeIsFinal) {
   for (const char* text : {kFloat32, kOneBit}) {
     SCOPED_TRACE(text);
     const TrainingConfig config = ResolvedConfig(text);
     Cluster plain(config), staged(config);
     ASSERT_NE(plain.client, nullptr);
     ASSERT_NE(staged.client, nullptr);
-    std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-    ASSERT_OK_AND_ASSIGN(
-        std::unique_ptr<GradientPusher> plain_pusher,
-        GradientPusher::Create(cpu.get(), plain.client.get(), config));
-    ASSERT_OK_AND_ASSIGN(
-        std::unique_ptr<GradientPusher> pusher,
-        GradientPusher::Create(cpu.get(), staged.client.get(), config));
-    ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> plain_pusher,
+                         Pusher(plain, config));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                         Pusher(staged, config));
+    ASSERT_OK_AND_ASSIGN(float* device, Device());
     const std::vector<float> g = Gradient(2);
-    ASSERT_OK(cpu->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK(cpu_->CopyToDevice(g.data(), device, 53 * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> plain_push,
                          plain_pusher->Push(device, {0, 0}, 8, 0));
     ASSERT_OK(plain_push->Wait());
@@ -272,25 +286,21 @@ TEST(GradientPusherTest, AStagedPushSendsEachShardOnceItsRangeIsFinal) {
     EXPECT_EQ(params, plain.Weights(1));
     EXPECT_EQ(staged.Weights(1), plain.Weights(1));
     EXPECT_EQ(staged.client->bytes_pushed(), plain.client->bytes_pushed());
-    cpu->Free(device);
   }
 }
 
-TEST(GradientPusherTest, AStagedPushTakesNoAccumulatedSteps) {
+TEST_F(GradientPusherTest, AStagedPushTakesNoAccumulatedSteps) {
   const TrainingConfig config = ResolvedConfig(kFloat32);
   Cluster cluster(config);
   ASSERT_NE(cluster.client, nullptr);
-  std::unique_ptr<ComputeBackend> cpu = MakeCpuBackend(1);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<GradientPusher> pusher,
-      GradientPusher::Create(cpu.get(), cluster.client.get(), config));
-  ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(53));
-  cpu->Fill(53, 0.5f, device);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                       Pusher(cluster, config));
+  ASSERT_OK_AND_ASSIGN(float* device, Device());
+  cpu_->Fill(53, 0.5f, device);
   ASSERT_OK(pusher->Accumulate(device));
   EXPECT_THAT(pusher->Start(device, {0, 0}, 8, 0).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("nothing accumulated")));
-  cpu->Free(device);
 }
 
 }  // namespace
