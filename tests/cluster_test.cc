@@ -297,6 +297,33 @@ TEST_F(ClusterTest, SyncPushesDuringBackwardTrainBitForBitAsAfterIt) {
   EXPECT_NE(pushed_after, initial);
 }
 
+// Downpour (n_push = n_fetch = 1: a push-pull a step) sends each shard's
+// part during backward too; with one worker its run is deterministic, and
+// the same bit for bit either way.
+TEST_F(ClusterTest, DownpourPushesDuringBackwardTrainBitForBitAsAfterIt) {
+  const std::string common_config =
+      "layer_sizes: [20, 8, 30, 10] batch_size: 20 epochs: 2 seed: 3 "
+      "call_timeout_s: 60 weight_decay: 0.001 mode: DOWNPOUR ";
+  const TrainingConfig after =
+      ResolvedConfig(common_config + "push_after_backward: true");
+  ASSERT_NO_FATAL_FAILURE(StartServers(after));
+  ASSERT_NO_FATAL_FAILURE(Train(after, /*resume=*/false, /*ranks=*/{0}));
+  ASSERT_OK(results_[0].status());
+  const std::vector<float> pushed_after = final_params_[0];
+  EXPECT_EQ(counters_[0].shard_pushes_during_backward.load(), 0);
+  servers_.clear();
+  addresses_.clear();
+
+  const TrainingConfig during = ResolvedConfig(common_config);
+  ASSERT_NO_FATAL_FAILURE(StartServers(during));
+  ASSERT_NO_FATAL_FAILURE(Train(during, /*resume=*/false, /*ranks=*/{0}));
+  ASSERT_OK(results_[0].status());
+  EXPECT_EQ(results_[0]->steps, 20);
+  EXPECT_EQ(counters_[0].shard_pushes_during_backward.load(), 20);
+  EXPECT_TRUE(final_params_[0] == pushed_after)
+      << "differs from pushes after backward";
+}
+
 // A ring member that stops breaks the ring: its peer's next all-reduce
 // fails with UNAVAILABLE (not a hang), naming the ring.
 TEST_F(ClusterTest, AllreduceEndsWithAnErrorWhenAWorkerStops) {

@@ -149,21 +149,19 @@ class DownpourLoop : public TrainingLoop {
       }
       absl::StatusOr<BatchResult> result;
       auto step = [&]() -> absl::Status {
+        // The push carries the versions its gradient was computed from;
+        // the answer replaces them (and the weights) with the shards' new
+        // ones. Each shard's part leaves as soon as backward has made it
+        // final.
+        std::unique_ptr<PendingCall> push;
         {
           PhaseTimer timer(c.counters, Phase::kCompute);
           if (auto s = params.Commit(); !s.ok()) return s;
-          result = ComputeBatchGradients(c, *batches);
+          result = ComputeAndPush(c, *batches, pusher, versions, &next, &push);
           if (!result.ok()) return result.status();
         }
         PhaseTimer timer(c.counters, Phase::kPushPull);
-        // The push carries the versions its gradient was computed from;
-        // the answer replaces them (and the weights) with the shards' new
-        // ones.
-        absl::StatusOr<std::unique_ptr<PendingCall>> push =
-            pusher.Push(c.model->device_gradients(), versions,
-                        batches->batch_size(), batches->sample_offset(), &next);
-        if (!push.ok()) return push.status();
-        return (*push)->Wait();
+        return push->Wait();
       };
       if (auto s = RidingOut(c, step, pull); !s.ok()) return s;
       progress.Step(result->loss, batches->batch_size());

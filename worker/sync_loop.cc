@@ -148,28 +148,9 @@ class SyncLoop : public TrainingLoop {
     {
       PhaseTimer timer(c.counters, Phase::kCompute);
       if (auto s = params->Commit(); !s.ok()) return s;
-      // Each shard's part leaves as soon as backward has made it final
-      // (unless the config says to wait for the whole pass): the answer of
-      // a shard, its range's next weights, may land in `params` while
-      // backward goes on below that range, which it no longer reads.
-      absl::StatusOr<std::unique_ptr<StagedPush>> staged =
-          pusher.Start(c.model->device_gradients(), *versions,
-                       batches.batch_size(), batches.sample_offset(), &next);
-      if (!staged.ok()) return staged.status();
-      Model::GradientsReady ready;
-      if (!c.config.push_after_backward()) {
-        ready = [&staged](uint64_t from) { (*staged)->Ready(from); };
-      }
-      step = ComputeBatchGradients(c, batches, ready);
-      if (!step.ok()) return step.status();  // ~StagedPush waits for it
+      step = ComputeAndPush(c, batches, pusher, *versions, &next, &push);
+      if (!step.ok()) return step.status();
       *computed = *step;
-      if (c.counters != nullptr) {
-        c.counters->shard_pushes_during_backward += (*staged)->sent_early();
-      }
-      absl::StatusOr<std::unique_ptr<PendingCall>> finished =
-          (*staged)->Finish();
-      if (!finished.ok()) return finished.status();
-      push = *std::move(finished);
     }
     if (absl::Status status = push_pull(std::move(push)); !status.ok()) {
       return status;

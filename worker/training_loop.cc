@@ -346,6 +346,30 @@ absl::StatusOr<BatchResult> ComputeBatchGradients(
                                          batches.batch_size(), ready);
 }
 
+absl::StatusOr<BatchResult> ComputeAndPush(
+    const WorkerContext& context, const BatchStream& batches,
+    GradientPusher& pusher, const std::vector<int64_t>& versions,
+    const PullTarget* pull, std::unique_ptr<PendingCall>* push) {
+  absl::StatusOr<std::unique_ptr<StagedPush>> staged =
+      pusher.Start(context.model->device_gradients(), versions,
+                   batches.batch_size(), batches.sample_offset(), pull);
+  if (!staged.ok()) return staged.status();
+  Model::GradientsReady ready;
+  if (!context.config.push_after_backward()) {
+    ready = [&staged](uint64_t from) { (*staged)->Ready(from); };
+  }
+  absl::StatusOr<BatchResult> step =
+      ComputeBatchGradients(context, batches, ready);
+  if (!step.ok()) return step.status();  // ~StagedPush waits for it
+  if (context.counters != nullptr) {
+    context.counters->shard_pushes_during_backward += (*staged)->sent_early();
+  }
+  absl::StatusOr<std::unique_ptr<PendingCall>> finished = (*staged)->Finish();
+  if (!finished.ok()) return finished.status();
+  *push = *std::move(finished);
+  return step;
+}
+
 PulledParams::PulledParams(Model* model) : model_(model) {
   const size_t n = model->layout().num_params();
   if (model->backend()->HostMemory()) {

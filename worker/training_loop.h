@@ -21,6 +21,7 @@
 #include "proto/config.pb.h"
 #include "proto/metrics.pb.h"
 #include "worker/dataset.h"
+#include "worker/gradient_pusher.h"
 #include "worker/model/model.h"
 #include "worker/parameter_client.h"
 #include "worker/ring.h"
@@ -248,6 +249,18 @@ float LearningRateScale(const TrainingConfig& config, int epoch);
 absl::StatusOr<BatchResult> ComputeBatchGradients(
     const WorkerContext& context, const BatchStream& batches,
     const Model::GradientsReady& ready = nullptr);
+
+// The batch's gradients (as ComputeBatchGradients), pushed with `pull` as
+// a push-pull from `versions`: each shard's part leaves as soon as backward
+// has made its range final, the last shard's first, while backward goes on
+// below it (StagedPush; unless the config's push_after_backward), and
+// counts in counters->shard_pushes_during_backward if it did. The push to
+// wait on lands in *push. The answer of a shard sent early may write its
+// range of pull->params while backward runs: backward no longer reads it.
+absl::StatusOr<BatchResult> ComputeAndPush(
+    const WorkerContext& context, const BatchStream& batches,
+    GradientPusher& pusher, const std::vector<int64_t>& versions,
+    const PullTarget* pull, std::unique_ptr<PendingCall>* push);
 
 // Where a loop's pulls put the weights: straight into the model's own
 // parameters where the backend keeps them in host memory (no copy), else

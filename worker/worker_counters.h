@@ -50,7 +50,7 @@ struct WorkerCounters {
   // ring neighbours (worker/ring.h).
   std::atomic<int64_t> ring_bytes_sent{0};
   std::atomic<int64_t> ring_bytes_received{0};
-  // Sync: shards' parts of pushes sent during backward (StagedPush).
+  // Shards' parts of push-pulls sent during backward (StagedPush).
   std::atomic<int64_t> shard_pushes_during_backward{0};
 };
 
