@@ -1,9 +1,11 @@
 // libFuzzer target: the config parser. Any text either is refused with a
 // status or parses; a parsed config either resolves (the model's shape
 // taken, where the config leaves it open, from a Fashion-MNIST-like data set)
-// or is refused; a resolved config has a model with parameters and fits a
-// batch, and printed and parsed again resolves, with no data, to the same
-// config (the same fingerprint): otherwise the target traps.
+// or is refused; a resolved config has a model with parameters (made of
+// layers: with at least 2 classes, fitting a batch; or a script's tensors,
+// which sparse_lr resolves to: no layers, so no classes), and printed and
+// parsed again resolves, with no data, to the same config (the same
+// fingerprint): otherwise the target traps.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -28,9 +30,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!resolved.ok()) return 0;
   const monsoon::common::ModelLayout layout =
       monsoon::common::ModelLayout::FromConfig(*resolved);
-  if (layout.num_params() == 0 || layout.num_classes() < 2 ||
-      layout.LargestBufferPerExample() * resolved->batch_size() >=
-          (uint64_t{1} << 31)) {
+  if (layout.num_params() == 0) __builtin_trap();
+  if (resolved->tensors_size() == 0 &&
+      (layout.num_classes() < 2 ||
+       layout.LargestBufferPerExample() * resolved->batch_size() >=
+           (uint64_t{1} << 31))) {
     __builtin_trap();
   }
   const std::string printed = monsoon::common::ConfigToText(*resolved);
