@@ -339,6 +339,29 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertLess(metrics["final_test_loss"],
                         0.8 * eval_loss(model_for_test()))
 
+    def test_launch_local_gives_a_script_a_presets_rates_not_its_model(self):
+        # --model=lenet brings the preset's weight decay and schedule; its
+        # model's own settings (the zero output layer) are not the script's,
+        # whose model is its own.
+        script = os.path.join(self.dir, "launched.py")
+        with open(script, "w") as f:
+            f.write(LAUNCHED)
+        work_dir = os.path.join(self.dir, "run")
+        run = subprocess.run(
+            [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
+             "--model=lenet", "--mode=sync", "--servers=1", "--workers=2",
+             "--epochs=1", "--batch_size=8", "--eval_interval_s=0.5",
+             "--metrics_port=0", "--max_restarts=0", "--work_dir=" + work_dir],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stdout[-4000:])
+        self.assertIn("the script's model: 4 tensors, 58 parameters", run.stdout)
+        config = open(os.path.join(work_dir, "config.textproto")).read()
+        self.assertIn("weight_decay: 0.0005\n", config)
+        self.assertIn("lr_decay_epochs: 10\n", config)
+        self.assertNotIn("output_init", config)
+        self.assertNotIn("layers", config)
+
     def test_launch_local_says_when_the_script_writes_no_layout(self):
         script = os.path.join(self.dir, "nolayout.py")
         with open(script, "w") as f:

@@ -63,6 +63,9 @@ absl::StatusOr<TrainingConfig> ExportScriptLayout(
   without_model.clear_num_classes();
   without_model.clear_tensors();
   without_model.clear_initial_weights();
+  // A preset's initialization is its own layers' (lenet's zero output
+  // layer); a script's model starts from its own rank 0's weights.
+  without_model.clear_output_init();
   const std::string base_path = work_dir + "/script-base.config";
   const std::string layout_path = work_dir + "/script-layout.config";
   {
