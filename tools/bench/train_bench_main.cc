@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -223,13 +224,26 @@ absl::StatusOr<MonsoonRun> RunMonsoon(Mode mode, Model model, int workers,
         absl::GetFlag(FLAGS_python), " ", script,
         " --mode=monsoon --threads=1 --model=", common::ModelName(model));
   }
-  // The daemons' lines go nowhere; failures come back as errors naming
-  // the process.
-  supervisor->set_line_sink([](int, const std::string&) {});
+  // The daemons' lines are kept, not printed: the last of them follow a
+  // failure's error, which names the process, so that what they said
+  // about it is there to read.
+  constexpr size_t kLinesKept = 40;
+  std::deque<std::string> last_lines;
+  supervisor->set_line_sink([&](int id, const std::string& line) {
+    last_lines.push_back(absl::StrCat("[", supervisor->role(id), "] ", line));
+    if (last_lines.size() > kLinesKept) last_lines.pop_front();
+  });
   absl::StatusOr<RunMetrics> metrics = RunLocalCluster(options, supervisor);
   supervisor->StopAll(absl::Seconds(5));
   supervisor->set_line_sink(nullptr);
-  if (!metrics.ok()) return metrics.status();
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "train_bench: the run's last %zu output lines:\n",
+                 last_lines.size());
+    for (const std::string& line : last_lines) {
+      std::fprintf(stderr, "  %s\n", line.c_str());
+    }
+    return metrics.status();
+  }
   if (metrics->train_time_s <= 0) {
     return absl::InternalError("the run trained no steps");
   }
