@@ -46,11 +46,6 @@ absl::Status PushDecoder::Add(const grpc::ByteBuffer& message) {
     return absl::InvalidArgumentError(
         "only the first chunk may carry a header");
   }
-  if (chunk_.offset != received_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk at offset ", chunk_.offset, " but ", received_,
-                     " values have arrived: chunks must be in order"));
-  }
   absl::Status added =
       push_encoding_ == ENCODING_ONEBIT ? AddOneBit(chunk_) : AddFloat32(chunk_);
   reader_.Reset();  // lets go of the message's slices
@@ -190,18 +185,36 @@ absl::Status PushDecoder::AddFloat32(
                      " bytes is not a whole number of float32 values"));
   }
   const uint64_t n = chunk.data.size() / sizeof(float);
-  if (n > shard_size_ - received_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push carries more than the ", shard_size_,
-                     " values of shard ", shard_));
+  const uint64_t at = chunk.offset;
+  if (at > shard_size_ || n > shard_size_ - at) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of ", n, " values at offset ", at, " ends beyond the ",
+        shard_size_, " values of shard ", shard_));
   }
-  float* out = values_.get() + received_;
+  // Float32 chunks go on from either end of what has arrived: in order, or
+  // back to front from where the first one began (a worker sends the end
+  // of its range while its backward pass still computes the beginning).
+  if (chunks_ > 0 && at != hi_ && at + n != lo_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of ", n, " values at offset ", at, " after values [", lo_,
+        ", ", hi_, "): a chunk must begin where they end or end where they "
+        "begin"));
+  }
+  float* out = values_.get() + at;
   chunk.data.CopyTo(out);
   // Checked while the chunk is still in cache.
-  if (absl::Status bounded = CheckValues(out, n); !bounded.ok()) {
+  if (absl::Status bounded = CheckValues(out, n, at); !bounded.ok()) {
     return bounded;
   }
-  received_ += n;
+  if (chunks_ == 0) {
+    lo_ = at;
+    hi_ = at + n;
+  } else if (at == hi_) {
+    hi_ += n;
+  } else {
+    lo_ = at;
+  }
+  ++chunks_;
   return absl::OkStatus();
 }
 
@@ -214,8 +227,13 @@ absl::Status PushDecoder::AddOneBit(
         "1-bit chunk has ", chunk.scales.size(),
         " bytes of scales; it needs two float32 per bucket, at least one"));
   }
+  if (chunk.offset != hi_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("1-bit chunk at offset ", chunk.offset, " but ", hi_,
+                     " values have arrived: 1-bit chunks must be in order"));
+  }
   const uint64_t buckets = chunk.scales.size() / kScaleBytes;
-  const uint64_t left = shard_size_ - received_;
+  const uint64_t left = shard_size_ - hi_;
   if (buckets > common::OneBitBuckets(left, bucket_size_)) {
     return absl::InvalidArgumentError(
         absl::StrCat("1-bit chunk has ", buckets, " buckets but only ", left,
@@ -229,17 +247,19 @@ absl::Status PushDecoder::AddOneBit(
   chunk.scales.CopyTo(scales_.data());
   absl::Status status =
       common::OneBitDecode(bits_, scales_, bucket_size_,
-                           absl::MakeSpan(values_.get() + received_, n));
+                           absl::MakeSpan(values_.get() + hi_, n));
   if (!status.ok()) return status;
-  if (absl::Status bounded = CheckValues(values_.get() + received_, n);
+  if (absl::Status bounded = CheckValues(values_.get() + hi_, n, hi_);
       !bounded.ok()) {
     return bounded;
   }
-  received_ += n;
+  hi_ += n;
+  ++chunks_;
   return absl::OkStatus();
 }
 
-absl::Status PushDecoder::CheckValues(const float* values, uint64_t n) {
+absl::Status PushDecoder::CheckValues(const float* values, uint64_t n,
+                                      uint64_t first) {
   float max_abs = 0.0f;
   const uint64_t bad =
       common::FirstOutside(values, n, limits_.max_abs_value, &max_abs);
@@ -249,12 +269,12 @@ absl::Status PushDecoder::CheckValues(const float* values, uint64_t n) {
   }
   if (!std::isfinite(values[bad])) {
     return absl::InvalidArgumentError(
-        absl::StrCat("push value ", received_ + bad, " is ", values[bad],
+        absl::StrCat("push value ", first + bad, " is ", values[bad],
                      ": gradients must be finite (did training diverge? "
                      "try a lower learning rate)"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "push value ", received_ + bad, " is ", values[bad],
+      "push value ", first + bad, " is ", values[bad],
       ", beyond the shard's bound of ", limits_.max_abs_value,
       " (--max_abs_gradient): a value that large would swamp the weights "
       "or the optimizer's state"));
@@ -267,9 +287,9 @@ absl::StatusOr<PushData> PushDecoder::Finish() {
   if (!have_header_) {
     return absl::InvalidArgumentError("empty push: no header");
   }
-  if (received_ != shard_size_) {
+  if (lo_ != 0 || hi_ != shard_size_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "push ended after ", received_, " of ", shard_size_, " values"));
+        "push ended after ", hi_ - lo_, " of ", shard_size_, " values"));
   }
   PushData push = data_;
   push.values = absl::MakeConstSpan(values_.get(), shard_size_);

@@ -1,6 +1,7 @@
 // PushDecoder reassembles and validates one push stream for one shard: the
-// header, chunk offsets and sizes, the total length and finiteness, chunk
-// by chunk as the messages arrive (common/wire.h reads them). It also
+// header, chunk offsets and sizes (float32 chunks in order or back to
+// front, proto/service.proto's Push), the total length and finiteness,
+// chunk by chunk as the messages arrive (common/wire.h reads them). It also
 // decodes 1-bit pushes (common/onebit.h) into float32 values. The values go
 // into one buffer from the shard's pool, copied once out of the received
 // messages. Nothing reaches an update rule unless all of it checks out. One
@@ -95,10 +96,10 @@ class PushDecoder {
   absl::Status AddOneBit(const common::MessageReader::PushChunkView& chunk);
   // Gives the rank's slot back, if this push holds one.
   void ReleaseSlot();
-  // INVALID_ARGUMENT for the first of values[0, n) (the next n of the push)
-  // that is not finite or beyond limits_.max_abs_value; else takes their
-  // largest magnitude into the push's max_abs.
-  absl::Status CheckValues(const float* values, uint64_t n);
+  // INVALID_ARGUMENT for the first of values[0, n) (the push's values
+  // first to first + n) that is not finite or beyond limits_.max_abs_value;
+  // else takes their largest magnitude into the push's max_abs.
+  absl::Status CheckValues(const float* values, uint64_t n, uint64_t first);
 
   // Constant after construction.
   const PushLimits limits_;
@@ -117,7 +118,10 @@ class PushDecoder {
   common::MessageReader reader_;
   common::MessageReader::PushChunkView chunk_;
   bool have_header_ = false;
-  uint64_t received_ = 0;
+  // Values [lo_, hi_) of the shard's have arrived, in chunks_ chunks.
+  uint64_t lo_ = 0;
+  uint64_t hi_ = 0;
+  int64_t chunks_ = 0;
   FloatBufferPool::Buffer values_;
   PushData data_;
   // 1-bit: one chunk's bits and scales, copied out of the message.

@@ -330,8 +330,8 @@ TEST_F(ParameterServiceTest,
           first.mutable_header()->set_length(26);
           return first;
         }(),
-        Chunk(14, Filled(13, 1.0f))},
-       "in order"},
+        Chunk(14, Filled(12, 1.0f))},
+       "must begin where they end or end where they begin"},
       {"NaN", {OneChunkPush(0, 0, 0, with_nan)}, "push value 7 is nan"},
       {"Inf", {OneChunkPush(0, 0, 0, with_inf)}, "push value 25 is inf"},
       {"-Inf", {OneChunkPush(0, 0, 0, with_minus_inf)}, "push value 0 is -inf"},

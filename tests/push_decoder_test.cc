@@ -192,24 +192,69 @@ TEST(PushDecoderTest, NegativeBaseVersionOrSamplesIsInvalid) {
               StatusIs(kInvalid, HasSubstr("negative")));
 }
 
-TEST(PushDecoderTest, ChunksOutOfOrderAreInvalid) {
-  {
-    TestDecoder decoder(kShard, kSize, kWorkers);
-    PushChunk first = First({1, 2});
-    first.set_offset(1);
-    EXPECT_THAT(decoder.Add(first), StatusIs(kInvalid, HasSubstr("in order")));
-  }
+TEST(PushDecoderTest, ChunksMayComeBackToFront) {
+  // What a worker sends while its backward pass runs: the end of the range
+  // first, then each chunk ending where the ones before it begin.
+  TestDecoder decoder(kShard, kSize, kWorkers);
+  PushChunk last = First({4, 5});
+  last.set_offset(3);
+  ASSERT_OK(decoder.Add(last));
+  ASSERT_OK(decoder.Add(Chunk(1, {2, 3})));
+  ASSERT_OK(decoder.Add(Chunk(0, {1})));
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_THAT(push->values, ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_EQ(push->samples, 32);
+
+  // Both ways in one push: on from the first chunk's end, and back from
+  // its beginning.
+  TestDecoder both(kShard, kSize, kWorkers);
+  PushChunk middle = First({3});
+  middle.set_offset(2);
+  ASSERT_OK(both.Add(middle));
+  ASSERT_OK(both.Add(Chunk(3, {4, 5})));
+  ASSERT_OK(both.Add(Chunk(0, {1, 2})));
+  push = both.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_THAT(push->values, ElementsAre(1, 2, 3, 4, 5));
+}
+
+TEST(PushDecoderTest, ChunksThatLeaveAGapOrOverlapAreInvalid) {
   {
     TestDecoder decoder(kShard, kSize, kWorkers);
     ASSERT_OK(decoder.Add(First({1, 2})));
     EXPECT_THAT(decoder.Add(Chunk(3, {4, 5})),
-                StatusIs(kInvalid, HasSubstr("chunk at offset 3")));
+                StatusIs(kInvalid, HasSubstr("at offset 3 after values [0, 2)")));
   }
   {
     TestDecoder decoder(kShard, kSize, kWorkers);
     ASSERT_OK(decoder.Add(First({1, 2})));
     EXPECT_THAT(decoder.Add(Chunk(0, {1, 2})),
-                StatusIs(kInvalid, HasSubstr("chunk at offset 0")));
+                StatusIs(kInvalid, HasSubstr("at offset 0 after values [0, 2)")));
+  }
+  {
+    // Back to front, one value short of where the last chunk began.
+    TestDecoder decoder(kShard, kSize, kWorkers);
+    PushChunk last = First({4, 5});
+    last.set_offset(3);
+    ASSERT_OK(decoder.Add(last));
+    EXPECT_THAT(decoder.Add(Chunk(0, {1, 2})),
+                StatusIs(kInvalid, HasSubstr("must begin where they end or end "
+                                             "where they begin")));
+    EXPECT_THAT(decoder.Finish(),
+                StatusIs(kInvalid, HasSubstr("ended after 2 of 5 values")));
+  }
+  {
+    // A first chunk that ends beyond the shard, from an offset near 2^64.
+    TestDecoder decoder(kShard, kSize, kWorkers);
+    PushChunk beyond = First({1, 2});
+    beyond.set_offset(4);
+    EXPECT_THAT(decoder.Add(beyond),
+                StatusIs(kInvalid, HasSubstr("ends beyond the 5 values")));
+    TestDecoder wraps(kShard, kSize, kWorkers);
+    beyond.set_offset(~uint64_t{0});
+    EXPECT_THAT(wraps.Add(beyond),
+                StatusIs(kInvalid, HasSubstr("ends beyond the 5 values")));
   }
 }
 
@@ -230,12 +275,12 @@ TEST(PushDecoderTest, ChunkOfPartialFloatIsInvalid) {
 TEST(PushDecoderTest, MoreValuesThanTheShardHoldsIsInvalid) {
   TestDecoder decoder(kShard, kSize, kWorkers);
   EXPECT_THAT(decoder.Add(First({1, 2, 3, 4, 5, 6})),
-              StatusIs(kInvalid, HasSubstr("more than the 5 values")));
+              StatusIs(kInvalid, HasSubstr("ends beyond the 5 values")));
 
   TestDecoder split(kShard, kSize, kWorkers);
   ASSERT_OK(split.Add(First({1, 2, 3})));
   EXPECT_THAT(split.Add(Chunk(3, {4, 5, 6})),
-              StatusIs(kInvalid, HasSubstr("more than the 5 values")));
+              StatusIs(kInvalid, HasSubstr("ends beyond the 5 values")));
 }
 
 TEST(PushDecoderTest, TooShortPushIsInvalid) {
@@ -415,6 +460,17 @@ TEST_F(OneBitPushDecoderTest, MultiChunkPushDecodes) {
   EXPECT_FLOAT_EQ(push->values[2], 3.0f);
   EXPECT_FLOAT_EQ(push->values[3], 3.0f);
   EXPECT_FLOAT_EQ(push->values[4], -3.0f);
+}
+
+TEST_F(OneBitPushDecoderTest, ChunksMustComeInOrder) {
+  // 1-bit chunks hold whole buckets counted from the range's start: only
+  // float32 pushes may come back to front.
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  PushChunk last = Encoded(4, 5);
+  *last.mutable_header() = OneBitHeader();
+  EXPECT_THAT(decoder.Add(last),
+              StatusIs(kInvalid, HasSubstr("1-bit chunk at offset 4 but 0 "
+                                           "values have arrived")));
 }
 
 TEST_F(OneBitPushDecoderTest, WrongBucketSizeIsInvalid) {
