@@ -78,6 +78,11 @@ ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and worker/ps_{worker,evaluator} "
           "(default: found beside this binary).");
 ABSL_FLAG(bool, json, false, "Print one JSON object per case.");
+ABSL_FLAG(std::string, config_text, "",
+          "Text-format TrainingConfig fields for every Monsoon run, set before "
+          "the flags above (which win) and resolution, e.g. "
+          "'push_after_backward: true' to measure a setting against its "
+          "default in one sitting. The PyTorch references do not see them.");
 ABSL_FLAG(std::string, worker, "cpp",
           "Comma-separated kinds of Monsoon worker: cpp (ps_worker), torch "
           "(tools/bench/torch_reference.py --mode=monsoon, PyTorch's model "
@@ -197,7 +202,10 @@ absl::StatusOr<MonsoonRun> RunMonsoon(Mode mode, Model model, int workers,
                                       WorkerKind kind,
                                       const std::string& script,
                                       ProcessSupervisor* supervisor) {
-  TrainingConfig config;
+  absl::StatusOr<TrainingConfig> extra =
+      common::ParseConfigText(absl::GetFlag(FLAGS_config_text));
+  if (!extra.ok()) return extra.status();
+  TrainingConfig config = *std::move(extra);
   config.set_mode(mode);
   config.set_model(model);
   config.set_epochs(absl::GetFlag(FLAGS_epochs));
@@ -264,6 +272,13 @@ int Fail(int code, const absl::Status& status) {
 }
 
 int Main(ProcessSupervisor* supervisor) {
+  if (absl::StatusOr<TrainingConfig> extra =
+          common::ParseConfigText(absl::GetFlag(FLAGS_config_text));
+      !extra.ok()) {
+    return Fail(kUsageError,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--config_text: ", extra.status().message())));
+  }
   std::vector<Mode> modes;
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
