@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -57,8 +58,41 @@ class FakeParameterClient::Push : public worker::ShardedPush {
     sent_[shard] = true;
   }
 
+  // Takes each part's values when it is said to be final, as the real
+  // client streams them then; the shard counts as sent once all are.
+  void SendFrom(int shard, const worker::ShardPayload& payload,
+                uint64_t from) override {
+    const common::ShardRange& range = client_->ranges_[shard];
+    if (payload.encoding != ENCODING_FLOAT32 ||
+        payload.values != range.size() || from == 0 || from >= range.size()) {
+      error_ = absl::InvalidArgumentError(absl::StrCat(
+          "the fake takes float32 parts from inside the range; shard ", shard,
+          " got ", payload.values, " values from ", from));
+      return;
+    }
+    parts_[shard] = {reinterpret_cast<const float*>(payload.data.data()),
+                     range.size()};
+    Take(shard, from);
+  }
+
+  void Extend(int shard, uint64_t from) override {
+    if (parts_.count(shard) == 0) {
+      error_ = absl::InvalidArgumentError(
+          absl::StrCat("Extend of shard ", shard, " without SendFrom"));
+      return;
+    }
+    Take(shard, from);
+  }
+
   absl::Status Wait() override {
     if (!error_.ok()) return error_;
+    for (const auto& [shard, part] : parts_) {
+      if (part.taken_from != 0) {
+        return absl::AbortedError(absl::StrCat(
+            "the push to shard ", shard, " was given up before its payload "
+            "was final"));
+      }
+    }
     for (size_t s = 0; s < sent_.size(); ++s) {
       if (!sent_[s]) {
         return absl::FailedPreconditionError(
@@ -75,7 +109,23 @@ class FakeParameterClient::Push : public worker::ShardedPush {
   std::vector<PushResponse>* const results_;
   std::optional<worker::PullTarget> pull_;
   std::vector<float> gradient_;
+  // A payload sent in parts: its values, and where those taken begin.
+  struct Part {
+    const float* values = nullptr;
+    uint64_t taken_from = 0;
+  };
+  void Take(int shard, uint64_t from) {
+    Part& part = parts_[shard];
+    if (from >= part.taken_from) return;
+    const uint64_t begin = client_->ranges_[shard].begin;
+    std::memcpy(gradient_.data() + begin + from, part.values + from,
+                (part.taken_from - from) * sizeof(float));
+    part.taken_from = from;
+    if (from == 0) sent_[shard] = true;
+  }
+
   std::vector<bool> sent_;
+  std::map<int, Part> parts_;
   absl::Status error_;
 };
 

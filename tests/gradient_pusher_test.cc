@@ -1,6 +1,7 @@
 // GradientPusher on the CPU backend against real ShardServers on 127.0.0.1.
 #include "worker/gradient_pusher.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -52,10 +53,23 @@ std::vector<float> Gradient(int step) {
   return g;
 }
 
-// Two shards, one worker.
+// Two shards (or `shards`), one worker.
 struct Cluster : testutil::LocalCluster {
-  explicit Cluster(const TrainingConfig& config) : LocalCluster(config, 2, 1) {}
+  explicit Cluster(const TrainingConfig& config, int shards = 2)
+      : LocalCluster(config, shards, 1) {}
 };
+
+// The bytes of a float32 push message of `values` values at `offset`, with
+// `header` or none.
+int64_t MessageBytes(const PushHeader* header, uint64_t offset,
+                     size_t values) {
+  const std::vector<char> data(values * sizeof(float));
+  return static_cast<int64_t>(
+      common::PushChunkMessage(header, offset,
+                               grpc::Slice(data.data(), data.size()),
+                               grpc::Slice())
+          .Length());
+}
 
 // A float32 or 1-bit payload borrowed from host bytes.
 ShardPayload Payload(PushEncoding encoding, uint64_t n, const void* data,
@@ -285,8 +299,167 @@ TEST_F(GradientPusherTest, AStagedPushSendsEachShardOnceItsRangeIsFinal) {
     EXPECT_THAT(versions, testing::ElementsAre(1, 1));
     EXPECT_EQ(params, plain.Weights(1));
     EXPECT_EQ(staged.Weights(1), plain.Weights(1));
+    // Within a range values go in whole chunks: shard 1's 27 are less than
+    // one, so it went whole, as after backward.
     EXPECT_EQ(staged.client->bytes_pushed(), plain.client->bytes_pushed());
   }
+}
+
+// 164,410 parameters: 2.5 chunks of 65,536 values on one shard.
+constexpr char kLarge[] =
+    "layer_sizes: [400, 400, 10] mode: SYNC optimizer: SGD learning_rate: 1 "
+    "momentum: 0 chunk_bytes: 262144";
+constexpr uint64_t kLargeSize = 164410;
+constexpr uint64_t kChunk = 65536;
+
+std::vector<float> LargeGradient() {
+  std::vector<float> g(kLargeSize);
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = 0.001f * static_cast<float>((i * 7) % 11) - 0.005f;
+  }
+  return g;
+}
+
+TEST_F(GradientPusherTest, OnOneShardAPushPullSendsFinalChunksDuringBackward) {
+  const TrainingConfig config = ResolvedConfig(kLarge);
+  Cluster plain(config, 1), staged(config, 1);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> plain_pusher,
+                       Pusher(plain, config));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                       Pusher(staged, config));
+  const std::vector<float> g = LargeGradient();
+  std::vector<float> plain_params(kLargeSize);
+  std::vector<int64_t> plain_versions;
+  const PullTarget plain_pull{absl::MakeSpan(plain_params), &plain_versions,
+                              absl::Seconds(30)};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> plain_push,
+                       plain_pusher->Push(g.data(), {0}, 8, 0, &plain_pull));
+  ASSERT_OK(plain_push->Wait());
+
+  // Backward ends layer by layer; the values not final yet hold NaN until
+  // then, and the shard must take only final ones.
+  std::vector<float> grads(kLargeSize, std::nanf(""));
+  std::vector<float> params(kLargeSize, -7.0f);
+  std::vector<int64_t> versions;
+  const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagedPush> push,
+                       pusher->Start(grads.data(), {0}, 8, 0, &pull));
+  const auto final_from = [&](uint64_t from) {
+    std::copy(g.begin() + from, g.end(), grads.begin() + from);
+    push->Ready(from);
+  };
+  final_from(160400);  // the last layer: less than a chunk, nothing goes
+  EXPECT_EQ(push->sent_early(), 0);
+  EXPECT_EQ(staged.client->bytes_pushed(), 0);
+  final_from(90000);  // one whole chunk final: [98874, 164410) goes
+  EXPECT_EQ(push->sent_early(), 1);
+  final_from(20000);  // one more: [33338, 98874)
+  // Both chunks are on the shard; it has not taken the push.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(staged.servers[0]->state()->version(), 0);
+  final_from(0);  // backward has ended: the rest, [0, 33338)
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> call, push->Finish());
+  ASSERT_OK(call->Wait());
+  EXPECT_EQ(push->sent_early(), 1);
+  EXPECT_THAT(versions, testing::ElementsAre(1));
+  EXPECT_EQ(params, plain_params);
+  EXPECT_EQ(staged.Weights(1), plain.Weights(1));
+  // Three messages, back to front, where the plain push sent [0, 65536),
+  // [65536, 131072) and [131072, 164410).
+  PushHeader header;  // the same bytes in both: only the framing differs
+  header.set_length(kLargeSize);
+  const uint64_t first = kLargeSize - kChunk, second = first - kChunk;
+  EXPECT_EQ(staged.client->bytes_pushed() - plain.client->bytes_pushed(),
+            MessageBytes(&header, first, kChunk) +
+                MessageBytes(nullptr, second, kChunk) +
+                MessageBytes(nullptr, 0, second) -
+                MessageBytes(&header, 0, kChunk) -
+                MessageBytes(nullptr, kChunk, kChunk) -
+                MessageBytes(nullptr, 2 * kChunk, kLargeSize - 2 * kChunk));
+}
+
+// Holding its ends, a staged push sends every shard's values but the first
+// during backward, and no shard takes any of it before Finish: until then
+// it can be given up (a script's step that turned out to differ).
+TEST_F(GradientPusherTest, AStagedPushHoldingItsEndsIsTakenOnlyAtFinish) {
+  const TrainingConfig config = ResolvedConfig(kFloat32);
+  Cluster plain(config), staged(config);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> plain_pusher,
+                       Pusher(plain, config));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                       Pusher(staged, config));
+  const std::vector<float> g = Gradient(5);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> plain_push,
+                       plain_pusher->Push(g.data(), {0, 0}, 8, 0));
+  ASSERT_OK(plain_push->Wait());
+
+  std::vector<float> params(53, 0.0f);
+  std::vector<int64_t> versions;
+  const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<StagedPush> push,
+      pusher->Start(g.data(), {0, 0}, 8, 0, &pull, /*hold_ends=*/true));
+  push->Ready(26);  // shard 1's [27, 53)
+  EXPECT_EQ(push->sent_early(), 1);
+  push->Ready(0);  // shard 0's [1, 26)
+  EXPECT_EQ(push->sent_early(), 2);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(staged.servers[0]->state()->version(), 0);
+  EXPECT_EQ(staged.servers[1]->state()->version(), 0);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> call, push->Finish());
+  ASSERT_OK(call->Wait());
+  EXPECT_THAT(versions, testing::ElementsAre(1, 1));
+  EXPECT_EQ(params, plain.Weights(1));
+  EXPECT_EQ(staged.Weights(1), plain.Weights(1));
+  // Each shard's first value went in a message of its own.
+  PushHeader header;
+  header.set_length(26);
+  PushHeader header1;
+  header1.set_length(27);
+  EXPECT_EQ(staged.client->bytes_pushed() - plain.client->bytes_pushed(),
+            MessageBytes(&header, 1, 25) + MessageBytes(nullptr, 0, 1) -
+                MessageBytes(&header, 0, 26) + MessageBytes(&header1, 1, 26) +
+                MessageBytes(nullptr, 0, 1) - MessageBytes(&header1, 0, 27));
+
+  // Holding the ends needs borrowed float32 values: a push-pull's.
+  EXPECT_THAT(pusher->Start(g.data(), {1, 1}, 8, 8, nullptr, true).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("only for float32 gradients in host memory")));
+}
+
+TEST_F(GradientPusherTest, AStagedPushGivenUpBeforeFinishLeavesTheShardsAsTheyWere) {
+  const TrainingConfig config = ResolvedConfig(kFloat32);
+  Cluster cluster(config), reference(config);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> pusher,
+                       Pusher(cluster, config));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> reference_pusher,
+                       Pusher(reference, config));
+  const std::vector<float> initial = cluster.Weights(0);
+  std::vector<float> grads = Gradient(4);
+  std::vector<float> params(53, 0.0f);
+  std::vector<int64_t> versions;
+  const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
+  {
+    ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<StagedPush> push,
+        pusher->Start(grads.data(), {0, 0}, 8, 0, &pull, /*hold_ends=*/true));
+    push->Ready(0);
+    EXPECT_EQ(push->sent_early(), 2);
+    // Given up: the step turned out other than the push said.
+  }
+  EXPECT_EQ(cluster.servers[0]->state()->version(), 0);
+  EXPECT_EQ(cluster.servers[1]->state()->version(), 0);
+  EXPECT_EQ(cluster.Weights(0), initial);
+  // The shards take the same step whole afterwards, as ones that never saw
+  // the parts do.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> again,
+                       pusher->Push(grads.data(), {0, 0}, 8, 0, &pull));
+  ASSERT_OK(again->Wait());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> whole,
+                       reference_pusher->Push(grads.data(), {0, 0}, 8, 0));
+  ASSERT_OK(whole->Wait());
+  EXPECT_EQ(cluster.Weights(1), reference.Weights(1));
+  EXPECT_EQ(params, reference.Weights(1));
 }
 
 TEST_F(GradientPusherTest, AStagedPushTakesNoAccumulatedSteps) {

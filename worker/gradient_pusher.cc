@@ -55,6 +55,8 @@ GradientPusher::GradientPusher(ComputeBackend* backend, ParameterClient* client,
       config_(config),
       encoding_(common::PushEncodingFor(config)),
       bucket_size_(config.onebit_bucket_size()),
+      chunk_values_(std::max<uint64_t>(
+          1, static_cast<uint64_t>(config.chunk_bytes()) / sizeof(float))),
       counters_(counters) {}
 
 absl::StatusOr<std::unique_ptr<GradientPusher>> GradientPusher::Create(
@@ -166,10 +168,20 @@ absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
 
 absl::StatusOr<std::unique_ptr<StagedPush>> GradientPusher::Start(
     const float* device_grads, const std::vector<int64_t>& base_versions,
-    int64_t samples, int64_t sample_offset, const PullTarget* pull) {
+    int64_t samples, int64_t sample_offset, const PullTarget* pull,
+    bool hold_ends) {
   if (device_grads == nullptr || accumulated_steps_ > 0) {
     return absl::FailedPreconditionError(
         "a staged push takes one step's gradient, with nothing accumulated");
+  }
+  // Float32 values already in host memory that stay put until Wait() are
+  // sent from where they are.
+  const bool borrow = pull != nullptr && encoding_ == ENCODING_FLOAT32 &&
+                      backend_->HostMemory();
+  if (hold_ends && !borrow) {
+    return absl::FailedPreconditionError(
+        "a staged push holds its ends only for float32 gradients in host "
+        "memory, pushed with a pull");
   }
   // The previous push's RPCs may still borrow the host buffers.
   if (!lease_.AwaitReleased(kReleaseTimeout)) {
@@ -178,27 +190,27 @@ absl::StatusOr<std::unique_ptr<StagedPush>> GradientPusher::Start(
                      absl::FormatDuration(kReleaseTimeout),
                      ": wait on a push before starting the next"));
   }
-  // Float32 values already in host memory that stay put until Wait() are
-  // sent from where they are.
-  const bool borrow = pull != nullptr && encoding_ == ENCODING_FLOAT32 &&
-                      backend_->HostMemory();
   return std::unique_ptr<StagedPush>(new StagedPush(
-      this, device_grads, borrow,
+      this, device_grads, borrow, hold_ends,
       client_->StartPush(base_versions, samples, sample_offset, &lease_,
                          nullptr, pull)));
 }
 
 StagedPush::StagedPush(GradientPusher* pusher, const float* values,
-                       bool borrow, std::unique_ptr<ShardedPush> push)
+                       bool borrow, bool hold_ends,
+                       std::unique_ptr<ShardedPush> push)
     : pusher_(pusher),
       values_(values),
       borrow_(borrow),
+      hold_ends_(hold_ends),
       push_(std::move(push)),
-      unsent_(pusher->client_->num_shards()) {}
+      state_(pusher->client_->num_shards(), ShardState::kUnsent),
+      part_from_(pusher->client_->num_shards(), 0) {}
 
 StagedPush::~StagedPush() {
-  // Not finished (backward failed): the shards sent are waited for, so
-  // that no RPC outlives the buffers it borrows.
+  // Not finished (backward failed, or the caller gave the push up): the
+  // shards sent are waited for, so that no RPC outlives the buffers it
+  // borrows; a shard sent in part takes none of it.
   if (push_ == nullptr) return;
   LeasedPush unfinished(std::move(push_), &pusher_->lease_);
   unfinished.Wait().IgnoreError();
@@ -215,23 +227,77 @@ bool StagedPush::SendShard(int s) {
     return false;
   }
   push_->Send(s, *payload);
+  state_[s] = ShardState::kWhole;
   return true;
 }
 
 void StagedPush::Ready(uint64_t from) {
-  while (failed_.ok() && unsent_ > 0 &&
-         pusher_->client_->ranges()[unsent_ - 1].begin >= from) {
-    if (!SendShard(unsent_ - 1)) return;
-    --unsent_;
-    if (from > 0) ++sent_early_;  // from 0: backward has ended
+  const std::vector<common::ShardRange>& ranges = pusher_->client_->ranges();
+  // From the last shard down, as far as the final values reach.
+  for (int s = static_cast<int>(ranges.size()) - 1; s >= 0 && failed_.ok();
+       --s) {
+    const common::ShardRange range = ranges[s];
+    if (range.end <= from) return;  // nothing final here or below
+    if (state_[s] == ShardState::kWhole) continue;
+    // The shard's own index from which its values are final; holding the
+    // ends, its first value waits for Finish.
+    uint64_t part = from > range.begin ? from - range.begin : 0;
+    if (hold_ends_) part = std::max<uint64_t>(part, 1);
+    if (part == 0) {
+      if (state_[s] == ShardState::kPart) {
+        push_->Extend(s, 0);
+        state_[s] = ShardState::kWhole;
+      } else {
+        if (!SendShard(s)) return;
+        if (from > 0) ++sent_early_;  // from 0: backward has ended
+      }
+      continue;
+    }
+    // Part of shard s is final (or, holding the ends, all but its first
+    // value): borrowed float32 values go as far as they are, and the shard
+    // takes them once the rest follow. Within a range they go in whole
+    // chunks (chunk_bytes), the messages a plain push sends them in, so
+    // that a model smaller than a chunk a shard sends no more messages than
+    // it would after backward.
+    if (!borrow_ || part >= range.size()) return;
+    const uint64_t sent_from =
+        state_[s] == ShardState::kPart ? part_from_[s] : range.size();
+    if (from > range.begin) {
+      const uint64_t chunks = (sent_from - part) / pusher_->chunk_values_;
+      if (chunks == 0) return;
+      part = sent_from - chunks * pusher_->chunk_values_;
+    }
+    if (part < sent_from) {
+      if (state_[s] == ShardState::kPart) {
+        push_->Extend(s, part);
+      } else {
+        absl::StatusOr<ShardPayload> payload =
+            pusher_->Prepare(s, values_ + range.begin, borrow_);
+        if (!payload.ok()) {
+          failed_ = payload.status();
+          return;
+        }
+        push_->SendFrom(s, *payload, part);
+        state_[s] = ShardState::kPart;
+        ++sent_early_;
+      }
+      part_from_[s] = part;
+    }
+    if (from > range.begin) return;  // the shards below have nothing final
   }
 }
 
 absl::StatusOr<std::unique_ptr<PendingCall>> StagedPush::Finish() {
   // Shard by shard: each Send starts that shard's RPC before the next
-  // shard's payload is prepared.
-  for (int s = 0; failed_.ok() && s < unsent_; ++s) SendShard(s);
-  unsent_ = 0;
+  // shard's payload is prepared; a shard sent in part gets the rest.
+  for (int s = 0; failed_.ok() && s < static_cast<int>(state_.size()); ++s) {
+    if (state_[s] == ShardState::kPart) {
+      push_->Extend(s, 0);
+      state_[s] = ShardState::kWhole;
+    } else if (state_[s] == ShardState::kUnsent) {
+      SendShard(s);
+    }
+  }
   if (failed_.ok()) failed_ = pusher_->MeasureResidual();
   auto leased = std::make_unique<LeasedPush>(std::move(push_), &pusher_->lease_);
   if (!failed_.ok()) {

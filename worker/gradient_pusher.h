@@ -39,9 +39,14 @@ class GradientPusher;
 // its whole range are final (Ready), so that it crosses the wire, and in
 // sync the shard's barrier may close and send the range's next weights,
 // while backward goes on below it (as DDP and Horovod overlap their
-// buckets with backward; here a shard's range is the bucket). The values
-// sent are the same as Push's, so the outcome is bit for bit the same.
-// Not thread-safe: the worker thread that runs backward calls it.
+// buckets with backward; here a shard's range is the bucket). Float32
+// gradients in host memory that the push borrows (a push-pull) go further:
+// the final end of a shard's range starts on its way, back to front, while
+// backward still computes the rest of the range, so that a model on one
+// shard overlaps too (the shard takes the push once all of it is final).
+// The values sent are the same as Push's, so the outcome is bit for bit
+// the same. Not thread-safe: the worker thread that runs backward calls
+// it.
 class StagedPush {
  public:
   ~StagedPush();
@@ -50,26 +55,36 @@ class StagedPush {
 
   // The gradients of parameters [from, end) are final and stay so until
   // the push has been waited on: sends each shard not sent yet whose range
-  // lies there, the last shard first.
+  // lies there, the last shard first (and the final end of a range in
+  // part, in whole chunks, where the values are borrowed). Holding the ends
+  // (GradientPusher::Start), every shard's stream stays open for Finish,
+  // which then sends each shard's first value: until then the push may
+  // still be given up by destroying it, and no shard takes any of it.
   void Ready(uint64_t from);
   // Sends the shards not sent yet, in order, and hands the push over as
   // GradientPusher::Push does (with its errors).
   absl::StatusOr<std::unique_ptr<PendingCall>> Finish();
-  // Shards sent by Ready while backward still ran (from > 0).
+  // Shards whose RPC Ready started while backward still ran (from > 0),
+  // whole or in part.
   int sent_early() const { return sent_early_; }
 
  private:
   friend class GradientPusher;
   StagedPush(GradientPusher* pusher, const float* values, bool borrow,
-             std::unique_ptr<ShardedPush> push);
+             bool hold_ends, std::unique_ptr<ShardedPush> push);
   // Prepares and sends shard s; false (and failed_ set) if it could not.
   bool SendShard(int s);
 
   GradientPusher* const pusher_;
   const float* const values_;  // all parameters' gradients
   const bool borrow_;
+  const bool hold_ends_;
   std::unique_ptr<ShardedPush> push_;
-  int unsent_ = 0;  // shards [0, unsent_) are not sent yet
+  // Each shard's: not sent yet, sent in part (SendFrom) and still open, or
+  // sent whole.
+  enum class ShardState { kUnsent, kPart, kWhole };
+  std::vector<ShardState> state_;
+  std::vector<uint64_t> part_from_;  // kPart: values from here are sent
   int sent_early_ = 0;
   absl::Status failed_;
 };
@@ -110,9 +125,14 @@ class GradientPusher {
   // device_grads must stay unchanged, once a part is final, until the push
   // has been waited on; with `pull`, so must the parameters of a part
   // sent, which its answer overwrites.
+  // With `hold_ends` (float32 in host memory with a pull only), no shard
+  // takes the push before Finish, so that the caller may still give it up
+  // (a script whose step turned out to differ from what it said when
+  // backward began).
   absl::StatusOr<std::unique_ptr<StagedPush>> Start(
       const float* device_grads, const std::vector<int64_t>& base_versions,
-      int64_t samples, int64_t sample_offset, const PullTarget* pull = nullptr);
+      int64_t samples, int64_t sample_offset, const PullTarget* pull = nullptr,
+      bool hold_ends = false);
 
   // sum += device_grads, on the device, for the next Push.
   absl::Status Accumulate(const float* device_grads);
@@ -136,6 +156,7 @@ class GradientPusher {
   const TrainingConfig config_;
   const PushEncoding encoding_;
   const int bucket_size_;
+  const uint64_t chunk_values_;  // float32 values in a chunk_bytes chunk
 
   // What the RPCs borrow: the host payloads of every shard.
   common::BufferLease lease_;

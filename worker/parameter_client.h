@@ -63,6 +63,16 @@ class ShardedPush : public PendingCall {
   // A payload whose encoding or sizes do not fit the shard and the config
   // makes the push INVALID_ARGUMENT, and that shard gets nothing.
   virtual void Send(int shard, const ShardPayload& payload) = 0;
+  // Send for a float32 payload of which only values [from, n) (the shard's
+  // own indices, 0 < from < n) are final yet: they start on their way now,
+  // the rest as Extend says. The shard takes the push once Extend(shard, 0)
+  // says the whole payload is final; a payload left unfinished when the
+  // push is waited on is given up (the shard drops it; the push fails with
+  // ABORTED). Counts as the shard's one Send.
+  virtual void SendFrom(int shard, const ShardPayload& payload,
+                        uint64_t from) = 0;
+  // Values [from, n) of shard s's payload (given to SendFrom) are final.
+  virtual void Extend(int shard, uint64_t from) = 0;
 };
 
 class ParameterClient {

@@ -107,6 +107,8 @@ class ShardedPushImpl : public ShardedPush {
                              "pushed it: the shards log the ranks it waits for)"
                            : ""))),
         sent_(client->num_shards(), false),
+        streams_(client->num_shards(), nullptr),
+        open_(client->num_shards(), false),
         scratch_(client->num_shards()),
         responses_(client->num_shards(), nullptr),
         repeat_(client->repeat_next_push_.exchange(false)) {
@@ -135,6 +137,41 @@ class ShardedPushImpl : public ShardedPush {
   ~ShardedPushImpl() override { Wait().IgnoreError(); }
 
   void Send(int shard, const ShardPayload& payload) override {
+    Start(shard, payload, 0);
+  }
+
+  void SendFrom(int shard, const ShardPayload& payload,
+                uint64_t from) override {
+    if (payload.encoding != ENCODING_FLOAT32 || from == 0 ||
+        from >= payload.values) {
+      if (!Claim(shard)) return;
+      return Fail(shard, absl::InvalidArgumentError(absl::StrCat(
+                             "a push to shard ", shard, " of ",
+                             payload.values, " values in ",
+                             PushEncoding_Name(payload.encoding),
+                             " sent from value ", from,
+                             ": only float32 payloads go in parts, from a "
+                             "value inside them")));
+    }
+    Start(shard, payload, from);
+  }
+
+  void Extend(int shard, uint64_t from) override {
+    if (shard < 0 || static_cast<size_t>(shard) >= streams_.size() ||
+        streams_[shard] == nullptr || !open_[shard]) {
+      if (misuse_.ok()) {
+        misuse_ = absl::InvalidArgumentError(absl::StrCat(
+            "Extend of shard ", shard, ", which has no unfinished payload"));
+      }
+      return;
+    }
+    if (from == 0) open_[shard] = false;
+    streams_[shard]->Extend(from);
+  }
+
+ private:
+  // Send and SendFrom: shard's stream, with values [ready_from, n) final.
+  void Start(int shard, const ShardPayload& payload, uint64_t ready_from) {
     if (!Claim(shard)) return;
     const TrainingConfig& config = client_->config_;
     const uint64_t n = client_->ranges_[shard].size();
@@ -185,11 +222,12 @@ class ShardedPushImpl : public ShardedPush {
         results_ != nullptr ? &(*results_)[shard] : &scratch_[shard];
     responses_[shard] = response;
     const common::ShardRange range = client_->ranges_[shard];
-    StartPushCall(
+    streams_[shard] = StartPushCall(
         client_->shards_[shard], &calls_, shard, std::move(header),
         Borrow(payload.data), Borrow(payload.scales),
         common::ChunkPlan(encoding, n, bucket,
                           static_cast<uint64_t>(config.chunk_bytes())),
+        ready_from, static_cast<uint64_t>(config.chunk_bytes()) / sizeof(float),
         pull_.has_value() ? pull_->timeout
                           : absl::Seconds(config.call_timeout_s()),
         response, &client_->bytes_pushed_, pull_.has_value(),
@@ -197,9 +235,22 @@ class ShardedPushImpl : public ShardedPush {
                           : absl::Span<float>(),
         pull_.has_value() ? &(*pull_->versions)[shard] : nullptr,
         &client_->bytes_pulled_, have, bucket);
+    open_[shard] = ready_from > 0;
   }
 
+ public:
   absl::Status Wait() override {
+    // A payload never finished: the shard must not take it.
+    for (size_t s = 0; s < open_.size(); ++s) {
+      if (!open_[s]) continue;
+      open_[s] = false;
+      streams_[s]->Cancel();
+      if (misuse_.ok()) {
+        misuse_ = absl::AbortedError(absl::StrCat(
+            "the push to shard ", s, " was given up before its payload was "
+            "final; the shard took none of it"));
+      }
+    }
     for (size_t s = 0; s < sent_.size(); ++s) {
       if (!sent_[s]) {
         sent_[s] = true;
@@ -260,6 +311,10 @@ class ShardedPushImpl : public ShardedPush {
   std::optional<PullTarget> pull_;
   ShardCalls calls_;
   std::vector<bool> sent_;
+  // Each shard's stream, once sent; open_[s] while its payload is not all
+  // final (SendFrom, until Extend from 0).
+  std::vector<PushStream*> streams_;
+  std::vector<bool> open_;
   // Each shard's answer when the caller wants none, and where each shard's
   // answer is, once sent; counted in the client's ledger once.
   std::vector<PushResponse> scratch_;

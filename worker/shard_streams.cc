@@ -3,7 +3,9 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/client_callback.h>
 
+#include <algorithm>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 #include "common/grpc_status.h"
@@ -14,12 +16,21 @@ namespace {
 
 using Bidi = grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-// reads the answer (Push) or the weights (PushPull).
-class PushCall : public Bidi {
+// Streams a push to one shard and reads the answer (Push) or the weights
+// (PushPull). A whole push goes out in the chunks of its plan, in order. A
+// partial one (float32, values [ready_from, n) final when it starts) goes
+// back to front: each chunk ends where the ones before it begin, as far as
+// Extend says the values are final, and the stream ends with the chunk
+// that reaches value 0. Until then a hold keeps OnDone from running, so
+// that Extend may still write; it is let go once the last chunk is
+// written, a write fails, the call ends early (the read fails: the
+// server's error, the deadline or a cancel) or Cancel() gives up.
+class PushCall : public Bidi, public PushStream {
  public:
   PushCall(const ShardConnection& shard, ShardCalls* calls, int index,
            PushHeader header, grpc::Slice data, grpc::Slice scales,
-           const common::ChunkPlan& plan, absl::Duration timeout,
+           const common::ChunkPlan& plan, uint64_t ready_from,
+           uint64_t max_chunk_values, absl::Duration timeout,
            PushResponse* response, std::atomic<int64_t>* bytes_pushed,
            bool with_pull, absl::Span<float> pull_out, int64_t* pull_version,
            std::atomic<int64_t>* bytes_pulled,
@@ -31,8 +42,12 @@ class PushCall : public Bidi {
         data_(std::move(data)),
         scales_(std::move(scales)),
         plan_(plan),
+        partial_(ready_from > 0),
+        max_chunk_values_(std::max<uint64_t>(1, max_chunk_values)),
         response_(response),
-        bytes_pushed_(bytes_pushed) {
+        bytes_pushed_(bytes_pushed),
+        sent_from_(header_.length()),
+        ready_from_(ready_from) {
     if (with_pull) {
       receiver_.emplace(pull_out, pull_version, bytes_pulled, pull_have,
                         bucket_size);
@@ -43,18 +58,80 @@ class PushCall : public Bidi {
     shard.streams->PrepareBidiStreamingCall(
         &context_, with_pull ? common::kPushPullMethod : common::kPushMethod,
         grpc::StubOptions(), this);
-    WriteNext();
+    if (partial_) {
+      AddHold();
+      writing_ = true;  // nothing else runs before StartCall
+      WritePart(NextPart());
+    } else {
+      WriteNext();
+    }
     StartRead(&in_);
     StartCall();
   }
 
+  void Extend(uint64_t from) override {
+    Part part;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_from_ = std::min(ready_from_, from);
+      if (writing_ || released_ || ready_from_ >= sent_from_) return;
+      writing_ = true;
+      part = NextPart();
+    }
+    WritePart(part);
+  }
+
+  void Cancel() override {
+    bool release = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      if (!writing_ && !released_) release = released_ = true;
+    }
+    context_.TryCancel();
+    if (release) RemoveHold();
+  }
+
   void OnWriteDone(bool ok) override {
-    if (!ok) return;  // the server ended the call; OnDone has its status
-    if (next_ < plan_.size()) WriteNext();
+    if (!partial_) {
+      if (!ok) return;  // the server ended the call; OnDone has its status
+      if (next_ < plan_.size()) WriteNext();
+      return;
+    }
+    Part part;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      if (released_) return;  // that was the last chunk
+      if (!ok || stopped_) {
+        released_ = true;
+      } else if (ready_from_ < sent_from_) {
+        writing_ = true;
+        part = NextPart();
+      } else {
+        return;  // Extend writes the next chunk
+      }
+    }
+    if (writing_now(part)) {
+      WritePart(part);
+    } else {
+      RemoveHold();
+    }
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // end of stream; OnDone follows
+    if (!ok) {
+      // End of stream: OnDone follows, once a partial push stops writing.
+      if (!partial_) return;
+      bool release = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopped_ = true;
+        if (!writing_ && !released_) release = released_ = true;
+      }
+      if (release) RemoveHold();
+      return;
+    }
     if (error_.ok()) {
       if (receiver_.has_value()) {
         error_ = receiver_->Take(in_, response_);
@@ -75,6 +152,44 @@ class PushCall : public Bidi {
   }
 
  private:
+  // A partial push's next chunk: values [begin, end), the stream's last
+  // when begin is 0.
+  struct Part {
+    uint64_t begin = 0;
+    uint64_t end = 0;
+  };
+  static bool writing_now(const Part& part) { return part.end > part.begin; }
+
+  // Under mu_ (or before StartCall), with writing_ set: the chunk below
+  // what has been sent, as far down as the values are final.
+  Part NextPart() {
+    Part part;
+    part.end = sent_from_;
+    part.begin = std::max(ready_from_, sent_from_ > max_chunk_values_
+                                           ? sent_from_ - max_chunk_values_
+                                           : uint64_t{0});
+    const bool first = sent_from_ == header_.length();
+    sent_from_ = part.begin;
+    first_part_ = first;
+    if (part.begin == 0) released_ = true;  // the hold goes with the last
+    return part;
+  }
+
+  // Writes a partial push's chunk (by the one thread whose writing_ it is).
+  void WritePart(const Part& part) {
+    out_ = common::PushChunkMessage(
+        first_part_ ? &header_ : nullptr, part.begin,
+        data_.sub(part.begin * sizeof(float), part.end * sizeof(float)),
+        grpc::Slice());
+    bytes_pushed_->fetch_add(static_cast<int64_t>(out_.Length()));
+    if (part.begin == 0) {
+      StartWriteLast(&out_, grpc::WriteOptions());
+      RemoveHold();
+    } else {
+      StartWrite(&out_);
+    }
+  }
+
   void WriteNext() {
     const common::ChunkRange chunk = plan_[next_];
     out_ = common::PushChunkMessage(
@@ -103,10 +218,22 @@ class PushCall : public Bidi {
   const grpc::Slice data_;
   const grpc::Slice scales_;
   const common::ChunkPlan plan_;
+  const bool partial_;
+  const uint64_t max_chunk_values_;
   PushResponse* const response_;
   std::atomic<int64_t>* const bytes_pushed_;
   std::optional<PullReceiver> receiver_;
-  size_t next_ = 0;
+  size_t next_ = 0;  // a whole push's next chunk of plan_
+  // A partial push's: values [sent_from_, n) are written or being written,
+  // [ready_from_, n) final; one thread writes at a time (writing_); the
+  // hold is let go once (released_).
+  std::mutex mu_;
+  uint64_t sent_from_;
+  uint64_t ready_from_;
+  bool writing_ = false;
+  bool released_ = false;
+  bool stopped_ = false;  // the call ended or was given up: no more writes
+  bool first_part_ = false;  // the chunk being written carries the header
   grpc::ByteBuffer out_;
   grpc::ByteBuffer in_;
   absl::Status error_;
@@ -168,17 +295,20 @@ class PullCall : public Bidi {
 
 }  // namespace
 
-void StartPushCall(const ShardConnection& shard, ShardCalls* calls, int index,
-                   PushHeader header, grpc::Slice data, grpc::Slice scales,
-                   const common::ChunkPlan& plan, absl::Duration timeout,
-                   PushResponse* response, std::atomic<int64_t>* bytes_pushed,
-                   bool with_pull, absl::Span<float> pull_out,
-                   int64_t* pull_version, std::atomic<int64_t>* bytes_pulled,
-                   std::optional<int64_t> pull_have, int bucket_size) {
-  calls->Own(std::make_unique<PushCall>(
+PushStream* StartPushCall(const ShardConnection& shard, ShardCalls* calls,
+                          int index, PushHeader header, grpc::Slice data,
+                          grpc::Slice scales, const common::ChunkPlan& plan,
+                          uint64_t ready_from, uint64_t max_chunk_values,
+                          absl::Duration timeout, PushResponse* response,
+                          std::atomic<int64_t>* bytes_pushed, bool with_pull,
+                          absl::Span<float> pull_out, int64_t* pull_version,
+                          std::atomic<int64_t>* bytes_pulled,
+                          std::optional<int64_t> pull_have, int bucket_size) {
+  return calls->Own(std::make_unique<PushCall>(
       shard, calls, index, std::move(header), std::move(data),
-      std::move(scales), plan, timeout, response, bytes_pushed, with_pull,
-      pull_out, pull_version, bytes_pulled, pull_have, bucket_size));
+      std::move(scales), plan, ready_from, max_chunk_values, timeout, response,
+      bytes_pushed, with_pull, pull_out, pull_version, bytes_pulled, pull_have,
+      bucket_size));
 }
 
 void StartPullCall(const ShardConnection& shard, ShardCalls* calls, int index,

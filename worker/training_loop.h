@@ -253,8 +253,9 @@ absl::StatusOr<BatchResult> ComputeBatchGradients(
 // The batch's gradients (as ComputeBatchGradients), pushed with `pull` as
 // a push-pull from `versions`: each shard's part leaves as soon as backward
 // has made its range final, the last shard's first, while backward goes on
-// below it (StagedPush; unless the config's push_after_backward), and
-// counts in counters->shard_pushes_during_backward if it did. The push to
+// below it, and float32 values the final end of a range before the rest
+// (StagedPush; unless the config's push_after_backward), and counts in
+// counters->shard_pushes_during_backward if it did. The push to
 // wait on lands in *push. The answer of a shard sent early may write its
 // range of pull->params while backward runs: backward no longer reads it.
 absl::StatusOr<BatchResult> ComputeAndPush(
