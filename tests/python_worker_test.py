@@ -43,6 +43,10 @@ import torch.nn.functional as F
 import monsoon.torch as mt
 
 steps, extra, lr = int(sys.argv[1]), sys.argv[2] == "extra", float(sys.argv[3])
+# What the script does between zero_grad() and step(): plain; clip (the
+# gradients scaled in place after backward); twice (two backward passes
+# summed); short (a last batch of 5 examples).
+variant = sys.argv[4] if len(sys.argv) > 4 else "plain"
 mt.init()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
@@ -58,17 +62,26 @@ mt.broadcast_parameters(model)
 start = [p.detach().clone() for p in model.parameters()]
 g = torch.Generator().manual_seed(100 + mt.rank())
 for step in range(steps):
-    x = torch.randn(8, 4, generator=g)
+    batch = 5 if variant == "short" and step == steps - 1 else 8
+    x = torch.randn(batch, 4, generator=g)
     y = (x[:, 0] > 0).long()
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
-    opt.step(samples=8)
+    if variant == "twice":
+        F.cross_entropy(model(x[:4]), y[:4]).backward()
+    if variant == "clip":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+    opt.step(samples=batch)
+pushed_during_backward = opt._worker.shard_pushes_during_backward
+withdrawn = opt._overlap_withdrawn
 mt.finish()
 print("RESULT " + json.dumps({
     "names": [name for name, _ in model.named_parameters()],
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
     "start": [p.reshape(-1).tolist() for p in start],
-    "steps": opt.steps}))
+    "steps": opt.steps,
+    "pushed_during_backward": pushed_during_backward,
+    "withdrawn": withdrawn}))
 '''
 
 
@@ -196,6 +209,8 @@ class PythonWorkerTest(unittest.TestCase):
         addresses = []
         for s in range(shards):
             port_file = os.path.join(self.dir, "port%d" % s)
+            if os.path.exists(port_file):  # a shard of an earlier run's
+                os.remove(port_file)
             self.servers.append(subprocess.Popen(
                 [PS_SERVER, "--shard=%d" % s, "--num_shards=%d" % shards,
                  "--num_workers=%d" % workers, "--config=" + config,
@@ -211,7 +226,7 @@ class PythonWorkerTest(unittest.TestCase):
         return ",".join(addresses)
 
     def run_workers(self, config, servers, workers=2, steps=40, extra=False,
-                    expect_ok=True, local_lr=0.05):
+                    expect_ok=True, local_lr=0.05, variant="plain"):
         procs = []
         for r in range(workers):
             env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
@@ -221,7 +236,7 @@ class PythonWorkerTest(unittest.TestCase):
                            self.dir, "worker-%d.report" % r))
             procs.append(subprocess.Popen(
                 [sys.executable, self.script, str(steps),
-                 "extra" if extra else "plain", str(local_lr)],
+                 "extra" if extra else "plain", str(local_lr), variant],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True))
         results = []
@@ -264,6 +279,39 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertEqual(results[0]["start"],
                          [p.detach().reshape(-1).tolist()
                           for p in model_for_test().parameters()])
+
+    def test_pushes_during_backward_train_bit_for_bit_as_after_it(self):
+        # The model's 58 values on 2 shards: [0, 29) and [29, 58). Once the
+        # last layer's gradients are final, shard 1's values from 40 start
+        # on their way; once the first layer's are, both shards' (all but
+        # each shard's first value, which goes at step()). What the script
+        # does to its gradients after backward, or a batch other than the
+        # one expected, gives the step's parts up and pushes it whole.
+        steps = 6
+        withdrawn = {"plain": 0, "clip": steps, "twice": steps, "short": 1}
+        for variant, expected in withdrawn.items():
+            with self.subTest(variant=variant):
+                runs = {}
+                for after in (False, True):
+                    config = self.write_config(
+                        "mode: SYNC learning_rate: 0.1 momentum: 0.9 "
+                        "batch_size: 8\n"
+                        + ("push_after_backward: true\n" if after else ""),
+                        name="%s-%s.config" % (variant, after))
+                    runs[after] = self.run_workers(
+                        config, self.start_shards(config), steps=steps,
+                        variant=variant)
+                    self.tearDown()
+                    self.servers = []
+                for r in range(2):
+                    self.assertEqual(runs[True][r]["pushed_during_backward"], 0)
+                    self.assertEqual(runs[False][r]["withdrawn"], expected)
+                    self.assertEqual(runs[False][r]["pushed_during_backward"],
+                                     2 * (steps - expected))
+                    self.assertEqual(runs[False][r]["params"],
+                                     runs[True][r]["params"])
+                self.assertNotEqual(runs[False][0]["params"],
+                                    runs[False][0]["start"])
 
     def test_evaluator_curve_and_worker_reports(self):
         config = self.write_config(

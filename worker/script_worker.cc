@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/model_layout.h"
+#include "common/wire.h"
 #include "worker/cpu_backend.h"
 
 namespace monsoon::worker {
@@ -62,6 +63,52 @@ ScriptWorker::ScriptWorker(ParameterClient* client,
 
 ScriptWorker::~ScriptWorker() { in_flight_.Finish().IgnoreError(); }
 
+absl::StatusOr<bool> ScriptWorker::Ready(absl::Span<const float> grads,
+                                         absl::Span<float> params,
+                                         int64_t samples, uint64_t from) {
+  const Mode mode = config_.mode();
+  if (config_.push_after_backward() ||
+      common::PushEncodingFor(config_) != ENCODING_FLOAT32 ||
+      !(mode == SYNC ||
+        ((mode == DOWNPOUR || mode == ONEBIT) && !Overlapped(config_)))) {
+    return false;
+  }
+  if (auto s = CheckSize("grads", grads.size()); !s.ok()) return s;
+  if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
+  if (versions_.empty()) {
+    return absl::FailedPreconditionError(
+        "no weights pulled yet: pull the shards' weights into the model "
+        "first (monsoon.torch.broadcast_parameters)");
+  }
+  if (samples < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step sums over at least 1 example, not ", samples));
+  }
+  if (from >= static_cast<uint64_t>(num_params_)) return true;
+  if (staged_ == nullptr) {
+    // Its answer's versions go to versions_ only once Step has it: the push
+    // may still be given up, and versions_ must then stay the base.
+    const PullTarget next{params, &staged_versions_, timeout_,
+                          /*holds_base_versions=*/true};
+    absl::StatusOr<std::unique_ptr<StagedPush>> started =
+        pusher_->Start(grads.data(), versions_, samples, next_offset_, &next,
+                       /*hold_ends=*/true);
+    if (!started.ok()) return started.status();
+    staged_ = *std::move(started);
+    staged_samples_ = samples;
+    staged_grads_ = grads.data();
+    staged_params_ = params.data();
+  }
+  staged_->Ready(from);
+  return true;
+}
+
+void ScriptWorker::Withdraw() {
+  if (staged_ == nullptr) return;
+  staged_.reset();  // the shards take none of it
+  ++pushes_withdrawn_;
+}
+
 bool ScriptWorker::StepReplacesParams() const {
   return config_.mode() == SYNC || config_.mode() == HOGWILD ||
          ((config_.mode() == DOWNPOUR || config_.mode() == ONEBIT) &&
@@ -110,8 +157,22 @@ absl::StatusOr<bool> ScriptWorker::Step(absl::Span<const float> grads,
     // already (a repeat after a lost shard) answers it as a duplicate.
     const PullTarget next{params, &versions_, timeout_,
                           /*holds_base_versions=*/true};
+    if (staged_ != nullptr &&
+        (staged_samples_ != samples || staged_grads_ != grads.data() ||
+         staged_params_ != params.data())) {
+      Withdraw();  // told otherwise while backward ran
+    }
     auto step = [&]() -> absl::Status {
       PhaseTimer timer(&counters_, Phase::kPushPull);
+      if (staged_ != nullptr) {
+        // Backward's parts are on their way: the shards get the rest.
+        std::unique_ptr<StagedPush> staged = std::move(staged_);
+        absl::StatusOr<std::unique_ptr<PendingCall>> push = staged->Finish();
+        counters_.shard_pushes_during_backward.fetch_add(staged->sent_early());
+        absl::Status done = push.ok() ? (*push)->Wait() : push.status();
+        if (done.ok()) versions_ = staged_versions_;
+        return done;
+      }
       absl::StatusOr<std::unique_ptr<PendingCall>> push =
           pusher_->Push(grads.data(), versions_, samples, offset, &next);
       if (!push.ok()) return push.status();
@@ -226,6 +287,8 @@ absl::Status ScriptWorker::Exchange(absl::Span<float> params) {
 
 absl::Status ScriptWorker::Finish(absl::Span<float> params) {
   if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
+  // A backward pass whose step never came: its push is not a step's.
+  Withdraw();
   if (config_.mode() == EASGD && since_exchange_ > 0) {
     return Exchange(params);
   }

@@ -57,6 +57,25 @@ class ScriptWorker {
   // See the file comment. `samples`: the examples the gradient sums over.
   absl::StatusOr<bool> Step(absl::Span<const float> grads, int64_t samples,
                             absl::Span<float> params);
+
+  // Pushes during the backward pass (sync, and downpour and onebit with
+  // one push-pull a step, float32 pushes; not with the config's
+  // push_after_backward): the gradients grads[from, n) of the step to come
+  // are final and stay so until Step. Their bytes start on their way to
+  // the shards (StagedPush, holding its ends), which take the push only at
+  // Step, and only if Step's `samples` is the one given here and `grads`
+  // and `params` the same memory; otherwise Step gives it up and pushes
+  // the step whole. False where the mode pushes otherwise (Step does it
+  // all). The first call of a step starts the push.
+  absl::StatusOr<bool> Ready(absl::Span<const float> grads,
+                             absl::Span<float> params, int64_t samples,
+                             uint64_t from);
+  // Gives up what Ready started (the gradients changed after they were said
+  // final: a second backward pass, a clipped gradient): Step pushes the
+  // step whole.
+  void Withdraw();
+  // Pushes started by Ready that Step or Withdraw gave up.
+  int64_t pushes_withdrawn() const { return pushes_withdrawn_; }
   absl::Status AfterLocalStep(absl::Span<float> params);
   // The last steps' sums reach the shards; the push in flight is waited for.
   absl::Status Finish(absl::Span<float> params);
@@ -88,6 +107,13 @@ class ScriptWorker {
   const absl::Duration timeout_;
   std::vector<int64_t> versions_;  // of the weights last pulled
   PushInFlight in_flight_;
+  // The push Ready started for the step to come, and what it was told.
+  std::unique_ptr<StagedPush> staged_;
+  std::vector<int64_t> staged_versions_;  // its answer's
+  int64_t staged_samples_ = 0;
+  const float* staged_grads_ = nullptr;
+  const float* staged_params_ = nullptr;
+  int64_t pushes_withdrawn_ = 0;
   int64_t steps_ = 0;
   int64_t next_offset_ = 0;   // where the next step's examples begin
   int64_t first_offset_ = 0;  // of the steps being summed (downpour, easgd)

@@ -286,6 +286,16 @@ class Worker {
     progress_.samples += samples;
     return Check(std::move(replaced));
   }
+  // During backward (an autograd hook): grads[from, n) are final. False
+  // where the mode does not push during backward.
+  bool Ready(py::buffer grads, py::buffer params, int64_t samples,
+             uint64_t from) {
+    absl::Span<float> g = FloatSpan(grads, "grads");
+    absl::Span<float> p = FloatSpan(params, "params");
+    py::gil_scoped_release release;
+    return Check(worker_->Ready(g, p, samples, from));
+  }
+  void Withdraw() { worker_->Withdraw(); }
   void AfterLocalStep(py::buffer params) {
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
@@ -306,6 +316,8 @@ class Worker {
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
     absl::Status done = worker_->Finish(p);
+    counters_.shard_pushes_during_backward =
+        worker_->counters().shard_pushes_during_backward.load();
     absl::Status left = client_->Leave(absl::Seconds(2), finished && done.ok());
     absl::Status reported = WriteReport(!done.ok()   ? done.ToString()
                                         : !left.ok() ? left.ToString()
@@ -320,6 +332,10 @@ class Worker {
   int64_t num_params() const { return worker_->num_params(); }
   bool step_replaces_params() const { return worker_->StepReplacesParams(); }
   int64_t steps() const { return worker_->steps(); }
+  int64_t pushes_withdrawn() const { return worker_->pushes_withdrawn(); }
+  int64_t shard_pushes_during_backward() const {
+    return worker_->counters().shard_pushes_during_backward.load();
+  }
   int64_t bytes_pushed() const { return client_->bytes_pushed(); }
   int64_t bytes_pulled() const { return client_->bytes_pulled(); }
 
@@ -441,6 +457,9 @@ PYBIND11_MODULE(_monsoon, m) {
       .def("pull", &Worker::Pull, py::arg("params"))
       .def("step", &Worker::Step, py::arg("grads"), py::arg("samples"),
            py::arg("params"))
+      .def("ready", &Worker::Ready, py::arg("grads"), py::arg("params"),
+           py::arg("samples"), py::arg("from_value"))
+      .def("withdraw", &Worker::Withdraw)
       .def("after_local_step", &Worker::AfterLocalStep, py::arg("params"))
       .def("sparse_pull", &Worker::SparsePull, py::arg("table"), py::arg("ids"),
            py::arg("out"))
@@ -453,6 +472,9 @@ PYBIND11_MODULE(_monsoon, m) {
       .def_property_readonly("step_replaces_params",
                              &Worker::step_replaces_params)
       .def_property_readonly("steps", &Worker::steps)
+      .def_property_readonly("pushes_withdrawn", &Worker::pushes_withdrawn)
+      .def_property_readonly("shard_pushes_during_backward",
+                             &Worker::shard_pushes_during_backward)
       .def_property_readonly("bytes_pushed", &Worker::bytes_pushed)
       .def_property_readonly("bytes_pulled", &Worker::bytes_pulled);
   py::class_<monsoon::python::Observer>(m, "Observer")

@@ -192,6 +192,7 @@ class DistributedOptimizer:
         _state["optimizer"] = self
         self._stop_signal = None
         _stop_on_sigterm(self)
+        self._install_hooks()
 
     def _flatten(self):
         sizes = [p.numel() for _, p in self._named]
@@ -210,18 +211,95 @@ class DistributedOptimizer:
         self._params_np = self._params.numpy()
         self._grads_np = self._grads.numpy()
 
+    def _install_hooks(self):
+        """Pushes during backward: a hook on each parameter's gradient
+        accumulator (as Horovod's) says when its gradient is final; once
+        every parameter from some offset to the end is, those values start
+        on their way (the_worker.ready), back to front, while backward
+        computes the rest. The shards take them only at step(), and only if
+        nothing changed since: a second backward pass before step(), a
+        gradient changed in place after its hook (clip_grad_norm_), or a
+        step(samples=) other than the one expected, and step() pushes the
+        step whole instead (_overlap_withdrawn counts those)."""
+        self._expected_samples = self._batch_size
+        self._final = [False] * len(self._named)
+        self._final_from = len(self._named)  # parameters [i, end) final
+        self._overlap = None  # None: not started this step; True; False
+        self._grads_version = None
+        self._overlap_possible = True
+        self._grad_pointers = [self._grads[o:o + n].data_ptr()
+                               for o, n in self._views]
+        self._accumulators = []
+        for i, (_, p) in enumerate(self._named):
+            if not p.requires_grad:
+                continue
+            # The node that adds into p.grad; kept, or the hook goes too.
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(self._hook_for(i))
+            self._accumulators.append(accumulator)
+
+    def _hook_for(self, i):
+        def hook(*_):
+            self._on_final(i)
+        return hook
+
+    def _on_final(self, i):
+        if self._overlap is False or not self._overlap_possible:
+            return
+        p = self._named[i][1]
+        if self._final[i] or p.grad is None or \
+                p.grad.data_ptr() != self._grad_pointers[i]:
+            # Another backward pass before step(), or a gradient that is no
+            # longer the buffer's: what left is not the step's.
+            self._withdraw()
+            return
+        self._final[i] = True
+        # Views share their base's version counter: an in-place change of
+        # any gradient from here to step() moves it.
+        self._grads_version = self._grads._version
+        low = self._final_from
+        while low > 0 and self._final[low - 1]:
+            low -= 1
+        if low == self._final_from:
+            return
+        self._final_from = low
+        self._overlap = self._worker.ready(self._grads_np, self._params_np,
+                                           self._expected_samples,
+                                           self._views[low][0])
+        if not self._overlap:
+            self._overlap_possible = False  # the mode pushes otherwise
+
+    def _withdraw(self):
+        if self._overlap:
+            self._worker.withdraw()
+        self._overlap = False
+
+    def _end_of_step(self):
+        self._final = [False] * len(self._named)
+        self._final_from = len(self._named)
+        self._overlap = None
+
+    @property
+    def _overlap_withdrawn(self):
+        return self._worker.pushes_withdrawn
+
     def _gather_grads(self):
         # Autograd adds into p.grad in place, so it normally is still the view;
         # a parameter without a gradient this step pushes zeros, and a
         # gradient that autograd replaced is copied back into the buffer.
+        # Returns whether it wrote into the buffer.
+        wrote = False
         for (name, p), (offset, n) in zip(self._named, self._views):
             view = self._grads[offset:offset + n].view_as(p)
             if p.grad is None:
                 view.zero_()
                 p.grad = view
+                wrote = True
             elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
                 p.grad = view
+                wrote = True
+        return wrote
 
     @property
     def mode(self):
@@ -244,9 +322,16 @@ class DistributedOptimizer:
         `samples`: the examples they sum over (default: the config's
         batch_size)."""
         loss = closure() if closure is not None else None
-        self._gather_grads()
-        replaced = self._worker.step(self._grads_np, int(samples or self._batch_size),
-                                     self._params_np)
+        if self._overlap and self._grads._version != self._grads_version:
+            self._withdraw()  # changed in place after backward (clipped)
+        if self._gather_grads() and self._overlap:
+            self._withdraw()  # a gradient replaced after its hook
+        samples = int(samples or self._batch_size)
+        try:
+            replaced = self._worker.step(self._grads_np, samples, self._params_np)
+        finally:
+            self._end_of_step()
+        self._expected_samples = samples
         if not replaced:
             self.optimizer.step()
             self._worker.after_local_step(self._params_np)
