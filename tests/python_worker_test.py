@@ -49,8 +49,12 @@ steps, extra, lr = int(sys.argv[1]), sys.argv[2] == "extra", float(sys.argv[3])
 variant = sys.argv[4] if len(sys.argv) > 4 else "plain"
 mt.init()
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
-                            torch.nn.Linear(8, 2))
+if len(sys.argv) > 5 and sys.argv[5] == "wide":  # wide_model()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(),
+                                torch.nn.Linear(2, 20))
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 2))
 if extra:  # a parameter that gets no gradient
     model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
 opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
@@ -161,6 +165,13 @@ def model_for_test():
                                torch.nn.Linear(8, 2))
 
 
+def wide_model():
+    # 70 values whose last layer (60 from 10) fills shard 1 of 2, [35, 70).
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(),
+                               torch.nn.Linear(2, 20))
+
+
 def eval_loss(model):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(512, 4, generator=g)
@@ -226,7 +237,8 @@ class PythonWorkerTest(unittest.TestCase):
         return ",".join(addresses)
 
     def run_workers(self, config, servers, workers=2, steps=40, extra=False,
-                    expect_ok=True, local_lr=0.05, variant="plain"):
+                    expect_ok=True, local_lr=0.05, variant="plain",
+                    model="narrow"):
         procs = []
         for r in range(workers):
             env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
@@ -236,7 +248,8 @@ class PythonWorkerTest(unittest.TestCase):
                            self.dir, "worker-%d.report" % r))
             procs.append(subprocess.Popen(
                 [sys.executable, self.script, str(steps),
-                 "extra" if extra else "plain", str(local_lr), variant],
+                 "extra" if extra else "plain", str(local_lr), variant,
+                 model],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True))
         results = []
@@ -281,12 +294,13 @@ class PythonWorkerTest(unittest.TestCase):
                           for p in model_for_test().parameters()])
 
     def test_pushes_during_backward_train_bit_for_bit_as_after_it(self):
-        # The model's 58 values on 2 shards: [0, 29) and [29, 58). Once the
-        # last layer's gradients are final, shard 1's values from 40 start
-        # on their way; once the first layer's are, both shards' (all but
-        # each shard's first value, which goes at step()). What the script
-        # does to its gradients after backward, or a batch other than the
-        # one expected, gives the step's parts up and pushes it whole.
+        # wide_model()'s 70 values on 2 shards: [0, 35) and [35, 70). Once
+        # the last layer's gradients (from 10) are final, shard 1's whole
+        # range is: all of it but its first value starts on its way (that
+        # one goes at step(), when the shards take the push); shard 0 goes
+        # at step(). What the script does to its gradients after backward,
+        # or a batch other than the one expected, gives the step's parts
+        # up and pushes it whole.
         steps = 6
         withdrawn = {"plain": 0, "clip": steps, "twice": steps, "short": 1}
         for variant, expected in withdrawn.items():
@@ -297,17 +311,18 @@ class PythonWorkerTest(unittest.TestCase):
                         "mode: SYNC learning_rate: 0.1 momentum: 0.9 "
                         "batch_size: 8\n"
                         + ("push_after_backward: true\n" if after else ""),
+                        model=wide_model(),
                         name="%s-%s.config" % (variant, after))
                     runs[after] = self.run_workers(
                         config, self.start_shards(config), steps=steps,
-                        variant=variant)
+                        variant=variant, model="wide")
                     self.tearDown()
                     self.servers = []
                 for r in range(2):
                     self.assertEqual(runs[True][r]["pushed_during_backward"], 0)
                     self.assertEqual(runs[False][r]["withdrawn"], expected)
                     self.assertEqual(runs[False][r]["pushed_during_backward"],
-                                     2 * (steps - expected))
+                                     steps - expected)
                     self.assertEqual(runs[False][r]["params"],
                                      runs[True][r]["params"])
                 self.assertNotEqual(runs[False][0]["params"],

@@ -232,6 +232,9 @@ bool StagedPush::SendShard(int s) {
 }
 
 void StagedPush::Ready(uint64_t from) {
+  // Backward has ended: holding the ends, Finish sends the rest at once,
+  // in the messages a push after backward sends.
+  if (hold_ends_ && from == 0) return;
   const std::vector<common::ShardRange>& ranges = pusher_->client_->ranges();
   // From the last shard down, as far as the final values reach.
   for (int s = static_cast<int>(ranges.size()) - 1; s >= 0 && failed_.ok();

@@ -58,7 +58,8 @@ class StagedPush {
   // lies there, the last shard first (and the final end of a range in
   // part, in whole chunks, where the values are borrowed). Holding the ends
   // (GradientPusher::Start), every shard's stream stays open for Finish,
-  // which then sends each shard's first value: until then the push may
+  // which then sends each shard's first value (and Ready(0), the end of
+  // backward, leaves what is unsent to Finish): until then the push may
   // still be given up by destroying it, and no shard takes any of it.
   void Ready(uint64_t from);
   // Sends the shards not sent yet, in order, and hands the push over as
