@@ -58,9 +58,9 @@ class ScriptWorker {
   absl::StatusOr<bool> Step(absl::Span<const float> grads, int64_t samples,
                             absl::Span<float> params);
 
-  // Pushes during the backward pass (sync, and downpour and onebit with
-  // one push-pull a step, float32 pushes; not with the config's
-  // push_after_backward): the gradients grads[from, n) of the step to come
+  // Pushes during the backward pass (sync with float32 pushes; not with
+  // the config's push_after_backward): the gradients grads[from, n) of the
+  // step to come
   // are final and stay so until Step. Their bytes start on their way to
   // the shards (StagedPush, holding its ends), which take the push only at
   // Step, and only if Step's `samples` is the one given here and `grads`
