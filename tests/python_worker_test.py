@@ -77,6 +77,7 @@ for step in range(steps):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
     opt.step(samples=batch)
 pushed_during_backward = opt._worker.shard_pushes_during_backward
+hooks = len(opt._accumulators)
 withdrawn = opt._overlap_withdrawn
 mt.finish()
 print("RESULT " + json.dumps({
@@ -85,6 +86,7 @@ print("RESULT " + json.dumps({
     "start": [p.reshape(-1).tolist() for p in start],
     "steps": opt.steps,
     "pushed_during_backward": pushed_during_backward,
+    "hooks": hooks,
     "withdrawn": withdrawn}))
 '''
 
@@ -319,6 +321,9 @@ class PythonWorkerTest(unittest.TestCase):
                     self.tearDown()
                     self.servers = []
                 for r in range(2):
+                    # A hook on each gradient, where parts can go early.
+                    self.assertEqual(runs[False][r]["hooks"], 4)
+                    self.assertEqual(runs[True][r]["hooks"], 0)
                     self.assertEqual(runs[True][r]["pushed_during_backward"], 0)
                     self.assertEqual(runs[False][r]["withdrawn"], expected)
                     self.assertEqual(runs[False][r]["pushed_during_backward"],

@@ -1,5 +1,6 @@
 #include "worker/script_worker.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -102,6 +103,25 @@ absl::StatusOr<bool> ScriptWorker::Ready(absl::Span<const float> grads,
   }
   staged_->Ready(from);
   return true;
+}
+
+int64_t ScriptWorker::OverlapFrom() const {
+  if (config_.mode() != SYNC || config_.push_after_backward() ||
+      common::PushEncodingFor(config_) != ENCODING_FLOAT32) {
+    return -1;
+  }
+  const uint64_t chunk = std::max<uint64_t>(
+      1, static_cast<uint64_t>(config_.chunk_bytes()) / sizeof(float));
+  int64_t from = -1;
+  for (const common::ShardRange& range : client_->ranges()) {
+    if (range.begin > 0 && range.size() > 1) {
+      from = std::max(from, static_cast<int64_t>(range.begin));
+    }
+    if (range.size() > chunk) {
+      from = std::max(from, static_cast<int64_t>(range.end - chunk));
+    }
+  }
+  return from;
 }
 
 void ScriptWorker::Withdraw() {

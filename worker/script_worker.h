@@ -70,6 +70,12 @@ class ScriptWorker {
   absl::StatusOr<bool> Ready(absl::Span<const float> grads,
                              absl::Span<float> params, int64_t samples,
                              uint64_t from);
+  // The largest `from` at which Ready could send anything before Step (a
+  // shard's range whole, or a whole chunk of it, before backward ends), or
+  // -1 where nothing can be (not sync, or 1-bit pushes, or
+  // push_after_backward, or one shard holding at most one chunk): a
+  // script then need not watch its gradients at all.
+  int64_t OverlapFrom() const;
   // Gives up what Ready started (the gradients changed after they were said
   // final: a second backward pass, a clipped gradient): Step pushes the
   // step whole.

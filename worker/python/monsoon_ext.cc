@@ -333,6 +333,7 @@ class Worker {
   bool step_replaces_params() const { return worker_->StepReplacesParams(); }
   int64_t steps() const { return worker_->steps(); }
   int64_t pushes_withdrawn() const { return worker_->pushes_withdrawn(); }
+  int64_t overlap_from() const { return worker_->OverlapFrom(); }
   int64_t shard_pushes_during_backward() const {
     return worker_->counters().shard_pushes_during_backward.load();
   }
@@ -473,6 +474,7 @@ PYBIND11_MODULE(_monsoon, m) {
                              &Worker::step_replaces_params)
       .def_property_readonly("steps", &Worker::steps)
       .def_property_readonly("pushes_withdrawn", &Worker::pushes_withdrawn)
+      .def_property_readonly("overlap_from", &Worker::overlap_from)
       .def_property_readonly("shard_pushes_during_backward",
                              &Worker::shard_pushes_during_backward)
       .def_property_readonly("bytes_pushed", &Worker::bytes_pushed)

@@ -230,6 +230,12 @@ class DistributedOptimizer:
         self._grad_pointers = [self._grads[o:o + n].data_ptr()
                                for o, n in self._views]
         self._accumulators = []
+        # Where backward's final gradients could first go (-1: nowhere
+        # before step(), as with one shard smaller than a chunk): no hooks
+        # then, and none of their cost.
+        self._overlap_from = self._worker.overlap_from
+        if self._overlap_from < 0:
+            return
         for i, (_, p) in enumerate(self._named):
             if not p.requires_grad:
                 continue
@@ -263,6 +269,8 @@ class DistributedOptimizer:
         if low == self._final_from:
             return
         self._final_from = low
+        if self._overlap is None and self._views[low][0] > self._overlap_from:
+            return  # nothing could go yet: the push starts later
         self._overlap = self._worker.ready(self._grads_np, self._params_np,
                                            self._expected_samples,
                                            self._views[low][0])
