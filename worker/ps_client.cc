@@ -169,6 +169,50 @@ class ShardedPushImpl : public ShardedPush {
     streams_[shard]->Extend(from);
   }
 
+  absl::Status Wait() override {
+    bool given_up = false;
+    // A payload never finished: the shard must not take it.
+    for (size_t s = 0; s < open_.size(); ++s) {
+      if (!open_[s]) continue;
+      open_[s] = false;
+      streams_[s]->Cancel();
+      given_up = true;
+      if (misuse_.ok()) {
+        misuse_ = absl::AbortedError(absl::StrCat(
+            "the push to shard ", s, " was given up before its payload was "
+            "final; the shard took none of it"));
+      }
+    }
+    for (size_t s = 0; s < sent_.size(); ++s) {
+      if (!sent_[s]) {
+        given_up = true;
+        sent_[s] = true;
+        calls_.Done(static_cast<int>(s),
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "push ended without a payload for shard ", s)));
+      }
+    }
+    // A repeated step given up: the next push repeats it in its place.
+    if (given_up && repeat_ && !waited_) {
+      client_->repeat_next_push_.store(true);
+    }
+    absl::Status status = calls_.Wait();
+    if (!waited_ && client_->worker_rank_ >= 0) {
+      waited_ = true;
+      for (size_t s = 0; s < responses_.size(); ++s) {
+        // A stale answer (a sync step closed without the push) applied
+        // nothing and holds nothing of it.
+        if (responses_[s] != nullptr && !responses_[s]->stale() &&
+            calls_.status(static_cast<int>(s)).ok()) {
+          client_->NoteAcknowledged(static_cast<int>(s),
+                                    sample_offset_ + samples_,
+                                    responses_[s]->duplicate());
+        }
+      }
+    }
+    return misuse_.ok() ? status : misuse_;
+  }
+
  private:
   // Send and SendFrom: shard's stream, with values [ready_from, n) final.
   void Start(int shard, const ShardPayload& payload, uint64_t ready_from) {
@@ -238,45 +282,6 @@ class ShardedPushImpl : public ShardedPush {
     open_[shard] = ready_from > 0;
   }
 
- public:
-  absl::Status Wait() override {
-    // A payload never finished: the shard must not take it.
-    for (size_t s = 0; s < open_.size(); ++s) {
-      if (!open_[s]) continue;
-      open_[s] = false;
-      streams_[s]->Cancel();
-      if (misuse_.ok()) {
-        misuse_ = absl::AbortedError(absl::StrCat(
-            "the push to shard ", s, " was given up before its payload was "
-            "final; the shard took none of it"));
-      }
-    }
-    for (size_t s = 0; s < sent_.size(); ++s) {
-      if (!sent_[s]) {
-        sent_[s] = true;
-        calls_.Done(static_cast<int>(s),
-                    absl::FailedPreconditionError(absl::StrCat(
-                        "push ended without a payload for shard ", s)));
-      }
-    }
-    absl::Status status = calls_.Wait();
-    if (!waited_ && client_->worker_rank_ >= 0) {
-      waited_ = true;
-      for (size_t s = 0; s < responses_.size(); ++s) {
-        // A stale answer (a sync step closed without the push) applied
-        // nothing and holds nothing of it.
-        if (responses_[s] != nullptr && !responses_[s]->stale() &&
-            calls_.status(static_cast<int>(s)).ok()) {
-          client_->NoteAcknowledged(static_cast<int>(s),
-                                    sample_offset_ + samples_,
-                                    responses_[s]->duplicate());
-        }
-      }
-    }
-    return misuse_.ok() ? status : misuse_;
-  }
-
- private:
   // False (and the push fails) for a shard out of range or sent before.
   bool Claim(int shard) {
     if (shard < 0 || static_cast<size_t>(shard) >= sent_.size() ||
