@@ -215,7 +215,7 @@ class DistributedOptimizer:
         """Pushes during backward: a hook on each parameter's gradient
         accumulator (as Horovod's) says when its gradient is final; once
         every parameter from some offset to the end is, those values start
-        on their way (the_worker.ready), back to front, while backward
+        on their way (_worker.ready), back to front, while backward
         computes the rest. The shards take them only at step(), and only if
         nothing changed since: a second backward pass before step(), a
         gradient changed in place after its hook (clip_grad_norm_), or a
