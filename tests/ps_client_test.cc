@@ -887,6 +887,46 @@ int64_t ResumePointAfterAPushHalfSent(absl::string_view mode) {
   return (*restarted)->applied_samples();
 }
 
+// A push given up before its payload was final (a script's step that
+// turned out other than its backward pass said) takes nothing, and leaves
+// "repeat the step" (set by a reconnect) to the push sent in its place.
+TEST(PsClientTest, APushGivenUpLeavesTheRepeatOfAStepToThePushInItsPlace) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  testutil::LocalCluster cluster(config, 2, /*num_workers=*/2);
+  ASSERT_NE(cluster.client, nullptr);
+  // Rank 1 is live and has not pushed: step 0 stays open (for the lease,
+  // kTestLease; were it to close first, the push below would be a
+  // duplicate by its examples alone).
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> other,
+                       PsClient::Connect(testutil::ClientOptions(
+                           cluster.servers, config, /*rank=*/1)));
+  PsClient* client = cluster.client.get();
+  const std::vector<float> grads = Ramp53();
+  ASSERT_OK(client->Push(grads, {0, 0}, 16));
+  // As after a lost shard: every shard answers again, and the next push
+  // repeats step 0.
+  ASSERT_OK(client->Reconnect(absl::Seconds(30), absl::ZeroDuration()));
+  common::BufferLease lease;
+  {
+    std::unique_ptr<ShardedPush> push =
+        client->StartPush({0, 0}, 16, /*sample_offset=*/0, &lease, nullptr);
+    push->SendFrom(1, Float32(absl::MakeConstSpan(grads).subspan(26, 27)), 5);
+    EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kAborted,
+                                       HasSubstr("given up before its payload "
+                                                 "was final")));
+  }
+  // The step pushed whole in its place, recomputed to other values, is
+  // still the repeat: the shards keep the step's first push and say they
+  // have it (ALREADY_EXISTS, which a worker's loop takes as done); without
+  // the repeat it would be the same examples twice with other values,
+  // FAILED_PRECONDITION.
+  std::vector<float> recomputed = grads;
+  for (float& g : recomputed) g *= 2.0f;
+  EXPECT_THAT(client->Push(recomputed, {0, 0}, 16),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("already pushed step 0")));
+}
+
 TEST(PsClientTest, ARestartedAsyncClientResumesWhereEveryShardHasItsData) {
   // Shard 0 has 32 examples from rank 0, shard 1 only 16: from 16, shard 0
   // answers the repeat as a duplicate.
