@@ -333,6 +333,33 @@ class PythonWorkerTest(unittest.TestCase):
                 self.assertNotEqual(runs[False][0]["params"],
                                     runs[False][0]["start"])
 
+    def test_a_worker_that_always_changes_its_gradients_stops_overlapping(self):
+        # Clipped after every backward pass: 20 steps' parts given up, then
+        # the worker pushes after backward, saying so once.
+        config = self.write_config(
+            "mode: SYNC learning_rate: 0.1 momentum: 0.9 batch_size: 8\n",
+            model=wide_model())
+        servers = self.start_shards(config)
+        procs = []
+        for r in range(2):
+            env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
+                       MONSOON_NUM_WORKERS="2", MONSOON_CONFIG=config,
+                       MONSOON_CONNECT_TIMEOUT_S="20")
+            procs.append(subprocess.Popen(
+                [sys.executable, self.script, "25", "plain", "0.05", "clip",
+                 "wide"], env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True))
+        for r, p in enumerate(procs):
+            out, err = p.communicate(timeout=240)
+            self.assertEqual(p.returncode, 0, err)
+            result = json.loads(
+                [l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
+            self.assertEqual(result["steps"], 25)
+            self.assertEqual(result["withdrawn"], 20)
+            self.assertEqual(result["pushed_during_backward"], 0)
+            self.assertEqual(err.count("gave up its pushes during backward 20 "
+                                       "steps in a row"), 1, err)
+
     def test_evaluator_curve_and_worker_reports(self):
         config = self.write_config(
             "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n")

@@ -50,6 +50,10 @@ _PYTHON_VARIABLES = {"MONSOON_EXPORT_LAYOUT", "MONSOON_PYTHON"}
 
 _state = {}
 
+# Steps in a row whose pushes during backward were given up, after which a
+# worker pushes after backward for the rest of the run.
+_GIVE_UP_AFTER = 20
+
 
 def init(**settings):
     """Reads the run's settings: MONSOON_<NAME> environment variables (as the
@@ -227,6 +231,8 @@ class DistributedOptimizer:
         self._overlap = None  # None: not started this step; True; False
         self._grads_version = None
         self._overlap_possible = True
+        self._gave_up = False  # this step's parts were given up
+        self._given_up_in_a_row = 0
         self._grad_pointers = [self._grads[o:o + n].data_ptr()
                                for o, n in self._views]
         self._accumulators = []
@@ -280,9 +286,26 @@ class DistributedOptimizer:
     def _withdraw(self):
         if self._overlap:
             self._worker.withdraw()
+            self._gave_up = True
         self._overlap = False
 
     def _end_of_step(self):
+        if self._gave_up:
+            self._given_up_in_a_row += 1
+            if self._given_up_in_a_row == _GIVE_UP_AFTER:
+                # A script that changes its gradients after every backward
+                # pass: the parts only cost it.
+                self._overlap_possible = False
+                print("monsoon: rank %d gave up its pushes during backward %d "
+                      "steps in a row (the gradients changed after backward, "
+                      "e.g. clipped or accumulated, or samples= differed): it "
+                      "pushes after backward from now on "
+                      "(push_after_backward: true in the run's config does so "
+                      "from the start)" % (rank(), _GIVE_UP_AFTER),
+                      file=sys.stderr, flush=True)
+        elif self._overlap:
+            self._given_up_in_a_row = 0
+        self._gave_up = False
         self._final = [False] * len(self._named)
         self._final_from = len(self._named)
         self._overlap = None
