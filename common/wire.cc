@@ -59,6 +59,11 @@ PushEncoding PushEncodingFor(const TrainingConfig& resolved) {
                                                       : ENCODING_FLOAT32;
 }
 
+uint64_t Float32ChunkValues(const TrainingConfig& resolved) {
+  return std::max<uint64_t>(
+      1, static_cast<uint64_t>(resolved.chunk_bytes()) / sizeof(float));
+}
+
 PayloadBytes PayloadBytesFor(PushEncoding encoding, uint64_t n,
                              int bucket_size) {
   PayloadBytes bytes;

@@ -60,6 +60,9 @@ inline constexpr char kPushPullMethod[] = "/monsoon.ParameterService/PushPull";
 // The encoding a resolved config makes workers push.
 PushEncoding PushEncodingFor(const TrainingConfig& resolved);
 
+// Float32 values in one chunk of a push or pull stream (chunk_bytes).
+uint64_t Float32ChunkValues(const TrainingConfig& resolved);
+
 // Bytes of a payload of n values.
 struct PayloadBytes {
   uint64_t data = 0;

@@ -262,7 +262,7 @@ class PythonWorkerTest(unittest.TestCase):
                 continue
             self.assertEqual(p.returncode, 0, "worker %d failed:\n%s" % (r, err))
             line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
-            results.append(json.loads(line[len("RESULT "):]))
+            results.append(dict(json.loads(line[len("RESULT "):]), stderr=err))
         return results
 
     def test_sync_matches_pytorch_sgd_on_the_mean_gradient(self):
@@ -339,26 +339,16 @@ class PythonWorkerTest(unittest.TestCase):
         config = self.write_config(
             "mode: SYNC learning_rate: 0.1 momentum: 0.9 batch_size: 8\n",
             model=wide_model())
-        servers = self.start_shards(config)
-        procs = []
-        for r in range(2):
-            env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
-                       MONSOON_NUM_WORKERS="2", MONSOON_CONFIG=config,
-                       MONSOON_CONNECT_TIMEOUT_S="20")
-            procs.append(subprocess.Popen(
-                [sys.executable, self.script, "25", "plain", "0.05", "clip",
-                 "wide"], env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True))
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=240)
-            self.assertEqual(p.returncode, 0, err)
-            result = json.loads(
-                [l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
+        for result in self.run_workers(config, self.start_shards(config),
+                                       steps=25, variant="clip",
+                                       model="wide"):
             self.assertEqual(result["steps"], 25)
             self.assertEqual(result["withdrawn"], 20)
             self.assertEqual(result["pushed_during_backward"], 0)
-            self.assertEqual(err.count("gave up its pushes during backward 20 "
-                                       "steps in a row"), 1, err)
+            self.assertEqual(
+                result["stderr"].count("gave up its pushes during backward "
+                                       "20 steps in a row"), 1,
+                result["stderr"])
 
     def test_evaluator_curve_and_worker_reports(self):
         config = self.write_config(

@@ -55,8 +55,7 @@ GradientPusher::GradientPusher(ComputeBackend* backend, ParameterClient* client,
       config_(config),
       encoding_(common::PushEncodingFor(config)),
       bucket_size_(config.onebit_bucket_size()),
-      chunk_values_(std::max<uint64_t>(
-          1, static_cast<uint64_t>(config.chunk_bytes()) / sizeof(float))),
+      chunk_values_(common::Float32ChunkValues(config)),
       counters_(counters) {}
 
 absl::StatusOr<std::unique_ptr<GradientPusher>> GradientPusher::Create(

@@ -271,7 +271,7 @@ class ShardedPushImpl : public ShardedPush {
         Borrow(payload.data), Borrow(payload.scales),
         common::ChunkPlan(encoding, n, bucket,
                           static_cast<uint64_t>(config.chunk_bytes())),
-        ready_from, static_cast<uint64_t>(config.chunk_bytes()) / sizeof(float),
+        ready_from, common::Float32ChunkValues(config),
         pull_.has_value() ? pull_->timeout
                           : absl::Seconds(config.call_timeout_s()),
         response, &client_->bytes_pushed_, pull_.has_value(),

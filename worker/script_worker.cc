@@ -67,25 +67,8 @@ ScriptWorker::~ScriptWorker() { in_flight_.Finish().IgnoreError(); }
 absl::StatusOr<bool> ScriptWorker::Ready(absl::Span<const float> grads,
                                          absl::Span<float> params,
                                          int64_t samples, uint64_t from) {
-  // Sync only: a downpour shard would apply a push as soon as it is whole,
-  // but the shards take a script's push only at Step, so the parts gain
-  // nothing there and cost the hooks (measured: LeNet on 2 shards, sync
-  // 1.02-1.06x, downpour 0.97x).
-  if (config_.mode() != SYNC || config_.push_after_backward() ||
-      common::PushEncodingFor(config_) != ENCODING_FLOAT32) {
-    return false;
-  }
-  if (auto s = CheckSize("grads", grads.size()); !s.ok()) return s;
-  if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
-  if (versions_.empty()) {
-    return absl::FailedPreconditionError(
-        "no weights pulled yet: pull the shards' weights into the model "
-        "first (monsoon.torch.broadcast_parameters)");
-  }
-  if (samples < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a step sums over at least 1 example, not ", samples));
-  }
+  if (!PushesDuringBackward()) return false;
+  if (auto s = CheckStep(grads, samples, params); !s.ok()) return s;
   if (from >= static_cast<uint64_t>(num_params_)) return true;
   if (staged_ == nullptr) {
     // Its answer's versions go to versions_ only once Step has it: the push
@@ -105,13 +88,35 @@ absl::StatusOr<bool> ScriptWorker::Ready(absl::Span<const float> grads,
   return true;
 }
 
-int64_t ScriptWorker::OverlapFrom() const {
-  if (config_.mode() != SYNC || config_.push_after_backward() ||
-      common::PushEncodingFor(config_) != ENCODING_FLOAT32) {
-    return -1;
+bool ScriptWorker::PushesDuringBackward() const {
+  // Sync only: a downpour shard would apply a push as soon as it is whole,
+  // but the shards take a script's push only at Step, so the parts gain
+  // nothing there and cost the hooks (measured: LeNet on 2 shards, sync
+  // 1.02-1.06x, downpour 0.97x).
+  return config_.mode() == SYNC && !config_.push_after_backward() &&
+         common::PushEncodingFor(config_) == ENCODING_FLOAT32;
+}
+
+absl::Status ScriptWorker::CheckStep(absl::Span<const float> grads,
+                                     int64_t samples,
+                                     absl::Span<float> params) const {
+  if (auto s = CheckSize("grads", grads.size()); !s.ok()) return s;
+  if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
+  if (samples < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step sums over at least 1 example, not ", samples));
   }
-  const uint64_t chunk = std::max<uint64_t>(
-      1, static_cast<uint64_t>(config_.chunk_bytes()) / sizeof(float));
+  if (versions_.empty()) {
+    return absl::FailedPreconditionError(
+        "no weights pulled yet: pull the shards' weights into the model "
+        "first (monsoon.torch.broadcast_parameters)");
+  }
+  return absl::OkStatus();
+}
+
+int64_t ScriptWorker::OverlapFrom() const {
+  if (!PushesDuringBackward()) return -1;
+  const uint64_t chunk = common::Float32ChunkValues(config_);
   int64_t from = -1;
   for (const common::ShardRange& range : client_->ranges()) {
     if (range.begin > 0 && range.size() > 1) {
@@ -153,17 +158,7 @@ absl::Status ScriptWorker::Pull(absl::Span<float> params) {
 absl::StatusOr<bool> ScriptWorker::Step(absl::Span<const float> grads,
                                         int64_t samples,
                                         absl::Span<float> params) {
-  if (auto s = CheckSize("grads", grads.size()); !s.ok()) return s;
-  if (auto s = CheckSize("params", params.size()); !s.ok()) return s;
-  if (samples < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a step sums over at least 1 example, not ", samples));
-  }
-  if (versions_.empty()) {
-    return absl::FailedPreconditionError(
-        "no weights pulled yet: pull the shards' weights into the model "
-        "first (monsoon.torch.broadcast_parameters)");
-  }
+  if (auto s = CheckStep(grads, samples, params); !s.ok()) return s;
   const int64_t offset = next_offset_;
   next_offset_ += samples;
   ++steps_;

@@ -97,6 +97,12 @@ class ScriptWorker {
                int rank, int num_workers, absl::Duration shard_lost_timeout);
   // INVALID_ARGUMENT unless the span holds num_params() values.
   absl::Status CheckSize(const char* what, size_t size) const;
+  // Step's arguments: sizes, at least one example, weights pulled first.
+  absl::Status CheckStep(absl::Span<const float> grads, int64_t samples,
+                         absl::Span<float> params) const;
+  // Whether the mode pushes during backward (Ready): sync, float32, not
+  // push_after_backward.
+  bool PushesDuringBackward() const;
   // Pushes `steps` steps' gradient (grads plus the pusher's sum; null:
   // only the sum) without waiting, after the push in flight.
   absl::Status PushAsync(const float* grads, int64_t samples);
