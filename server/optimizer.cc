@@ -21,6 +21,56 @@ double MaxAbs(absl::Span<const float> values) {
   return max_abs;
 }
 
+namespace {
+
+// Which of RunWidest's builds this CPU runs; asked once, at the first
+// update (not in a static initializer, which could run before the CPU's
+// features are known).
+enum class Width { kBaseline, kAvx2, kAvx512 };
+Width CpuWidth() {
+  static const Width width = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return Width::kAvx512;
+    if (__builtin_cpu_supports("avx2")) return Width::kAvx2;
+    return Width::kBaseline;
+  }();
+  return width;
+}
+
+// loop(), with everything it calls inlined (flatten) and compiled for
+// 8 (AVX2) or 16 (AVX-512) floats an instruction. No fused multiply-add:
+// -ffp-contract=off (BUILD) keeps a*b+c two roundings at every width, so
+// each build gives the same bits as the baseline's.
+template <typename Loop>
+__attribute__((target("avx2"), flatten)) void RunAvx2(const Loop& loop) {
+  loop();
+}
+template <typename Loop>
+__attribute__((target("avx512f"), flatten)) void RunAvx512(const Loop& loop) {
+  loop();
+}
+
+// Runs loop() in the widest build this CPU has. The optimizers' loops are
+// memory-bound (momentum: three arrays read, two written) or bound by
+// square roots and divisions (Adagrad); wider loads and units measured
+// up to 1.6x faster than the baseline's 4 floats (apply_bench).
+template <typename Loop>
+void RunWidest(const Loop& loop) {
+  switch (CpuWidth()) {
+    case Width::kAvx512:
+      RunAvx512(loop);
+      return;
+    case Width::kAvx2:
+      RunAvx2(loop);
+      return;
+    case Width::kBaseline:
+      loop();
+      return;
+  }
+}
+
+}  // namespace
+
 SgdOptimizer::SgdOptimizer(size_t size, float learning_rate, float momentum)
     : learning_rate_(learning_rate),
       momentum_(momentum),
@@ -32,13 +82,17 @@ void SgdOptimizer::Apply(const Gradient& gradient, const float* in,
   if (momentum_ > 0) {
     float* v = velocity_.data();
     const float m = momentum_;
-    ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
-      v[i] = m * v[i] + g;
-      return w - lr * v[i];
+    RunWidest([&] {
+      ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
+        v[i] = m * v[i] + g;
+        return w - lr * v[i];
+      });
     });
   } else {
-    ForEachGradient(gradient, in, out,
-                    [=](size_t, float g, float w) { return w - lr * g; });
+    RunWidest([&] {
+      ForEachGradient(gradient, in, out,
+                      [=](size_t, float g, float w) { return w - lr * g; });
+    });
   }
 }
 
@@ -92,50 +146,19 @@ void AdagradOptimizer::AdvanceBound(double max_abs) {
   }
 }
 
-namespace {
-
-// Adagrad's loop: h += g*g; w -= lr * g / sqrt(h). Its square roots and
-// divisions, not memory, bound it (apply_bench: 0.27x SAXPY at 4 values an
-// instruction). -fno-math-errno (BUILD) lets it vectorize; sqrt and
-// division are exact either way, so every width gives the same bits.
-inline void AdagradLoop(const Gradient& gradient, float* h, float lr,
-                        const float* in, float* out) {
-  ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
-    h[i] += g * g;
-    return w - lr * g / std::sqrt(h[i]);
-  });
-}
-
-// The same loop 8 values an instruction (AVX2, without FMA: no fused
-// multiply-add may change a rounding), chosen at run time.
-__attribute__((target("avx2"), flatten)) void AdagradLoopAvx2(const Gradient& gradient,
-                                                     float* h, float lr,
-                                                     const float* in,
-                                                     float* out) {
-  AdagradLoop(gradient, h, lr, in, out);
-}
-
-// Asked once, at the first update (not in a static initializer, which
-// could run before the CPU's features are known).
-bool HaveAvx2() {
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return have;
-}
-
-}  // namespace
-
 void AdagradOptimizer::Apply(const Gradient& gradient, const float* in,
                              float* out) {
   float* h = accumulator_.data();
   const float lr = learning_rate_ * gradient.lr_scale;
-  if (HaveAvx2()) {
-    AdagradLoopAvx2(gradient, h, lr, in, out);
-  } else {
-    AdagradLoop(gradient, h, lr, in, out);
-  }
+  // Its square roots and divisions, more than memory, bound it: vectorized
+  // (-fno-math-errno, BUILD) and as wide as the CPU allows. Both are exact
+  // at any width, so every width gives the same bits.
+  RunWidest([&] {
+    ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
+      h[i] += g * g;
+      return w - lr * g / std::sqrt(h[i]);
+    });
+  });
 }
 
 bool AdagradOptimizer::StaysFinite(const Gradient& gradient,

@@ -61,13 +61,21 @@ constexpr int kUsageError = 2;
 struct RuleCase {
   std::string name;
   std::string config;  // text-format TrainingConfig, layer sizes added
+  // float32 arrays of the push's length each push reads or writes (an
+  // array read and written counts twice), the push's own values included:
+  // SAXPY's are 3 (x read, y read and written).
+  double arrays;
+  int workers = 1;  // sync: pushes in a step, timed together
 };
 
 // One row: `name`'s median against the same run's SAXPY.
+// `arrays` (see RuleCase) gives its bytes against SAXPY's: how near memory
+// speed it runs, where the ratio alone also counts the memory it must move.
 void Print(const std::string& name, int values, int repeats, const Summary& r,
-           const Summary& s, bool json) {
+           const Summary& s, double arrays, bool json) {
   const double rate = values / (r.p50 * 1e-6);
   const double saxpy_rate = values / (s.p50 * 1e-6);
+  const double bandwidth = rate / saxpy_rate * arrays / 3.0;
   if (json) {
     JsonLine line;
     line.Add("rule", name)
@@ -77,11 +85,14 @@ void Print(const std::string& name, int values, int repeats, const Summary& r,
         .Add("values_per_s", rate)
         .Add("saxpy_p50_us", s.p50)
         .Add("saxpy_values_per_s", saxpy_rate)
-        .Add("ratio", rate / saxpy_rate);
+        .Add("ratio", rate / saxpy_rate)
+        .Add("arrays", arrays)
+        .Add("bandwidth_ratio", bandwidth);
     std::printf("%s\n", line.str().c_str());
   } else {
-    std::printf("%-18s %10.0f %12.3g %10.0f %12.3g %6.2f\n", name.c_str(),
-                r.p50, rate, s.p50, saxpy_rate, rate / saxpy_rate);
+    std::printf("%-18s %10.0f %12.3g %10.0f %12.3g %6.2f %6.2g %8.2f\n",
+                name.c_str(), r.p50, rate, s.p50, saxpy_rate,
+                rate / saxpy_rate, arrays, bandwidth);
   }
   std::fflush(stdout);
 }
@@ -191,13 +202,19 @@ int Main() {
   // One layer of (values / 2 - 1) inputs and two outputs: `values` weights.
   const std::string layers =
       absl::StrCat("layer_sizes: [", values / 2 - 1, ", 2] ");
+  // Sync's arrays: a step's first push becomes its sum (the decoder's
+  // buffer taken over, not copied); the last is added as the momentum step
+  // reads the sum: push, sum, weights and velocity read, weights and
+  // velocity written, once a step (per push: 6 / workers; with one worker
+  // the push is the sum: 5).
   const std::vector<RuleCase> cases = {
-      {"sgd", "mode: DOWNPOUR optimizer: SGD momentum: 0"},
-      {"sgd_momentum", "mode: DOWNPOUR optimizer: SGD momentum: 0.9"},
-      {"adagrad", "mode: DOWNPOUR optimizer: ADAGRAD"},
-      {"sync_sgd_momentum", "mode: SYNC"},
-      {"easgd", "mode: EASGD"},
-      {"hogwild", "mode: HOGWILD"},
+      {"sgd", "mode: DOWNPOUR optimizer: SGD momentum: 0", 3},
+      {"sgd_momentum", "mode: DOWNPOUR optimizer: SGD momentum: 0.9", 5},
+      {"adagrad", "mode: DOWNPOUR optimizer: ADAGRAD", 5},
+      {"sync_sgd_momentum", "mode: SYNC", 5},
+      {"sync_2_workers", "mode: SYNC", 3, 2},
+      {"easgd", "mode: EASGD", 3},
+      {"hogwild", "mode: HOGWILD", 3},
   };
   // Small values: thousands of updates stay finite.
   const std::vector<float> push_values =
@@ -208,8 +225,9 @@ int Main() {
 
   if (!json) {
     std::printf("%d values per push, medians of %d\n", values, repeats);
-    std::printf("%-18s %10s %12s %10s %12s %6s\n", "rule", "p50 us", "values/s",
-                "saxpy us", "saxpy v/s", "ratio");
+    std::printf("%-18s %10s %12s %10s %12s %6s %6s %8s\n", "rule", "p50 us",
+                "values/s", "saxpy us", "saxpy v/s", "ratio", "arrays",
+                "bw ratio");
   }
   for (const RuleCase& c : cases) {
     absl::StatusOr<TrainingConfig> config =
@@ -223,37 +241,53 @@ int Main() {
     server::ShardState state(common::ModelLayout::FromConfig(*config),
                              config->seed(), 0, 1);
     std::unique_ptr<server::UpdateRule> rule =
-        server::MakeUpdateRule(*config, /*num_workers=*/1, &state);
+        server::MakeUpdateRule(*config, c.workers, &state);
     server::PushData push;
-    push.worker_rank = 0;
     push.samples = 1;
-    push.values = push_values;
     // As PushDecoder finds it while checking the values: the rules' bounds
     // then spare them the pass that checks an update cannot overflow.
     push.max_abs = static_cast<float>(server::MaxAbs(push_values));
     std::vector<double> rule_us, saxpy_us;
     for (int i = 0; i < warmup + repeats; ++i) {
-      push.base_version = state.version();
-      // Each push carries the next example: a repeat would be acknowledged
-      // as a duplicate without being applied, and timed as nothing.
-      push.sample_offset = i;
-      absl::StatusOr<server::PushResult> result;
-      const double a = TimeUs([&] { result = rule->Apply(push); });
-      if (!result.ok() || result->duplicate) {
-        std::fprintf(stderr, "apply_bench: %s: %s\n", c.name.c_str(),
-                     result.ok() ? "a push was taken for a repeat"
-                                 : result.status().ToString().c_str());
+      // A step: one push from each worker, timed together.
+      double a = 0;
+      for (int rank = 0; rank < c.workers; ++rank) {
+        // As PushDecoder hands a push over: its values in a pooled buffer
+        // (filled as it decoded them, so untimed) that a rule may keep.
+        server::FloatBufferPool::Buffer buffer = state.buffers().Take();
+        std::copy(push_values.begin(), push_values.end(), buffer.get());
+        push.values = absl::MakeConstSpan(buffer.get(), values);
+        push.buffer = &buffer;
+        push.worker_rank = rank;
+        push.base_version = state.version();
+        // Each push carries the next example: a repeat would be
+        // acknowledged as a duplicate without being applied, and timed as
+        // nothing.
+        push.sample_offset = i;
+        absl::StatusOr<server::PushResult> result;
+        a += TimeUs([&] { result = rule->Apply(push); });
+        if (!result.ok() || result->duplicate) {
+          std::fprintf(stderr, "apply_bench: %s: %s\n", c.name.c_str(),
+                       result.ok() ? "a push was taken for a repeat"
+                                   : result.status().ToString().c_str());
+          return 1;
+        }
+      }
+      if (state.version() != i + 1) {
+        std::fprintf(stderr, "apply_bench: %s: step %d left version %lld\n",
+                     c.name.c_str(), i,
+                     static_cast<long long>(state.version()));
         return 1;
       }
       const double b =
           TimeUs([&] { cblas_saxpy(values, 1e-3f, x.data(), 1, y.data(), 1); });
       if (i >= warmup) {
-        rule_us.push_back(a);
+        rule_us.push_back(a / c.workers);
         saxpy_us.push_back(b);
       }
     }
     Print(c.name, values, repeats, Summarize(rule_us), Summarize(saxpy_us),
-          json);
+          c.arrays, json);
   }
   // The worker's side of a 1-bit push: quantizing the gradient with error
   // feedback (common/onebit.h, buckets of 512), against the same SAXPY.
@@ -274,8 +308,10 @@ int Main() {
         saxpy_us.push_back(b);
       }
     }
+    // The gradient read, the residual read and written (the bits and
+    // scales are a 32nd of that).
     Print("onebit_encode", values, repeats, Summarize(encode_us),
-          Summarize(saxpy_us), json);
+          Summarize(saxpy_us), 3, json);
   }
   // What a sync shard adds to each push: the digest that tells a push sent
   // again from a different one (common::ValuesDigest).
@@ -294,7 +330,7 @@ int Main() {
     }
     if (sink == 42) std::printf(" ");  // keeps the digests computed
     Print("sync_push_digest", values, repeats, Summarize(digest_us),
-          Summarize(saxpy_us), json);
+          Summarize(saxpy_us), 1, json);
   }
   const int sparse_rows = absl::GetFlag(FLAGS_sparse_rows);
   const int sparse_batch = absl::GetFlag(FLAGS_sparse_batch);
