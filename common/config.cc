@@ -149,6 +149,14 @@ absl::StatusOr<Mode> ParseMode(absl::string_view name) {
   return mode;
 }
 
+absl::Status CheckScriptMode(Mode mode) {
+  if (mode != ALLREDUCE) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "mode allreduce is not open to scripts yet: only ps_worker's C++ "
+      "models join the ring (for a PyTorch model's all-reduce, "
+      "torch.nn.parallel.DistributedDataParallel is the tool)");
+}
+
 std::string OptimizerName(Optimizer optimizer) {
   if (optimizer == OPTIMIZER_AUTO) return "auto";
   return absl::AsciiStrToLower(Optimizer_Name(optimizer));

@@ -50,6 +50,10 @@ std::string ModeName(Mode mode);
 // Every mode's name, in the enum's order: "sync, downpour, ...".
 std::string ModeNames();
 absl::StatusOr<Mode> ParseMode(absl::string_view name);
+// OK when a training script (the monsoon Python package) can train in
+// `mode`; UNIMPLEMENTED, saying why and what to use instead, when not
+// (allreduce). The script and the launchers that start scripts both ask.
+absl::Status CheckScriptMode(Mode mode);
 
 // "sgd", "adagrad"; "auto" for OPTIMIZER_AUTO.
 std::string OptimizerName(Optimizer optimizer);

@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover
 RUNFILES = os.environ.get("TEST_SRCDIR", "")
 PS_SERVER = os.path.join(RUNFILES, "monsoon", "server", "ps_server")
 LAUNCH_LOCAL = os.path.join(RUNFILES, "monsoon", "tools", "launch_local")
+COMPARE_MODES = os.path.join(RUNFILES, "monsoon", "tools", "compare_modes")
 
 WORKER = r'''
 import json, sys
@@ -460,6 +461,33 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertIn("--worker_cmd exited without writing its model's layout",
                       run.stdout)
         self.assertIn("DistributedOptimizer", run.stdout)
+
+    def test_the_launchers_refuse_allreduce_for_a_script_before_it_runs(self):
+        # The script would refuse it at its first call, after the servers
+        # started: the launchers say so first, and never run it.
+        ran = os.path.join(self.dir, "ran")
+        script = os.path.join(self.dir, "marks.py")
+        with open(script, "w") as f:
+            f.write("open(%r, 'w').close()\n" % ran)
+        command = "--worker_cmd=%s %s" % (sys.executable, script)
+        launch = subprocess.run(
+            [LAUNCH_LOCAL, command, "--mode=allreduce", "--metrics_port=0",
+             "--work_dir=" + os.path.join(self.dir, "run")],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=120)
+        self.assertNotEqual(launch.returncode, 0)
+        self.assertIn("--worker_cmd: mode allreduce is not open to scripts",
+                      launch.stdout)
+        compare = subprocess.run(
+            [COMPARE_MODES, command, "--modes=sync,allreduce",
+             "--out_dir=" + os.path.join(self.dir, "cmp")],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=120)
+        self.assertEqual(compare.returncode, 2, compare.stdout[-2000:])
+        self.assertIn("--worker_cmd: mode allreduce is not open to scripts",
+                      compare.stdout)
+        self.assertIn("leave allreduce out of --modes", compare.stdout)
+        self.assertFalse(os.path.exists(ran))
 
     def test_sigterm_ends_a_worker_after_its_step_with_its_report(self):
         config = self.write_config("mode: DOWNPOUR batch_size: 8\n")

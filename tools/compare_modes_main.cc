@@ -28,8 +28,11 @@
 #include "tools/process_supervisor.h"
 #include "worker/dataset.h"
 
-ABSL_FLAG(std::string, modes, "sync,downpour,easgd,hogwild,onebit,allreduce",
-          "Comma-separated modes to compare, run in this order.");
+constexpr char kDefaultModes[] = "sync,downpour,easgd,hogwild,onebit,allreduce";
+ABSL_FLAG(std::string, modes, kDefaultModes,
+          "Comma-separated modes to compare, run in this order (with "
+          "--worker_cmd, allreduce is left out: scripts do not join the "
+          "ring).");
 ABSL_FLAG(std::string, variants, "",
           "Instead of --modes: configurations to compare, separated by ';', "
           "each a mode and config fields set on top, e.g. "
@@ -357,6 +360,33 @@ absl::StatusOr<std::string> ReportScript() {
 }
 
 // Every check and setting from the flags, in the order the checks run.
+// Scripts (--worker_cmd) train in every mode but allreduce: the default
+// --modes leaves it out, saying so; a mode named on the command line that
+// scripts cannot run is refused before anything starts.
+absl::Status LeaveOutModesScriptsCannotRun(ComparisonOptions* options) {
+  if (options->worker_cmd.empty()) return absl::OkStatus();
+  const bool default_modes = options->variants.empty() &&
+                             absl::GetFlag(FLAGS_modes) == kDefaultModes;
+  std::vector<monsoon::Mode> kept;
+  for (monsoon::Mode mode : options->modes) {
+    absl::Status open = monsoon::common::CheckScriptMode(mode);
+    if (open.ok()) {
+      kept.push_back(mode);
+    } else if (default_modes) {
+      monsoon::common::Log("compare: %s left out: %s",
+                           monsoon::common::ModeName(mode), open.message());
+    } else {
+      return absl::Status(
+          open.code(),
+          absl::StrCat("--worker_cmd: ", open.message(), "; leave ",
+                       monsoon::common::ModeName(mode), " out of --",
+                       options->variants.empty() ? "modes" : "variants"));
+    }
+  }
+  options->modes = std::move(kept);
+  return absl::OkStatus();
+}
+
 absl::Status SetOptionsFromFlags(ComparisonOptions* options) {
   if (auto s = SetConfigurationsFromFlags(options); !s.ok()) return s;
   if (auto s = SetSweepFromFlags(options); !s.ok()) return s;
@@ -380,6 +410,7 @@ absl::Status SetOptionsFromFlags(ComparisonOptions* options) {
         "--evaluator_cmd is for a comparison of --worker_cmd scripts; give "
         "--worker_cmd too");
   }
+  if (auto s = LeaveOutModesScriptsCannotRun(options); !s.ok()) return s;
   return monsoon::tools::CheckDeviceName(options->device);
 }
 

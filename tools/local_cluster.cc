@@ -1142,6 +1142,13 @@ absl::StatusOr<int> FreePortRange(int count) {
 absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,
                                            ProcessSupervisor* supervisor) {
   if (options.worker_cmd.empty()) return ClusterRun(options, supervisor).Run();
+  // Refused before the script runs at all (it would refuse it at its
+  // first call, after the servers started).
+  if (absl::Status open = common::CheckScriptMode(options.config.mode());
+      !open.ok()) {
+    return absl::Status(open.code(),
+                        absl::StrCat("--worker_cmd: ", open.message()));
+  }
   absl::StatusOr<TrainingConfig> config =
       ExportScriptLayout(options.worker_cmd, options.config, options.work_dir,
                          supervisor, absl::Minutes(2));

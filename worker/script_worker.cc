@@ -28,11 +28,8 @@ absl::StatusOr<std::unique_ptr<ScriptWorker>> ScriptWorker::Create(
         "run's model (write the config with monsoon.torch.export_layout and "
         "start the shards with it)");
   }
-  if (config.mode() == ALLREDUCE) {
-    return absl::UnimplementedError(
-        "mode allreduce is not open to scripts yet: only ps_worker's C++ "
-        "models join the ring (for a PyTorch model's all-reduce, "
-        "torch.nn.parallel.DistributedDataParallel is the tool)");
+  if (absl::Status open = common::CheckScriptMode(config.mode()); !open.ok()) {
+    return open;
   }
   std::unique_ptr<ScriptWorker> worker(new ScriptWorker(
       client, config, rank, num_workers, shard_lost_timeout));
