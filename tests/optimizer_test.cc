@@ -129,8 +129,9 @@ TEST_F(OptimizerTest, PlusZeroTurnsANegativeZeroGradientPositive) {
 
 TEST_F(OptimizerTest, LongSlicesMatchTheScalarDefinitionBitForBit) {
   // The vectorized loops against the plain formulas, on enough values to
-  // cover whole vectors and a remainder (16 floats an instruction where the
-  // CPU has AVX-512, 8 with AVX2, else 4: RunWidest), out of place.
+  // cover whole vectors and a remainder (Adagrad 16 floats an instruction
+  // where the CPU has AVX-512, SGD 8 where it has AVX2, else 4:
+  // RunVectorized), out of place.
   const size_t n = 1003;
   std::vector<float> w(n), g(n);
   for (size_t i = 0; i < n; ++i) {
