@@ -344,7 +344,11 @@ TEST_F(CpuBackendTest, MaxPoolTakesTheFirstLargestAndRoutesItsGradient) {
   constexpr int kBatch = 2;
   for (WindowGeometry g :
        {Window(7, 5, 3, 2, 2, 0), Window(6, 9, 2, 3, 1, 0),
-        Window(5, 5, 1, 5, 1, 0), Window(9, 6, 4, 3, 2, 0)}) {
+        Window(5, 5, 1, 5, 1, 0), Window(9, 6, 4, 3, 2, 0),
+        // Channels in groups of 4, the last overlapping the one before
+        // when 4 does not divide them (LeNet's pools: 6 and 16).
+        Window(6, 6, 6, 2, 2, 0), Window(7, 7, 5, 3, 2, 0),
+        Window(4, 4, 16, 2, 2, 0)}) {
     SCOPED_TRACE(testing::Message()
                  << g.height << "x" << g.width << "x" << g.channels << " k"
                  << g.kernel << " s" << g.stride);
