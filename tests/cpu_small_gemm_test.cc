@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +51,13 @@ std::vector<float> Reference(bool trans_a, bool trans_b, int m, int n, int k,
   return c;
 }
 
+// Both builds of the kernels: the widest this CPU has, and AVX2 alone.
+constexpr SmallGemmUnits kUnits[] = {SmallGemmUnits::kWidest,
+                                     SmallGemmUnits::kAvx2};
+const char* UnitsName(SmallGemmUnits units) {
+  return units == SmallGemmUnits::kWidest ? "widest" : "AVX2";
+}
+
 class CpuSmallGemmTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -61,6 +69,8 @@ class CpuSmallGemmTest : public testing::Test {
 };
 
 TEST_F(CpuSmallGemmTest, FewColumnsMatchesTheReferenceOnOddShapes) {
+  for (SmallGemmUnits units : kUnits) {
+  SCOPED_TRACE(UnitsName(units));
   for (bool trans_b : {false, true}) {
     for (int m : {1, 5, 11, 12, 13, 25, 100}) {
       for (int n : {1, 6, 8, 9, 15, 16}) {
@@ -72,22 +82,25 @@ TEST_F(CpuSmallGemmTest, FewColumnsMatchesTheReferenceOnOddShapes) {
           const std::vector<float> c0 = Integers(static_cast<size_t>(m) * n, 3);
           std::vector<float> c = c0;
           GemmFewColumns(m, n, k, 2.0f, a.data(), b.data(), trans_b, 0.5f,
-                         c.data());
+                         c.data(), units);
           EXPECT_EQ(c,
                     Reference(false, trans_b, m, n, k, 2.0f, a, b, 0.5f, c0));
           // beta 0: C's old values, NaN here, are not read.
           std::vector<float> fresh(static_cast<size_t>(m) * n, std::nanf(""));
           GemmFewColumns(m, n, k, 1.0f, a.data(), b.data(), trans_b, 0.0f,
-                         fresh.data());
+                         fresh.data(), units);
           EXPECT_EQ(fresh,
                     Reference(false, trans_b, m, n, k, 1.0f, a, b, 0.0f, c0));
         }
       }
     }
   }
+  }
 }
 
 TEST_F(CpuSmallGemmTest, FewRowsMatchesTheReferenceOnOddShapes) {
+  for (SmallGemmUnits units : kUnits) {
+  SCOPED_TRACE(UnitsName(units));
   for (int m : {1, 3, 6, 8, 9, 16}) {
     for (int n : {1, 6, 13, 14, 25, 27, 150}) {
       for (int k : {1, 2, 7, 130, 300}) {
@@ -97,12 +110,57 @@ TEST_F(CpuSmallGemmTest, FewRowsMatchesTheReferenceOnOddShapes) {
         const std::vector<float> b = Integers(static_cast<size_t>(k) * n, 5);
         const std::vector<float> c0 = Integers(static_cast<size_t>(m) * n, 6);
         std::vector<float> c = c0;
-        GemmFewRows(m, n, k, 2.0f, a.data(), b.data(), 0.5f, c.data());
+        GemmFewRows(m, n, k, 2.0f, a.data(), b.data(), 0.5f, c.data(), units);
         EXPECT_EQ(c, Reference(true, false, m, n, k, 2.0f, a, b, 0.5f, c0));
         std::vector<float> fresh(static_cast<size_t>(m) * n, std::nanf(""));
-        GemmFewRows(m, n, k, 1.0f, a.data(), b.data(), 0.0f, fresh.data());
+        GemmFewRows(m, n, k, 1.0f, a.data(), b.data(), 0.0f, fresh.data(),
+                    units);
         EXPECT_EQ(fresh, Reference(true, false, m, n, k, 1.0f, a, b, 0.0f, c0));
       }
+    }
+  }
+  }
+}
+
+TEST_F(CpuSmallGemmTest, TheWidestBuildGivesAvx2sBitsOnAnyValues) {
+  // Values whose products and sums round, unlike the integers above: each
+  // value of C must still be the same bits from both builds (the same
+  // fused multiply-adds in the same order). Where the CPU has no AVX-512
+  // the widest build is AVX2's and this holds trivially.
+  auto values = [](size_t n, float phase) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = std::sin(static_cast<float>(i) * 0.37f + phase) * 1.7f;
+    }
+    return v;
+  };
+  for (int side : {9, 12, 16}) {
+    for (int big : {1, 23, 24, 25, 130, 1100}) {
+      SCOPED_TRACE(absl::StrCat("side ", side, " other side ", big));
+      const int k = 150;
+      const std::vector<float> a = values(static_cast<size_t>(big) * k, 0.1f);
+      const std::vector<float> b = values(static_cast<size_t>(side) * k, 0.2f);
+      const std::vector<float> c0 = values(static_cast<size_t>(big) * side, 0.3f);
+      std::vector<float> wide = c0, narrow = c0;
+      GemmFewColumns(big, side, k, 0.7f, a.data(), b.data(), true, 0.5f,
+                     wide.data(), SmallGemmUnits::kWidest);
+      GemmFewColumns(big, side, k, 0.7f, a.data(), b.data(), true, 0.5f,
+                     narrow.data(), SmallGemmUnits::kAvx2);
+      EXPECT_EQ(wide, narrow);
+      // Few rows: A is k' x side, B k' x columns, summed over k' = 300.
+      const int rows = 300, columns = std::min(big, kSmallGemmMaxColumns);
+      const std::vector<float> x =
+          values(static_cast<size_t>(rows) * side, 0.4f);
+      const std::vector<float> y =
+          values(static_cast<size_t>(rows) * columns, 0.5f);
+      const std::vector<float> z0 =
+          values(static_cast<size_t>(side) * columns, 0.6f);
+      std::vector<float> z_wide = z0, z_narrow = z0;
+      GemmFewRows(side, columns, rows, 0.7f, x.data(), y.data(), 0.5f,
+                  z_wide.data(), SmallGemmUnits::kWidest);
+      GemmFewRows(side, columns, rows, 0.7f, x.data(), y.data(), 0.5f,
+                  z_narrow.data(), SmallGemmUnits::kAvx2);
+      EXPECT_EQ(z_wide, z_narrow);
     }
   }
 }
@@ -158,8 +216,9 @@ class GuardedFloats {
 };
 
 TEST_F(CpuSmallGemmTest, TouchesNothingPastTheEndOfItsMatrices) {
-  for (int side : {1, 3, 6, 7, 9, 15}) {
-    SCOPED_TRACE(absl::StrCat("small side ", side));
+  for (SmallGemmUnits units : kUnits)
+  for (int side : {1, 3, 6, 7, 9, 15, 16}) {
+    SCOPED_TRACE(absl::StrCat("small side ", side, ", ", UnitsName(units)));
     const int rows = 37, inner = 5;
     // Few columns: A rows x inner, B side x inner (transposed), C rows x side.
     const std::vector<float> a =
@@ -172,7 +231,7 @@ TEST_F(CpuSmallGemmTest, TouchesNothingPastTheEndOfItsMatrices) {
     ASSERT_NE(guarded_b.data(), nullptr);
     ASSERT_NE(guarded_c.data(), nullptr);
     GemmFewColumns(rows, side, inner, 1.0f, guarded_a.data(), guarded_b.data(),
-                   true, 0.0f, guarded_c.data());
+                   true, 0.0f, guarded_c.data(), units);
     const std::vector<float> want =
         Reference(false, true, rows, side, inner, 1.0f, a, b, 0.0f,
                   std::vector<float>(static_cast<size_t>(rows) * side));
@@ -191,7 +250,7 @@ TEST_F(CpuSmallGemmTest, TouchesNothingPastTheEndOfItsMatrices) {
     ASSERT_NE(guarded_y.data(), nullptr);
     ASSERT_NE(guarded_z.data(), nullptr);
     GemmFewRows(side, inner, rows, 1.0f, guarded_x.data(), guarded_y.data(),
-                0.0f, guarded_z.data());
+                0.0f, guarded_z.data(), units);
     const std::vector<float> want_z =
         Reference(true, false, side, inner, rows, 1.0f, x, y, 0.0f,
                   std::vector<float>(static_cast<size_t>(side) * inner));

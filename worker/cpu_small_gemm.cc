@@ -28,6 +28,12 @@ inline float Scaled(float alpha, float sum, float beta, float c) {
 #if MONSOON_SMALL_GEMM_X86
 namespace {
 
+// Asked once, at the first product.
+bool HaveAvx512() {
+  static const bool have = __builtin_cpu_supports("avx512f") != 0;
+  return have;
+}
+
 // Compiled for AVX2 and FMA whatever the build's flags; called only where
 // SmallGemmSupported().
 #define MONSOON_AVX2 __attribute__((target("avx2,fma")))
@@ -105,11 +111,57 @@ MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
   }
 }
 
+// The same with the small side (9 to 16) in one AVX-512 register, where the
+// CPU has AVX-512: one FMA where AVX2 takes two, and 32 registers hold 24
+// rows' sums. Each value of C is the same FMAs in the same order as in
+// FewColumnsRows<2, ...>, so the same bits.
+#define MONSOON_AVX512 __attribute__((target("avx512f")))
+constexpr int kWideRows = 24;
+
+template <int kRows>
+MONSOON_AVX512 void FewColumnsRowsWide(int m, int r, int n, int k,
+                                       float alpha, const float* a,
+                                       const float* b_rows, float beta,
+                                       float* c) {
+  __m512 acc[kRows];
+#pragma GCC unroll 32
+  for (int q = 0; q < kRows; ++q) acc[q] = _mm512_setzero_ps();
+  const float* rows = a + static_cast<size_t>(r) * k;
+  if (r + 2 * kRows <= m) {
+    const char* next = reinterpret_cast<const char*>(rows + kRows * k);
+    for (int byte = 0; byte < kRows * k * 4; byte += 64) {
+      _mm_prefetch(next + byte, _MM_HINT_T0);
+    }
+  }
+  for (int i = 0; i < k; ++i) {
+    const __m512 b = _mm512_load_ps(b_rows + i * 2 * kLanes);
+#pragma GCC unroll 32
+    for (int q = 0; q < kRows; ++q) {
+      acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(rows[q * k + i]), b, acc[q]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 32
+  for (int q = 0; q < kRows; ++q) {
+    float* out = c + static_cast<size_t>(r + q) * n;
+    if (beta == 0.0f && n == 2 * kLanes) {
+      _mm512_storeu_ps(out, _mm512_mul_ps(scale, acc[q]));
+      continue;
+    }
+    alignas(64) float sums[2 * kLanes];
+    _mm512_store_ps(sums, acc[q]);
+    for (int j = 0; j < n; ++j) out[j] = Scaled(alpha, sums[j], beta, out[j]);
+  }
+}
+
+#undef MONSOON_AVX512
+
 template <int kRegs>
 void FewColumns(int m, int n, int k, float alpha, const float* a,
-                const float* b, bool trans_b, float beta, float* c) {
+                const float* b, bool trans_b, float beta, float* c,
+                bool wide) {
   // Row i of op(B), zero past n.
-  alignas(32) float b_rows[kSmallGemmMaxInner * kRegs * kLanes];
+  alignas(64) float b_rows[kSmallGemmMaxInner * kRegs * kLanes];
   for (int i = 0; i < k; ++i) {
     for (int j = 0; j < kRegs * kLanes; ++j) {
       b_rows[i * kRegs * kLanes + j] =
@@ -117,6 +169,16 @@ void FewColumns(int m, int n, int k, float alpha, const float* a,
                  : (trans_b ? b[static_cast<size_t>(j) * k + i]
                             : b[static_cast<size_t>(i) * n + j]);
     }
+  }
+  if (kRegs == 2 && wide) {
+    int r = 0;
+    for (; r + kWideRows <= m; r += kWideRows) {
+      FewColumnsRowsWide<kWideRows>(m, r, n, k, alpha, a, b_rows, beta, c);
+    }
+    for (; r < m; ++r) {
+      FewColumnsRowsWide<1>(m, r, n, k, alpha, a, b_rows, beta, c);
+    }
+    return;
   }
   constexpr int kRows = kRowsInFlight<kRegs>;
   int r = 0;
@@ -201,6 +263,44 @@ MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const float* b,
 
 #undef MONSOON_AVX2
 
+// The same with m (9 to 16) in one AVX-512 register, where the CPU has it:
+// chunks of up to kWideChunk columns (32 registers), each value of C the
+// same FMAs in the same order as FewRowsChunk<2, ...>'s, so the same bits.
+constexpr int kWideChunk = 24;
+
+template <int kChunk>
+__attribute__((target("avx512f"))) void FewRowsChunkWide(
+    int rows, const float* a, int m, const float* b, int ldb, float* sums,
+    int b_rows) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1);
+  __m512 acc[kChunk];
+#pragma GCC unroll 32
+  for (int j = 0; j < kChunk; ++j) {
+    acc[j] = _mm512_load_ps(sums + j * 2 * kLanes);
+  }
+  const char* next = reinterpret_cast<const char*>(b);
+  for (int r = 0; r < rows; ++r) {
+    const __m512 row =
+        _mm512_maskz_loadu_ps(mask, a + static_cast<size_t>(r) * m);
+    const float* b_row = b + static_cast<size_t>(r) * ldb;
+    if (b_rows > 0) {
+      const int ahead = std::min(r + kPrefetchRows + 1, b_rows);
+      const char* end =
+          reinterpret_cast<const char*>(b + static_cast<size_t>(ahead) * ldb);
+      for (; next < end; next += 64) _mm_prefetch(next, _MM_HINT_T0);
+    }
+#pragma GCC unroll 32
+    for (int j = 0; j < kChunk; ++j) {
+      acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(b_row[j]), row, acc[j]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int j = 0; j < kChunk; ++j) {
+    _mm512_store_ps(sums + j * 2 * kLanes, acc[j]);
+  }
+}
+
+
 // FewRowsChunk by chunk size: FewRowsChunks<kRegs>[s - 1] sums chunks of s.
 using FewRowsChunkFn = void (*)(int, const float*, int, const float*, int,
                                 float*, int);
@@ -212,6 +312,13 @@ constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> FewRowsTable(
 template <int kRegs>
 constexpr std::array<FewRowsChunkFn, kColumnChunk<kRegs>> kFewRowsChunks =
     FewRowsTable<kRegs>(std::make_integer_sequence<int, kColumnChunk<kRegs>>());
+template <int... kSizes>
+constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> FewRowsWideTable(
+    std::integer_sequence<int, kSizes...>) {
+  return {&FewRowsChunkWide<kSizes + 1>...};
+}
+constexpr std::array<FewRowsChunkFn, kWideChunk> kFewRowsChunksWide =
+    FewRowsWideTable(std::make_integer_sequence<int, kWideChunk>());
 
 // Cuts `total` into the fewest chunks of at most `largest`, of nearly equal
 // sizes (27 by 13: 9, 9 and 9 rather than 13, 13 and 1), calling
@@ -228,18 +335,22 @@ void ForEachChunk(int total, int largest, Visit visit) {
 
 template <int kRegs>
 void FewRows(int m, int n, int k, float alpha, const float* a, const float* b,
-             float beta, float* c) {
+             float beta, float* c, bool wide_asked) {
   constexpr int kWidth = kRegs * kLanes;
-  alignas(32) float sums[kSmallGemmMaxColumns * kWidth];
+  alignas(64) float sums[kSmallGemmMaxColumns * kWidth];
   std::fill(sums, sums + n * kWidth, 0.0f);
+  const bool wide = kRegs == 2 && wide_asked;
   // B's rows [r0, r0 + rows), with their rows of A at a_rows.
   auto sum_rows = [&](int r0, int rows, const float* a_rows) {
     const float* b_rows = b + static_cast<size_t>(r0) * n;
-    ForEachChunk(n, kColumnChunk<kRegs>, [&](int begin, int size) {
-      kFewRowsChunks<kRegs>[size - 1](rows, a_rows, m, b_rows + begin, n,
-                                      sums + begin * kWidth,
-                                      begin == 0 ? k - r0 : 0);
-    });
+    ForEachChunk(n, wide ? kWideChunk : kColumnChunk<kRegs>,
+                 [&](int begin, int size) {
+                   const FewRowsChunkFn chunk =
+                       wide ? kFewRowsChunksWide[size - 1]
+                            : kFewRowsChunks<kRegs>[size - 1];
+                   chunk(rows, a_rows, m, b_rows + begin, n,
+                         sums + begin * kWidth, begin == 0 ? k - r0 : 0);
+                 });
   };
   // The kernels read kWidth values from each row of A: its last rows, where
   // that would run past A's end, are read from a padded copy.
@@ -252,7 +363,7 @@ void FewRows(int m, int n, int k, float alpha, const float* a, const float* b,
   if (tail > 0) {
     // tail * m < kWidth values (tail < ceil(kWidth / m)), plus one row's
     // read past them.
-    alignas(32) float padded[2 * kWidth] = {};
+    alignas(64) float padded[2 * kWidth] = {};
     std::memcpy(padded, a + static_cast<size_t>(body) * m,
                 sizeof(float) * tail * m);
     sum_rows(body, tail, padded);
@@ -271,30 +382,37 @@ bool SmallGemmSupported() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+bool SmallGemmHasAvx512() { return HaveAvx512(); }
+
 void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
-                    const float* b, bool trans_b, float beta, float* c) {
+                    const float* b, bool trans_b, float beta, float* c,
+                    SmallGemmUnits units) {
   if (n <= kLanes) {
-    FewColumns<1>(m, n, k, alpha, a, b, trans_b, beta, c);
+    FewColumns<1>(m, n, k, alpha, a, b, trans_b, beta, c, false);
   } else {
-    FewColumns<2>(m, n, k, alpha, a, b, trans_b, beta, c);
+    FewColumns<2>(m, n, k, alpha, a, b, trans_b, beta, c,
+                  units == SmallGemmUnits::kWidest && HaveAvx512());
   }
 }
 
 void GemmFewRows(int m, int n, int k, float alpha, const float* a,
-                 const float* b, float beta, float* c) {
+                 const float* b, float beta, float* c, SmallGemmUnits units) {
   if (m <= kLanes) {
-    FewRows<1>(m, n, k, alpha, a, b, beta, c);
+    FewRows<1>(m, n, k, alpha, a, b, beta, c, false);
   } else {
-    FewRows<2>(m, n, k, alpha, a, b, beta, c);
+    FewRows<2>(m, n, k, alpha, a, b, beta, c,
+               units == SmallGemmUnits::kWidest && HaveAvx512());
   }
 }
 
 #else  // !MONSOON_SMALL_GEMM_X86: the backend never calls these.
 
 bool SmallGemmSupported() { return false; }
+bool SmallGemmHasAvx512() { return false; }
 
 void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
-                    const float* b, bool trans_b, float beta, float* c) {
+                    const float* b, bool trans_b, float beta, float* c,
+                    SmallGemmUnits /*units*/) {
   for (int r = 0; r < m; ++r) {
     for (int j = 0; j < n; ++j) {
       float sum = 0;
@@ -310,7 +428,8 @@ void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
 }
 
 void GemmFewRows(int m, int n, int k, float alpha, const float* a,
-                 const float* b, float beta, float* c) {
+                 const float* b, float beta, float* c,
+                 SmallGemmUnits /*units*/) {
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
       float sum = 0;

@@ -7,8 +7,8 @@
 // tile is empty: LeNet's first convolution (6 filters of 25 values over
 // 50,176 positions) ran at 0.26-0.33x of a large square sgemm's rate. These
 // kernels put the small side in the lanes of one or two AVX2 registers
-// instead, and keep enough independent sums in flight to keep both FMA
-// units busy.
+// instead (one AVX-512 register where the CPU has it), and keep enough
+// independent sums in flight to keep both FMA units busy.
 //
 // Plain functions of their arguments: safe to call from any thread on
 // buffers no other thread writes. They need a CPU with AVX2 and FMA
@@ -30,19 +30,29 @@ inline constexpr int kSmallGemmMaxColumns = 512;
 // True where this CPU has AVX2 and FMA, which the kernels below need.
 bool SmallGemmSupported();
 
+// Which build of the kernels runs: the widest this CPU has (a small side of
+// 9 to 16 in one AVX-512 register where it has AVX-512F, else in two AVX2
+// registers), or AVX2 alone. Each value of C is the same fused
+// multiply-adds in the same order either way, so the same bits (tested).
+enum class SmallGemmUnits { kWidest, kAvx2 };
+// Whether the widest build here is AVX-512's (for a small side of 9 to 16).
+bool SmallGemmHasAvx512();
+
 // C[m x n] = alpha * A * op(B) + beta * C for 1 <= n <= kSmallGemmSide and
 // 1 <= k <= kSmallGemmMaxInner: A is m x k, and op(B) is k x n where B is
 // stored n x k (trans_b) or k x n. Every matrix is row-major and contiguous.
 // C is not read where beta is 0. Each value of C sums over k in order.
 void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
-                    const float* b, bool trans_b, float beta, float* c);
+                    const float* b, bool trans_b, float beta, float* c,
+                    SmallGemmUnits units = SmallGemmUnits::kWidest);
 
 // C[m x n] = alpha * A^T * B + beta * C for 1 <= m <= kSmallGemmSide and
 // 1 <= n <= kSmallGemmMaxColumns: A is stored k x m, B is k x n, row-major
 // and contiguous, so each value of C is a sum over k rows (in order). C is
 // not read where beta is 0.
 void GemmFewRows(int m, int n, int k, float alpha, const float* a,
-                 const float* b, float beta, float* c);
+                 const float* b, float beta, float* c,
+                 SmallGemmUnits units = SmallGemmUnits::kWidest);
 
 }  // namespace monsoon::worker
 
