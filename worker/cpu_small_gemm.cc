@@ -49,6 +49,18 @@ bool HaveAvx512() {
 template <int kRegs>
 constexpr int kRowsInFlight = 12 / kRegs;
 
+// The next call's rows of A ([r + in_flight, r + 2 in_flight), where they
+// exist), which a conv layer's product reads from L3 or memory: the
+// hardware's prefetcher alone left the kernels waiting.
+inline void PrefetchNextRows(const float* rows, int in_flight, int r, int m,
+                             int k) {
+  if (r + 2 * in_flight > m) return;
+  const char* next = reinterpret_cast<const char*>(rows + in_flight * k);
+  for (int byte = 0; byte < in_flight * k * 4; byte += 64) {
+    _mm_prefetch(next + byte, _MM_HINT_T0);
+  }
+}
+
 // Rows [r, r + kRows) of C from A's rows there; b_rows is op(B), a row of
 // kRegs * 8 values per i.
 template <int kRegs, int kRows>
@@ -62,14 +74,7 @@ MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
     for (int v = 0; v < kRegs; ++v) acc[q][v] = _mm256_setzero_ps();
   }
   const float* rows = a + static_cast<size_t>(r) * k;
-  // The next call's rows of A, which a conv layer's product reads from L3
-  // or memory: the hardware's prefetcher alone left the kernel waiting.
-  if (r + 2 * kRows <= m) {
-    const char* next = reinterpret_cast<const char*>(rows + kRows * k);
-    for (int byte = 0; byte < kRows * k * 4; byte += 64) {
-      _mm_prefetch(next + byte, _MM_HINT_T0);
-    }
-  }
+  PrefetchNextRows(rows, kRows, r, m, k);
   for (int i = 0; i < k; ++i) {
     __m256 b[kRegs];
 #pragma GCC unroll 2
@@ -127,12 +132,7 @@ MONSOON_AVX512 void FewColumnsRowsWide(int m, int r, int n, int k,
 #pragma GCC unroll 32
   for (int q = 0; q < kRows; ++q) acc[q] = _mm512_setzero_ps();
   const float* rows = a + static_cast<size_t>(r) * k;
-  if (r + 2 * kRows <= m) {
-    const char* next = reinterpret_cast<const char*>(rows + kRows * k);
-    for (int byte = 0; byte < kRows * k * 4; byte += 64) {
-      _mm_prefetch(next + byte, _MM_HINT_T0);
-    }
-  }
+  PrefetchNextRows(rows, kRows, r, m, k);
   for (int i = 0; i < k; ++i) {
     const __m512 b = _mm512_load_ps(b_rows + i * 2 * kLanes);
 #pragma GCC unroll 32
@@ -204,6 +204,16 @@ constexpr int kSumBlock = 128;
 // hardware's prefetcher alone left the kernel waiting on L3 or memory.
 constexpr int kPrefetchRows = 2;
 
+// B's rows up to kPrefetchRows past row r (of b_rows) into L1, from *next
+// on (advanced past them).
+inline void PrefetchRowsOfB(const float* b, int ldb, int r, int b_rows,
+                            const char** next) {
+  const int ahead = std::min(r + kPrefetchRows + 1, b_rows);
+  const char* end =
+      reinterpret_cast<const char*>(b + static_cast<size_t>(ahead) * ldb);
+  for (; *next < end; *next += 64) _mm_prefetch(*next, _MM_HINT_T0);
+}
+
 // sums[j] += sum over r < rows of b[r * ldb + j] * a[r * m .. + m), for j <
 // kChunk. Reads kRegs * 8 values at each a + r * m: the caller makes sure
 // they exist; lanes past m are masked to 0. Where `b_rows` (B's rows from
@@ -237,12 +247,7 @@ MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const float* b,
           mask[v]);
     }
     const float* b_row = b + static_cast<size_t>(r) * ldb;
-    if (b_rows > 0) {
-      const int ahead = std::min(r + kPrefetchRows + 1, b_rows);
-      const char* end =
-          reinterpret_cast<const char*>(b + static_cast<size_t>(ahead) * ldb);
-      for (; next < end; next += 64) _mm_prefetch(next, _MM_HINT_T0);
-    }
+    if (b_rows > 0) PrefetchRowsOfB(b, ldb, r, b_rows, &next);
 #pragma GCC unroll 16
     for (int j = 0; j < kChunk; ++j) {
       const __m256 x = _mm256_broadcast_ss(b_row + j);
@@ -283,12 +288,7 @@ __attribute__((target("avx512f"))) void FewRowsChunkWide(
     const __m512 row =
         _mm512_maskz_loadu_ps(mask, a + static_cast<size_t>(r) * m);
     const float* b_row = b + static_cast<size_t>(r) * ldb;
-    if (b_rows > 0) {
-      const int ahead = std::min(r + kPrefetchRows + 1, b_rows);
-      const char* end =
-          reinterpret_cast<const char*>(b + static_cast<size_t>(ahead) * ldb);
-      for (; next < end; next += 64) _mm_prefetch(next, _MM_HINT_T0);
-    }
+    if (b_rows > 0) PrefetchRowsOfB(b, ldb, r, b_rows, &next);
 #pragma GCC unroll 32
     for (int j = 0; j < kChunk; ++j) {
       acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(b_row[j]), row, acc[j]);
