@@ -359,7 +359,6 @@ absl::StatusOr<std::string> ReportScript() {
   return script;
 }
 
-// Every check and setting from the flags, in the order the checks run.
 // Scripts (--worker_cmd) train in every mode but allreduce: the default
 // --modes leaves it out, saying so; a mode named on the command line that
 // scripts cannot run is refused before anything starts.
@@ -387,6 +386,7 @@ absl::Status LeaveOutModesScriptsCannotRun(ComparisonOptions* options) {
   return absl::OkStatus();
 }
 
+// Every check and setting from the flags, in the order the checks run.
 absl::Status SetOptionsFromFlags(ComparisonOptions* options) {
   if (auto s = SetConfigurationsFromFlags(options); !s.ok()) return s;
   if (auto s = SetSweepFromFlags(options); !s.ok()) return s;
