@@ -6,9 +6,14 @@
 // A SAXPY reads two vectors and writes one: the least any rule can do with
 // a push (read it, read the weights, write new weights). Plain SGD does
 // exactly that; momentum and Adagrad also read and write their state; sync
-// also sums the push into the step's gradient; hogwild writes in place with
-// relaxed atomics, one value at a time. A last row times the worker's 1-bit
-// encoder (quantization with error feedback) on a push of the same size.
+// keeps a step's first push as its sum and adds the last as it applies the
+// sum (sync_2_workers times a step of two pushes, per push); hogwild writes
+// in place with relaxed atomics, one value at a time. Each push comes in a
+// pooled buffer, as the shard's decoder hands it over. Each row also gives
+// the arrays the rule moves and its bandwidth against SAXPY's ("bw ratio":
+// the ratio times arrays / 3). Further rows time the worker's 1-bit
+// encoder (quantization with error feedback) and sync's push digest on a
+// push of the same size.
 //
 // The sparse rows (server/sparse_table.h): a push of --sparse_batch
 // distinct ids drawn at random from a table of --sparse_rows rows (row-wise
