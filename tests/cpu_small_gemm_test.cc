@@ -134,8 +134,8 @@ TEST_F(CpuSmallGemmTest, TheWidestBuildGivesAvx2sBitsOnAnyValues) {
     }
     return v;
   };
-  for (int side : {9, 12, 16}) {
-    for (int big : {1, 23, 24, 25, 130, 1100}) {
+  for (int side : {1, 5, 6, 8, 9, 12, 16}) {
+    for (int big : {1, 23, 24, 25, 26, 27, 130, 1100}) {
       SCOPED_TRACE(absl::StrCat("side ", side, " other side ", big));
       const int k = 150;
       const std::vector<float> a = values(static_cast<size_t>(big) * k, 0.1f);

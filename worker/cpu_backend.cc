@@ -30,7 +30,8 @@ class CpuBackend : public ComputeBackend {
     return absl::StrCat(
         "cpu (OpenBLAS, ", threads_, " thread", threads_ == 1 ? "" : "s",
         small_gemm_ ? "; AVX2 for products with a side of 16 or less" : "",
-        small_gemm_ && SmallGemmHasAvx512() ? ", AVX-512 from 9" : "", ")");
+        small_gemm_ && SmallGemmHasAvx512() ? ", AVX-512 where it pays" : "",
+        ")");
   }
 
   bool HostMemory() const override { return true; }

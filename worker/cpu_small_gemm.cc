@@ -301,6 +301,62 @@ __attribute__((target("avx512f"))) void FewRowsChunkWide(
 }
 
 
+// And with m up to 8, two columns in one AVX-512 register: lane 2i sums
+// row i of column j, lane 2i + 1 row i of column j + 1, so that one
+// broadcast of B[r][j, j + 2) and one FMA serve both (A's row r spread to
+// lanes 2i and 2i + 1 once a row). An odd last column takes the even lanes
+// alone (a masked FMA). The sums keep FewRowsChunk<1, ...>'s layout (8
+// values a column) outside the kernel, and each value is the same FMAs in
+// the same order, so the same bits. Chunks of up to kPairChunk columns.
+constexpr int kPairChunk = 26;
+
+template <int kColumns>
+__attribute__((target("avx512f"))) void FewRowsPairs(
+    int rows, const float* a, int m, const float* b, int ldb, float* sums,
+    int b_rows) {
+  constexpr int kPairs = (kColumns + 1) / 2;
+  // Lane l of the interleaved layout from the sums' layout and back, and
+  // A's value i to lanes 2i and 2i + 1.
+  const __m512i to_pairs = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12,
+                                             5, 13, 6, 14, 7, 15);
+  const __m512i from_pairs = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1,
+                                               3, 5, 7, 9, 11, 13, 15);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5,
+                                           5, 6, 6, 7, 7);
+  const __mmask16 row_mask = static_cast<__mmask16>((1u << m) - 1);
+  __m512 acc[kPairs];
+#pragma GCC unroll 16
+  for (int p = 0; p < kPairs; ++p) {
+    // A chunk may begin at an odd column: 32-byte aligned only.
+    acc[p] = _mm512_permutexvar_ps(to_pairs,
+                                   _mm512_loadu_ps(sums + p * 2 * kLanes));
+  }
+  const char* next = reinterpret_cast<const char*>(b);
+  for (int r = 0; r < rows; ++r) {
+    const __m512 row = _mm512_permutexvar_ps(
+        spread, _mm512_maskz_loadu_ps(row_mask, a + static_cast<size_t>(r) * m));
+    const float* b_row = b + static_cast<size_t>(r) * ldb;
+    if (b_rows > 0) PrefetchRowsOfB(b, ldb, r, b_rows, &next);
+#pragma GCC unroll 16
+    for (int p = 0; p < kColumns / 2; ++p) {
+      double pair;
+      std::memcpy(&pair, b_row + 2 * p, sizeof(pair));
+      acc[p] = _mm512_fmadd_ps(row, _mm512_castpd_ps(_mm512_set1_pd(pair)),
+                               acc[p]);
+    }
+    if (kColumns % 2 == 1) {
+      acc[kPairs - 1] = _mm512_mask3_fmadd_ps(
+          row, _mm512_set1_ps(b_row[kColumns - 1]), acc[kPairs - 1],
+          static_cast<__mmask16>(0x5555));
+    }
+  }
+#pragma GCC unroll 16
+  for (int p = 0; p < kPairs; ++p) {
+    _mm512_storeu_ps(sums + p * 2 * kLanes,
+                     _mm512_permutexvar_ps(from_pairs, acc[p]));
+  }
+}
+
 // FewRowsChunk by chunk size: FewRowsChunks<kRegs>[s - 1] sums chunks of s.
 using FewRowsChunkFn = void (*)(int, const float*, int, const float*, int,
                                 float*, int);
@@ -319,6 +375,13 @@ constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> FewRowsWideTable(
 }
 constexpr std::array<FewRowsChunkFn, kWideChunk> kFewRowsChunksWide =
     FewRowsWideTable(std::make_integer_sequence<int, kWideChunk>());
+template <int... kSizes>
+constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> FewRowsPairsTable(
+    std::integer_sequence<int, kSizes...>) {
+  return {&FewRowsPairs<kSizes + 1>...};
+}
+constexpr std::array<FewRowsChunkFn, kPairChunk> kFewRowsChunksPairs =
+    FewRowsPairsTable(std::make_integer_sequence<int, kPairChunk>());
 
 // Cuts `total` into the fewest chunks of at most `largest`, of nearly equal
 // sizes (27 by 13: 9, 9 and 9 rather than 13, 13 and 1), calling
@@ -337,20 +400,23 @@ template <int kRegs>
 void FewRows(int m, int n, int k, float alpha, const float* a, const float* b,
              float beta, float* c, bool wide_asked) {
   constexpr int kWidth = kRegs * kLanes;
-  alignas(64) float sums[kSmallGemmMaxColumns * kWidth];
-  std::fill(sums, sums + n * kWidth, 0.0f);
-  const bool wide = kRegs == 2 && wide_asked;
+  // One column more than n may take: an odd chunk's last pair of columns
+  // (FewRowsPairs) loads and stores the sums of the column after it.
+  alignas(64) float sums[(kSmallGemmMaxColumns + 1) * kWidth];
+  std::fill(sums, sums + (n + 1) * kWidth, 0.0f);
+  const FewRowsChunkFn* chunks = kFewRowsChunks<kRegs>.data();
+  int largest = kColumnChunk<kRegs>;
+  if (wide_asked) {
+    chunks = kRegs == 2 ? kFewRowsChunksWide.data() : kFewRowsChunksPairs.data();
+    largest = kRegs == 2 ? kWideChunk : kPairChunk;
+  }
   // B's rows [r0, r0 + rows), with their rows of A at a_rows.
   auto sum_rows = [&](int r0, int rows, const float* a_rows) {
     const float* b_rows = b + static_cast<size_t>(r0) * n;
-    ForEachChunk(n, wide ? kWideChunk : kColumnChunk<kRegs>,
-                 [&](int begin, int size) {
-                   const FewRowsChunkFn chunk =
-                       wide ? kFewRowsChunksWide[size - 1]
-                            : kFewRowsChunks<kRegs>[size - 1];
-                   chunk(rows, a_rows, m, b_rows + begin, n,
-                         sums + begin * kWidth, begin == 0 ? k - r0 : 0);
-                 });
+    ForEachChunk(n, largest, [&](int begin, int size) {
+      chunks[size - 1](rows, a_rows, m, b_rows + begin, n,
+                       sums + begin * kWidth, begin == 0 ? k - r0 : 0);
+    });
   };
   // The kernels read kWidth values from each row of A: its last rows, where
   // that would run past A's end, are read from a padded copy.
@@ -398,7 +464,8 @@ void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
 void GemmFewRows(int m, int n, int k, float alpha, const float* a,
                  const float* b, float beta, float* c, SmallGemmUnits units) {
   if (m <= kLanes) {
-    FewRows<1>(m, n, k, alpha, a, b, beta, c, false);
+    FewRows<1>(m, n, k, alpha, a, b, beta, c,
+               units == SmallGemmUnits::kWidest && HaveAvx512());
   } else {
     FewRows<2>(m, n, k, alpha, a, b, beta, c,
                units == SmallGemmUnits::kWidest && HaveAvx512());

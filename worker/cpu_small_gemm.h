@@ -30,12 +30,13 @@ inline constexpr int kSmallGemmMaxColumns = 512;
 // True where this CPU has AVX2 and FMA, which the kernels below need.
 bool SmallGemmSupported();
 
-// Which build of the kernels runs: the widest this CPU has (a small side of
-// 9 to 16 in one AVX-512 register where it has AVX-512F, else in two AVX2
-// registers), or AVX2 alone. Each value of C is the same fused
-// multiply-adds in the same order either way, so the same bits (tested).
+// Which build of the kernels runs: the widest this CPU has (where it has
+// AVX-512F: a small side of 9 to 16 in one AVX-512 register instead of two
+// AVX2 ones, and GemmFewRows with m up to 8 two columns to a register), or
+// AVX2 alone. Each value of C is the same fused multiply-adds in the same
+// order either way, so the same bits (tested).
 enum class SmallGemmUnits { kWidest, kAvx2 };
-// Whether the widest build here is AVX-512's (for a small side of 9 to 16).
+// Whether the widest build here uses AVX-512.
 bool SmallGemmHasAvx512();
 
 // C[m x n] = alpha * A * op(B) + beta * C for 1 <= n <= kSmallGemmSide and
