@@ -57,19 +57,16 @@ __attribute__((target("avx512f"), flatten)) void RunAvx512(const Loop& loop) {
 // likely because the arrays are 16-byte aligned, so that most 64-byte
 // accesses span two cache lines); Adagrad's, bound by its square roots
 // and divisions, gains at both (1.9x, 2.5x).
-template <typename Loop>
-void RunVectorized(Width widest, const Loop& loop) {
-  switch (std::min(widest, CpuWidth())) {
-    case Width::kAvx512:
-      RunAvx512(loop);
-      return;
-    case Width::kAvx2:
-      RunAvx2(loop);
-      return;
-    case Width::kBaseline:
-      loop();
-      return;
+template <Width kWidest, typename Loop>
+void RunVectorized(const Loop& loop) {
+  const Width width = std::min(kWidest, CpuWidth());
+  if constexpr (kWidest >= Width::kAvx512) {
+    if (width == Width::kAvx512) return RunAvx512(loop);
   }
+  if constexpr (kWidest >= Width::kAvx2) {
+    if (width == Width::kAvx2) return RunAvx2(loop);
+  }
+  loop();
 }
 
 }  // namespace
@@ -85,14 +82,14 @@ void SgdOptimizer::Apply(const Gradient& gradient, const float* in,
   if (momentum_ > 0) {
     float* v = velocity_.data();
     const float m = momentum_;
-    RunVectorized(Width::kAvx2, [&] {
+    RunVectorized<Width::kAvx2>([&] {
       ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
         v[i] = m * v[i] + g;
         return w - lr * v[i];
       });
     });
   } else {
-    RunVectorized(Width::kAvx2, [&] {
+    RunVectorized<Width::kAvx2>([&] {
       ForEachGradient(gradient, in, out,
                       [=](size_t, float g, float w) { return w - lr * g; });
     });
@@ -156,7 +153,7 @@ void AdagradOptimizer::Apply(const Gradient& gradient, const float* in,
   // Its square roots and divisions, more than memory, bound it: vectorized
   // (-fno-math-errno, BUILD) and as wide as the CPU allows. Both are exact
   // at any width, so every width gives the same bits.
-  RunVectorized(Width::kAvx512, [&] {
+  RunVectorized<Width::kAvx512>([&] {
     ForEachGradient(gradient, in, out, [=](size_t i, float g, float w) {
       h[i] += g * g;
       return w - lr * g / std::sqrt(h[i]);
