@@ -4,6 +4,7 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #if defined(__x86_64__)
@@ -357,31 +358,28 @@ __attribute__((target("avx512f"))) void FewRowsPairs(
   }
 }
 
-// FewRowsChunk by chunk size: FewRowsChunks<kRegs>[s - 1] sums chunks of s.
+// A chunk kernel by chunk size: table[s - 1] sums chunks of s, where
+// pick(std::integral_constant<int, s>) is that size's kernel.
 using FewRowsChunkFn = void (*)(int, const float*, int, const float*, int,
                                 float*, int);
-template <int kRegs, int... kSizes>
-constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> FewRowsTable(
-    std::integer_sequence<int, kSizes...>) {
-  return {&FewRowsChunk<kRegs, kSizes + 1>...};
+template <typename Pick, int... kSizes>
+constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> ChunkTable(
+    Pick pick, std::integer_sequence<int, kSizes...>) {
+  return {pick(std::integral_constant<int, kSizes + 1>())...};
 }
 template <int kRegs>
 constexpr std::array<FewRowsChunkFn, kColumnChunk<kRegs>> kFewRowsChunks =
-    FewRowsTable<kRegs>(std::make_integer_sequence<int, kColumnChunk<kRegs>>());
-template <int... kSizes>
-constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> FewRowsWideTable(
-    std::integer_sequence<int, kSizes...>) {
-  return {&FewRowsChunkWide<kSizes + 1>...};
-}
+    ChunkTable([](auto size) -> FewRowsChunkFn {
+      return &FewRowsChunk<kRegs, decltype(size)::value>;
+    }, std::make_integer_sequence<int, kColumnChunk<kRegs>>());
 constexpr std::array<FewRowsChunkFn, kWideChunk> kFewRowsChunksWide =
-    FewRowsWideTable(std::make_integer_sequence<int, kWideChunk>());
-template <int... kSizes>
-constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> FewRowsPairsTable(
-    std::integer_sequence<int, kSizes...>) {
-  return {&FewRowsPairs<kSizes + 1>...};
-}
+    ChunkTable([](auto size) -> FewRowsChunkFn {
+      return &FewRowsChunkWide<decltype(size)::value>;
+    }, std::make_integer_sequence<int, kWideChunk>());
 constexpr std::array<FewRowsChunkFn, kPairChunk> kFewRowsChunksPairs =
-    FewRowsPairsTable(std::make_integer_sequence<int, kPairChunk>());
+    ChunkTable([](auto size) -> FewRowsChunkFn {
+      return &FewRowsPairs<decltype(size)::value>;
+    }, std::make_integer_sequence<int, kPairChunk>());
 
 // Cuts `total` into the fewest chunks of at most `largest`, of nearly equal
 // sizes (27 by 13: 9, 9 and 9 rather than 13, 13 and 1), calling
