@@ -70,55 +70,59 @@ class CpuSmallGemmTest : public testing::Test {
 
 TEST_F(CpuSmallGemmTest, FewColumnsMatchesTheReferenceOnOddShapes) {
   for (SmallGemmUnits units : kUnits) {
-  SCOPED_TRACE(UnitsName(units));
-  for (bool trans_b : {false, true}) {
-    for (int m : {1, 5, 11, 12, 13, 25, 100}) {
-      for (int n : {1, 6, 8, 9, 15, 16}) {
-        for (int k : {1, 2, 11, 25, 150}) {
-          SCOPED_TRACE(absl::StrCat("m ", m, " n ", n, " k ", k,
-                                    trans_b ? " B transposed" : ""));
-          const std::vector<float> a = Integers(static_cast<size_t>(m) * k, 1);
-          const std::vector<float> b = Integers(static_cast<size_t>(k) * n, 2);
-          const std::vector<float> c0 = Integers(static_cast<size_t>(m) * n, 3);
-          std::vector<float> c = c0;
-          GemmFewColumns(m, n, k, 2.0f, a.data(), b.data(), trans_b, 0.5f,
-                         c.data(), units);
-          EXPECT_EQ(c,
-                    Reference(false, trans_b, m, n, k, 2.0f, a, b, 0.5f, c0));
-          // beta 0: C's old values, NaN here, are not read.
-          std::vector<float> fresh(static_cast<size_t>(m) * n, std::nanf(""));
-          GemmFewColumns(m, n, k, 1.0f, a.data(), b.data(), trans_b, 0.0f,
-                         fresh.data(), units);
-          EXPECT_EQ(fresh,
-                    Reference(false, trans_b, m, n, k, 1.0f, a, b, 0.0f, c0));
+    SCOPED_TRACE(UnitsName(units));
+    for (bool trans_b : {false, true}) {
+      for (int m : {1, 5, 11, 12, 13, 25, 100}) {
+        for (int n : {1, 6, 8, 9, 15, 16}) {
+          for (int k : {1, 2, 11, 25, 150}) {
+            SCOPED_TRACE(absl::StrCat("m ", m, " n ", n, " k ", k,
+                                      trans_b ? " B transposed" : ""));
+            const std::vector<float> a =
+                Integers(static_cast<size_t>(m) * k, 1);
+            const std::vector<float> b =
+                Integers(static_cast<size_t>(k) * n, 2);
+            const std::vector<float> c0 =
+                Integers(static_cast<size_t>(m) * n, 3);
+            std::vector<float> c = c0;
+            GemmFewColumns(m, n, k, 2.0f, a.data(), b.data(), trans_b, 0.5f,
+                           c.data(), units);
+            EXPECT_EQ(c,
+                      Reference(false, trans_b, m, n, k, 2.0f, a, b, 0.5f, c0));
+            // beta 0: C's old values, NaN here, are not read.
+            std::vector<float> fresh(static_cast<size_t>(m) * n, std::nanf(""));
+            GemmFewColumns(m, n, k, 1.0f, a.data(), b.data(), trans_b, 0.0f,
+                           fresh.data(), units);
+            EXPECT_EQ(fresh,
+                      Reference(false, trans_b, m, n, k, 1.0f, a, b, 0.0f, c0));
+          }
         }
       }
     }
-  }
   }
 }
 
 TEST_F(CpuSmallGemmTest, FewRowsMatchesTheReferenceOnOddShapes) {
   for (SmallGemmUnits units : kUnits) {
-  SCOPED_TRACE(UnitsName(units));
-  for (int m : {1, 3, 6, 8, 9, 16}) {
-    for (int n : {1, 6, 13, 14, 25, 27, 150}) {
-      for (int k : {1, 2, 7, 130, 300}) {
-        SCOPED_TRACE(absl::StrCat("m ", m, " n ", n, " k ", k));
-        // A is stored k x m (op(A) = A^T), B k x n.
-        const std::vector<float> a = Integers(static_cast<size_t>(k) * m, 4);
-        const std::vector<float> b = Integers(static_cast<size_t>(k) * n, 5);
-        const std::vector<float> c0 = Integers(static_cast<size_t>(m) * n, 6);
-        std::vector<float> c = c0;
-        GemmFewRows(m, n, k, 2.0f, a.data(), b.data(), 0.5f, c.data(), units);
-        EXPECT_EQ(c, Reference(true, false, m, n, k, 2.0f, a, b, 0.5f, c0));
-        std::vector<float> fresh(static_cast<size_t>(m) * n, std::nanf(""));
-        GemmFewRows(m, n, k, 1.0f, a.data(), b.data(), 0.0f, fresh.data(),
-                    units);
-        EXPECT_EQ(fresh, Reference(true, false, m, n, k, 1.0f, a, b, 0.0f, c0));
+    SCOPED_TRACE(UnitsName(units));
+    for (int m : {1, 3, 6, 8, 9, 16}) {
+      for (int n : {1, 6, 13, 14, 25, 27, 150}) {
+        for (int k : {1, 2, 7, 130, 300}) {
+          SCOPED_TRACE(absl::StrCat("m ", m, " n ", n, " k ", k));
+          // A is stored k x m (op(A) = A^T), B k x n.
+          const std::vector<float> a = Integers(static_cast<size_t>(k) * m, 4);
+          const std::vector<float> b = Integers(static_cast<size_t>(k) * n, 5);
+          const std::vector<float> c0 = Integers(static_cast<size_t>(m) * n, 6);
+          std::vector<float> c = c0;
+          GemmFewRows(m, n, k, 2.0f, a.data(), b.data(), 0.5f, c.data(), units);
+          EXPECT_EQ(c, Reference(true, false, m, n, k, 2.0f, a, b, 0.5f, c0));
+          std::vector<float> fresh(static_cast<size_t>(m) * n, std::nanf(""));
+          GemmFewRows(m, n, k, 1.0f, a.data(), b.data(), 0.0f, fresh.data(),
+                      units);
+          EXPECT_EQ(fresh,
+                    Reference(true, false, m, n, k, 1.0f, a, b, 0.0f, c0));
+        }
       }
     }
-  }
   }
 }
 
@@ -140,7 +144,8 @@ TEST_F(CpuSmallGemmTest, TheWidestBuildGivesAvx2sBitsOnAnyValues) {
       const int k = 150;
       const std::vector<float> a = values(static_cast<size_t>(big) * k, 0.1f);
       const std::vector<float> b = values(static_cast<size_t>(side) * k, 0.2f);
-      const std::vector<float> c0 = values(static_cast<size_t>(big) * side, 0.3f);
+      const std::vector<float> c0 =
+          values(static_cast<size_t>(big) * side, 0.3f);
       std::vector<float> wide = c0, narrow = c0;
       GemmFewColumns(big, side, k, 0.7f, a.data(), b.data(), true, 0.5f,
                      wide.data(), SmallGemmUnits::kWidest);
@@ -217,47 +222,49 @@ class GuardedFloats {
 
 TEST_F(CpuSmallGemmTest, TouchesNothingPastTheEndOfItsMatrices) {
   for (SmallGemmUnits units : kUnits)
-  for (int side : {1, 3, 6, 7, 9, 15, 16}) {
-    SCOPED_TRACE(absl::StrCat("small side ", side, ", ", UnitsName(units)));
-    const int rows = 37, inner = 5;
-    // Few columns: A rows x inner, B side x inner (transposed), C rows x side.
-    const std::vector<float> a =
-        Integers(static_cast<size_t>(rows) * inner, 11);
-    const std::vector<float> b =
-        Integers(static_cast<size_t>(side) * inner, 12);
-    GuardedFloats guarded_a(a), guarded_b(b),
-        guarded_c(std::vector<float>(static_cast<size_t>(rows) * side));
-    ASSERT_NE(guarded_a.data(), nullptr);
-    ASSERT_NE(guarded_b.data(), nullptr);
-    ASSERT_NE(guarded_c.data(), nullptr);
-    GemmFewColumns(rows, side, inner, 1.0f, guarded_a.data(), guarded_b.data(),
-                   true, 0.0f, guarded_c.data(), units);
-    const std::vector<float> want =
-        Reference(false, true, rows, side, inner, 1.0f, a, b, 0.0f,
-                  std::vector<float>(static_cast<size_t>(rows) * side));
-    EXPECT_EQ(
-        std::vector<float>(guarded_c.data(), guarded_c.data() + want.size()),
-        want);
+    for (int side : {1, 3, 6, 7, 9, 15, 16}) {
+      SCOPED_TRACE(absl::StrCat("small side ", side, ", ", UnitsName(units)));
+      const int rows = 37, inner = 5;
+      // Few columns: A rows x inner, B side x inner (transposed), C rows x
+      // side.
+      const std::vector<float> a =
+          Integers(static_cast<size_t>(rows) * inner, 11);
+      const std::vector<float> b =
+          Integers(static_cast<size_t>(side) * inner, 12);
+      GuardedFloats guarded_a(a), guarded_b(b),
+          guarded_c(std::vector<float>(static_cast<size_t>(rows) * side));
+      ASSERT_NE(guarded_a.data(), nullptr);
+      ASSERT_NE(guarded_b.data(), nullptr);
+      ASSERT_NE(guarded_c.data(), nullptr);
+      GemmFewColumns(rows, side, inner, 1.0f, guarded_a.data(),
+                     guarded_b.data(), true, 0.0f, guarded_c.data(), units);
+      const std::vector<float> want =
+          Reference(false, true, rows, side, inner, 1.0f, a, b, 0.0f,
+                    std::vector<float>(static_cast<size_t>(rows) * side));
+      EXPECT_EQ(
+          std::vector<float>(guarded_c.data(), guarded_c.data() + want.size()),
+          want);
 
-    // Few rows: A rows x side (its rows are what the kernels read 8 or 16
-    // values of at a time), B rows x inner, C side x inner.
-    const std::vector<float> x = Integers(static_cast<size_t>(rows) * side, 13);
-    const std::vector<float> y =
-        Integers(static_cast<size_t>(rows) * inner, 14);
-    GuardedFloats guarded_x(x), guarded_y(y),
-        guarded_z(std::vector<float>(static_cast<size_t>(side) * inner));
-    ASSERT_NE(guarded_x.data(), nullptr);
-    ASSERT_NE(guarded_y.data(), nullptr);
-    ASSERT_NE(guarded_z.data(), nullptr);
-    GemmFewRows(side, inner, rows, 1.0f, guarded_x.data(), guarded_y.data(),
-                0.0f, guarded_z.data(), units);
-    const std::vector<float> want_z =
-        Reference(true, false, side, inner, rows, 1.0f, x, y, 0.0f,
-                  std::vector<float>(static_cast<size_t>(side) * inner));
-    EXPECT_EQ(
-        std::vector<float>(guarded_z.data(), guarded_z.data() + want_z.size()),
-        want_z);
-  }
+      // Few rows: A rows x side (its rows are what the kernels read 8 or 16
+      // values of at a time), B rows x inner, C side x inner.
+      const std::vector<float> x =
+          Integers(static_cast<size_t>(rows) * side, 13);
+      const std::vector<float> y =
+          Integers(static_cast<size_t>(rows) * inner, 14);
+      GuardedFloats guarded_x(x), guarded_y(y),
+          guarded_z(std::vector<float>(static_cast<size_t>(side) * inner));
+      ASSERT_NE(guarded_x.data(), nullptr);
+      ASSERT_NE(guarded_y.data(), nullptr);
+      ASSERT_NE(guarded_z.data(), nullptr);
+      GemmFewRows(side, inner, rows, 1.0f, guarded_x.data(), guarded_y.data(),
+                  0.0f, guarded_z.data(), units);
+      const std::vector<float> want_z =
+          Reference(true, false, side, inner, rows, 1.0f, x, y, 0.0f,
+                    std::vector<float>(static_cast<size_t>(side) * inner));
+      EXPECT_EQ(std::vector<float>(guarded_z.data(),
+                                   guarded_z.data() + want_z.size()),
+                want_z);
+    }
 }
 
 }  // namespace

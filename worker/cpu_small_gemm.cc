@@ -38,6 +38,8 @@ bool HaveAvx512() {
 // Compiled for AVX2 and FMA whatever the build's flags; called only where
 // SmallGemmSupported().
 #define MONSOON_AVX2 __attribute__((target("avx2,fma")))
+// ...and for AVX-512F, called only where HaveAvx512().
+#define MONSOON_AVX512 __attribute__((target("avx512f")))
 
 // The small side takes kRegs registers of 8 lanes (1 or 2); lanes past it
 // hold zeros.
@@ -121,14 +123,12 @@ MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
 // CPU has AVX-512: one FMA where AVX2 takes two, and 32 registers hold 24
 // rows' sums. Each value of C is the same FMAs in the same order as in
 // FewColumnsRows<2, ...>, so the same bits.
-#define MONSOON_AVX512 __attribute__((target("avx512f")))
 constexpr int kWideRows = 24;
 
 template <int kRows>
-MONSOON_AVX512 void FewColumnsRowsWide(int m, int r, int n, int k,
-                                       float alpha, const float* a,
-                                       const float* b_rows, float beta,
-                                       float* c) {
+MONSOON_AVX512 void FewColumnsRowsWide(int m, int r, int n, int k, float alpha,
+                                       const float* a, const float* b_rows,
+                                       float beta, float* c) {
   __m512 acc[kRows];
 #pragma GCC unroll 32
   for (int q = 0; q < kRows; ++q) acc[q] = _mm512_setzero_ps();
@@ -155,12 +155,9 @@ MONSOON_AVX512 void FewColumnsRowsWide(int m, int r, int n, int k,
   }
 }
 
-#undef MONSOON_AVX512
-
 template <int kRegs>
 void FewColumns(int m, int n, int k, float alpha, const float* a,
-                const float* b, bool trans_b, float beta, float* c,
-                bool wide) {
+                const float* b, bool trans_b, float beta, float* c, bool wide) {
   // Row i of op(B), zero past n.
   alignas(64) float b_rows[kSmallGemmMaxInner * kRegs * kLanes];
   for (int i = 0; i < k; ++i) {
@@ -267,17 +264,15 @@ MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const float* b,
   }
 }
 
-#undef MONSOON_AVX2
-
 // The same with m (9 to 16) in one AVX-512 register, where the CPU has it:
 // chunks of up to kWideChunk columns (32 registers), each value of C the
 // same FMAs in the same order as FewRowsChunk<2, ...>'s, so the same bits.
 constexpr int kWideChunk = 24;
 
 template <int kChunk>
-__attribute__((target("avx512f"))) void FewRowsChunkWide(
-    int rows, const float* a, int m, const float* b, int ldb, float* sums,
-    int b_rows) {
+MONSOON_AVX512 void FewRowsChunkWide(int rows, const float* a, int m,
+                                     const float* b, int ldb, float* sums,
+                                     int b_rows) {
   const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1);
   __m512 acc[kChunk];
 #pragma GCC unroll 32
@@ -301,7 +296,6 @@ __attribute__((target("avx512f"))) void FewRowsChunkWide(
   }
 }
 
-
 // And with m up to 8, two columns in one AVX-512 register: lane 2i sums
 // row i of column j, lane 2i + 1 row i of column j + 1, so that one
 // broadcast of B[r][j, j + 2) and one FMA serve both (A's row r spread to
@@ -311,39 +305,46 @@ __attribute__((target("avx512f"))) void FewRowsChunkWide(
 // the same order, so the same bits. Chunks of up to kPairChunk columns.
 constexpr int kPairChunk = 26;
 
+// _mm512_permutexvar_ps(index, v), in the form whose lanes start at zero
+// (all of them chosen): GCC 12's form starts them "undefined" and warns
+// that they are used uninitialized.
+MONSOON_AVX512 inline __m512 FullPermute(__m512i index, __m512 v) {
+  return _mm512_maskz_permutexvar_ps(static_cast<__mmask16>(0xffff), index, v);
+}
+
 template <int kColumns>
-__attribute__((target("avx512f"))) void FewRowsPairs(
-    int rows, const float* a, int m, const float* b, int ldb, float* sums,
-    int b_rows) {
+MONSOON_AVX512 void FewRowsPairs(int rows, const float* a, int m,
+                                 const float* b, int ldb, float* sums,
+                                 int b_rows) {
   constexpr int kPairs = (kColumns + 1) / 2;
   // Lane l of the interleaved layout from the sums' layout and back, and
   // A's value i to lanes 2i and 2i + 1.
-  const __m512i to_pairs = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12,
-                                             5, 13, 6, 14, 7, 15);
-  const __m512i from_pairs = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1,
-                                               3, 5, 7, 9, 11, 13, 15);
-  const __m512i spread = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5,
-                                           5, 6, 6, 7, 7);
+  const __m512i to_pairs =
+      _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m512i from_pairs =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m512i spread =
+      _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const __mmask16 row_mask = static_cast<__mmask16>((1u << m) - 1);
   __m512 acc[kPairs];
 #pragma GCC unroll 16
   for (int p = 0; p < kPairs; ++p) {
     // A chunk may begin at an odd column: 32-byte aligned only.
-    acc[p] = _mm512_permutexvar_ps(to_pairs,
-                                   _mm512_loadu_ps(sums + p * 2 * kLanes));
+    acc[p] = FullPermute(to_pairs, _mm512_loadu_ps(sums + p * 2 * kLanes));
   }
   const char* next = reinterpret_cast<const char*>(b);
   for (int r = 0; r < rows; ++r) {
-    const __m512 row = _mm512_permutexvar_ps(
-        spread, _mm512_maskz_loadu_ps(row_mask, a + static_cast<size_t>(r) * m));
+    const __m512 row = FullPermute(
+        spread,
+        _mm512_maskz_loadu_ps(row_mask, a + static_cast<size_t>(r) * m));
     const float* b_row = b + static_cast<size_t>(r) * ldb;
     if (b_rows > 0) PrefetchRowsOfB(b, ldb, r, b_rows, &next);
 #pragma GCC unroll 16
     for (int p = 0; p < kColumns / 2; ++p) {
       double pair;
       std::memcpy(&pair, b_row + 2 * p, sizeof(pair));
-      acc[p] = _mm512_fmadd_ps(row, _mm512_castpd_ps(_mm512_set1_pd(pair)),
-                               acc[p]);
+      acc[p] =
+          _mm512_fmadd_ps(row, _mm512_castpd_ps(_mm512_set1_pd(pair)), acc[p]);
     }
     if (kColumns % 2 == 1) {
       acc[kPairs - 1] = _mm512_mask3_fmadd_ps(
@@ -353,10 +354,12 @@ __attribute__((target("avx512f"))) void FewRowsPairs(
   }
 #pragma GCC unroll 16
   for (int p = 0; p < kPairs; ++p) {
-    _mm512_storeu_ps(sums + p * 2 * kLanes,
-                     _mm512_permutexvar_ps(from_pairs, acc[p]));
+    _mm512_storeu_ps(sums + p * 2 * kLanes, FullPermute(from_pairs, acc[p]));
   }
 }
+
+#undef MONSOON_AVX2
+#undef MONSOON_AVX512
 
 // A chunk kernel by chunk size: table[s - 1] sums chunks of s, where
 // pick(std::integral_constant<int, s>) is that size's kernel.
@@ -369,17 +372,23 @@ constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> ChunkTable(
 }
 template <int kRegs>
 constexpr std::array<FewRowsChunkFn, kColumnChunk<kRegs>> kFewRowsChunks =
-    ChunkTable([](auto size) -> FewRowsChunkFn {
-      return &FewRowsChunk<kRegs, decltype(size)::value>;
-    }, std::make_integer_sequence<int, kColumnChunk<kRegs>>());
+    ChunkTable(
+        [](auto size) -> FewRowsChunkFn {
+          return &FewRowsChunk<kRegs, decltype(size)::value>;
+        },
+        std::make_integer_sequence<int, kColumnChunk<kRegs>>());
 constexpr std::array<FewRowsChunkFn, kWideChunk> kFewRowsChunksWide =
-    ChunkTable([](auto size) -> FewRowsChunkFn {
-      return &FewRowsChunkWide<decltype(size)::value>;
-    }, std::make_integer_sequence<int, kWideChunk>());
+    ChunkTable(
+        [](auto size) -> FewRowsChunkFn {
+          return &FewRowsChunkWide<decltype(size)::value>;
+        },
+        std::make_integer_sequence<int, kWideChunk>());
 constexpr std::array<FewRowsChunkFn, kPairChunk> kFewRowsChunksPairs =
-    ChunkTable([](auto size) -> FewRowsChunkFn {
-      return &FewRowsPairs<decltype(size)::value>;
-    }, std::make_integer_sequence<int, kPairChunk>());
+    ChunkTable(
+        [](auto size) -> FewRowsChunkFn {
+          return &FewRowsPairs<decltype(size)::value>;
+        },
+        std::make_integer_sequence<int, kPairChunk>());
 
 // Cuts `total` into the fewest chunks of at most `largest`, of nearly equal
 // sizes (27 by 13: 9, 9 and 9 rather than 13, 13 and 1), calling
@@ -405,7 +414,8 @@ void FewRows(int m, int n, int k, float alpha, const float* a, const float* b,
   const FewRowsChunkFn* chunks = kFewRowsChunks<kRegs>.data();
   int largest = kColumnChunk<kRegs>;
   if (wide_asked) {
-    chunks = kRegs == 2 ? kFewRowsChunksWide.data() : kFewRowsChunksPairs.data();
+    chunks =
+        kRegs == 2 ? kFewRowsChunksWide.data() : kFewRowsChunksPairs.data();
     largest = kRegs == 2 ? kWideChunk : kPairChunk;
   }
   // B's rows [r0, r0 + rows), with their rows of A at a_rows.
