@@ -269,9 +269,9 @@ uint64_t FirstOutside(const float* data, uint64_t n, float bound,
   return n;
 }
 
-uint64_t ValuesDigest(const float* data, uint64_t n) {
-  constexpr int kLanes = 8;
-  uint32_t a[kLanes] = {}, b[kLanes] = {};
+DigestSums SumsForDigest(const float* data, uint64_t n) {
+  constexpr int kLanes = DigestSums::kLanes;
+  uint32_t a[kLanes] = {}, b[kLanes] = {};  // locals: they stay in registers
   uint64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
@@ -287,14 +287,43 @@ uint64_t ValuesDigest(const float* data, uint64_t n) {
     a[l] += bits;
     b[l] += a[l];
   }
+  DigestSums sums;
+  std::copy(a, a + kLanes, sums.a);
+  std::copy(b, b + kLanes, sums.b);
+  sums.n = n;
+  return sums;
+}
+
+DigestSums JoinDigestSums(const DigestSums& first, const DigestSums& then) {
+  // In each lane, b sums every value times the number of the lane's
+  // values from it to the run's end: `first`'s values gain those of
+  // `then` in the same lane (lanes line up: first.n is whole groups).
+  constexpr int kLanes = DigestSums::kLanes;
+  DigestSums joined;
+  for (int l = 0; l < kLanes; ++l) {
+    const uint64_t later = then.n / kLanes + (static_cast<uint64_t>(l) <
+                                              then.n % kLanes);
+    joined.a[l] = first.a[l] + then.a[l];
+    joined.b[l] = first.b[l] + static_cast<uint32_t>(later) * first.a[l] +
+                  then.b[l];
+  }
+  joined.n = first.n + then.n;
+  return joined;
+}
+
+uint64_t DigestOfSums(const DigestSums& sums) {
   // Mixed into 64 bits (FNV-1a's multiplier over the lanes, then the
   // length), so that every lane counts.
   uint64_t digest = 0xcbf29ce484222325u;
-  for (int l = 0; l < kLanes; ++l) {
-    digest = (digest ^ a[l]) * 0x100000001b3u;
-    digest = (digest ^ b[l]) * 0x100000001b3u;
+  for (int l = 0; l < DigestSums::kLanes; ++l) {
+    digest = (digest ^ sums.a[l]) * 0x100000001b3u;
+    digest = (digest ^ sums.b[l]) * 0x100000001b3u;
   }
-  return (digest ^ n) * 0x100000001b3u;
+  return (digest ^ sums.n) * 0x100000001b3u;
+}
+
+uint64_t ValuesDigest(const float* data, uint64_t n) {
+  return DigestOfSums(SumsForDigest(data, n));
 }
 
 }  // namespace monsoon::common

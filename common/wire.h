@@ -259,6 +259,28 @@ uint64_t FirstOutside(const float* data, uint64_t n, float bound,
 // order changes it, except with a chance of about 2^-64.
 uint64_t ValuesDigest(const float* data, uint64_t n);
 
+// ValuesDigest in parts, for values that arrive in chunks: the sums of one
+// run of values, which join with the next run's (in either order of
+// arrival) as long as the first of the two holds a whole number of groups
+// of eight, and give the run's digest.
+struct DigestSums {
+  static constexpr int kLanes = 8;
+  uint32_t a[kLanes] = {};
+  uint32_t b[kLanes] = {};
+  uint64_t n = 0;  // values summed
+};
+
+// The sums of data[0, n).
+DigestSums SumsForDigest(const float* data, uint64_t n);
+
+// The sums of `first`'s values followed by `then`'s; `first.n` must be a
+// multiple of DigestSums::kLanes (checked by the caller).
+DigestSums JoinDigestSums(const DigestSums& first, const DigestSums& then);
+
+// The digest of the values summed: ValuesDigest(data, n) ==
+// DigestOfSums(SumsForDigest(data, n)).
+uint64_t DigestOfSums(const DigestSums& sums);
+
 }  // namespace monsoon::common
 
 #endif  // MONSOON_COMMON_WIRE_H_

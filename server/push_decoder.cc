@@ -206,6 +206,7 @@ absl::Status PushDecoder::AddFloat32(
   if (absl::Status bounded = CheckValues(out, n, at); !bounded.ok()) {
     return bounded;
   }
+  SumForDigest(at, n);
   if (chunks_ == 0) {
     lo_ = at;
     hi_ = at + n;
@@ -216,6 +217,22 @@ absl::Status PushDecoder::AddFloat32(
   }
   ++chunks_;
   return absl::OkStatus();
+}
+
+void PushDecoder::SumForDigest(uint64_t at, uint64_t n) {
+  if (!limits_.digest || !digest_by_chunk_) return;
+  const common::DigestSums sums =
+      common::SumsForDigest(values_.get() + at, n);
+  constexpr uint64_t kLanes = common::DigestSums::kLanes;
+  if (chunks_ == 0) {
+    digest_sums_ = sums;
+  } else if (at == hi_ && digest_sums_.n % kLanes == 0) {
+    digest_sums_ = common::JoinDigestSums(digest_sums_, sums);
+  } else if (at + n == lo_ && n % kLanes == 0) {
+    digest_sums_ = common::JoinDigestSums(sums, digest_sums_);
+  } else {
+    digest_by_chunk_ = false;
+  }
 }
 
 absl::Status PushDecoder::AddOneBit(
@@ -253,6 +270,7 @@ absl::Status PushDecoder::AddOneBit(
       !bounded.ok()) {
     return bounded;
   }
+  SumForDigest(hi_, n);
   hi_ += n;
   ++chunks_;
   return absl::OkStatus();
@@ -294,8 +312,11 @@ absl::StatusOr<PushData> PushDecoder::Finish() {
   PushData push = data_;
   push.values = absl::MakeConstSpan(values_.get(), shard_size_);
   push.buffer = &values_;
-  if (limits_.digest)
-    push.digest = common::ValuesDigest(values_.get(), shard_size_);
+  if (limits_.digest) {
+    push.digest = digest_by_chunk_
+                      ? common::DigestOfSums(digest_sums_)
+                      : common::ValuesDigest(values_.get(), shard_size_);
+  }
   return push;
 }
 

@@ -100,6 +100,10 @@ class PushDecoder {
   // first to first + n) that is not finite or beyond limits_.max_abs_value;
   // else takes their largest magnitude into the push's max_abs.
   absl::Status CheckValues(const float* values, uint64_t n, uint64_t first);
+  // With limits_.digest: takes values_[at, at + n), just arrived before or
+  // after those summed so far, into the digest's sums while they are in
+  // cache; where the lanes would not line up, Finish makes a pass instead.
+  void SumForDigest(uint64_t at, uint64_t n);
 
   // Constant after construction.
   const PushLimits limits_;
@@ -123,6 +127,10 @@ class PushDecoder {
   uint64_t hi_ = 0;
   int64_t chunks_ = 0;
   FloatBufferPool::Buffer values_;
+  // The digest's sums of values [lo_, hi_), while every chunk joined them
+  // (digest_by_chunk_).
+  common::DigestSums digest_sums_;
+  bool digest_by_chunk_ = true;
   PushData data_;
   // 1-bit: one chunk's bits and scales, copied out of the message.
   std::string bits_;

@@ -1,10 +1,12 @@
 #include "server/push_decoder.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -128,6 +130,47 @@ TEST(PushDecoderTest, ASyncShardsDecoderGivesThePushItsDigest) {
   absl::StatusOr<PushData> other = plain.Finish();
   ASSERT_OK(other.status());
   EXPECT_EQ(other->digest, 0u);
+}
+
+TEST(PushDecoderTest, TheDigestSummedChunkByChunkIsTheWholePushs) {
+  // 37 values: whole groups of the digest's eight lanes and a remainder.
+  constexpr uint64_t kValues = 37;
+  std::vector<float> values(kValues);
+  for (uint64_t i = 0; i < kValues; ++i) {
+    values[i] = std::sin(static_cast<float>(i) + 0.5f);
+  }
+  const uint64_t whole = common::ValuesDigest(values.data(), kValues);
+  auto part = [&values](uint64_t begin, uint64_t end) {
+    return std::vector<float>(values.begin() + begin, values.begin() + end);
+  };
+  PushLimits limits;
+  limits.digest = true;
+  // Chunks as [begin, end), in the order they arrive: in order, back to
+  // front, both ways, and splits that leave the lanes out of line (where
+  // Finish sums the whole push instead).
+  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> orders = {
+      {{0, 16}, {16, 32}, {32, 37}},
+      {{24, 37}, {8, 24}, {0, 8}},
+      {{8, 16}, {16, 37}, {0, 8}},
+      {{0, 5}, {5, 37}},
+      {{30, 37}, {3, 30}, {0, 3}},
+      {{0, 37}},
+  };
+  for (const auto& order : orders) {
+    TestDecoder decoder(kShard, kValues, kWorkers, ENCODING_FLOAT32, 512,
+                        limits);
+    for (size_t c = 0; c < order.size(); ++c) {
+      PushChunk chunk = c == 0 ? First(part(order[c].first, order[c].second),
+                                       Header(1, kShard, kValues))
+                               : Chunk(order[c].first,
+                                       part(order[c].first, order[c].second));
+      chunk.set_offset(order[c].first);
+      ASSERT_OK(decoder.Add(chunk));
+    }
+    absl::StatusOr<PushData> push = decoder.Finish();
+    ASSERT_OK(push.status());
+    EXPECT_EQ(push->digest, whole) << "chunks from " << order[0].first;
+  }
 }
 
 TEST(PushDecoderTest, EmptyChunksInOrderAreHarmless) {

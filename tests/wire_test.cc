@@ -511,5 +511,31 @@ TEST(WireTest, ValuesDigestTellsAnyChangeFromTheSameValues) {
   EXPECT_NE(ValuesDigest(zeros.data(), 8), ValuesDigest(zeros.data(), 16));
 }
 
+TEST(WireTest, ValuesDigestJoinsFromPartsSplitAtWholeGroups) {
+  std::vector<float> values(1003);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = std::cos(static_cast<float>(i));
+  }
+  const float* v = values.data();
+  const uint64_t n = values.size();
+  const uint64_t digest = ValuesDigest(v, n);
+  EXPECT_EQ(DigestOfSums(SumsForDigest(v, n)), digest);
+  for (uint64_t split = 0; split <= n; split += DigestSums::kLanes) {
+    const DigestSums joined =
+        JoinDigestSums(SumsForDigest(v, split),
+                       SumsForDigest(v + split, n - split));
+    ASSERT_EQ(DigestOfSums(joined), digest) << split;
+  }
+  // Three parts, joined last two first and first two first.
+  const DigestSums a = SumsForDigest(v, 400);
+  const DigestSums b = SumsForDigest(v + 400, 160);
+  const DigestSums c = SumsForDigest(v + 560, n - 560);
+  EXPECT_EQ(DigestOfSums(JoinDigestSums(a, JoinDigestSums(b, c))), digest);
+  EXPECT_EQ(DigestOfSums(JoinDigestSums(JoinDigestSums(a, b), c)), digest);
+  // Parts in the wrong order make another digest.
+  EXPECT_NE(DigestOfSums(JoinDigestSums(b, a)),
+            ValuesDigest(v, 560));
+}
+
 }  // namespace
 }  // namespace monsoon::common
