@@ -101,6 +101,13 @@ TEST(EmulatedNetworkTest, CreatesShapedHostsAndRemovesThemAll) {
   EXPECT_THAT(Output("/usr/sbin/ip netns exec " + namespaces[2] +
                      " /usr/sbin/ip route get " + server_ip),
               HasSubstr("dev eth0"));
+  // And a server host another's, the same way: with --replicas the updates
+  // one forwards to its backup cross the shaped links as pushes do.
+  const std::string other_server_ip = placement.worker_addresses[1].substr(
+      0, placement.worker_addresses[1].find(':'));
+  EXPECT_THAT(Output("/usr/sbin/ip netns exec " + namespaces[0] +
+                     " /usr/sbin/ip route get " + other_server_ip),
+              HasSubstr("dev eth0"));
 
   ASSERT_THAT((*network)->TearDown(), IsOk());
   const std::string after = Output("/usr/sbin/ip netns list");

@@ -386,16 +386,21 @@ std::string ClusterRun::MetricsFlag(int offset) const {
 
 absl::Status ClusterRun::StartServers() {
   server_daemons_.resize(options_.servers);
-  // With replicas the servers reach each other: their ports are chosen
-  // before they start.
+  // With replicas the servers reach each other: on loopback their ports are
+  // chosen before they start.
   std::vector<std::string> listen(options_.servers, "127.0.0.1:0");
-  if (options_.replicas > 0) {
-    if (placed_) {
-      return absl::InvalidArgumentError(
-          "--replicas is not built for emulated hosts (--link) yet: the "
-          "shards would forward updates to each other outside the emulated "
-          "links");
+  if (options_.replicas > 0 && placed_) {
+    // Each on its emulated host, at the address its workers dial: updates
+    // forwarded to a backup cross the shaped links as pushes do.
+    if (options_.placement->proxy_delay_ms > 0) {
+      return absl::FailedPreconditionError(
+          "--replicas with a --link delay needs the kernel's netem qdisc "
+          "(modprobe sch_netem): without it the delay is added by proxies in "
+          "front of the workers only, and the shards would forward updates "
+          "to each other undelayed; give --link a rate alone, or load netem");
     }
+    listen = options_.placement->worker_addresses;
+  } else if (options_.replicas > 0) {
     absl::StatusOr<int> first = FreePortRange(options_.servers);
     if (!first.ok()) return first.status();
     for (int s = 0; s < options_.servers; ++s) {
