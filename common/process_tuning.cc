@@ -10,8 +10,7 @@
 
 namespace monsoon::common {
 
-void TuneProcess() {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+void KeepFreedMemory() {
   // Blocks below this come from the heap, not from mmap (32 MiB is glibc's
   // largest dynamic threshold; setting it also stops glibc moving it).
   constexpr int kMmapThreshold = 32 << 20;
@@ -23,6 +22,11 @@ void TuneProcess() {
   if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) {
     mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
   }
+}
+
+void TuneProcess() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  KeepFreedMemory();
   // As many files as the system lets this process have.
   rlimit files;
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 &&

@@ -621,6 +621,29 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertIn("E4 the run's config (mlp.config) describes one of "
                       "Monsoon's own models", out.stdout, out.stderr)
 
+    def test_init_keeps_large_freed_blocks_for_the_next_step(self):
+        # After init() the process is a worker: a 24 MiB tensor comes from
+        # malloc's heap, not a mapping of its own that every step would
+        # fault in afresh (common/process_tuning.h). No block that large was
+        # freed before, so glibc's own threshold would still map it.
+        code = (
+            "import ctypes, torch, monsoon.torch as mt\n"
+            "class Info(ctypes.Structure):\n"
+            "    _fields_ = [(f, ctypes.c_size_t) for f in ('arena', "
+            "'ordblks', 'smblks', 'hblks', 'hblkhd', 'usmblks', 'fsmblks', "
+            "'uordblks', 'fordblks', 'keepcost')]\n"
+            "libc = ctypes.CDLL('libc.so.6')\n"
+            "libc.mallinfo2.restype = Info\n"
+            "mt.init()\n"
+            "before = libc.mallinfo2().hblks\n"
+            "t = torch.ones(6 << 20)\n"
+            "print('MAPPED', libc.mallinfo2().hblks - before)\n")
+        env = {k: v for k, v in self.env.items()
+               if not k.startswith("MALLOC_")}
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=self.dir,
+                             capture_output=True, text=True, timeout=120)
+        self.assertIn("MAPPED 0\n", out.stdout, out.stderr)
+
     def test_run_config_gives_the_local_steps_rate_and_momentum(self):
         # What a script's wrapped optimizer takes to step locally as ps_worker
         # does: the resolved local rate and momentum (easgd's defaults 0.01

@@ -28,6 +28,7 @@
 #include "common/daemon.h"
 #include "common/flag_env.h"
 #include "common/model_layout.h"
+#include "common/process_tuning.h"
 #include "proto/metrics.pb.h"
 #include "worker/client_flags.h"
 #include "worker/evaluator.h"
@@ -127,6 +128,9 @@ absl::Span<const uint64_t> IdSpan(py::buffer buffer) {
 // value). Returns the MONSOON_ variables that name no flag.
 std::vector<std::string> Configure(
     const std::vector<std::pair<std::string, std::string>>& overrides) {
+  // This process is a Monsoon worker or evaluator from here on: its
+  // tensors' memory is kept for the next step, as in the daemons.
+  common::KeepFreedMemory();
   std::vector<std::string> unknown = Check(common::ApplyFlagEnvironment());
   for (const auto& [name, value] : overrides) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
