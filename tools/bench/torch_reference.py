@@ -38,6 +38,7 @@ success, 1 if training failed, 2 on bad flags or missing data, 3 if PyTorch
 """
 
 import argparse
+import ctypes
 import datetime
 import gzip
 import json
@@ -85,6 +86,24 @@ class UsageError(Exception):
 # Set-up helpers.
 
 
+def _keep_freed_memory():
+    """glibc's malloc keeps large freed blocks, as every Monsoon process does
+    (common/process_tuning.h, and monsoon.torch.init() in a script's worker):
+    otherwise a step's tensors are mapped and faulted in afresh. DDP on LeNet
+    trained at 20,295 samples/s this way against 17,675. A
+    MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in the environment
+    wins."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # not glibc: nothing to set
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        libc.mallopt(m_mmap_threshold, 32 << 20)
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        libc.mallopt(m_trim_threshold, 256 << 20)
+
+
 def _import_deps(threads):
     """Sets the thread environment, imports numpy and torch, sets threads.
 
@@ -95,6 +114,7 @@ def _import_deps(threads):
     inherit them.
     """
     global np, torch
+    _keep_freed_memory()
     for var in _THREAD_ENV_VARS:
         os.environ[var] = str(threads)
     # Keeps glog's INFO lines ("RPC agent ... is shutting down") off stderr.
