@@ -41,8 +41,9 @@ struct PushLimits {
   // any buffer), or is refused RESOURCE_EXHAUSTED; the decoder gives it back
   // at Finish (the push is whole and goes to the rule) or when destroyed.
   RankSlots* slots = nullptr;
-  // Not a limit: whether Finish gives the push its PushData::digest (a pass
-  // over the values; sync needs it to tell a push sent again from another).
+  // Not a limit: whether Finish gives the push its PushData::digest (summed
+  // chunk by chunk as they land; sync needs it to tell a push sent again
+  // from another).
   bool digest = false;
 };
 
