@@ -340,6 +340,66 @@ TEST_F(CpuBackendTest, Col2ImAddsEachPatchValueBackWhereItCameFrom) {
   }
 }
 
+TEST_F(CpuBackendTest, ComputesSingleChannelWindowsDirectlyWithIm2ColsBits) {
+  if (!SmallGemmSupported()) {
+    GTEST_SKIP() << "no AVX2 and FMA: the backend has no direct kernels here";
+  }
+  // One channel and stride 1: LeNet's first layer, and a smaller window.
+  for (const WindowGeometry& g :
+       {Window(28, 28, 1, 5, 1, 2), Window(11, 9, 1, 3, 1, 0)}) {
+    SCOPED_TRACE(testing::Message() << g.height << "x" << g.width << " k"
+                                    << g.kernel << " p" << g.padding);
+    // Enough positions (at least 1,024) that the im2col path's products
+    // take the same small-side kernels.
+    const int batch = 1100 / (g.out_height * g.out_width) + 2;
+    const int filters = 6;
+    const size_t scratch = backend_->DirectConvScratch(g, filters, batch);
+    ASSERT_EQ(scratch, static_cast<size_t>(batch) * (g.height + 2 * g.padding) *
+                           (g.width + 2 * g.padding));
+    const int rows = batch * g.out_height * g.out_width;
+    const std::vector<float> x = common::UniformValues(
+        static_cast<size_t>(batch) * g.height * g.width, 1);
+    const std::vector<float> w =
+        common::UniformValues(static_cast<size_t>(filters) * g.patch(), 2);
+    const std::vector<float> bias = common::UniformValues(filters, 3);
+    const std::vector<float> dy =
+        common::UniformValues(static_cast<size_t>(rows) * filters, 4);
+
+    std::vector<float> cols(static_cast<size_t>(rows) * g.patch());
+    std::vector<float> want_y(static_cast<size_t>(rows) * filters);
+    backend_->Im2Col(g, batch, x.data(), cols.data());
+    backend_->Gemm(false, true, rows, filters, g.patch(), 1.0f, cols.data(),
+                   w.data(), 0.0f, want_y.data());
+    backend_->AddBias(rows, filters, bias.data(), want_y.data());
+    std::vector<float> want_dw(static_cast<size_t>(filters) * g.patch());
+    std::vector<float> want_db(filters);
+    backend_->Gemm(true, false, filters, g.patch(), rows, 1.0f, dy.data(),
+                   cols.data(), 0.0f, want_dw.data());
+    backend_->ColumnSums(rows, filters, dy.data(), want_db.data());
+
+    // The scratch's old contents do not matter.
+    std::vector<float> space(scratch, std::nanf(""));
+    std::vector<float> y(want_y.size(), std::nanf(""));
+    backend_->DirectConvForward(g, batch, filters, x.data(), w.data(),
+                                bias.data(), y.data(), space.data());
+    EXPECT_EQ(y, want_y);
+    std::vector<float> dw(want_dw.size(), std::nanf(""));
+    std::vector<float> db(filters, std::nanf(""));
+    backend_->DirectConvBackward(g, batch, filters, dy.data(), dw.data(),
+                                 db.data(), space.data());
+    EXPECT_EQ(dw, want_dw);
+    EXPECT_EQ(db, want_db);
+  }
+  // Not for several channels, a stride, or more filters than 16: the layer
+  // takes Im2Col there.
+  EXPECT_EQ(backend_->DirectConvScratch(Window(28, 28, 3, 5, 1, 2), 6, 4), 0u);
+  EXPECT_EQ(backend_->DirectConvScratch(Window(28, 28, 1, 5, 2, 2), 6, 4), 0u);
+  EXPECT_EQ(backend_->DirectConvScratch(Window(28, 28, 1, 5, 1, 2), 17, 4), 0u);
+  EXPECT_EQ(MakeCpuBackend(1, /*small_gemm_kernels=*/false)
+                ->DirectConvScratch(Window(28, 28, 1, 5, 1, 2), 6, 4),
+            0u);
+}
+
 TEST_F(CpuBackendTest, MaxPoolTakesTheFirstLargestAndRoutesItsGradient) {
   constexpr int kBatch = 2;
   for (WindowGeometry g :

@@ -267,5 +267,128 @@ TEST_F(CpuSmallGemmTest, TouchesNothingPastTheEndOfItsMatrices) {
     }
 }
 
+// Single-channel images in zero-bordered copies, and Im2Col's matrix of
+// the same patches, by the definition.
+struct Patches {
+  std::vector<float> images;
+  ImagePatches view;
+  std::vector<float> matrix;  // rows x kernel * kernel
+  int rows = 0;
+};
+
+Patches MakePatches(int batch, int height, int width, int kernel, int padding,
+                    float phase) {
+  Patches p;
+  const int row_stride = width + 2 * padding;
+  const size_t image_stride =
+      static_cast<size_t>(row_stride) * (height + 2 * padding);
+  p.images.assign(image_stride * batch, 0.0f);
+  for (int n = 0; n < batch; ++n) {
+    for (int y = 0; y < height; ++y) {
+      for (int x = 0; x < width; ++x) {
+        p.images[n * image_stride + (y + padding) * row_stride + x + padding] =
+            std::sin(static_cast<float>((n * height + y) * width + x) * 0.61f +
+                     phase) *
+            1.3f;
+      }
+    }
+  }
+  const int out_height = height + 2 * padding - kernel + 1;
+  const int out_width = width + 2 * padding - kernel + 1;
+  p.view = {p.images.data(), image_stride, row_stride, out_height, out_width,
+            kernel};
+  p.rows = batch * out_height * out_width;
+  for (int n = 0; n < batch; ++n) {
+    for (int oy = 0; oy < out_height; ++oy) {
+      for (int ox = 0; ox < out_width; ++ox) {
+        for (int ky = 0; ky < kernel; ++ky) {
+          for (int kx = 0; kx < kernel; ++kx) {
+            p.matrix.push_back(
+                p.images[n * image_stride + (oy + ky) * row_stride + ox + kx]);
+          }
+        }
+      }
+    }
+  }
+  return p;
+}
+
+std::vector<float> Wave(size_t n, float phase) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = std::cos(static_cast<float>(i) * 0.29f + phase) * 0.9f;
+  }
+  return v;
+}
+
+TEST_F(CpuSmallGemmTest, PatchesReadInPlaceGiveIm2ColsBits) {
+  // Values that round, so that the same bits mean the same operations in
+  // the same order as the products on Im2Col's matrix (and the bias added
+  // after them, as the backend's AddBias does).
+  struct Shape {
+    int batch, height, width, kernel, padding;
+  };
+  for (const Shape& shape :
+       {Shape{3, 28, 28, 5, 2}, Shape{2, 9, 13, 3, 1}, Shape{2, 7, 40, 5, 0},
+        Shape{1, 5, 5, 5, 0}, Shape{4, 6, 6, 1, 0}, Shape{2, 12, 10, 7, 3},
+        Shape{1, 10, 10, 4, 0}}) {
+    const Patches p = MakePatches(shape.batch, shape.height, shape.width,
+                                  shape.kernel, shape.padding, 0.3f);
+    const int k = shape.kernel * shape.kernel;
+    for (SmallGemmUnits units : kUnits) {
+      for (int filters : {1, 6, 8, 9, 16}) {
+        SCOPED_TRACE(absl::StrCat(UnitsName(units), ", ", shape.batch, " of ",
+                                  shape.height, "x", shape.width, ", kernel ",
+                                  shape.kernel, " pad ", shape.padding, ", ",
+                                  filters, " filters"));
+        const std::vector<float> w = Wave(static_cast<size_t>(filters) * k, 0.1f);
+        const std::vector<float> bias = Wave(filters, 0.7f);
+        const size_t out = static_cast<size_t>(p.rows) * filters;
+        std::vector<float> want(out, std::nanf(""));
+        GemmFewColumns(p.rows, filters, k, 1.0f, p.matrix.data(), w.data(),
+                       true, 0.0f, want.data(), units);
+        for (size_t i = 0; i < out; ++i) want[i] += bias[i % filters];
+        std::vector<float> got(out, std::nanf(""));
+        GemmFewColumnsOfPatches(p.view, p.rows, filters, k, 1.0f, w.data(),
+                                true, bias.data(), got.data(), units);
+        EXPECT_EQ(got, want);
+        // No bias, another scale.
+        GemmFewColumns(p.rows, filters, k, 0.5f, p.matrix.data(), w.data(),
+                       true, 0.0f, want.data(), units);
+        GemmFewColumnsOfPatches(p.view, p.rows, filters, k, 0.5f, w.data(),
+                                true, nullptr, got.data(), units);
+        EXPECT_EQ(got, want);
+
+        // The weight gradient: dout (rows x filters) against the patches.
+        const std::vector<float> dout = Wave(out, 0.2f);
+        std::vector<float> dw_want(static_cast<size_t>(filters) * k,
+                                   std::nanf(""));
+        GemmFewRows(filters, k, p.rows, 1.0f, dout.data(), p.matrix.data(),
+                    0.0f, dw_want.data(), units);
+        std::vector<float> dw(dw_want.size(), std::nanf(""));
+        std::vector<float> db(filters, std::nanf(""));
+        GemmFewRowsOfPatches(filters, k, p.rows, 1.0f, dout.data(), p.view,
+                             dw.data(), db.data(), units);
+        EXPECT_EQ(dw, dw_want);
+        // The bias's gradient: dout's columns summed row by row, as the
+        // backend's ColumnSums does.
+        std::vector<float> db_want(filters, 0.0f);
+        for (int r = 0; r < p.rows; ++r) {
+          for (int f = 0; f < filters; ++f) {
+            db_want[f] += dout[static_cast<size_t>(r) * filters + f];
+          }
+        }
+        EXPECT_EQ(db, db_want);
+        // Without the column sums, another scale.
+        GemmFewRows(filters, k, p.rows, 2.0f, dout.data(), p.matrix.data(),
+                    0.0f, dw_want.data(), units);
+        GemmFewRowsOfPatches(filters, k, p.rows, 2.0f, dout.data(), p.view,
+                             dw.data(), nullptr, units);
+        EXPECT_EQ(dw, dw_want);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace monsoon::worker

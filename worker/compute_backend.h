@@ -114,6 +114,32 @@ class ComputeBackend {
   // added in the order of the output positions.
   virtual void Col2Im(const WindowGeometry& g, int batch, const float* cols,
                       float* dx) = 0;
+  // A convolution computed from its input images in place, without
+  // Im2Col's patches, where the backend has kernels for the window (the CPU
+  // backend: one input channel and stride 1, as a first layer over
+  // grayscale images has, up to 16 filters). The floats of scratch that
+  // DirectConvForward and DirectConvBackward need for `batch` examples; 0
+  // where the backend has no such kernels for g and `filters` (the default):
+  // the layer then takes Im2Col and Gemm.
+  virtual size_t DirectConvScratch(const WindowGeometry& /*g*/,
+                                   int /*filters*/, int /*batch*/) {
+    return 0;
+  }
+  // y (batch x g.out_height x g.out_width x filters) = the patches of x
+  // times w^T (filters x g.patch()), plus bias: the values Im2Col, Gemm and
+  // AddBias give. `scratch` (DirectConvScratch floats) keeps what
+  // DirectConvBackward reads.
+  virtual void DirectConvForward(const WindowGeometry& /*g*/, int /*batch*/,
+                                 int /*filters*/, const float* /*x*/,
+                                 const float* /*w*/, const float* /*bias*/,
+                                 float* /*y*/, float* /*scratch*/) {}
+  // dw (filters x g.patch()) = dy^T times the patches, and db (filters) the
+  // column sums of dy, for the batch of the last DirectConvForward with the
+  // same scratch.
+  virtual void DirectConvBackward(const WindowGeometry& /*g*/, int /*batch*/,
+                                  int /*filters*/, const float* /*dy*/,
+                                  float* /*dw*/, float* /*db*/,
+                                  float* /*scratch*/) {}
   // Max pooling (g.padding 0): y[example][oy][ox][c] is the largest value
   // of its window in channel c, the first in (row, column) order among
   // equals; argmax gets that value's index in x.

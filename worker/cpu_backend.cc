@@ -216,6 +216,53 @@ class CpuBackend : public ComputeBackend {
     }
   }
 
+  // A first layer over single-channel images: the small-side kernels read
+  // each patch where it lies in a zero-bordered copy of its image, kept in
+  // the scratch from the forward pass to the backward one, instead of from
+  // Im2Col's matrix (LeNet's first convolution: 25 values for each of
+  // 50,176 positions, 5 MB a batch written and read twice), with the bias
+  // added as the output is stored. The same bits as Im2Col and the
+  // small-side products on its matrix, then AddBias.
+  size_t DirectConvScratch(const WindowGeometry& g, int filters,
+                           int batch) override {
+    if (!small_gemm_ || g.channels != 1 || g.stride != 1 ||
+        filters > kSmallGemmSide || g.patch() > kSmallGemmMaxInner ||
+        g.out_height != g.height + 2 * g.padding - g.kernel + 1 ||
+        g.out_width != g.width + 2 * g.padding - g.kernel + 1) {
+      return 0;
+    }
+    return PaddedImageValues(g) * batch;
+  }
+
+  void DirectConvForward(const WindowGeometry& g, int batch, int filters,
+                         const float* x, const float* w, const float* bias,
+                         float* y, float* scratch) override {
+    const size_t image_values = static_cast<size_t>(g.height) * g.width;
+    const size_t padded_values = PaddedImageValues(g);
+    const int row_stride = g.width + 2 * g.padding;
+    std::fill(scratch, scratch + padded_values * batch, 0.0f);
+    for (int n = 0; n < batch; ++n) {
+      for (int iy = 0; iy < g.height; ++iy) {
+        std::memcpy(scratch + n * padded_values +
+                        static_cast<size_t>(iy + g.padding) * row_stride +
+                        g.padding,
+                    x + n * image_values + static_cast<size_t>(iy) * g.width,
+                    sizeof(float) * g.width);
+      }
+    }
+    GemmFewColumnsOfPatches(PatchesOf(g, scratch),
+                            batch * g.out_height * g.out_width, filters,
+                            g.patch(), 1.0f, w, /*trans_b=*/true, bias, y);
+  }
+
+  void DirectConvBackward(const WindowGeometry& g, int batch, int filters,
+                          const float* dy, float* dw, float* db,
+                          float* scratch) override {
+    GemmFewRowsOfPatches(filters, g.patch(),
+                         batch * g.out_height * g.out_width, 1.0f, dy,
+                         PatchesOf(g, scratch), dw, /*column_sums=*/db);
+  }
+
   // A window's largest value and where it is, per channel: the first
   // largest in the window's order, as a scan would find it. Channels go 4
   // at a time in vector registers, by selects (a scalar compare per value
@@ -367,6 +414,23 @@ class CpuBackend : public ComputeBackend {
     } else {
       for (int i = 0; i < n; ++i) to[i] = from[i];
     }
+  }
+
+  static size_t PaddedImageValues(const WindowGeometry& g) {
+    return static_cast<size_t>(g.height + 2 * g.padding) *
+           (g.width + 2 * g.padding);
+  }
+
+  static ImagePatches PatchesOf(const WindowGeometry& g,
+                                const float* images) {
+    ImagePatches p;
+    p.images = images;
+    p.image_stride = PaddedImageValues(g);
+    p.row_stride = g.width + 2 * g.padding;
+    p.out_height = g.out_height;
+    p.out_width = g.out_width;
+    p.kernel = g.kernel;
+    return p;
   }
 
   static void* Allocate(size_t bytes) {

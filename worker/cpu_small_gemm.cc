@@ -44,6 +44,67 @@ bool HaveAvx512() {
 // The small side takes kRegs registers of 8 lanes (1 or 2); lanes past it
 // hold zeros.
 
+// Where a kernel reads the long side's matrix (A's rows in GemmFewColumns,
+// B's in GemmFewRows), from the first row of its call on. Row(q) is row q
+// from there, At(row, i) its value i, Pair(row, p) values 2p and 2p + 1 as
+// the 8 bytes of a double; From(i) the same rows from value i on.
+//
+// A dense row-major matrix.
+struct DenseRows {
+  static constexpr bool kPrefetch = true;
+  const float* first;
+  size_t stride;  // values between rows
+  const float* Row(int q) const { return first + static_cast<size_t>(q) * stride; }
+  float At(const float* row, int i) const { return row[i]; }
+  double Pair(const float* row, int p) const {
+    double pair;
+    std::memcpy(&pair, row + 2 * p, sizeof(pair));
+    return pair;
+  }
+  DenseRows From(int i) const { return {first + i, stride}; }
+  DenseRows Skip(int q) const { return {Row(q), stride}; }
+};
+
+// Patches read where they lie in their images (ImagePatches): the rows of
+// one call are one output row's windows, or part of it, one value apart.
+struct PatchRows {
+  static constexpr bool kPrefetch = false;
+  const float* first;    // the first row's window's corner
+  const int* offsets;    // of each value from a window's corner
+  const float* Row(int q) const { return first + q; }
+  float At(const float* row, int i) const { return row[offsets[i]]; }
+  double Pair(const float* row, int p) const {
+    const float two[2] = {row[offsets[2 * p]], row[offsets[2 * p + 1]]};
+    double pair;
+    std::memcpy(&pair, two, sizeof(pair));
+    return pair;
+  }
+  PatchRows From(int i) const { return {first, offsets + i}; }
+  PatchRows Skip(int q) const { return {first + q, offsets}; }
+};
+
+// Each patch value's offset from its window's corner, in Im2Col's order.
+void WindowOffsets(const ImagePatches& p, int* offsets) {
+  for (int ky = 0; ky < p.kernel; ++ky) {
+    for (int kx = 0; kx < p.kernel; ++kx) {
+      offsets[ky * p.kernel + kx] = ky * p.row_stride + kx;
+    }
+  }
+}
+
+// Each output row of patches, in order: visit(r, corner), where r is the
+// first patch's row in Im2Col's matrix and corner its window's corner.
+template <typename Visit>
+void ForEachOutputRow(const ImagePatches& p, int batch, Visit visit) {
+  for (int n = 0; n < batch; ++n) {
+    const float* image = p.images + static_cast<size_t>(n) * p.image_stride;
+    for (int oy = 0; oy < p.out_height; ++oy) {
+      visit((static_cast<size_t>(n) * p.out_height + oy) * p.out_width,
+            image + static_cast<size_t>(oy) * p.row_stride);
+    }
+  }
+}
+
 // GemmFewColumns: row r of C is the sum over i of A[r][i] times row i of
 // op(B) (kRegs registers). kRows rows of C are summed at once, so that
 // each row of op(B), loaded once, serves kRows broadcasts of A[r][i], and
@@ -64,20 +125,21 @@ inline void PrefetchNextRows(const float* rows, int in_flight, int r, int m,
   }
 }
 
-// Rows [r, r + kRows) of C from A's rows there; b_rows is op(B), a row of
-// kRegs * 8 values per i.
-template <int kRegs, int kRows>
+// Rows [r, r + kRows) of C from A's rows there (`a` from row r on);
+// b_rows is op(B), a row of kRegs * 8 values per i. Where `bias` is not
+// null (kRegs * 8 values, zeros past n), it is added to each row of C after
+// the scaling: the same two roundings as scaling, then adding it apart.
+template <int kRegs, int kRows, typename Rows>
 MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
-                                 const float* a, const float* b_rows,
-                                 float beta, float* c) {
+                                 const Rows& a, const float* b_rows,
+                                 float beta, float* c, const float* bias) {
   __m256 acc[kRows][kRegs];
 #pragma GCC unroll 16
   for (int q = 0; q < kRows; ++q) {
 #pragma GCC unroll 2
     for (int v = 0; v < kRegs; ++v) acc[q][v] = _mm256_setzero_ps();
   }
-  const float* rows = a + static_cast<size_t>(r) * k;
-  PrefetchNextRows(rows, kRows, r, m, k);
+  if constexpr (Rows::kPrefetch) PrefetchNextRows(a.Row(0), kRows, r, m, k);
   for (int i = 0; i < k; ++i) {
     __m256 b[kRegs];
 #pragma GCC unroll 2
@@ -86,7 +148,7 @@ MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
     }
 #pragma GCC unroll 16
     for (int q = 0; q < kRows; ++q) {
-      const __m256 x = _mm256_broadcast_ss(rows + q * k + i);
+      const __m256 x = _mm256_set1_ps(a.At(a.Row(q), i));
 #pragma GCC unroll 2
       for (int v = 0; v < kRegs; ++v) {
         acc[q][v] = _mm256_fmadd_ps(x, b[v], acc[q][v]);
@@ -106,7 +168,11 @@ MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
                             static_cast<size_t>(m) * n))) {
 #pragma GCC unroll 2
       for (int v = 0; v < kRegs; ++v) {
-        _mm256_storeu_ps(out + v * kLanes, _mm256_mul_ps(scale, acc[q][v]));
+        __m256 y = _mm256_mul_ps(scale, acc[q][v]);
+        if (bias != nullptr) {
+          y = _mm256_add_ps(y, _mm256_load_ps(bias + v * kLanes));
+        }
+        _mm256_storeu_ps(out + v * kLanes, y);
       }
       continue;
     }
@@ -115,7 +181,10 @@ MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
     for (int v = 0; v < kRegs; ++v) {
       _mm256_store_ps(sums + v * kLanes, acc[q][v]);
     }
-    for (int j = 0; j < n; ++j) out[j] = Scaled(alpha, sums[j], beta, out[j]);
+    for (int j = 0; j < n; ++j) {
+      out[j] = Scaled(alpha, sums[j], beta, out[j]);
+      if (bias != nullptr) out[j] += bias[j];
+    }
   }
 }
 
@@ -125,20 +194,20 @@ MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
 // FewColumnsRows<2, ...>, so the same bits.
 constexpr int kWideRows = 24;
 
-template <int kRows>
+template <int kRows, typename Rows>
 MONSOON_AVX512 void FewColumnsRowsWide(int m, int r, int n, int k, float alpha,
-                                       const float* a, const float* b_rows,
-                                       float beta, float* c) {
+                                       const Rows& a, const float* b_rows,
+                                       float beta, float* c,
+                                       const float* bias) {
   __m512 acc[kRows];
 #pragma GCC unroll 32
   for (int q = 0; q < kRows; ++q) acc[q] = _mm512_setzero_ps();
-  const float* rows = a + static_cast<size_t>(r) * k;
-  PrefetchNextRows(rows, kRows, r, m, k);
+  if constexpr (Rows::kPrefetch) PrefetchNextRows(a.Row(0), kRows, r, m, k);
   for (int i = 0; i < k; ++i) {
     const __m512 b = _mm512_load_ps(b_rows + i * 2 * kLanes);
 #pragma GCC unroll 32
     for (int q = 0; q < kRows; ++q) {
-      acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(rows[q * k + i]), b, acc[q]);
+      acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(a.At(a.Row(q), i)), b, acc[q]);
     }
   }
   const __m512 scale = _mm512_set1_ps(alpha);
@@ -146,20 +215,23 @@ MONSOON_AVX512 void FewColumnsRowsWide(int m, int r, int n, int k, float alpha,
   for (int q = 0; q < kRows; ++q) {
     float* out = c + static_cast<size_t>(r + q) * n;
     if (beta == 0.0f && n == 2 * kLanes) {
-      _mm512_storeu_ps(out, _mm512_mul_ps(scale, acc[q]));
+      __m512 y = _mm512_mul_ps(scale, acc[q]);
+      if (bias != nullptr) y = _mm512_add_ps(y, _mm512_load_ps(bias));
+      _mm512_storeu_ps(out, y);
       continue;
     }
     alignas(64) float sums[2 * kLanes];
     _mm512_store_ps(sums, acc[q]);
-    for (int j = 0; j < n; ++j) out[j] = Scaled(alpha, sums[j], beta, out[j]);
+    for (int j = 0; j < n; ++j) {
+      out[j] = Scaled(alpha, sums[j], beta, out[j]);
+      if (bias != nullptr) out[j] += bias[j];
+    }
   }
 }
 
+// Row i of op(B), zero past n: the kernels' b_rows.
 template <int kRegs>
-void FewColumns(int m, int n, int k, float alpha, const float* a,
-                const float* b, bool trans_b, float beta, float* c, bool wide) {
-  // Row i of op(B), zero past n.
-  alignas(64) float b_rows[kSmallGemmMaxInner * kRegs * kLanes];
+void StageB(int n, int k, const float* b, bool trans_b, float* b_rows) {
   for (int i = 0; i < k; ++i) {
     for (int j = 0; j < kRegs * kLanes; ++j) {
       b_rows[i * kRegs * kLanes + j] =
@@ -168,23 +240,37 @@ void FewColumns(int m, int n, int k, float alpha, const float* a,
                             : b[static_cast<size_t>(i) * n + j]);
     }
   }
+}
+
+template <int kRegs>
+void FewColumns(int m, int n, int k, float alpha, const float* a,
+                const float* b, bool trans_b, float beta, float* c, bool wide) {
+  alignas(64) float b_rows[kSmallGemmMaxInner * kRegs * kLanes];
+  StageB<kRegs>(n, k, b, trans_b, b_rows);
+  auto rows = [&](int r) {
+    return DenseRows{a + static_cast<size_t>(r) * k, static_cast<size_t>(k)};
+  };
   if (kRegs == 2 && wide) {
     int r = 0;
     for (; r + kWideRows <= m; r += kWideRows) {
-      FewColumnsRowsWide<kWideRows>(m, r, n, k, alpha, a, b_rows, beta, c);
+      FewColumnsRowsWide<kWideRows>(m, r, n, k, alpha, rows(r), b_rows, beta,
+                                    c, nullptr);
     }
     for (; r < m; ++r) {
-      FewColumnsRowsWide<1>(m, r, n, k, alpha, a, b_rows, beta, c);
+      FewColumnsRowsWide<1>(m, r, n, k, alpha, rows(r), b_rows, beta, c,
+                            nullptr);
     }
     return;
   }
   constexpr int kRows = kRowsInFlight<kRegs>;
   int r = 0;
   for (; r + kRows <= m; r += kRows) {
-    FewColumnsRows<kRegs, kRows>(m, r, n, k, alpha, a, b_rows, beta, c);
+    FewColumnsRows<kRegs, kRows>(m, r, n, k, alpha, rows(r), b_rows, beta, c,
+                                 nullptr);
   }
   for (; r < m; ++r) {
-    FewColumnsRows<kRegs, 1>(m, r, n, k, alpha, a, b_rows, beta, c);
+    FewColumnsRows<kRegs, 1>(m, r, n, k, alpha, rows(r), b_rows, beta, c,
+                             nullptr);
   }
 }
 
@@ -204,22 +290,21 @@ constexpr int kPrefetchRows = 2;
 
 // B's rows up to kPrefetchRows past row r (of b_rows) into L1, from *next
 // on (advanced past them).
-inline void PrefetchRowsOfB(const float* b, int ldb, int r, int b_rows,
+inline void PrefetchRowsOfB(const DenseRows& b, int r, int b_rows,
                             const char** next) {
   const int ahead = std::min(r + kPrefetchRows + 1, b_rows);
-  const char* end =
-      reinterpret_cast<const char*>(b + static_cast<size_t>(ahead) * ldb);
+  const char* end = reinterpret_cast<const char*>(b.Row(ahead));
   for (; *next < end; *next += 64) _mm_prefetch(*next, _MM_HINT_T0);
 }
 
-// sums[j] += sum over r < rows of b[r * ldb + j] * a[r * m .. + m), for j <
-// kChunk. Reads kRegs * 8 values at each a + r * m: the caller makes sure
-// they exist; lanes past m are masked to 0. Where `b_rows` (B's rows from
-// b on) is not 0, streams them ahead into L1: a block's first chunk does,
-// the others find them there.
-template <int kRegs, int kChunk>
-MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const float* b,
-                               int ldb, float* sums, int b_rows) {
+// sums[j] += sum over r < rows of B[r][j] * a[r * m .. + m), for j < kChunk,
+// B's rows from b. Reads kRegs * 8 values at each a + r * m: the caller
+// makes sure they exist; lanes past m are masked to 0. Where `b_rows` (a
+// dense B's rows from b on) is not 0, streams them ahead into L1: a block's
+// first chunk does, the others find them there.
+template <int kRegs, int kChunk, typename Rows>
+MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const Rows& b,
+                               float* sums, int b_rows) {
   __m256 mask[kRegs];
 #pragma GCC unroll 2
   for (int v = 0; v < kRegs; ++v) {
@@ -235,7 +320,7 @@ MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const float* b,
       acc[j][v] = _mm256_load_ps(sums + (j * kRegs + v) * kLanes);
     }
   }
-  const char* next = reinterpret_cast<const char*>(b);
+  const char* next = reinterpret_cast<const char*>(b.Row(0));
   for (int r = 0; r < rows; ++r) {
     __m256 row[kRegs];
 #pragma GCC unroll 2
@@ -244,11 +329,13 @@ MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const float* b,
           _mm256_loadu_ps(a + static_cast<size_t>(r) * m + v * kLanes),
           mask[v]);
     }
-    const float* b_row = b + static_cast<size_t>(r) * ldb;
-    if (b_rows > 0) PrefetchRowsOfB(b, ldb, r, b_rows, &next);
+    const float* b_row = b.Row(r);
+    if constexpr (Rows::kPrefetch) {
+      if (b_rows > 0) PrefetchRowsOfB(b, r, b_rows, &next);
+    }
 #pragma GCC unroll 16
     for (int j = 0; j < kChunk; ++j) {
-      const __m256 x = _mm256_broadcast_ss(b_row + j);
+      const __m256 x = _mm256_set1_ps(b.At(b_row, j));
 #pragma GCC unroll 2
       for (int v = 0; v < kRegs; ++v) {
         acc[j][v] = _mm256_fmadd_ps(x, row[v], acc[j][v]);
@@ -269,25 +356,26 @@ MONSOON_AVX2 void FewRowsChunk(int rows, const float* a, int m, const float* b,
 // same FMAs in the same order as FewRowsChunk<2, ...>'s, so the same bits.
 constexpr int kWideChunk = 24;
 
-template <int kChunk>
+template <int kChunk, typename Rows>
 MONSOON_AVX512 void FewRowsChunkWide(int rows, const float* a, int m,
-                                     const float* b, int ldb, float* sums,
-                                     int b_rows) {
+                                     const Rows& b, float* sums, int b_rows) {
   const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1);
   __m512 acc[kChunk];
 #pragma GCC unroll 32
   for (int j = 0; j < kChunk; ++j) {
     acc[j] = _mm512_load_ps(sums + j * 2 * kLanes);
   }
-  const char* next = reinterpret_cast<const char*>(b);
+  const char* next = reinterpret_cast<const char*>(b.Row(0));
   for (int r = 0; r < rows; ++r) {
     const __m512 row =
         _mm512_maskz_loadu_ps(mask, a + static_cast<size_t>(r) * m);
-    const float* b_row = b + static_cast<size_t>(r) * ldb;
-    if (b_rows > 0) PrefetchRowsOfB(b, ldb, r, b_rows, &next);
+    const float* b_row = b.Row(r);
+    if constexpr (Rows::kPrefetch) {
+      if (b_rows > 0) PrefetchRowsOfB(b, r, b_rows, &next);
+    }
 #pragma GCC unroll 32
     for (int j = 0; j < kChunk; ++j) {
-      acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(b_row[j]), row, acc[j]);
+      acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(b.At(b_row, j)), row, acc[j]);
     }
   }
 #pragma GCC unroll 32
@@ -312,10 +400,9 @@ MONSOON_AVX512 inline __m512 FullPermute(__m512i index, __m512 v) {
   return _mm512_maskz_permutexvar_ps(static_cast<__mmask16>(0xffff), index, v);
 }
 
-template <int kColumns>
+template <int kColumns, typename Rows>
 MONSOON_AVX512 void FewRowsPairs(int rows, const float* a, int m,
-                                 const float* b, int ldb, float* sums,
-                                 int b_rows) {
+                                 const Rows& b, float* sums, int b_rows) {
   constexpr int kPairs = (kColumns + 1) / 2;
   // Lane l of the interleaved layout from the sums' layout and back, and
   // A's value i to lanes 2i and 2i + 1.
@@ -332,23 +419,23 @@ MONSOON_AVX512 void FewRowsPairs(int rows, const float* a, int m,
     // A chunk may begin at an odd column: 32-byte aligned only.
     acc[p] = FullPermute(to_pairs, _mm512_loadu_ps(sums + p * 2 * kLanes));
   }
-  const char* next = reinterpret_cast<const char*>(b);
+  const char* next = reinterpret_cast<const char*>(b.Row(0));
   for (int r = 0; r < rows; ++r) {
     const __m512 row = FullPermute(
         spread,
         _mm512_maskz_loadu_ps(row_mask, a + static_cast<size_t>(r) * m));
-    const float* b_row = b + static_cast<size_t>(r) * ldb;
-    if (b_rows > 0) PrefetchRowsOfB(b, ldb, r, b_rows, &next);
+    const float* b_row = b.Row(r);
+    if constexpr (Rows::kPrefetch) {
+      if (b_rows > 0) PrefetchRowsOfB(b, r, b_rows, &next);
+    }
 #pragma GCC unroll 16
     for (int p = 0; p < kColumns / 2; ++p) {
-      double pair;
-      std::memcpy(&pair, b_row + 2 * p, sizeof(pair));
-      acc[p] =
-          _mm512_fmadd_ps(row, _mm512_castpd_ps(_mm512_set1_pd(pair)), acc[p]);
+      acc[p] = _mm512_fmadd_ps(
+          row, _mm512_castpd_ps(_mm512_set1_pd(b.Pair(b_row, p))), acc[p]);
     }
     if (kColumns % 2 == 1) {
       acc[kPairs - 1] = _mm512_mask3_fmadd_ps(
-          row, _mm512_set1_ps(b_row[kColumns - 1]), acc[kPairs - 1],
+          row, _mm512_set1_ps(b.At(b_row, kColumns - 1)), acc[kPairs - 1],
           static_cast<__mmask16>(0x5555));
     }
   }
@@ -358,35 +445,104 @@ MONSOON_AVX512 void FewRowsPairs(int rows, const float* a, int m,
   }
 }
 
+// GemmFewRows on the patches of a kernel x kernel window over m <= 8
+// filters, where the CPU has AVX-512: for each kernel row, its values in
+// pairs two columns to a register as FewRowsPairs takes them (adjacent in
+// the image, so one load a pair; an odd row's last value alone, in the even
+// lanes), and A's column sums beside them. sums holds FewRowsChunk<1, ...>'s
+// layout (8 values a column) for kernel * kernel columns and one more,
+// column_sums 16 values (the first m of them A's); both are added to. The
+// same FMAs in the same order as FewRowsPairs' on Im2Col's matrix, and the
+// same additions as a loop over A's rows, so the same bits.
+template <int kKernel>
+MONSOON_AVX512 void PatchPairs(int rows, const float* a, int m,
+                               const float* corner, int row_stride,
+                               float* sums, float* column_sums) {
+  constexpr int kPairs = (kKernel + 1) / 2;  // registers per kernel row
+  const __m512i to_pairs =
+      _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m512i from_pairs =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m512i spread =
+      _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __mmask16 row_mask = static_cast<__mmask16>((1u << m) - 1);
+  __m512 acc[kKernel][kPairs];
+#pragma GCC unroll 8
+  for (int ky = 0; ky < kKernel; ++ky) {
+#pragma GCC unroll 4
+    for (int p = 0; p < kPairs; ++p) {
+      acc[ky][p] = FullPermute(
+          to_pairs, _mm512_loadu_ps(sums + (ky * kKernel + 2 * p) * kLanes));
+    }
+  }
+  __m512 column = _mm512_load_ps(column_sums);
+  for (int r = 0; r < rows; ++r) {
+    const __m512 values =
+        _mm512_maskz_loadu_ps(row_mask, a + static_cast<size_t>(r) * m);
+    column = _mm512_add_ps(column, values);
+    const __m512 row = FullPermute(spread, values);
+#pragma GCC unroll 8
+    for (int ky = 0; ky < kKernel; ++ky) {
+      const float* line = corner + r + ky * row_stride;
+#pragma GCC unroll 4
+      for (int p = 0; p < kKernel / 2; ++p) {
+        double pair;
+        std::memcpy(&pair, line + 2 * p, sizeof(pair));
+        acc[ky][p] = _mm512_fmadd_ps(
+            row, _mm512_castpd_ps(_mm512_set1_pd(pair)), acc[ky][p]);
+      }
+      if (kKernel % 2 == 1) {
+        acc[ky][kPairs - 1] = _mm512_mask3_fmadd_ps(
+            row, _mm512_set1_ps(line[kKernel - 1]), acc[ky][kPairs - 1],
+            static_cast<__mmask16>(0x5555));
+      }
+    }
+  }
+  // In order: an odd kernel row's last register holds the next row's first
+  // column in its odd lanes, as loaded; that row's own store comes after.
+#pragma GCC unroll 8
+  for (int ky = 0; ky < kKernel; ++ky) {
+#pragma GCC unroll 4
+    for (int p = 0; p < kPairs; ++p) {
+      _mm512_storeu_ps(sums + (ky * kKernel + 2 * p) * kLanes,
+                       FullPermute(from_pairs, acc[ky][p]));
+    }
+  }
+  _mm512_store_ps(column_sums, column);
+}
+
 #undef MONSOON_AVX2
 #undef MONSOON_AVX512
 
 // A chunk kernel by chunk size: table[s - 1] sums chunks of s, where
 // pick(std::integral_constant<int, s>) is that size's kernel.
-using FewRowsChunkFn = void (*)(int, const float*, int, const float*, int,
-                                float*, int);
-template <typename Pick, int... kSizes>
-constexpr std::array<FewRowsChunkFn, sizeof...(kSizes)> ChunkTable(
+template <typename Rows>
+using FewRowsChunkFn = void (*)(int, const float*, int, const Rows&, float*,
+                                int);
+template <typename Rows, typename Pick, int... kSizes>
+constexpr std::array<FewRowsChunkFn<Rows>, sizeof...(kSizes)> ChunkTable(
     Pick pick, std::integer_sequence<int, kSizes...>) {
   return {pick(std::integral_constant<int, kSizes + 1>())...};
 }
-template <int kRegs>
-constexpr std::array<FewRowsChunkFn, kColumnChunk<kRegs>> kFewRowsChunks =
-    ChunkTable(
-        [](auto size) -> FewRowsChunkFn {
-          return &FewRowsChunk<kRegs, decltype(size)::value>;
+template <int kRegs, typename Rows>
+constexpr std::array<FewRowsChunkFn<Rows>, kColumnChunk<kRegs>>
+    kFewRowsChunks = ChunkTable<Rows>(
+        [](auto size) -> FewRowsChunkFn<Rows> {
+          return &FewRowsChunk<kRegs, decltype(size)::value, Rows>;
         },
         std::make_integer_sequence<int, kColumnChunk<kRegs>>());
-constexpr std::array<FewRowsChunkFn, kWideChunk> kFewRowsChunksWide =
-    ChunkTable(
-        [](auto size) -> FewRowsChunkFn {
-          return &FewRowsChunkWide<decltype(size)::value>;
+template <typename Rows>
+constexpr std::array<FewRowsChunkFn<Rows>, kWideChunk> kFewRowsChunksWide =
+    ChunkTable<Rows>(
+        [](auto size) -> FewRowsChunkFn<Rows> {
+          return &FewRowsChunkWide<decltype(size)::value, Rows>;
         },
         std::make_integer_sequence<int, kWideChunk>());
-constexpr std::array<FewRowsChunkFn, kPairChunk> kFewRowsChunksPairs =
-    ChunkTable(
-        [](auto size) -> FewRowsChunkFn {
-          return &FewRowsPairs<decltype(size)::value>;
+template <typename Rows>
+constexpr std::array<FewRowsChunkFn<Rows>, kPairChunk> kFewRowsChunksPairs =
+    ChunkTable<Rows>(
+        [](auto size) -> FewRowsChunkFn<Rows> {
+          return &FewRowsPairs<decltype(size)::value, Rows>;
         },
         std::make_integer_sequence<int, kPairChunk>());
 
@@ -403,51 +559,140 @@ void ForEachChunk(int total, int largest, Visit visit) {
   }
 }
 
-template <int kRegs>
-void FewRows(int m, int n, int k, float alpha, const float* a, const float* b,
+// C = alpha * A^T * B + beta * C (GemmFewRows) with B's k rows as `walk`
+// gives them: walk(visit) calls visit(r0, rows, b) for runs of them in
+// order, rows [r0, r0 + rows) read from `b` (a Rows).
+template <int kRegs, typename Rows, typename Walk>
+void FewRows(int m, int n, int k, float alpha, const float* a, Walk walk,
              float beta, float* c, bool wide_asked) {
   constexpr int kWidth = kRegs * kLanes;
   // One column more than n may take: an odd chunk's last pair of columns
   // (FewRowsPairs) loads and stores the sums of the column after it.
   alignas(64) float sums[(kSmallGemmMaxColumns + 1) * kWidth];
   std::fill(sums, sums + (n + 1) * kWidth, 0.0f);
-  const FewRowsChunkFn* chunks = kFewRowsChunks<kRegs>.data();
+  const FewRowsChunkFn<Rows>* chunks = kFewRowsChunks<kRegs, Rows>.data();
   int largest = kColumnChunk<kRegs>;
   if (wide_asked) {
-    chunks =
-        kRegs == 2 ? kFewRowsChunksWide.data() : kFewRowsChunksPairs.data();
+    chunks = kRegs == 2 ? kFewRowsChunksWide<Rows>.data()
+                        : kFewRowsChunksPairs<Rows>.data();
     largest = kRegs == 2 ? kWideChunk : kPairChunk;
   }
-  // B's rows [r0, r0 + rows), with their rows of A at a_rows.
-  auto sum_rows = [&](int r0, int rows, const float* a_rows) {
-    const float* b_rows = b + static_cast<size_t>(r0) * n;
+  // B's rows [r0, r0 + rows) from b, with their rows of A at a_rows.
+  auto sum_rows = [&](int r0, int rows, const float* a_rows, const Rows& b) {
     ForEachChunk(n, largest, [&](int begin, int size) {
-      chunks[size - 1](rows, a_rows, m, b_rows + begin, n,
-                       sums + begin * kWidth, begin == 0 ? k - r0 : 0);
+      chunks[size - 1](rows, a_rows, m, b.From(begin), sums + begin * kWidth,
+                       begin == 0 ? k - r0 : 0);
     });
   };
   // The kernels read kWidth values from each row of A: its last rows, where
-  // that would run past A's end, are read from a padded copy.
+  // that would run past A's end, are read from a padded copy: tail * m <
+  // kWidth values (tail < ceil(kWidth / m)), plus one row's read past them.
   const int tail = std::min(k, (kWidth + m - 1) / m - 1);
   const int body = k - tail;
-  for (int r0 = 0; r0 < body; r0 += kSumBlock) {
-    sum_rows(r0, std::min(kSumBlock, body - r0),
-             a + static_cast<size_t>(r0) * m);
-  }
-  if (tail > 0) {
-    // tail * m < kWidth values (tail < ceil(kWidth / m)), plus one row's
-    // read past them.
-    alignas(64) float padded[2 * kWidth] = {};
-    std::memcpy(padded, a + static_cast<size_t>(body) * m,
-                sizeof(float) * tail * m);
-    sum_rows(body, tail, padded);
-  }
+  alignas(64) float padded[2 * kWidth] = {};
+  std::memcpy(padded, a + static_cast<size_t>(body) * m,
+              sizeof(float) * tail * m);
+  walk([&](int r0, int rows, const Rows& b) {
+    const int in_place = std::clamp(body - r0, 0, rows);
+    if (in_place > 0) {
+      sum_rows(r0, in_place, a + static_cast<size_t>(r0) * m, b);
+    }
+    if (in_place < rows) {
+      sum_rows(r0 + in_place, rows - in_place,
+               padded + static_cast<size_t>(r0 + in_place - body) * m,
+               b.Skip(in_place));
+    }
+  });
   for (int i = 0; i < m; ++i) {
     float* row = c + static_cast<size_t>(i) * n;
     for (int j = 0; j < n; ++j) {
       row[j] = Scaled(alpha, sums[j * kWidth + i], beta, row[j]);
     }
   }
+}
+
+// B dense, k x n: blocks of kSumBlock rows, whose rows of B stay in L1
+// from one chunk of columns to the next.
+template <int kRegs>
+void FewRowsDense(int m, int n, int k, float alpha, const float* a,
+                  const float* b, float beta, float* c, bool wide_asked) {
+  FewRows<kRegs, DenseRows>(
+      m, n, k, alpha, a,
+      [&](auto visit) {
+        for (int r0 = 0; r0 < k; r0 += kSumBlock) {
+          visit(r0, std::min(kSumBlock, k - r0),
+                DenseRows{b + static_cast<size_t>(r0) * n,
+                          static_cast<size_t>(n)});
+        }
+      },
+      beta, c, wide_asked);
+}
+
+// B the patches: an output row's windows at a time.
+template <int kRegs>
+void FewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
+                      const ImagePatches& b, float* c, bool wide_asked) {
+  const int batch = k / (b.out_height * b.out_width);
+  int offsets[kSmallGemmMaxColumns];
+  WindowOffsets(b, offsets);
+  FewRows<kRegs, PatchRows>(
+      m, n, k, alpha, a,
+      [&](auto visit) {
+        ForEachOutputRow(b, batch, [&](size_t r0, const float* corner) {
+          visit(static_cast<int>(r0), b.out_width,
+                PatchRows{corner, offsets});
+        });
+      },
+      0.0f, c, wide_asked);
+}
+
+// C = alpha * patches * op(B) (+ bias), an output row's windows at a time,
+// in runs of nearly equal sizes up to the kernels' rows in flight.
+template <typename Rows>
+using FewColumnsRowsFn = void (*)(int, int, int, int, float, const Rows&,
+                                  const float*, float, float*, const float*);
+template <int kRegs, typename Rows, int... kSizes>
+constexpr std::array<FewColumnsRowsFn<Rows>, sizeof...(kSizes)> RowsTable(
+    std::integer_sequence<int, kSizes...>) {
+  return {&FewColumnsRows<kRegs, kSizes + 1, Rows>...};
+}
+template <typename Rows, int... kSizes>
+constexpr std::array<FewColumnsRowsFn<Rows>, sizeof...(kSizes)> WideRowsTable(
+    std::integer_sequence<int, kSizes...>) {
+  return {&FewColumnsRowsWide<kSizes + 1, Rows>...};
+}
+template <int kRegs>
+constexpr std::array<FewColumnsRowsFn<PatchRows>, kRowsInFlight<kRegs>>
+    kRowsOfPatches = RowsTable<kRegs, PatchRows>(
+        std::make_integer_sequence<int, kRowsInFlight<kRegs>>());
+constexpr std::array<FewColumnsRowsFn<PatchRows>, kWideRows>
+    kWideRowsOfPatches = WideRowsTable<PatchRows>(
+        std::make_integer_sequence<int, kWideRows>());
+
+template <int kRegs>
+void FewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
+                         float alpha, const float* b, bool trans_b,
+                         const float* bias, float* c, bool wide) {
+  alignas(64) float b_rows[kSmallGemmMaxInner * kRegs * kLanes];
+  StageB<kRegs>(n, k, b, trans_b, b_rows);
+  alignas(64) float bias_row[kRegs * kLanes] = {};
+  if (bias != nullptr) std::copy(bias, bias + n, bias_row);
+  const FewColumnsRowsFn<PatchRows>* rows = kRowsOfPatches<kRegs>.data();
+  int largest = kRowsInFlight<kRegs>;
+  if (kRegs == 2 && wide) {
+    rows = kWideRowsOfPatches.data();
+    largest = kWideRows;
+  }
+  int offsets[kSmallGemmMaxInner];
+  WindowOffsets(a, offsets);
+  const int batch = m / (a.out_height * a.out_width);
+  ForEachOutputRow(a, batch, [&](size_t r, const float* corner) {
+    ForEachChunk(a.out_width, largest, [&](int begin, int size) {
+      rows[size - 1](m, static_cast<int>(r) + begin, n, k, alpha,
+                     PatchRows{corner + begin, offsets}, b_rows, 0.0f, c,
+                     bias == nullptr ? nullptr : bias_row);
+    });
+  });
 }
 
 }  // namespace
@@ -472,11 +717,80 @@ void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
 void GemmFewRows(int m, int n, int k, float alpha, const float* a,
                  const float* b, float beta, float* c, SmallGemmUnits units) {
   if (m <= kLanes) {
-    FewRows<1>(m, n, k, alpha, a, b, beta, c,
-               units == SmallGemmUnits::kWidest && HaveAvx512());
+    FewRowsDense<1>(m, n, k, alpha, a, b, beta, c,
+                    units == SmallGemmUnits::kWidest && HaveAvx512());
   } else {
-    FewRows<2>(m, n, k, alpha, a, b, beta, c,
-               units == SmallGemmUnits::kWidest && HaveAvx512());
+    FewRowsDense<2>(m, n, k, alpha, a, b, beta, c,
+                    units == SmallGemmUnits::kWidest && HaveAvx512());
+  }
+}
+
+void GemmFewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
+                             float alpha, const float* b, bool trans_b,
+                             const float* bias, float* c,
+                             SmallGemmUnits units) {
+  if (n <= kLanes) {
+    FewColumnsOfPatches<1>(a, m, n, k, alpha, b, trans_b, bias, c, false);
+  } else {
+    FewColumnsOfPatches<2>(a, m, n, k, alpha, b, trans_b, bias, c,
+                           units == SmallGemmUnits::kWidest && HaveAvx512());
+  }
+}
+
+namespace {
+
+// GemmFewRowsOfPatches by PatchPairs, an output row at a time.
+template <int kKernel>
+void FewRowsOfPatchPairs(int m, int k, float alpha, const float* a,
+                         const ImagePatches& b, float* c, float* column_sums) {
+  constexpr int kColumns = kKernel * kKernel;
+  alignas(64) float sums[(kColumns + 1) * kLanes] = {};
+  alignas(64) float columns[2 * kLanes] = {};
+  const int batch = k / (b.out_height * b.out_width);
+  ForEachOutputRow(b, batch, [&](size_t r0, const float* corner) {
+    PatchPairs<kKernel>(b.out_width, a + r0 * m, m, corner, b.row_stride,
+                        sums, columns);
+  });
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < kColumns; ++j) {
+      c[static_cast<size_t>(i) * kColumns + j] =
+          Scaled(alpha, sums[j * kLanes + i], 0.0f, 0.0f);
+    }
+  }
+  if (column_sums != nullptr) std::copy(columns, columns + m, column_sums);
+}
+
+}  // namespace
+
+void GemmFewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
+                          const ImagePatches& b, float* c, float* column_sums,
+                          SmallGemmUnits units) {
+  if (m <= kLanes && units == SmallGemmUnits::kWidest && HaveAvx512()) {
+    switch (b.kernel) {
+      case 3:
+        return FewRowsOfPatchPairs<3>(m, k, alpha, a, b, c, column_sums);
+      case 5:
+        return FewRowsOfPatchPairs<5>(m, k, alpha, a, b, c, column_sums);
+      case 7:
+        return FewRowsOfPatchPairs<7>(m, k, alpha, a, b, c, column_sums);
+      default:
+        break;
+    }
+  }
+  if (column_sums != nullptr) {
+    std::fill(column_sums, column_sums + m, 0.0f);
+    for (int r = 0; r < k; ++r) {
+      for (int i = 0; i < m; ++i) {
+        column_sums[i] += a[static_cast<size_t>(r) * m + i];
+      }
+    }
+  }
+  if (m <= kLanes) {
+    FewRowsOfPatches<1>(m, n, k, alpha, a, b, c,
+                        units == SmallGemmUnits::kWidest && HaveAvx512());
+  } else {
+    FewRowsOfPatches<2>(m, n, k, alpha, a, b, c,
+                        units == SmallGemmUnits::kWidest && HaveAvx512());
   }
 }
 
@@ -514,6 +828,58 @@ void GemmFewRows(int m, int n, int k, float alpha, const float* a,
       }
       float& out = c[static_cast<size_t>(i) * n + j];
       out = Scaled(alpha, sum, beta, out);
+    }
+  }
+}
+
+namespace {
+float PatchValue(const ImagePatches& p, int r, int i) {
+  const int per_image = p.out_height * p.out_width;
+  const int n = r / per_image;
+  const int oy = r % per_image / p.out_width;
+  const int ox = r % p.out_width;
+  return p.images[static_cast<size_t>(n) * p.image_stride +
+                  static_cast<size_t>(oy + i / p.kernel) * p.row_stride + ox +
+                  i % p.kernel];
+}
+}  // namespace
+
+void GemmFewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
+                             float alpha, const float* b, bool trans_b,
+                             const float* bias, float* c,
+                             SmallGemmUnits /*units*/) {
+  for (int r = 0; r < m; ++r) {
+    for (int j = 0; j < n; ++j) {
+      float sum = 0;
+      for (int i = 0; i < k; ++i) {
+        sum += PatchValue(a, r, i) * (trans_b ? b[static_cast<size_t>(j) * k + i]
+                                              : b[static_cast<size_t>(i) * n + j]);
+      }
+      float& out = c[static_cast<size_t>(r) * n + j];
+      out = alpha * sum;
+      if (bias != nullptr) out += bias[j];
+    }
+  }
+}
+
+void GemmFewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
+                          const ImagePatches& b, float* c, float* column_sums,
+                          SmallGemmUnits /*units*/) {
+  if (column_sums != nullptr) {
+    std::fill(column_sums, column_sums + m, 0.0f);
+    for (int r = 0; r < k; ++r) {
+      for (int i = 0; i < m; ++i) {
+        column_sums[i] += a[static_cast<size_t>(r) * m + i];
+      }
+    }
+  }
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      float sum = 0;
+      for (int r = 0; r < k; ++r) {
+        sum += a[static_cast<size_t>(r) * m + i] * PatchValue(b, r, j);
+      }
+      c[static_cast<size_t>(i) * n + j] = alpha * sum;
     }
   }
 }

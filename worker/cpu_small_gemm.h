@@ -18,6 +18,8 @@
 #ifndef MONSOON_WORKER_CPU_SMALL_GEMM_H_
 #define MONSOON_WORKER_CPU_SMALL_GEMM_H_
 
+#include <cstddef>
+
 namespace monsoon::worker {
 
 // The small side's largest size: two AVX2 registers of floats.
@@ -54,6 +56,42 @@ void GemmFewColumns(int m, int n, int k, float alpha, const float* a,
 void GemmFewRows(int m, int n, int k, float alpha, const float* a,
                  const float* b, float beta, float* c,
                  SmallGemmUnits units = SmallGemmUnits::kWidest);
+
+// The patches of a window over single-channel images with stride 1, read
+// where they lie instead of from Im2Col's matrix: patch r, for example n,
+// output row oy and column ox (r = (n * out_height + oy) * out_width + ox,
+// Im2Col's row), has value i = ky * kernel + kx (kernel row ky, column kx)
+// at
+//   images[n * image_stride + (oy + ky) * row_stride + ox + kx].
+// The images are the caller's zero-bordered copies, so that every window
+// lies inside one.
+struct ImagePatches {
+  const float* images = nullptr;
+  size_t image_stride = 0;  // values between images
+  int row_stride = 0;       // values between rows of an image
+  int out_height = 0;
+  int out_width = 0;
+  int kernel = 0;  // a patch has kernel * kernel values
+};
+
+// GemmFewColumns with A the m patches of `a` (k = kernel * kernel values
+// each; m a whole number of images' out_height * out_width) and beta 0, then
+// bias[j] added to column j of C where bias is not null: the same bits as
+// GemmFewColumns on Im2Col's matrix, then the bias added to each row.
+void GemmFewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
+                             float alpha, const float* b, bool trans_b,
+                             const float* bias, float* c,
+                             SmallGemmUnits units = SmallGemmUnits::kWidest);
+
+// GemmFewRows with B the k patches of `b` (n = kernel * kernel values each)
+// and beta 0: the same bits as GemmFewRows on Im2Col's matrix. Where
+// column_sums is not null it gets the sums of A's m columns, each added row
+// by row in order from 0 (the bias's gradient of a convolution), in the
+// same pass where it can.
+void GemmFewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
+                          const ImagePatches& b, float* c,
+                          float* column_sums = nullptr,
+                          SmallGemmUnits units = SmallGemmUnits::kWidest);
 
 }  // namespace monsoon::worker
 

@@ -220,7 +220,8 @@ absl::StatusOr<BenchReport> RunBackendBench(ComputeBackend* backend,
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     absl::StatusOr<std::unique_ptr<worker::Layer>> layer =
-        worker::MakeLayer(backend, layout, specs[i], batch);
+        worker::MakeLayer(backend, layout, specs[i], batch,
+                          /*input_gradient=*/i > 0);
     if (!layer.ok()) return layer.status();
     layers.push_back(*std::move(layer));
     if (layers.back()->InPlace()) {

@@ -17,12 +17,12 @@ WindowGeometry WindowOf(const common::LayerSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(
     ComputeBackend* backend, const common::ModelLayout& layout,
-    const common::LayerSpec& spec, int max_batch) {
+    const common::LayerSpec& spec, int max_batch, bool input_gradient) {
   switch (spec.kind) {
     case common::LayerSpec::Kind::kDense:
       return MakeDenseLayer(backend, layout, spec);
     case common::LayerSpec::Kind::kConv:
-      return MakeConvLayer(backend, layout, spec, max_batch);
+      return MakeConvLayer(backend, layout, spec, max_batch, input_gradient);
     case common::LayerSpec::Kind::kMaxPool:
       return MakeMaxPoolLayer(backend, spec, max_batch);
     case common::LayerSpec::Kind::kRelu:

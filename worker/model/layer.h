@@ -47,11 +47,12 @@ class Layer {
 WindowGeometry WindowOf(const common::LayerSpec& spec);
 
 // The layer of `spec` (one of layout.layers()), with scratch buffers for
-// `max_batch` examples. RESOURCE_EXHAUSTED when the backend cannot hold
-// them.
+// `max_batch` examples. `input_gradient`: whether Backward will be asked for
+// dLoss/din (false for a model's first layer, unless it works in place).
+// RESOURCE_EXHAUSTED when the backend cannot hold them.
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(
     ComputeBackend* backend, const common::ModelLayout& layout,
-    const common::LayerSpec& spec, int max_batch);
+    const common::LayerSpec& spec, int max_batch, bool input_gradient);
 
 // One per kind, for MakeLayer.
 std::unique_ptr<Layer> MakeDenseLayer(ComputeBackend* backend,
@@ -59,7 +60,7 @@ std::unique_ptr<Layer> MakeDenseLayer(ComputeBackend* backend,
                                       const common::LayerSpec& spec);
 absl::StatusOr<std::unique_ptr<Layer>> MakeConvLayer(
     ComputeBackend* backend, const common::ModelLayout& layout,
-    const common::LayerSpec& spec, int max_batch);
+    const common::LayerSpec& spec, int max_batch, bool input_gradient);
 absl::StatusOr<std::unique_ptr<Layer>> MakeMaxPoolLayer(
     ComputeBackend* backend, const common::LayerSpec& spec, int max_batch);
 std::unique_ptr<Layer> MakeReluLayer(ComputeBackend* backend,

@@ -65,7 +65,8 @@ absl::Status Model::Allocate() {
   activations_[0] = *input;
   for (size_t i = 0; i < specs.size(); ++i) {
     absl::StatusOr<std::unique_ptr<Layer>> layer =
-        MakeLayer(backend_, layout_, specs[i], max_batch_);
+        MakeLayer(backend_, layout_, specs[i], max_batch_,
+                  /*input_gradient=*/i > 0);
     if (!layer.ok()) return layer.status();
     layers_.push_back(*std::move(layer));
     if (layers_.back()->InPlace()) {
