@@ -445,6 +445,58 @@ MONSOON_AVX512 void FewRowsPairs(int rows, const float* a, int m,
   }
 }
 
+// GemmFewColumns on patches over n <= 8 filters, where the CPU has
+// AVX-512: two adjacent windows of an output row to a register, lane 2j
+// the first's column j and lane 2j + 1 the second's, so that one load of
+// their two values (adjacent in the image) serves both, against each
+// weight spread to two lanes (b_pairs: 16 values a row of op(B)). Then
+// rows [r, r + 2 kPairs) of C, as FewColumnsRows stores them (alpha, then
+// the bias, bias_pairs spread likewise). Each value of C is the same FMAs
+// in the same order as FewColumnsRows<1, ...>'s, so the same bits.
+template <int kPairs>
+MONSOON_AVX512 void FewColumnsPatchPairs(int m, int r, int n, int k,
+                                         float alpha, const float* corner,
+                                         const int* offsets,
+                                         const float* b_pairs, float* c,
+                                         const float* bias_pairs) {
+  __m512 acc[kPairs];
+#pragma GCC unroll 16
+  for (int p = 0; p < kPairs; ++p) acc[p] = _mm512_setzero_ps();
+  for (int i = 0; i < k; ++i) {
+    const __m512 b = _mm512_load_ps(b_pairs + i * 2 * kLanes);
+    const float* at = corner + offsets[i];
+#pragma GCC unroll 16
+    for (int p = 0; p < kPairs; ++p) {
+      double pair;
+      std::memcpy(&pair, at + 2 * p, sizeof(pair));
+      acc[p] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_set1_pd(pair)), b,
+                               acc[p]);
+    }
+  }
+  const __m512i from_pairs =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int p = 0; p < kPairs; ++p) {
+    __m512 y = _mm512_mul_ps(scale, FullPermute(from_pairs, acc[p]));
+    if (bias_pairs != nullptr) y = _mm512_add_ps(y, _mm512_load_ps(bias_pairs));
+    alignas(64) float rows[2 * kLanes];
+    _mm512_store_ps(rows, y);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const size_t row = static_cast<size_t>(r) + 2 * p + h;
+      float* out = c + row * n;
+      // A whole register where C goes on past it: the lanes past n land on
+      // the next row's first values, which its own store overwrites.
+      if (row * n + kLanes <= static_cast<size_t>(m) * n) {
+        _mm256_storeu_ps(out, _mm256_load_ps(rows + h * kLanes));
+      } else {
+        for (int j = 0; j < n; ++j) out[j] = rows[h * kLanes + j];
+      }
+    }
+  }
+}
+
 // GemmFewRows on the patches of a kernel x kernel window over m <= 8
 // filters, where the CPU has AVX-512: for each kernel row, its values in
 // pairs two columns to a register as FewRowsPairs takes them (adjacent in
@@ -669,6 +721,52 @@ constexpr std::array<FewColumnsRowsFn<PatchRows>, kWideRows>
     kWideRowsOfPatches = WideRowsTable<PatchRows>(
         std::make_integer_sequence<int, kWideRows>());
 
+constexpr int kMaxPatchPairs = 16;
+using FewColumnsPatchPairsFn = void (*)(int, int, int, int, float,
+                                        const float*, const int*,
+                                        const float*, float*, const float*);
+template <int... kSizes>
+constexpr std::array<FewColumnsPatchPairsFn, sizeof...(kSizes)>
+PatchPairsTable(std::integer_sequence<int, kSizes...>) {
+  return {&FewColumnsPatchPairs<kSizes + 1>...};
+}
+constexpr std::array<FewColumnsPatchPairsFn, kMaxPatchPairs> kPatchPairs =
+    PatchPairsTable(std::make_integer_sequence<int, kMaxPatchPairs>());
+
+// FewColumnsOfPatches over n <= 8 with AVX-512: each output row's windows
+// two at a time (FewColumnsPatchPairs), in runs of nearly equal sizes, and
+// an odd row's last window alone (FewColumnsRows, the same FMAs).
+// b_rows and bias_row are FewColumnsRows<1, ...>'s.
+void FewColumnsOfPatchPairs(const ImagePatches& a, int m, int n, int k,
+                            float alpha, const int* offsets,
+                            const float* b_rows, const float* bias_row,
+                            float* c, int batch) {
+  alignas(64) float b_pairs[kSmallGemmMaxInner * 2 * kLanes];
+  for (int i = 0; i < k; ++i) {
+    for (int j = 0; j < 2 * kLanes; ++j) {
+      b_pairs[i * 2 * kLanes + j] = b_rows[i * kLanes + j / 2];
+    }
+  }
+  alignas(64) float bias_pairs[2 * kLanes];
+  if (bias_row != nullptr) {
+    for (int j = 0; j < 2 * kLanes; ++j) bias_pairs[j] = bias_row[j % kLanes];
+  }
+  const int pairs = a.out_width / 2;
+  ForEachOutputRow(a, batch, [&](size_t r, const float* corner) {
+    ForEachChunk(pairs, kMaxPatchPairs, [&](int begin, int size) {
+      kPatchPairs[size - 1](m, static_cast<int>(r) + 2 * begin, n, k, alpha,
+                            corner + 2 * begin, offsets, b_pairs, c,
+                            bias_row == nullptr ? nullptr : bias_pairs);
+    });
+    if (a.out_width % 2 == 1) {
+      const int last = a.out_width - 1;
+      FewColumnsRows<1, 1>(m, static_cast<int>(r) + last, n, k, alpha,
+                           PatchRows{corner + last, offsets}, b_rows, 0.0f, c,
+                           bias_row);
+    }
+  });
+}
+
 template <int kRegs>
 void FewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
                          float alpha, const float* b, bool trans_b,
@@ -686,6 +784,11 @@ void FewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
   int offsets[kSmallGemmMaxInner];
   WindowOffsets(a, offsets);
   const int batch = m / (a.out_height * a.out_width);
+  if (kRegs == 1 && wide) {
+    FewColumnsOfPatchPairs(a, m, n, k, alpha, offsets, b_rows,
+                           bias == nullptr ? nullptr : bias_row, c, batch);
+    return;
+  }
   ForEachOutputRow(a, batch, [&](size_t r, const float* corner) {
     ForEachChunk(a.out_width, largest, [&](int begin, int size) {
       rows[size - 1](m, static_cast<int>(r) + begin, n, k, alpha,
@@ -730,7 +833,8 @@ void GemmFewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
                              const float* bias, float* c,
                              SmallGemmUnits units) {
   if (n <= kLanes) {
-    FewColumnsOfPatches<1>(a, m, n, k, alpha, b, trans_b, bias, c, false);
+    FewColumnsOfPatches<1>(a, m, n, k, alpha, b, trans_b, bias, c,
+                           units == SmallGemmUnits::kWidest && HaveAvx512());
   } else {
     FewColumnsOfPatches<2>(a, m, n, k, alpha, b, trans_b, bias, c,
                            units == SmallGemmUnits::kWidest && HaveAvx512());
