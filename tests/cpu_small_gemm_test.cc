@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "worker/compute_backend.h"
 
 namespace monsoon::worker {
 namespace {
@@ -386,6 +387,71 @@ TEST_F(CpuSmallGemmTest, PatchesReadInPlaceGiveIm2ColsBits) {
                              dw.data(), nullptr, units);
         EXPECT_EQ(dw, dw_want);
       }
+    }
+  }
+}
+
+TEST_F(CpuSmallGemmTest, Col2ImOfProductAddsEachWindowsRowWhereItCameFrom) {
+  if (!SmallGemmHasAvx512()) {
+    GTEST_SKIP() << "Col2ImOfProduct needs AVX-512 (the backend takes Gemm "
+                    "and Col2Im without it)";
+  }
+  auto window = [](int h, int w, int c, int k, int stride, int pad) {
+    WindowGeometry g;
+    g.height = h;
+    g.width = w;
+    g.channels = c;
+    g.kernel = k;
+    g.stride = stride;
+    g.padding = pad;
+    g.out_height = (h + 2 * pad - k) / stride + 1;
+    g.out_width = (w + 2 * pad - k) / stride + 1;
+    return g;
+  };
+  // LeNet's second convolution (150 values a window: registers of 16 and
+  // a masked last one), padding, a stride, and windows that overlap.
+  for (const WindowGeometry& g :
+       {window(14, 14, 6, 5, 1, 0), window(7, 5, 3, 3, 2, 1),
+        window(6, 9, 2, 4, 1, 3), window(9, 7, 1, 2, 1, 0),
+        window(5, 5, 20, 5, 1, 2)}) {
+    for (int m : {1, 6, 16}) {
+      SCOPED_TRACE(absl::StrCat(g.height, "x", g.width, "x", g.channels, " k",
+                                g.kernel, " s", g.stride, " p", g.padding,
+                                ", ", m, " filters"));
+      constexpr int kBatch = 2;
+      const int rows = kBatch * g.out_height * g.out_width;
+      const int k = g.patch();
+      ASSERT_LE(k, kSmallGemmMaxInner);
+      // Integers: every product and sum is exact, whatever the order.
+      const std::vector<float> dy = Integers(static_cast<size_t>(rows) * m, 21);
+      const std::vector<float> w = Integers(static_cast<size_t>(m) * k, 22);
+      const size_t inputs =
+          static_cast<size_t>(kBatch) * g.height * g.width * g.channels;
+      std::vector<double> want(inputs, 0.0);
+      for (int r = 0; r < rows; ++r) {
+        const int ox = r % g.out_width;
+        const int oy = r / g.out_width % g.out_height;
+        const int n = r / (g.out_width * g.out_height);
+        for (int j = 0; j < k; ++j) {
+          const int c = j % g.channels;
+          const int kx = j / g.channels % g.kernel;
+          const int ky = j / (g.channels * g.kernel);
+          const int iy = oy * g.stride - g.padding + ky;
+          const int ix = ox * g.stride - g.padding + kx;
+          if (iy < 0 || iy >= g.height || ix < 0 || ix >= g.width) continue;
+          double sum = 0;
+          for (int i = 0; i < m; ++i) {
+            sum += double{dy[static_cast<size_t>(r) * m + i]} *
+                   w[static_cast<size_t>(i) * k + j];
+          }
+          want[((static_cast<size_t>(n) * g.height + iy) * g.width + ix) *
+                   g.channels +
+               c] += sum;
+        }
+      }
+      std::vector<float> dx(inputs, std::nanf(""));
+      Col2ImOfProduct(g, kBatch, m, dy.data(), w.data(), dx.data());
+      EXPECT_EQ(dx, std::vector<float>(want.begin(), want.end()));
     }
   }
 }

@@ -140,6 +140,16 @@ class ComputeBackend {
                                   int /*filters*/, const float* /*dy*/,
                                   float* /*dw*/, float* /*db*/,
                                   float* /*scratch*/) {}
+  // dx (overwritten) = Col2Im of dy (rows x filters) times w (filters x
+  // g.patch()): a convolution's input gradient, computed without the
+  // matrix of patch gradients where the backend has a kernel for it (the
+  // CPU backend: up to 16 filters, with AVX-512). False, with dx
+  // untouched, where it has none: the layer then takes Gemm and Col2Im.
+  virtual bool ConvInputGradient(const WindowGeometry& /*g*/, int /*batch*/,
+                                 int /*filters*/, const float* /*dy*/,
+                                 const float* /*w*/, float* /*dx*/) {
+    return false;
+  }
   // Max pooling (g.padding 0): y[example][oy][ox][c] is the largest value
   // of its window in channel c, the first in (row, column) order among
   // equals; argmax gets that value's index in x.

@@ -563,6 +563,52 @@ MONSOON_AVX512 void PatchPairs(int rows, const float* a, int m,
   _mm512_store_ps(column_sums, column);
 }
 
+// Values [from, from + 16 kRegs) of a window's row of the product dy * w
+// (dy's row: m values; w: m x k), the last register's lanes past k masked:
+// each the sum over i < m of dy[i] * w[i][j], fused multiply-adds in order
+// from 0.
+template <int kRegs>
+MONSOON_AVX512 void ProductRow(const float* dy, int m, const float* w, int k,
+                               int from, float* out) {
+  const int in_last = std::min(16, k - from - (kRegs - 1) * 16);
+  const __mmask16 last = static_cast<__mmask16>((1u << in_last) - 1);
+  __m512 acc[kRegs];
+#pragma GCC unroll 16
+  for (int v = 0; v < kRegs; ++v) acc[v] = _mm512_setzero_ps();
+  for (int i = 0; i < m; ++i) {
+    const __m512 d = _mm512_set1_ps(dy[i]);
+    const float* row = w + static_cast<size_t>(i) * k + from;
+#pragma GCC unroll 16
+    for (int v = 0; v < kRegs - 1; ++v) {
+      acc[v] = _mm512_fmadd_ps(d, _mm512_loadu_ps(row + v * 16), acc[v]);
+    }
+    acc[kRegs - 1] = _mm512_fmadd_ps(
+        d, _mm512_maskz_loadu_ps(last, row + (kRegs - 1) * 16),
+        acc[kRegs - 1]);
+  }
+#pragma GCC unroll 16
+  for (int v = 0; v < kRegs - 1; ++v) {
+    _mm512_storeu_ps(out + from + v * 16, acc[v]);
+  }
+  _mm512_mask_storeu_ps(out + from + (kRegs - 1) * 16, last, acc[kRegs - 1]);
+}
+
+// to[i] += from[i] for i < count, 16 at a time.
+MONSOON_AVX512 void AddRun(const float* from, int count, float* to) {
+  int i = 0;
+  for (; i + 16 <= count; i += 16) {
+    _mm512_storeu_ps(to + i, _mm512_add_ps(_mm512_loadu_ps(to + i),
+                                           _mm512_loadu_ps(from + i)));
+  }
+  if (i < count) {
+    const __mmask16 rest = static_cast<__mmask16>((1u << (count - i)) - 1);
+    _mm512_mask_storeu_ps(
+        to + i, rest,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(rest, to + i),
+                      _mm512_maskz_loadu_ps(rest, from + i)));
+  }
+}
+
 #undef MONSOON_AVX2
 #undef MONSOON_AVX512
 
@@ -800,6 +846,54 @@ void FewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
 
 }  // namespace
 
+namespace {
+
+using ProductRowFn = void (*)(const float*, int, const float*, int, int,
+                              float*);
+constexpr int kProductRowRegs = 16;
+template <int... kSizes>
+constexpr std::array<ProductRowFn, sizeof...(kSizes)> ProductRowTable(
+    std::integer_sequence<int, kSizes...>) {
+  return {&ProductRow<kSizes + 1>...};
+}
+constexpr std::array<ProductRowFn, kProductRowRegs> kProductRows =
+    ProductRowTable(std::make_integer_sequence<int, kProductRowRegs>());
+
+}  // namespace
+
+void Col2ImOfProduct(const WindowGeometry& g, int batch, int m,
+                     const float* dy, const float* w, float* dx) {
+  const int k = g.patch();
+  const size_t row_values = static_cast<size_t>(g.width) * g.channels;
+  const size_t image_values = row_values * g.height;
+  std::fill(dx, dx + batch * image_values, 0.0f);
+  alignas(64) float window[kSmallGemmMaxInner];
+  const float* d = dy;
+  for (int n = 0; n < batch; ++n) {
+    float* image = dx + n * image_values;
+    for (int oy = 0; oy < g.out_height; ++oy) {
+      for (int ox = 0; ox < g.out_width; ++ox, d += m) {
+        ForEachChunk((k + 15) / 16, kProductRowRegs, [&](int begin, int regs) {
+          kProductRows[regs - 1](d, m, w, k, begin * 16, window);
+        });
+        // As Col2Im: each kernel row's columns inside the image are one run.
+        const int x0 = ox * g.stride - g.padding;
+        const int first = std::max(0, -x0);
+        const int last = std::min(g.kernel, g.width - x0);
+        for (int ky = 0; ky < g.kernel && first < last; ++ky) {
+          const int iy = oy * g.stride - g.padding + ky;
+          if (iy < 0 || iy >= g.height) continue;
+          AddRun(window + (static_cast<size_t>(ky) * g.kernel + first) *
+                              g.channels,
+                 (last - first) * g.channels,
+                 image + iy * row_values +
+                     static_cast<size_t>(x0 + first) * g.channels);
+        }
+      }
+    }
+  }
+}
+
 bool SmallGemmSupported() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
@@ -984,6 +1078,36 @@ void GemmFewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
         sum += a[static_cast<size_t>(r) * m + i] * PatchValue(b, r, j);
       }
       c[static_cast<size_t>(i) * n + j] = alpha * sum;
+    }
+  }
+}
+
+void Col2ImOfProduct(const WindowGeometry& g, int batch, int m,
+                     const float* dy, const float* w, float* dx) {
+  // Never called here (SmallGemmHasAvx512() is false); the definition, for
+  // the record.
+  const int k = g.patch();
+  const size_t row_values = static_cast<size_t>(g.width) * g.channels;
+  std::fill(dx, dx + batch * row_values * g.height, 0.0f);
+  size_t position = 0;
+  for (int n = 0; n < batch; ++n) {
+    for (int oy = 0; oy < g.out_height; ++oy) {
+      for (int ox = 0; ox < g.out_width; ++ox, ++position) {
+        for (int j = 0; j < k; ++j) {
+          const int c = j % g.channels;
+          const int kx = j / g.channels % g.kernel;
+          const int ky = j / (g.channels * g.kernel);
+          const int iy = oy * g.stride - g.padding + ky;
+          const int ix = ox * g.stride - g.padding + kx;
+          if (iy < 0 || iy >= g.height || ix < 0 || ix >= g.width) continue;
+          float sum = 0;
+          for (int i = 0; i < m; ++i) {
+            sum += dy[position * m + i] * w[static_cast<size_t>(i) * k + j];
+          }
+          dx[(n * g.height + iy) * row_values +
+             static_cast<size_t>(ix) * g.channels + c] += sum;
+        }
+      }
     }
   }
 }

@@ -20,6 +20,8 @@
 
 #include <cstddef>
 
+#include "worker/compute_backend.h"
+
 namespace monsoon::worker {
 
 // The small side's largest size: two AVX2 registers of floats.
@@ -92,6 +94,16 @@ void GemmFewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
                           const ImagePatches& b, float* c,
                           float* column_sums = nullptr,
                           SmallGemmUnits units = SmallGemmUnits::kWidest);
+
+// A convolution's input gradient without Im2Col's matrix of patch
+// gradients: dx (batch images of g's input shape, overwritten) gets, for
+// each window in order, the row dy[window] (m values) times w (m x
+// g.patch()) added where Im2Col would have copied each value from, as
+// Col2Im adds. Each value of a window's row is the sum over i of dy[i] *
+// w[i][j], fused multiply-adds in order from 0. For m <= kSmallGemmSide and
+// g.patch() <= kSmallGemmMaxInner, where SmallGemmHasAvx512().
+void Col2ImOfProduct(const WindowGeometry& g, int batch, int m,
+                     const float* dy, const float* w, float* dx);
 
 }  // namespace monsoon::worker
 

@@ -58,6 +58,10 @@ class ConvLayer : public Layer {
       backend_->ColumnSums(rows, filters_, dout, grads + bias_);
     }
     if (din == nullptr) return;
+    if (backend_->ConvInputGradient(geometry_, batch, filters_, dout,
+                                    params + weights_, din)) {
+      return;
+    }
     // d(patches) = dout * W, into the patches' buffer (no longer needed),
     // then folded back onto the input.
     backend_->Gemm(false, false, rows, geometry_.patch(), filters_, 1.0f, dout,
