@@ -405,10 +405,13 @@ TEST_F(CpuBackendTest, MaxPoolTakesTheFirstLargestAndRoutesItsGradient) {
   for (WindowGeometry g :
        {Window(7, 5, 3, 2, 2, 0), Window(6, 9, 2, 3, 1, 0),
         Window(5, 5, 1, 5, 1, 0), Window(9, 6, 4, 3, 2, 0),
-        // Channels in groups of 4, the last overlapping the one before
-        // when 4 does not divide them (LeNet's pools: 6 and 16).
+        // Channels in groups of 4 (8 with AVX2), the last overlapping the
+        // one before when 4 (8) does not divide them, or, for 4 to 7
+        // channels with AVX2, running into the next output but for the
+        // last (LeNet's pools: 6 and 16).
         Window(6, 6, 6, 2, 2, 0), Window(7, 7, 5, 3, 2, 0),
-        Window(4, 4, 16, 2, 2, 0)}) {
+        Window(4, 4, 16, 2, 2, 0), Window(5, 6, 7, 2, 1, 0),
+        Window(6, 5, 9, 3, 2, 0), Window(4, 6, 12, 2, 2, 0)}) {
     SCOPED_TRACE(testing::Message()
                  << g.height << "x" << g.width << "x" << g.channels << " k"
                  << g.kernel << " s" << g.stride);
