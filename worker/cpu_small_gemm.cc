@@ -400,18 +400,29 @@ MONSOON_AVX512 inline __m512 FullPermute(__m512i index, __m512 v) {
   return _mm512_maskz_permutexvar_ps(static_cast<__mmask16>(0xffff), index, v);
 }
 
+// The pairs' lane orders: lane l of the interleaved layout (two columns, or
+// two rows, of 8 values each, lane 2i the first's value i and 2i + 1 the
+// second's) from the plain layout, the plain from the interleaved, and
+// value i of 8 to lanes 2i and 2i + 1.
+MONSOON_AVX512 inline __m512i ToPairs() {
+  return _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7,
+                           15);
+}
+MONSOON_AVX512 inline __m512i FromPairs() {
+  return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13,
+                           15);
+}
+MONSOON_AVX512 inline __m512i SpreadToPairs() {
+  return _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+}
+
 template <int kColumns, typename Rows>
 MONSOON_AVX512 void FewRowsPairs(int rows, const float* a, int m,
                                  const Rows& b, float* sums, int b_rows) {
   constexpr int kPairs = (kColumns + 1) / 2;
-  // Lane l of the interleaved layout from the sums' layout and back, and
-  // A's value i to lanes 2i and 2i + 1.
-  const __m512i to_pairs =
-      _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  const __m512i from_pairs =
-      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  const __m512i spread =
-      _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i to_pairs = ToPairs();
+  const __m512i from_pairs = FromPairs();
+  const __m512i spread = SpreadToPairs();
   const __mmask16 row_mask = static_cast<__mmask16>((1u << m) - 1);
   __m512 acc[kPairs];
 #pragma GCC unroll 16
@@ -473,8 +484,7 @@ MONSOON_AVX512 void FewColumnsPatchPairs(int m, int r, int n, int k,
                                acc[p]);
     }
   }
-  const __m512i from_pairs =
-      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m512i from_pairs = FromPairs();
   const __m512 scale = _mm512_set1_ps(alpha);
 #pragma GCC unroll 16
   for (int p = 0; p < kPairs; ++p) {
@@ -511,12 +521,9 @@ MONSOON_AVX512 void PatchPairs(int rows, const float* a, int m,
                                const float* corner, int row_stride,
                                float* sums, float* column_sums) {
   constexpr int kPairs = (kKernel + 1) / 2;  // registers per kernel row
-  const __m512i to_pairs =
-      _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  const __m512i from_pairs =
-      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  const __m512i spread =
-      _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i to_pairs = ToPairs();
+  const __m512i from_pairs = FromPairs();
+  const __m512i spread = SpreadToPairs();
   const __mmask16 row_mask = static_cast<__mmask16>((1u << m) - 1);
   __m512 acc[kKernel][kPairs];
 #pragma GCC unroll 8
