@@ -251,6 +251,13 @@ std::optional<int> ExitIfNothingLeft(PsClient& client,
         "to do",
         rank);
     client.Leave(absl::Seconds(2), /*finished=*/true).IgnoreError();
+    // A report of no steps: a launcher that restarted this worker (killed
+    // as it finished) reads one from every process that exits 0.
+    const monsoon::worker::WorkerResult no_steps;
+    const monsoon::worker::WorkerCounters no_counters;
+    WriteReport(rank, context.resume_steps, no_steps, no_counters,
+                client.ledger(), "done: the rank had already finished",
+                context.registered);
     return kExitOk;
   }
   if (context.resume_steps >= total) {

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A worker started again after its rank finished (a pod or a launcher's
+# restart of a worker killed as it finished) trains nothing, exits 0 and
+# still writes its report, with no steps: a launcher reads one from every
+# worker that exits 0.
+set -euo pipefail
+launch="$1"
+server="$2"
+worker="$3"
+dir="${TEST_TMPDIR:-$(mktemp -d)}/finished"
+mkdir -p "$dir"
+
+# A short run for its resolved config.
+"$launch" --servers=1 --workers=1 --epochs=1 --hidden=8 --eval_interval_s=100 \
+  --work_dir="$dir/run" > "$dir/launch.log" 2>&1 || { cat "$dir/launch.log"; exit 1; }
+config="$dir/run/config.textproto"
+
+"$server" --listen=127.0.0.1:0 --port_file="$dir/port" --config="$config" \
+  --num_workers=1 > "$dir/server.log" 2>&1 &
+server_pid=$!
+trap 'kill $server_pid 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
+[ -s "$dir/port" ] || { cat "$dir/server.log"; echo "no port file"; exit 1; }
+servers="127.0.0.1:$(cat "$dir/port")"
+
+"$worker" --rank=0 --num_workers=1 --servers="$servers" --config="$config" \
+  --report_out="$dir/first.report" > "$dir/first.log" 2>&1 || {
+  cat "$dir/first.log"; exit 1; }
+grep -q '^outcome: "done"' "$dir/first.report" || { cat "$dir/first.report"; exit 1; }
+
+"$worker" --rank=0 --num_workers=1 --servers="$servers" --config="$config" \
+  --report_out="$dir/again.report" > "$dir/again.log" 2>&1 || {
+  cat "$dir/again.log"; echo "the second start did not exit 0"; exit 1; }
+grep -q "rank 0 has already finished its training; nothing to do" \
+  "$dir/again.log" || { cat "$dir/again.log"; exit 1; }
+[ -s "$dir/again.report" ] || { echo "no report from the second start"; exit 1; }
+grep -q '^outcome: "done: the rank had already finished"' "$dir/again.report" || {
+  cat "$dir/again.report"; exit 1; }
+if grep -q '^steps:' "$dir/again.report"; then
+  cat "$dir/again.report"; echo "the second start reports steps"; exit 1
+fi
+echo "ps_worker_finished_test: a worker started after its rank finished wrote a report of no steps"
