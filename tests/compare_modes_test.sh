@@ -51,14 +51,17 @@ grep -q "sync-s1-w2" "$out.log"  # the table was printed
 grep -Eq "^hogwild-s1-w2 +epoch 1/1 +[0-9]+ samples/s +test accuracy 0\.[0-9]{4}" \
   "$out.log" || { cat "$out.log"; exit 1; }
 
-# With faults: server 1 and worker 0 killed (SIGKILL) as training starts. The
-# launcher restarts both; the downpour run completes and the table counts
+# With faults: server 1 and worker 0 killed (SIGKILL) 0.3 s after the first
+# push a shard applied (--chaos counts from there), 4 epochs so that the
+# kills land during training even where an epoch takes a few tenths of a
+# second (in allreduce the clock starts with the workers). The launcher
+# restarts both; the downpour run completes and the table counts
 # them. allreduce cannot take a killed worker back: its run fails, is
 # recorded with its error, and the comparison still writes everything else
 # (and exits 1, naming the failed run).
 chaos="${out}-chaos"
 status=0
-"$compare" --modes=downpour,allreduce --servers=2 --workers=2 --epochs=1 \
+"$compare" --modes=downpour,allreduce --servers=2 --workers=2 --epochs=4 \
   --hidden=32 --eval_interval_s=1 --report_script="$report" \
   --out_dir="$chaos" --chaos=kill:server1@0.3s,kill:worker0@0.3s \
   > "$chaos.log" 2>&1 || status=$?
@@ -90,7 +93,7 @@ PY
 # and is their backup; no update a shard acknowledged is lost (the workers'
 # ledgers against the shards'). Sync forwards each step once it closes.
 replicated="${out}-replicas"
-"$compare" --modes=downpour,onebit,sync --servers=2 --workers=2 --epochs=1 \
+"$compare" --modes=downpour,onebit,sync --servers=2 --workers=2 --epochs=2 \
   --hidden=32 --eval_interval_s=1 --report_script="$report" \
   --out_dir="$replicated" --replicas=1 --chaos=kill:server1@0.5s \
   > "$replicated.log" 2>&1 || { cat "$replicated.log"; exit 1; }
@@ -110,7 +113,7 @@ for run in results["runs"]:
     # was lost with the process, or ended by the worker when the other
     # shard failed, or came (and was counted) before the other failed. So
     # at most one duplicate per worker and shard, and every push answered.
-    steps = 2 * (30000 // 64)
+    steps = 2 * 2 * (30000 // 64)  # 2 workers, 2 epochs
     acked = run["updates_acknowledged"]
     duplicates = run["updates_answered_as_duplicate"]
     assert 0 <= duplicates <= 2 * 2, (run["name"], duplicates)

@@ -8,8 +8,9 @@
 //   remove:worker1@20s         elastic runs: worker 1 leaves (SIGTERM: it
 //                              ends its step and leaves cleanly)
 //
-// Times count from the start of training (the workers' start); a fault list
-// is comma-separated. Stateless functions; thread-safe.
+// Times count from the start of training: the first push a shard applied
+// (in mode allreduce, whose shards take none, the workers' start). A fault
+// list is comma-separated. Stateless functions; thread-safe.
 #ifndef MONSOON_TOOLS_CHAOS_H_
 #define MONSOON_TOOLS_CHAOS_H_
 

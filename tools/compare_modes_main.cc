@@ -97,7 +97,9 @@ ABSL_FLAG(int, replicas, 0,
           "With --link the updates forwarded to a backup cross the shaped "
           "links as pushes do (a delay then needs the kernel's netem).");
 ABSL_FLAG(std::string, chaos, "",
-          "Faults injected into every run, from the start of its training: "
+          "Faults injected into every run, their times from the start of its "
+          "training (a shard's first push; in mode allreduce, the workers' "
+          "start): "
           "comma-separated kill:TARGET@TIME (SIGKILL) or "
           "stop:TARGET@TIME+DURATION (SIGSTOP, then SIGCONT), TARGET serverN "
           "or workerN, e.g. kill:server1@3s,stop:server0@1s+2s; with "

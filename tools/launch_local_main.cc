@@ -78,7 +78,9 @@ ABSL_FLAG(int, replicas, 0,
           "copies its ranges back and is their backup. Every mode but "
           "allreduce; 0: none, a dead server restarts from its checkpoint.");
 ABSL_FLAG(std::string, chaos, "",
-          "Faults to inject, from the start of training: comma-separated "
+          "Faults to inject, their times from the start of training (a "
+          "shard's first push; in mode allreduce, the workers' start): "
+          "comma-separated "
           "kill:TARGET@TIME (SIGKILL) or stop:TARGET@TIME+DURATION (SIGSTOP, "
           "then SIGCONT), TARGET serverN or workerN, e.g. "
           "kill:server1@10s,stop:server0@5s+10s. With --elastic also "

@@ -208,6 +208,7 @@ class ClusterRun {
   // 3. Training: until every worker is done.
   absl::Status Train();
   bool TrainingDone();
+  bool TrainingBegun(absl::Time now);
   void InjectFaults(absl::Time now, double t);
   bool HandleExit(Daemon& daemon, bool worker);
   bool Restart(Daemon& daemon, bool worker);
@@ -265,6 +266,12 @@ class ClusterRun {
   absl::Status failed_;                    // why the run cannot go on
   bool limit_reached_ = false;
   size_t next_fault_ = 0;
+  // Where --chaos counts from: the first push a shard applied (unset until
+  // then), asked of the shards at most every kBegunCheckEvery through a
+  // client kept meanwhile.
+  std::optional<absl::Time> faults_from_;
+  absl::Time next_begun_check_ = absl::InfinitePast();
+  std::unique_ptr<worker::PsClient> begun_client_;
 };
 
 absl::StatusOr<RunMetrics> ClusterRun::Run() {
@@ -676,6 +683,7 @@ absl::Status ClusterRun::Train() {
   absl::Status status =
       sup_.Pump([this] { return TrainingDone(); }, absl::InfiniteDuration());
   poller_.reset();  // its client's channels close before the servers stop
+  begun_client_.reset();
   if (status.ok()) status = failed_;
   return status;
 }
@@ -695,7 +703,17 @@ bool ClusterRun::TrainingDone() {
                 options_.time_limit_s);
     for (Daemon& daemon : worker_daemons_) sup_.Signal(daemon.id, SIGTERM);
   }
-  InjectFaults(now, t);
+  if (next_fault_ < options_.faults.size()) {
+    if (!faults_from_.has_value() && TrainingBegun(now)) {
+      faults_from_ = now;
+      begun_client_.reset();
+      common::Log("launch: %.1f s: training began; --chaos counts from here",
+                  t);
+    }
+    if (faults_from_.has_value()) {
+      InjectFaults(now, absl::ToDoubleSeconds(now - *faults_from_));
+    }
+  }
   if (!failed_.ok()) return true;
   bool all_done = true;
   for (bool worker : {false, true}) {
@@ -719,6 +737,36 @@ bool ClusterRun::TrainingDone() {
     }
   }
   return all_done;
+}
+
+// Whether training has begun, the moment --chaos counts from: a shard has
+// applied a push (dense, or of a sparse table's rows). Counting from the workers' start instead put a fault
+// meant for training before the first step wherever the workers took long
+// to start (on a busy machine, more than a second to register). In mode
+// allreduce the shards take no pushes: there it is the workers' start.
+bool ClusterRun::TrainingBegun(absl::Time now) {
+  constexpr absl::Duration kBegunCheckEvery = absl::Milliseconds(50);
+  if (options_.config.mode() == ALLREDUCE) return true;
+  if (now < next_begun_check_) return false;
+  next_begun_check_ = now + kBegunCheckEvery;
+  if (begun_client_ == nullptr) {
+    worker::PsClientOptions options = client_options_;
+    options.connect_timeout = absl::Seconds(1);
+    absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+        worker::PsClient::Connect(options);
+    if (!client.ok()) return false;  // asked again next time
+    begun_client_ = *std::move(client);
+  }
+  absl::StatusOr<std::vector<StatsResponse>> stats =
+      begun_client_->Stats(absl::Seconds(1));
+  if (!stats.ok()) return false;
+  for (const StatsResponse& shard : *stats) {
+    if (shard.first_push_unix_s() > 0) return true;
+    for (const auto& [table, updates] : shard.sparse_row_updates()) {
+      if (updates > 0) return true;
+    }
+  }
+  return false;
 }
 
 // The faults due by `t` seconds into training.

@@ -142,7 +142,8 @@ struct LocalClusterOptions {
   // daemons' default of 10 s: on one machine a live worker calls far more
   // often.
   double lease_s = 3;
-  // Faults to inject (ParseChaos), counted from the start of training.
+  // Faults to inject (ParseChaos), counted from the start of training: the
+  // first push a shard applied (in mode allreduce, the workers' start).
   std::vector<Fault> faults;
   // A folder as tools/make_certs.sh makes it (ca.pem, server.pem/key,
   // client.pem/key): every connection then uses mutual TLS. Empty:
