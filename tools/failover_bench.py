@@ -40,11 +40,13 @@ def parse_args():
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--kill_from_s", type=float, default=1.5,
+    parser.add_argument("--kill_from_s", type=float, default=0.5,
                         help="earliest kill, seconds from the start of "
-                             "training (launch_local --chaos)")
-    parser.add_argument("--kill_to_s", type=float, default=4.0,
-                        help="latest kill")
+                             "training, the first push a shard applied "
+                             "(launch_local --chaos)")
+    parser.add_argument("--kill_to_s", type=float, default=2.5,
+                        help="latest kill (a 1-epoch run of the MLP trains "
+                             "for about 3 s here)")
     parser.add_argument("--no_kill", action="store_true",
                         help="kill nothing: measure the cost of replicas")
     parser.add_argument("--seed", type=int, default=1,
