@@ -344,8 +344,13 @@ TEST_F(GradientPusherTest, OnOneShardAPushPullSendsFinalChunksDuringBackward) {
   const PullTarget pull{absl::MakeSpan(params), &versions, absl::Seconds(30)};
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagedPush> push,
                        pusher->Start(grads.data(), {0}, 8, 0, &pull));
+  // Only the values that become final are written: those final before
+  // may be on their way, read by the client's threads (as backward leaves
+  // a finished layer's gradient alone).
+  uint64_t final_end = kLargeSize;
   const auto final_from = [&](uint64_t from) {
-    std::copy(g.begin() + from, g.end(), grads.begin() + from);
+    std::copy(g.begin() + from, g.begin() + final_end, grads.begin() + from);
+    final_end = from;
     push->Ready(from);
   };
   final_from(160400);  // the last layer: less than a chunk, nothing goes
