@@ -68,11 +68,20 @@ status=0
 [ "$status" -eq 1 ] || { cat "$chaos.log"; echo "exit $status, not 1"; exit 1; }
 grep -q "1 of 2 runs failed (allreduce-s2-w2)" "$chaos.log" || {
   cat "$chaos.log"; exit 1; }
-/usr/bin/python3 - "$chaos" <<'PY'
-import json, os, sys
+/usr/bin/python3 - "$chaos" "$chaos.log" <<'PY'
+import json, os, re, sys
 out = sys.argv[1]
 results = json.load(open(os.path.join(out, "results.json")))
 assert results["chaos"] == "kill:server1@0.3s,kill:worker0@0.3s", results
+# The downpour run (the first): the kills come 0.3 s or more after a shard
+# applied its first push, and not before it.
+times = {}
+for line in open(sys.argv[2]):
+    m = re.search(r"launch: ([0-9.]+) s: (training began|kill server 1)", line)
+    if m and m.group(2) not in times:
+        times[m.group(2)] = float(m.group(1))
+assert set(times) == {"training began", "kill server 1"}, times
+assert times["kill server 1"] - times["training began"] >= 0.25, times
 run, failed = results["runs"]
 assert failed["name"] == "allreduce-s2-w2" and failed["mode"] == "allreduce"
 assert "not restarted: in mode allreduce" in failed["failed"], failed
