@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # A short real comparison of two modes (small model, one epoch, one shard):
-# the run must leave results.json with both runs, summary.md and the plots.
+# the run must leave results.json with both runs, summary.md and the plots,
+# and its events must say that a fault due after the run ended never came.
 set -euo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}/cmp"
 compare="$1"
 report="$2"
 "$compare" --modes=sync,hogwild --servers=1 --workers=2 --epochs=1 \
   --hidden=32 --eval_interval_s=1 --report_script="$report" \
+  --chaos=kill:server0@1000s \
   --out_dir="$out" > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }
 
 /usr/bin/python3 - "$out" <<'PY'
@@ -17,6 +19,10 @@ names = [r["name"] for r in results["runs"]]
 assert names == ["sync-s1-w2", "hogwild-s1-w2"], names
 for r in results["runs"]:
     assert r["curve"], r["name"]
+    # The fault due long after the run ended is said not to have happened.
+    whats = [e["what"] for e in r["events"]]
+    assert len(whats) == 1 and whats[0].startswith(
+        "kill:server0@1000s: not injected: training ended "), whats
     assert 0.5 < r["final_test_accuracy"] <= 1, r["final_test_accuracy"]
     assert r["samples"] == 2 * (30000 // 64) * 64, r["samples"]
     # One shard: its staleness histogram counts every push once.

@@ -685,6 +685,18 @@ absl::Status ClusterRun::Train() {
   poller_.reset();  // its client's channels close before the servers stop
   begun_client_.reset();
   if (status.ok()) status = failed_;
+  if (status.ok()) {
+    // A fault the run ended before is in its events, not only missing.
+    for (size_t f = next_fault_; f < options_.faults.size(); ++f) {
+      Event(absl::StrCat(
+          options_.faults[f].text, ": not injected: ",
+          faults_from_.has_value()
+              ? absl::StrCat("training ended ",
+                             absl::FormatDuration(absl::Now() - *faults_from_),
+                             " after it began")
+              : "no shard applied a push, so training never began"));
+    }
+  }
   return status;
 }
 
