@@ -15,6 +15,7 @@
 #ifndef MONSOON_WORKER_COMPUTE_BACKEND_H_
 #define MONSOON_WORKER_COMPUTE_BACKEND_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,23 @@ struct WindowGeometry {
   // Values of one patch: kernel * kernel * channels.
   int patch() const { return kernel * kernel * channels; }
 };
+
+// Col2Im's walk of one window, at output position (oy, ox): for each kernel
+// row ky whose input row iy lies inside the image, the kernel columns
+// [first, last) that do, as visit(ky, iy, first, last, x), where x is the
+// input column of `first`. Channels last, each is one run of
+// (last - first) * g.channels values.
+template <typename Visit>
+void ForEachWindowRun(const WindowGeometry& g, int oy, int ox, Visit visit) {
+  const int x0 = ox * g.stride - g.padding;
+  const int first = std::max(0, -x0);
+  const int last = std::min(g.kernel, g.width - x0);
+  for (int ky = 0; ky < g.kernel && first < last; ++ky) {
+    const int iy = oy * g.stride - g.padding + ky;
+    if (iy < 0 || iy >= g.height) continue;
+    visit(ky, iy, first, last, x0 + first);
+  }
+}
 
 // Work recorded by ComputeBackend::CaptureWork. Used by one thread at a
 // time, and destroyed before its backend.

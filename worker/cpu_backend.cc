@@ -200,19 +200,15 @@ class CpuBackend : public ComputeBackend {
       float* image = dx + n * image_values;
       for (int oy = 0; oy < g.out_height; ++oy) {
         for (int ox = 0; ox < g.out_width; ++ox) {
-          const int x0 = ox * g.stride - g.padding;
-          const int first = std::max(0, -x0);
-          const int last = std::min(g.kernel, g.width - x0);
-          for (int ky = 0; ky < g.kernel && first < last; ++ky) {
-            const int iy = oy * g.stride - g.padding + ky;
-            if (iy < 0 || iy >= g.height) continue;
+          ForEachWindowRun(g, oy, ox,
+                           [&](int ky, int iy, int first, int last, int x) {
             const float* __restrict from =
                 in + (static_cast<size_t>(ky) * g.kernel + first) * g.channels;
             float* __restrict to = image + iy * row_values +
-                                   static_cast<size_t>(x0 + first) * g.channels;
+                                   static_cast<size_t>(x) * g.channels;
             const int count = (last - first) * g.channels;
             for (int i = 0; i < count; ++i) to[i] += from[i];
-          }
+          });
           in += g.patch();
         }
       }

@@ -884,18 +884,13 @@ void Col2ImOfProduct(const WindowGeometry& g, int batch, int m,
           kProductRows[regs - 1](d, m, w, k, begin * 16, window);
         });
         // As Col2Im: each kernel row's columns inside the image are one run.
-        const int x0 = ox * g.stride - g.padding;
-        const int first = std::max(0, -x0);
-        const int last = std::min(g.kernel, g.width - x0);
-        for (int ky = 0; ky < g.kernel && first < last; ++ky) {
-          const int iy = oy * g.stride - g.padding + ky;
-          if (iy < 0 || iy >= g.height) continue;
+        ForEachWindowRun(g, oy, ox,
+                         [&](int ky, int iy, int first, int last, int x) {
           AddRun(window + (static_cast<size_t>(ky) * g.kernel + first) *
                               g.channels,
                  (last - first) * g.channels,
-                 image + iy * row_values +
-                     static_cast<size_t>(x0 + first) * g.channels);
-        }
+                 image + iy * row_values + static_cast<size_t>(x) * g.channels);
+        });
       }
     }
   }
