@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
+#include "tests/window_geometry.h"
 #include "worker/compute_backend.h"
 #include "worker/cpu_small_gemm.h"
 
@@ -246,18 +247,7 @@ TEST_F(CpuBackendTest, AxpyScaleAndFill) {
 
 // Window operations against plain loops over their definitions, on odd
 // shapes with strides, padding and overlapping windows.
-WindowGeometry Window(int h, int w, int c, int k, int stride, int pad) {
-  WindowGeometry g;
-  g.height = h;
-  g.width = w;
-  g.channels = c;
-  g.kernel = k;
-  g.stride = stride;
-  g.padding = pad;
-  g.out_height = (h + 2 * pad - k) / stride + 1;
-  g.out_width = (w + 2 * pad - k) / stride + 1;
-  return g;
-}
+using testutil::Window;
 
 // Their kernel rows (kernel x channels values, which Im2Col copies in one
 // run) are 3, 4, 5, 6, 8, 9, 12 and 18 values long; the padded windows

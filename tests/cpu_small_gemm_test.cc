@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/window_geometry.h"
 #include "worker/compute_backend.h"
 
 namespace monsoon::worker {
@@ -396,24 +397,13 @@ TEST_F(CpuSmallGemmTest, Col2ImOfProductAddsEachWindowsRowWhereItCameFrom) {
     GTEST_SKIP() << "Col2ImOfProduct needs AVX-512 (the backend takes Gemm "
                     "and Col2Im without it)";
   }
-  auto window = [](int h, int w, int c, int k, int stride, int pad) {
-    WindowGeometry g;
-    g.height = h;
-    g.width = w;
-    g.channels = c;
-    g.kernel = k;
-    g.stride = stride;
-    g.padding = pad;
-    g.out_height = (h + 2 * pad - k) / stride + 1;
-    g.out_width = (w + 2 * pad - k) / stride + 1;
-    return g;
-  };
+  using testutil::Window;
   // LeNet's second convolution (150 values a window: registers of 16 and
   // a masked last one), padding, a stride, and windows that overlap.
   for (const WindowGeometry& g :
-       {window(14, 14, 6, 5, 1, 0), window(7, 5, 3, 3, 2, 1),
-        window(6, 9, 2, 4, 1, 3), window(9, 7, 1, 2, 1, 0),
-        window(5, 5, 20, 5, 1, 2)}) {
+       {Window(14, 14, 6, 5, 1, 0), Window(7, 5, 3, 3, 2, 1),
+        Window(6, 9, 2, 4, 1, 3), Window(9, 7, 1, 2, 1, 0),
+        Window(5, 5, 20, 5, 1, 2)}) {
     for (int m : {1, 6, 16}) {
       SCOPED_TRACE(absl::StrCat(g.height, "x", g.width, "x", g.channels, " k",
                                 g.kernel, " s", g.stride, " p", g.padding,

@@ -39,6 +39,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
+#include "tests/window_geometry.h"
 #include "worker/backend_factory.h"
 #include "worker/compute_backend.h"
 #include "worker/cpu_backend.h"
@@ -600,16 +601,7 @@ std::vector<WindowGeometry> Geometries() {
            {9, 6, 2, 2, 2, 0},
            {6, 9, 4, 3, 1, 0},
            {5, 5, 1, 1, 1, 0}}) {
-    WindowGeometry g;
-    g.height = h;
-    g.width = w;
-    g.channels = c;
-    g.kernel = k;
-    g.stride = s;
-    g.padding = pad;
-    g.out_height = (h + 2 * pad - k) / s + 1;
-    g.out_width = (w + 2 * pad - k) / s + 1;
-    out.push_back(g);
+    out.push_back(testutil::Window(h, w, c, k, s, pad));
   }
   return out;
 }
