@@ -297,8 +297,8 @@ Patches MakePatches(int batch, int height, int width, int kernel, int padding,
   }
   const int out_height = height + 2 * padding - kernel + 1;
   const int out_width = width + 2 * padding - kernel + 1;
-  p.view = {p.images.data(), image_stride, row_stride, out_height, out_width,
-            kernel};
+  p.view = {p.images.data(), image_stride, row_stride,
+            out_height,      out_width,    kernel};
   p.rows = batch * out_height * out_width;
   for (int n = 0; n < batch; ++n) {
     for (int oy = 0; oy < out_height; ++oy) {
@@ -343,7 +343,8 @@ TEST_F(CpuSmallGemmTest, PatchesReadInPlaceGiveIm2ColsBits) {
                                   shape.height, "x", shape.width, ", kernel ",
                                   shape.kernel, " pad ", shape.padding, ", ",
                                   filters, " filters"));
-        const std::vector<float> w = Wave(static_cast<size_t>(filters) * k, 0.1f);
+        const std::vector<float> w =
+            Wave(static_cast<size_t>(filters) * k, 0.1f);
         const std::vector<float> bias = Wave(filters, 0.7f);
         const size_t out = static_cast<size_t>(p.rows) * filters;
         std::vector<float> want(out, std::nanf(""));
@@ -406,8 +407,8 @@ TEST_F(CpuSmallGemmTest, Col2ImOfProductAddsEachWindowsRowWhereItCameFrom) {
         Window(5, 5, 20, 5, 1, 2)}) {
     for (int m : {1, 6, 16}) {
       SCOPED_TRACE(absl::StrCat(g.height, "x", g.width, "x", g.channels, " k",
-                                g.kernel, " s", g.stride, " p", g.padding,
-                                ", ", m, " filters"));
+                                g.kernel, " s", g.stride, " p", g.padding, ", ",
+                                m, " filters"));
       constexpr int kBatch = 2;
       const int rows = kBatch * g.out_height * g.out_width;
       const int k = g.patch();

@@ -752,10 +752,11 @@ bool ClusterRun::TrainingDone() {
 }
 
 // Whether training has begun, the moment --chaos counts from: a shard has
-// applied a push (dense, or of a sparse table's rows). Counting from the workers' start instead put a fault
-// meant for training before the first step wherever the workers took long
-// to start (on a busy machine, more than a second to register). In mode
-// allreduce the shards take no pushes: there it is the workers' start.
+// applied a push (dense, or of a sparse table's rows). Counting from the
+// workers' start instead put a fault meant for training before the first
+// step wherever the workers took long to start (on a busy machine, more
+// than a second to register). In mode allreduce the shards take no pushes:
+// there it is the workers' start.
 bool ClusterRun::TrainingBegun(absl::Time now) {
   constexpr absl::Duration kBegunCheckEvery = absl::Milliseconds(50);
   if (options_.config.mode() == ALLREDUCE) return true;

@@ -139,8 +139,8 @@ class ComputeBackend {
   // DirectConvForward and DirectConvBackward need for `batch` examples; 0
   // where the backend has no such kernels for g and `filters` (the default):
   // the layer then takes Im2Col and Gemm.
-  virtual size_t DirectConvScratch(const WindowGeometry& /*g*/,
-                                   int /*filters*/, int /*batch*/) {
+  virtual size_t DirectConvScratch(const WindowGeometry& /*g*/, int /*filters*/,
+                                   int /*batch*/) {
     return 0;
   }
   // y (batch x g.out_height x g.out_width x filters) = the patches of x

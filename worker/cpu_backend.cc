@@ -200,15 +200,16 @@ class CpuBackend : public ComputeBackend {
       float* image = dx + n * image_values;
       for (int oy = 0; oy < g.out_height; ++oy) {
         for (int ox = 0; ox < g.out_width; ++ox) {
-          ForEachWindowRun(g, oy, ox,
-                           [&](int ky, int iy, int first, int last, int x) {
-            const float* __restrict from =
-                in + (static_cast<size_t>(ky) * g.kernel + first) * g.channels;
-            float* __restrict to = image + iy * row_values +
-                                   static_cast<size_t>(x) * g.channels;
-            const int count = (last - first) * g.channels;
-            for (int i = 0; i < count; ++i) to[i] += from[i];
-          });
+          ForEachWindowRun(
+              g, oy, ox, [&](int ky, int iy, int first, int last, int x) {
+                const float* __restrict from =
+                    in +
+                    (static_cast<size_t>(ky) * g.kernel + first) * g.channels;
+                float* __restrict to = image + iy * row_values +
+                                       static_cast<size_t>(x) * g.channels;
+                const int count = (last - first) * g.channels;
+                for (int i = 0; i < count; ++i) to[i] += from[i];
+              });
           in += g.patch();
         }
       }
@@ -257,9 +258,9 @@ class CpuBackend : public ComputeBackend {
   void DirectConvBackward(const WindowGeometry& g, int batch, int filters,
                           const float* dy, float* dw, float* db,
                           float* scratch) override {
-    GemmFewRowsOfPatches(filters, g.patch(),
-                         batch * g.out_height * g.out_width, 1.0f, dy,
-                         PatchesOf(g, scratch), dw, /*column_sums=*/db);
+    GemmFewRowsOfPatches(filters, g.patch(), batch * g.out_height * g.out_width,
+                         1.0f, dy, PatchesOf(g, scratch), dw,
+                         /*column_sums=*/db);
   }
 
   // Each window's row of patch gradients (LeNet's second convolution: 150
@@ -268,8 +269,7 @@ class CpuBackend : public ComputeBackend {
   // OpenBLAS, which a product with an inner side of 16 keeps far from its
   // rate, read back by Col2Im.
   bool ConvInputGradient(const WindowGeometry& g, int batch, int filters,
-                         const float* dy, const float* w,
-                         float* dx) override {
+                         const float* dy, const float* w, float* dx) override {
     if (!small_gemm_ || !SmallGemmHasAvx512() || filters > kSmallGemmSide ||
         g.patch() > kSmallGemmMaxInner) {
       return false;
@@ -294,8 +294,8 @@ class CpuBackend : public ComputeBackend {
     const size_t outputs =
         static_cast<size_t>(batch) * g.out_height * g.out_width * channels;
     // The window's last value read, from its corner.
-    const size_t window_span =
-        (g.kernel - 1) * row_values + static_cast<size_t>(g.kernel - 1) * channels;
+    const size_t window_span = (g.kernel - 1) * row_values +
+                               static_cast<size_t>(g.kernel - 1) * channels;
     size_t o = 0;
     for (int n = 0; n < batch; ++n) {
       const size_t image = n * image_values;
@@ -309,8 +309,8 @@ class CpuBackend : public ComputeBackend {
           // next position's values and write the next output's, which its
           // own group overwrites after, wherever both stay inside x and y.
           if (avx2_ && channels >= 4 &&
-              (channels >= 8 || (o + 8 <= outputs &&
-                                 corner + window_span + 8 <= inputs))) {
+              (channels >= 8 ||
+               (o + 8 <= outputs && corner + window_span + 8 <= inputs))) {
             for (int c = 0; c < channels; c += 8) {
               const int group = channels >= 8 ? std::min(c, channels - 8) : 0;
               MaxOfEightChannels(g, x, corner + group, row_values,
@@ -368,8 +368,8 @@ class CpuBackend : public ComputeBackend {
   // where it compiles it outside this target, before inlining it here
   // (LeNet's first pool took 57 us that way against 50).
   __attribute__((target("avx2"))) static void MaxOfEightChannels(
-      const WindowGeometry& g, const float* x, size_t corner,
-      size_t row_values, float* y, int32_t* argmax) {
+      const WindowGeometry& g, const float* x, size_t corner, size_t row_values,
+      float* y, int32_t* argmax) {
     using Floats = float __attribute__((vector_size(32)));
     using Ints = int32_t __attribute__((vector_size(32)));
     const Ints lane = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -378,8 +378,8 @@ class CpuBackend : public ComputeBackend {
     Ints at = static_cast<int32_t>(corner) + lane;
     for (int ky = 0; ky < g.kernel; ++ky) {
       for (int kx = ky == 0 ? 1 : 0; kx < g.kernel; ++kx) {
-        const size_t from = corner + ky * row_values +
-                            static_cast<size_t>(kx) * g.channels;
+        const size_t from =
+            corner + ky * row_values + static_cast<size_t>(kx) * g.channels;
         Floats v;
         std::memcpy(&v, x + from, sizeof(v));
         const Ints larger = v > best;
@@ -489,8 +489,7 @@ class CpuBackend : public ComputeBackend {
            (g.width + 2 * g.padding);
   }
 
-  static ImagePatches PatchesOf(const WindowGeometry& g,
-                                const float* images) {
+  static ImagePatches PatchesOf(const WindowGeometry& g, const float* images) {
     ImagePatches p;
     p.images = images;
     p.image_stride = PaddedImageValues(g);

@@ -54,7 +54,9 @@ struct DenseRows {
   static constexpr bool kPrefetch = true;
   const float* first;
   size_t stride;  // values between rows
-  const float* Row(int q) const { return first + static_cast<size_t>(q) * stride; }
+  const float* Row(int q) const {
+    return first + static_cast<size_t>(q) * stride;
+  }
   float At(const float* row, int i) const { return row[i]; }
   double Pair(const float* row, int p) const {
     double pair;
@@ -69,8 +71,8 @@ struct DenseRows {
 // one call are one output row's windows, or part of it, one value apart.
 struct PatchRows {
   static constexpr bool kPrefetch = false;
-  const float* first;    // the first row's window's corner
-  const int* offsets;    // of each value from a window's corner
+  const float* first;  // the first row's window's corner
+  const int* offsets;  // of each value from a window's corner
   const float* Row(int q) const { return first + q; }
   float At(const float* row, int i) const { return row[offsets[i]]; }
   double Pair(const float* row, int p) const {
@@ -131,8 +133,8 @@ inline void PrefetchNextRows(const float* rows, int in_flight, int r, int m,
 // the scaling: the same two roundings as scaling, then adding it apart.
 template <int kRegs, int kRows, typename Rows>
 MONSOON_AVX2 void FewColumnsRows(int m, int r, int n, int k, float alpha,
-                                 const Rows& a, const float* b_rows,
-                                 float beta, float* c, const float* bias) {
+                                 const Rows& a, const float* b_rows, float beta,
+                                 float* c, const float* bias) {
   __m256 acc[kRows][kRegs];
 #pragma GCC unroll 16
   for (int q = 0; q < kRows; ++q) {
@@ -253,8 +255,8 @@ void FewColumns(int m, int n, int k, float alpha, const float* a,
   if (kRegs == 2 && wide) {
     int r = 0;
     for (; r + kWideRows <= m; r += kWideRows) {
-      FewColumnsRowsWide<kWideRows>(m, r, n, k, alpha, rows(r), b_rows, beta,
-                                    c, nullptr);
+      FewColumnsRowsWide<kWideRows>(m, r, n, k, alpha, rows(r), b_rows, beta, c,
+                                    nullptr);
     }
     for (; r < m; ++r) {
       FewColumnsRowsWide<1>(m, r, n, k, alpha, rows(r), b_rows, beta, c,
@@ -417,8 +419,8 @@ MONSOON_AVX512 inline __m512i SpreadToPairs() {
 }
 
 template <int kColumns, typename Rows>
-MONSOON_AVX512 void FewRowsPairs(int rows, const float* a, int m,
-                                 const Rows& b, float* sums, int b_rows) {
+MONSOON_AVX512 void FewRowsPairs(int rows, const float* a, int m, const Rows& b,
+                                 float* sums, int b_rows) {
   constexpr int kPairs = (kColumns + 1) / 2;
   const __m512i to_pairs = ToPairs();
   const __m512i from_pairs = FromPairs();
@@ -480,8 +482,8 @@ MONSOON_AVX512 void FewColumnsPatchPairs(int m, int r, int n, int k,
     for (int p = 0; p < kPairs; ++p) {
       double pair;
       std::memcpy(&pair, at + 2 * p, sizeof(pair));
-      acc[p] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_set1_pd(pair)), b,
-                               acc[p]);
+      acc[p] =
+          _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_set1_pd(pair)), b, acc[p]);
     }
   }
   const __m512i from_pairs = FromPairs();
@@ -518,8 +520,8 @@ MONSOON_AVX512 void FewColumnsPatchPairs(int m, int r, int n, int k,
 // same additions as a loop over A's rows, so the same bits.
 template <int kKernel>
 MONSOON_AVX512 void PatchPairs(int rows, const float* a, int m,
-                               const float* corner, int row_stride,
-                               float* sums, float* column_sums) {
+                               const float* corner, int row_stride, float* sums,
+                               float* column_sums) {
   constexpr int kPairs = (kKernel + 1) / 2;  // registers per kernel row
   const __m512i to_pairs = ToPairs();
   const __m512i from_pairs = FromPairs();
@@ -590,8 +592,7 @@ MONSOON_AVX512 void ProductRow(const float* dy, int m, const float* w, int k,
       acc[v] = _mm512_fmadd_ps(d, _mm512_loadu_ps(row + v * 16), acc[v]);
     }
     acc[kRegs - 1] = _mm512_fmadd_ps(
-        d, _mm512_maskz_loadu_ps(last, row + (kRegs - 1) * 16),
-        acc[kRegs - 1]);
+        d, _mm512_maskz_loadu_ps(last, row + (kRegs - 1) * 16), acc[kRegs - 1]);
   }
 #pragma GCC unroll 16
   for (int v = 0; v < kRegs - 1; ++v) {
@@ -609,10 +610,9 @@ MONSOON_AVX512 void AddRun(const float* from, int count, float* to) {
   }
   if (i < count) {
     const __mmask16 rest = static_cast<__mmask16>((1u << (count - i)) - 1);
-    _mm512_mask_storeu_ps(
-        to + i, rest,
-        _mm512_add_ps(_mm512_maskz_loadu_ps(rest, to + i),
-                      _mm512_maskz_loadu_ps(rest, from + i)));
+    _mm512_mask_storeu_ps(to + i, rest,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(rest, to + i),
+                                        _mm512_maskz_loadu_ps(rest, from + i)));
   }
 }
 
@@ -630,8 +630,8 @@ constexpr std::array<FewRowsChunkFn<Rows>, sizeof...(kSizes)> ChunkTable(
   return {pick(std::integral_constant<int, kSizes + 1>())...};
 }
 template <int kRegs, typename Rows>
-constexpr std::array<FewRowsChunkFn<Rows>, kColumnChunk<kRegs>>
-    kFewRowsChunks = ChunkTable<Rows>(
+constexpr std::array<FewRowsChunkFn<Rows>, kColumnChunk<kRegs>> kFewRowsChunks =
+    ChunkTable<Rows>(
         [](auto size) -> FewRowsChunkFn<Rows> {
           return &FewRowsChunk<kRegs, decltype(size)::value, Rows>;
         },
@@ -744,8 +744,7 @@ void FewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
       m, n, k, alpha, a,
       [&](auto visit) {
         ForEachOutputRow(b, batch, [&](size_t r0, const float* corner) {
-          visit(static_cast<int>(r0), b.out_width,
-                PatchRows{corner, offsets});
+          visit(static_cast<int>(r0), b.out_width, PatchRows{corner, offsets});
         });
       },
       0.0f, c, wide_asked);
@@ -771,16 +770,16 @@ constexpr std::array<FewColumnsRowsFn<PatchRows>, kRowsInFlight<kRegs>>
     kRowsOfPatches = RowsTable<kRegs, PatchRows>(
         std::make_integer_sequence<int, kRowsInFlight<kRegs>>());
 constexpr std::array<FewColumnsRowsFn<PatchRows>, kWideRows>
-    kWideRowsOfPatches = WideRowsTable<PatchRows>(
-        std::make_integer_sequence<int, kWideRows>());
+    kWideRowsOfPatches =
+        WideRowsTable<PatchRows>(std::make_integer_sequence<int, kWideRows>());
 
 constexpr int kMaxPatchPairs = 16;
-using FewColumnsPatchPairsFn = void (*)(int, int, int, int, float,
-                                        const float*, const int*,
-                                        const float*, float*, const float*);
+using FewColumnsPatchPairsFn = void (*)(int, int, int, int, float, const float*,
+                                        const int*, const float*, float*,
+                                        const float*);
 template <int... kSizes>
-constexpr std::array<FewColumnsPatchPairsFn, sizeof...(kSizes)>
-PatchPairsTable(std::integer_sequence<int, kSizes...>) {
+constexpr std::array<FewColumnsPatchPairsFn, sizeof...(kSizes)> PatchPairsTable(
+    std::integer_sequence<int, kSizes...>) {
   return {&FewColumnsPatchPairs<kSizes + 1>...};
 }
 constexpr std::array<FewColumnsPatchPairsFn, kMaxPatchPairs> kPatchPairs =
@@ -868,8 +867,8 @@ constexpr std::array<ProductRowFn, kProductRowRegs> kProductRows =
 
 }  // namespace
 
-void Col2ImOfProduct(const WindowGeometry& g, int batch, int m,
-                     const float* dy, const float* w, float* dx) {
+void Col2ImOfProduct(const WindowGeometry& g, int batch, int m, const float* dy,
+                     const float* w, float* dx) {
   const int k = g.patch();
   const size_t row_values = static_cast<size_t>(g.width) * g.channels;
   const size_t image_values = row_values * g.height;
@@ -884,13 +883,14 @@ void Col2ImOfProduct(const WindowGeometry& g, int batch, int m,
           kProductRows[regs - 1](d, m, w, k, begin * 16, window);
         });
         // As Col2Im: each kernel row's columns inside the image are one run.
-        ForEachWindowRun(g, oy, ox,
-                         [&](int ky, int iy, int first, int last, int x) {
-          AddRun(window + (static_cast<size_t>(ky) * g.kernel + first) *
-                              g.channels,
-                 (last - first) * g.channels,
-                 image + iy * row_values + static_cast<size_t>(x) * g.channels);
-        });
+        ForEachWindowRun(
+            g, oy, ox, [&](int ky, int iy, int first, int last, int x) {
+              AddRun(window + (static_cast<size_t>(ky) * g.kernel + first) *
+                                  g.channels,
+                     (last - first) * g.channels,
+                     image + iy * row_values +
+                         static_cast<size_t>(x) * g.channels);
+            });
       }
     }
   }
@@ -948,8 +948,8 @@ void FewRowsOfPatchPairs(int m, int k, float alpha, const float* a,
   alignas(64) float columns[2 * kLanes] = {};
   const int batch = k / (b.out_height * b.out_width);
   ForEachOutputRow(b, batch, [&](size_t r0, const float* corner) {
-    PatchPairs<kKernel>(b.out_width, a + r0 * m, m, corner, b.row_stride,
-                        sums, columns);
+    PatchPairs<kKernel>(b.out_width, a + r0 * m, m, corner, b.row_stride, sums,
+                        columns);
   });
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < kColumns; ++j) {
@@ -1052,8 +1052,9 @@ void GemmFewColumnsOfPatches(const ImagePatches& a, int m, int n, int k,
     for (int j = 0; j < n; ++j) {
       float sum = 0;
       for (int i = 0; i < k; ++i) {
-        sum += PatchValue(a, r, i) * (trans_b ? b[static_cast<size_t>(j) * k + i]
-                                              : b[static_cast<size_t>(i) * n + j]);
+        sum +=
+            PatchValue(a, r, i) * (trans_b ? b[static_cast<size_t>(j) * k + i]
+                                           : b[static_cast<size_t>(i) * n + j]);
       }
       float& out = c[static_cast<size_t>(r) * n + j];
       out = alpha * sum;
@@ -1084,8 +1085,8 @@ void GemmFewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
   }
 }
 
-void Col2ImOfProduct(const WindowGeometry& g, int batch, int m,
-                     const float* dy, const float* w, float* dx) {
+void Col2ImOfProduct(const WindowGeometry& g, int batch, int m, const float* dy,
+                     const float* w, float* dx) {
   // Never called here (SmallGemmHasAvx512() is false); the definition, for
   // the record.
   const int k = g.patch();

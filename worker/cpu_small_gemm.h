@@ -102,8 +102,8 @@ void GemmFewRowsOfPatches(int m, int n, int k, float alpha, const float* a,
 // Col2Im adds. Each value of a window's row is the sum over i of dy[i] *
 // w[i][j], fused multiply-adds in order from 0. For m <= kSmallGemmSide and
 // g.patch() <= kSmallGemmMaxInner, where SmallGemmHasAvx512().
-void Col2ImOfProduct(const WindowGeometry& g, int batch, int m,
-                     const float* dy, const float* w, float* dx);
+void Col2ImOfProduct(const WindowGeometry& g, int batch, int m, const float* dy,
+                     const float* w, float* dx);
 
 }  // namespace monsoon::worker
 

@@ -53,8 +53,8 @@ class ConvLayer : public Layer {
                                    direct_scratch_);
     } else {
       // dW = dout^T * patches; db = column sums of dout.
-      backend_->Gemm(true, false, filters_, geometry_.patch(), rows, 1.0f,
-                     dout, patches_, 0.0f, grads + weights_);
+      backend_->Gemm(true, false, filters_, geometry_.patch(), rows, 1.0f, dout,
+                     patches_, 0.0f, grads + weights_);
       backend_->ColumnSums(rows, filters_, dout, grads + bias_);
     }
     if (din == nullptr) return;
@@ -85,8 +85,8 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeConvLayer(
     ComputeBackend* backend, const common::ModelLayout& layout,
     const common::LayerSpec& spec, int max_batch, bool input_gradient) {
   const common::TensorSpec& weights = layout.tensors()[spec.weights];
-  const size_t direct = backend->DirectConvScratch(
-      WindowOf(spec), spec.out.channels, max_batch);
+  const size_t direct =
+      backend->DirectConvScratch(WindowOf(spec), spec.out.channels, max_batch);
   float* direct_scratch = nullptr;
   if (direct > 0) {
     absl::StatusOr<float*> scratch = backend->AllocateFloats(direct);
@@ -95,10 +95,9 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeConvLayer(
   }
   float* patches = nullptr;
   if (direct == 0 || input_gradient) {
-    absl::StatusOr<float*> allocated =
-        backend->AllocateFloats(static_cast<size_t>(max_batch) *
-                                spec.out.height * spec.out.width *
-                                weights.fan_in);
+    absl::StatusOr<float*> allocated = backend->AllocateFloats(
+        static_cast<size_t>(max_batch) * spec.out.height * spec.out.width *
+        weights.fan_in);
     if (!allocated.ok()) {
       if (direct_scratch != nullptr) backend->Free(direct_scratch);
       return allocated.status();
