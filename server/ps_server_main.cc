@@ -346,12 +346,13 @@ void LogServing(const ShardServerOptions& options,
 }
 
 // Serves until SIGTERM, or until the run's finisher closes the run (every
-// worker finished and the results are collected).
+// worker finished and the results are collected) for every range this
+// process serves (ShardServer::RunClosedEverywhereServed).
 void ServeUntilTheEnd(const monsoon::common::TerminationWatcher& termination,
                       ShardServer& server, int shard) {
   while (!termination.terminated().WaitForNotificationWithTimeout(
              absl::Milliseconds(200)) &&
-         !server.run_closed().HasBeenNotified()) {
+         !server.RunClosedEverywhereServed()) {
   }
   if (termination.terminated().HasBeenNotified()) {
     monsoon::common::Log("ps_server: shard %d: signal %d, shutting down", shard,

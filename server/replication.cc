@@ -277,12 +277,52 @@ bool Replication::AskPeer(ParameterService::Stub* stub, absl::Duration timeout,
          peer->shard() == options_.range;
 }
 
-bool Replication::PrimaryClosedTheRun() {
-  StatsResponse peer;
-  return AskPeer(stub_.get(), options_.probe_timeout, &peer) &&
-         peer.run_closed() &&
-         (peer.replica_role() == StatsResponse::PRIMARY ||
-          peer.replica_role() == StatsResponse::DEGRADED);
+absl::Status Replication::ForwardClose(const CloseRunRequest& request) {
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (role_ != Role::kPrimary) return absl::OkStatus();
+    epoch = epoch_;
+  }
+  CloseRunRequest forwarded = request;
+  forwarded.set_shard(options_.range);
+  forwarded.set_from_primary(true);
+  forwarded.set_replica_epoch(epoch);
+  grpc::Status status;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + options_.forward_timeout));
+    if (!options_.auth_token.empty()) {
+      context.AddMetadata(common::kAuthMetadataKey,
+                          common::BearerValue(options_.auth_token));
+    }
+    CloseRunResponse response;
+    status = stub_->CloseRun(&context, forwarded, &response);
+    if (status.ok()) return absl::OkStatus();
+    if (!PeerAnswers()) {
+      common::Log(
+          "the %s is closed; its backup at %s does not answer (it has "
+          "stopped), so the close was not forwarded to it",
+          Describe(), options_.peer_address);
+      return absl::OkStatus();
+    }
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "the run is closed for the ", Describe(), ", but its backup at ",
+      options_.peer_address, " answers and did not take the close (",
+      status.error_message(), "); close the run again"));
+}
+
+absl::Status Replication::AcceptClose(int64_t epoch) const {
+  absl::MutexLock lock(&mu_);
+  if (role_ != Role::kBackup || epoch != epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a close of the run forwarded at epoch ", epoch,
+        " is refused: this process is not the backup of the ", Describe(),
+        " at that epoch (its epoch is ", epoch_, ")"));
+  }
+  return absl::OkStatus();
 }
 
 bool Replication::PeerServes() {

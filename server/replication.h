@@ -135,9 +135,19 @@ class Replication {
   int64_t Lag(int64_t version) const;
   StatsResponse::ReplicaRole role_for_stats() const;
 
-  // Backup: whether the primary serves the range and has closed the run
-  // (StatsResponse.run_closed), asked within the probe timeout.
-  bool PrimaryClosedTheRun();
+  // The run's close, replicated as the range's updates are:
+  // - Primary: ForwardClose sends the close (`request`, closed here) to the
+  //   backup, so that the backup's process ends with the run even when it
+  //   is the range's home process and no client calls it (a range taken
+  //   over, its process back as the backup). OK once the backup took it,
+  //   or when there is none (DEGRADED) or it does not answer (gone);
+  //   UNAVAILABLE when it answers but did not take it (the finisher calls
+  //   CloseRun again: closing is idempotent).
+  // - Backup: AcceptClose says whether a close forwarded at `epoch` comes
+  //   from the range's primary: FAILED_PRECONDITION unless this copy is
+  //   the range's backup at that epoch.
+  absl::Status ForwardClose(const CloseRunRequest& request);
+  absl::Status AcceptClose(int64_t epoch) const;
 
   // OK when a worker's call (other than a take-over registration) may be
   // served: a primary (degraded or not) or a backup that took over. Else

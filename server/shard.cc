@@ -318,32 +318,42 @@ absl::Status Shard::CloseRun(const CloseRunRequest& request) {
       !caller.ok()) {
     return caller;
   }
-  // A backup (the range was taken over, and this process came back as its
-  // backup): the run is over once the copy that serves the range closed
-  // it, having seen every worker finish; this copy then ends too, so that
-  // its process saves its final checkpoint and stops.
-  bool closed_by_primary = false;
-  if (absl::Status serving = CheckServing(); !serving.ok()) {
-    if (replication_ == nullptr ||
-        replication_->role() != Replication::Role::kBackup ||
-        !replication_->PrimaryClosedTheRun()) {
-      return serving;
+  // A close forwarded by the range's primary (Replication::ForwardClose):
+  // the primary saw every worker finish; this copy, the range's backup,
+  // ends too, so that its process saves its final checkpoint and stops.
+  if (request.from_primary()) {
+    if (replication_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", state_->shard(),
+          ": a close forwarded by a primary, but this range is not "
+          "replicated here (every ps_server of a run needs the same "
+          "--replicas)"));
     }
-    closed_by_primary = true;
+    if (absl::Status accepted =
+            replication_->AcceptClose(request.replica_epoch());
+        !accepted.ok()) {
+      return accepted;
+    }
+    if (absl::Status closed = state_->CloseRun(/*closed_by_primary=*/true);
+        !closed.ok()) {
+      return closed;
+    }
+    common::Log("shard %d: the run is closed; this process holds the range's "
+                "backup, and its primary closed it",
+                state_->shard());
+    return absl::OkStatus();
   }
+  if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
   // The finisher: the results are collected, the run is over.
-  if (absl::Status closed = state_->CloseRun(closed_by_primary);
-      !closed.ok()) {
+  if (absl::Status closed = state_->CloseRun(); !closed.ok()) {
     common::LogWarning("shard %d: refused to close the run: %s",
                        state_->shard(), closed.ToString());
     return closed;
   }
-  common::Log("shard %d: the run is closed (results collected)%s",
-              state_->shard(),
-              closed_by_primary ? "; this process holds its backup, and the "
-                                  "primary closed it"
-                                : "");
-  return absl::OkStatus();
+  common::Log("shard %d: the run is closed (results collected)",
+              state_->shard());
+  if (replication_ == nullptr) return absl::OkStatus();
+  return replication_->ForwardClose(request);
 }
 
 absl::Status Shard::AdmitPull(const PullRequest& request) {

@@ -74,7 +74,10 @@ class Shard {
   absl::Status FinishRank(const LeaveRequest& request);
 
   // Closes the run (ShardState::CloseRun): FAILED_PRECONDITION until every
-  // worker rank has finished.
+  // worker rank has finished. Replicated, only the copy that serves the
+  // range takes the finisher's close, and forwards it to the range's backup
+  // before answering (Replication::ForwardClose); the backup takes it from
+  // its primary (CloseRunRequest.from_primary) without the check.
   absl::Status CloseRun(const CloseRunRequest& request);
 
   // Checks a pull before it waits: shard, rank (-1: an evaluator, which

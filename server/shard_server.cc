@@ -654,6 +654,15 @@ absl::Status ShardServer::WriteCheckpointLocked(int64_t* version) {
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
 
+bool ShardServer::RunClosedEverywhereServed() const {
+  if (!state_->run_closed().HasBeenNotified()) return false;
+  if (backup_replication_ == nullptr) return true;
+  const Replication::Role role = backup_replication_->role();
+  const bool serves = role == Replication::Role::kPrimary ||
+                      role == Replication::Role::kDegraded;
+  return !serves || backup_state_->run_closed().HasBeenNotified();
+}
+
 int ShardServer::metrics_port() const {
   return metrics_ != nullptr ? metrics_->port() : 0;
 }

@@ -149,6 +149,12 @@ class ShardServer {
   // finished, results collected; RegisterRequest.finished): the daemon then
   // shuts down and saves its final checkpoint.
   const absl::Notification& run_closed() const { return state_->run_closed(); }
+  // Whether the daemon's work is over: its own range's run is closed, and
+  // so is that of a range it took over and serves (--replicas), whose close
+  // the finisher sends here after the own range's. A range it only backs up
+  // ends with its primary's close (Replication::ForwardClose), or not at
+  // all if its primary is gone: it is not waited for.
+  bool RunClosedEverywhereServed() const;
   // Where SaveCheckpoint writes; empty without a checkpoint_dir.
   const std::string& checkpoint_path() const { return checkpoint_path_; }
 

@@ -560,9 +560,12 @@ TEST(ReplicationTest, ARestartedProcessIsRepairedAndProtectsTheRunAgain) {
 }
 
 // The finisher closes a run whose range 1 was taken over and whose process
-// came back as its backup: the serving copy (in process 0) closes it first,
-// having seen every worker finish, then process 1's backup copy, which asks
-// it; both processes then save their final checkpoints and stop.
+// came back as its backup: the serving copy (in process 0) closes it,
+// having seen every worker finish, and forwards the close to process 1's
+// backup copy, so that both processes save their final checkpoints and
+// stop. Process 0 does not stop before range 1 is closed too (the
+// finisher closes range 0 first), and a forwarded close of another epoch
+// is refused.
 TEST(ReplicationTest, ARunWhoseRangeMovedIsClosedEverywhere) {
   const TrainingConfig config = PlainSgd();
   ReplicatedPair pair(config, {}, /*num_workers=*/1);
@@ -593,10 +596,44 @@ TEST(ReplicationTest, ARunWhoseRangeMovedIsClosedEverywhere) {
                        HasSubstr("before every worker has finished")));
   EXPECT_FALSE(pair.servers[1]->run_closed().HasBeenNotified());
   ASSERT_OK(client->Leave(absl::Seconds(5), /*finished=*/true));
-  ASSERT_OK(finisher->CloseRun(absl::Seconds(5)));
+
+  auto close = [&](int process, CloseRunRequest request) {
+    std::unique_ptr<ParameterService::Stub> stub = ParameterService::NewStub(
+        worker::MakeChannel(pair.addresses[process]));
+    request.set_config_fingerprint(common::ConfigFingerprint(config));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    CloseRunResponse response;
+    return stub->CloseRun(&context, request, &response);
+  };
+  // A close "from the primary" at an epoch the range is not at.
+  CloseRunRequest forged;
+  forged.set_shard(1);
+  forged.set_from_primary(true);
+  forged.set_replica_epoch(pair.servers[1]->replication()->epoch() + 1);
+  const grpc::Status refused = close(1, forged);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("not the backup"));
+  EXPECT_FALSE(pair.servers[1]->run_closed().HasBeenNotified());
+  // The finisher asks its backup (process 1) for nothing: range 1's close
+  // goes to process 0 only.
+  CloseRunRequest at_backup;
+  at_backup.set_shard(1);
+  EXPECT_EQ(close(1, at_backup).error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  // Range 0 closed: process 0 still serves range 1, so it goes on.
+  CloseRunRequest range0;
+  range0.set_shard(0);
+  ASSERT_TRUE(close(0, range0).ok());
   EXPECT_TRUE(pair.servers[0]->run_closed().HasBeenNotified());
-  EXPECT_TRUE(pair.servers[1]->run_closed().HasBeenNotified());
+  EXPECT_FALSE(pair.servers[0]->RunClosedEverywhereServed());
+  EXPECT_FALSE(pair.servers[1]->run_closed().HasBeenNotified());
+
+  ASSERT_OK(finisher->CloseRun(absl::Seconds(5)));
   EXPECT_TRUE(pair.servers[0]->backup_state()->run_closed().HasBeenNotified());
+  EXPECT_TRUE(pair.servers[0]->RunClosedEverywhereServed());
+  EXPECT_TRUE(pair.servers[1]->run_closed().HasBeenNotified());
+  EXPECT_TRUE(pair.servers[1]->RunClosedEverywhereServed());
 }
 
 // Both processes lost before a repair: each range falls back to what its

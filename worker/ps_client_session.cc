@@ -264,8 +264,9 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
     CloseRunResponse response;
     // A replicated range taken over while this client made no call that
     // would have followed it: the process here holds only its backup. The
-    // copy that serves it closes the run first (it checks that every
-    // worker finished), then this one, which asks it.
+    // copy that serves it closes the run (it checks that every worker
+    // finished) and forwards the close to this one, whose process then
+    // stops; this client does not call it.
     StatsRequest asked;
     asked.set_shard(s);
     StatsResponse here;
@@ -278,10 +279,7 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
       grpc::ClientContext first;
       other.Prepare(&first);
       first.set_deadline(context->deadline());
-      if (grpc::Status status = other.stub->CloseRun(&first, request, &response);
-          !status.ok()) {
-        return status;
-      }
+      return other.stub->CloseRun(&first, request, &response);
     }
     return shards_[s].stub->CloseRun(context, request, &response);
   });
