@@ -35,6 +35,7 @@ it) or the Fashion-MNIST data set is absent.
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -52,14 +53,25 @@ def log(message):
     print(message, flush=True)
 
 
+def first_ephemeral_port():
+    """The kernel's first port for outgoing connections (32768 by default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+        return low if low > 11024 else 32768
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_range(count):
-    """A first port p such that p .. p+count-1 are free on 127.0.0.1 now."""
+    """A first port p such that p .. p+count-1 are free on 127.0.0.1 now.
+
+    Chosen at random below the kernel's ephemeral ports, so that no
+    outgoing connection takes one of them before the daemons bind them.
+    """
+    end = first_ephemeral_port()
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
+        first = random.randrange(10000, end - count)
         held = []
         try:
             for port in range(first, first + count):

@@ -38,7 +38,9 @@ void WriteGzipFile(const std::string& path, absl::string_view bytes);
 std::string IdxBytes(const std::vector<uint32_t>& dims,
                      const std::vector<uint8_t>& data);
 
-// A port on 127.0.0.1 that was free a moment ago (0 if none was found).
+// A port on 127.0.0.1 that was free a moment ago (0 if none was found),
+// chosen at random below the kernel's ephemeral ports, so that no outgoing
+// connection takes it before the test binds it. Not thread-safe.
 int FreePort();
 
 }  // namespace monsoon::testutil
