@@ -440,6 +440,16 @@ bool ShardState::FinishedLocked() const {
   return true;
 }
 
+bool ShardState::NoteFinishedLocked() const {
+  if (workers_finished_unix_s_ != 0 || finished_ranks_.empty() ||
+      !FinishedLocked()) {
+    return false;
+  }
+  workers_finished_unix_s_ =
+      absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  return true;
+}
+
 bool ShardState::WorkersFinished() const {
   absl::MutexLock lock(&stats_mu_);
   return FinishedLocked();
@@ -447,15 +457,11 @@ bool ShardState::WorkersFinished() const {
 
 bool ShardState::FinishRank(int rank) {
   absl::MutexLock lock(&stats_mu_);
-  const bool was_complete = FinishedLocked();
   finished_ranks_.insert(rank);
-  const bool complete = FinishedLocked();
-  if (complete && !was_complete) {
-    workers_finished_unix_s_ =
-        absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-    return true;
-  }
-  return false;
+  // Not "complete now and not before": in an elastic run the rank's
+  // session ended first (Shard::FinishRank), so the last rank already
+  // finds every other live rank finished before it is counted.
+  return NoteFinishedLocked();
 }
 
 absl::Status ShardState::CloseRun(bool closed_by_primary) {
@@ -511,6 +517,9 @@ StatsResponse ShardState::Stats() const {
   stats.set_refused_updates(refused_updates_);
   stats.set_backup_dropped_pushes(backup_dropped_);
   for (int rank : finished_ranks_) stats.add_finished_ranks(rank);
+  // A rank whose lease ran out can complete an elastic run without a
+  // FinishRank: its time is noted at the first look.
+  NoteFinishedLocked();
   stats.set_workers_finished(FinishedLocked());
   if (elastic_) {
     const Sessions::Membership membership = sessions_.membership();

@@ -394,7 +394,12 @@ class ShardState {
   // Under stats_mu_: whether the workers have finished.
   bool FinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(stats_mu_);
   double first_push_unix_s_ ABSL_GUARDED_BY(stats_mu_) = 0;
-  double workers_finished_unix_s_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  // When the workers were first seen finished (NoteFinishedLocked); 0
+  // before. Mutable: Stats() notes it too.
+  mutable double workers_finished_unix_s_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  // Notes the time if the workers have finished and it is not noted yet;
+  // whether it did.
+  bool NoteFinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(stats_mu_);
   absl::Notification run_closed_;
   int64_t backup_dropped_ ABSL_GUARDED_BY(stats_mu_) = 0;
   CheckpointStats checkpoints_ ABSL_GUARDED_BY(stats_mu_);

@@ -441,6 +441,30 @@ TEST(ShardStateTest, TheRunClosesOnlyOnceEveryRankHasFinished) {
   EXPECT_TRUE(state.Stats().run_closed());
 }
 
+// Elastic: a finishing rank's session ends before it is counted
+// (Shard::FinishRank), so the last rank's finish finds every other live
+// rank finished already; the time the workers finished is still taken
+// then, once.
+TEST(ShardStateTest, AnElasticRunNotesWhenItsLastRankFinished) {
+  ShardState state(Layout(), /*seed=*/3, /*shard=*/0, /*num_shards=*/1);
+  state.set_lease(absl::Seconds(10));
+  state.SetNumWorkers(3);
+  state.SetElastic(nullptr);
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(state.OpenSession(rank, rank + 1).ok());
+  }
+  state.EndSession(2, 3);  // rank 2 left the run (scaled down)
+  state.EndSession(0, 1);
+  EXPECT_FALSE(state.FinishRank(0));  // rank 1 is live and has not finished
+  EXPECT_EQ(state.Stats().workers_finished_unix_s(), 0);
+  state.EndSession(1, 2);
+  EXPECT_TRUE(state.FinishRank(1));  // the last one
+  EXPECT_FALSE(state.FinishRank(1));
+  const StatsResponse finished = state.Stats();
+  EXPECT_TRUE(finished.workers_finished());
+  EXPECT_GT(finished.workers_finished_unix_s(), 0);
+}
+
 TEST(ShardStateTest, FirstPushTimeIsKeptFromTheFirstPush) {
   ShardState state(Layout(), /*seed=*/3, /*shard=*/0, /*num_shards=*/1);
   EXPECT_EQ(state.Stats().first_push_unix_s(), 0);
