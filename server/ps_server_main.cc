@@ -350,9 +350,18 @@ void LogServing(const ShardServerOptions& options,
 // process serves (ShardServer::RunClosedEverywhereServed).
 void ServeUntilTheEnd(const monsoon::common::TerminationWatcher& termination,
                       ShardServer& server, int shard) {
+  bool said = false;
   while (!termination.terminated().WaitForNotificationWithTimeout(
              absl::Milliseconds(200)) &&
          !server.RunClosedEverywhereServed()) {
+    if (!said && server.run_closed().HasBeenNotified()) {
+      said = true;
+      monsoon::common::Log(
+          "ps_server: shard %d: the run is closed for its own range; this "
+          "process still serves the range of shard %d, which it took over, "
+          "until the run's finisher closes it there",
+          shard, server.backup_state()->shard());
+    }
   }
   if (termination.terminated().HasBeenNotified()) {
     monsoon::common::Log("ps_server: shard %d: signal %d, shutting down", shard,
