@@ -247,15 +247,20 @@ absl::Status Replication::ServingLocked() const {
   return absl::OkStatus();
 }
 
+void Replication::PrepareCall(grpc::ClientContext* context,
+                              absl::Duration timeout) const {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata(common::kAuthMetadataKey,
+                         common::BearerValue(options_.auth_token));
+  }
+}
+
 bool Replication::PeerAnswers() {
   std::unique_ptr<grpc::health::v1::Health::Stub> health =
       grpc::health::v1::Health::NewStub(channel_);
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
-  if (!options_.auth_token.empty()) {
-    context.AddMetadata(common::kAuthMetadataKey,
-                        common::BearerValue(options_.auth_token));
-  }
+  PrepareCall(&context, options_.probe_timeout);
   grpc::health::v1::HealthCheckRequest request;
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = health->Check(&context, request, &response);
@@ -266,11 +271,7 @@ bool Replication::PeerAnswers() {
 bool Replication::AskPeer(ParameterService::Stub* stub, absl::Duration timeout,
                           StatsResponse* peer) const {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!options_.auth_token.empty()) {
-    context.AddMetadata(common::kAuthMetadataKey,
-                        common::BearerValue(options_.auth_token));
-  }
+  PrepareCall(&context, timeout);
   StatsRequest request;
   request.set_shard(options_.range);
   return stub->Stats(&context, request, peer).ok() &&
@@ -291,12 +292,7 @@ absl::Status Replication::ForwardClose(const CloseRunRequest& request) {
   grpc::Status status;
   for (int attempt = 1; attempt <= 3; ++attempt) {
     grpc::ClientContext context;
-    context.set_deadline(
-        absl::ToChronoTime(absl::Now() + options_.forward_timeout));
-    if (!options_.auth_token.empty()) {
-      context.AddMetadata(common::kAuthMetadataKey,
-                          common::BearerValue(options_.auth_token));
-    }
+    PrepareCall(&context, options_.forward_timeout);
     CloseRunResponse response;
     status = stub_->CloseRun(&context, forwarded, &response);
     if (status.ok()) return absl::OkStatus();
@@ -317,10 +313,10 @@ absl::Status Replication::ForwardClose(const CloseRunRequest& request) {
 absl::Status Replication::AcceptClose(int64_t epoch) const {
   absl::MutexLock lock(&mu_);
   if (role_ != Role::kBackup || epoch != epoch_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a close of the run forwarded at epoch ", epoch,
-        " is refused: this process is not the backup of the ", Describe(),
-        " at that epoch (its epoch is ", epoch_, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a close of the run forwarded at epoch ", epoch,
+                     " is refused: this process is not the backup of the ",
+                     Describe(), " at that epoch (its epoch is ", epoch_, ")"));
   }
   return absl::OkStatus();
 }
@@ -491,12 +487,8 @@ void Replication::Abandon(int64_t seq) {
 grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
                                    int64_t epoch, absl::Duration timeout) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  PrepareCall(&context, timeout);
   context.AddMetadata(common::kRangeMetadataKey, absl::StrCat(options_.range));
-  if (!options_.auth_token.empty()) {
-    context.AddMetadata(common::kAuthMetadataKey,
-                        common::BearerValue(options_.auth_token));
-  }
   PushResponse response;
   std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
       stub_->Push(&context, &response);

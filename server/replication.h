@@ -191,6 +191,9 @@ class Replication {
 
  private:
   Replication(ReplicationOptions options, Role role, int64_t applied);
+  // A call to the peer: its deadline `timeout` from now, and the run's
+  // token.
+  void PrepareCall(grpc::ClientContext* context, absl::Duration timeout) const;
   // Whether the peer answers a health check within the probe timeout.
   bool PeerAnswers();
   // Backup: whether the primary answers and serves the range (not fenced).

@@ -338,9 +338,10 @@ absl::Status Shard::CloseRun(const CloseRunRequest& request) {
         !closed.ok()) {
       return closed;
     }
-    common::Log("shard %d: the run is closed; this process holds the range's "
-                "backup, and its primary closed it",
-                state_->shard());
+    common::Log(
+        "shard %d: the run is closed; this process holds the range's "
+        "backup, and its primary closed it",
+        state_->shard());
     return absl::OkStatus();
   }
   if (absl::Status serving = CheckServing(); !serving.ok()) return serving;

@@ -598,8 +598,8 @@ TEST(ReplicationTest, ARunWhoseRangeMovedIsClosedEverywhere) {
   ASSERT_OK(client->Leave(absl::Seconds(5), /*finished=*/true));
 
   auto close = [&](int process, CloseRunRequest request) {
-    std::unique_ptr<ParameterService::Stub> stub = ParameterService::NewStub(
-        worker::MakeChannel(pair.addresses[process]));
+    std::unique_ptr<ParameterService::Stub> stub =
+        ParameterService::NewStub(worker::MakeChannel(pair.addresses[process]));
     request.set_config_fingerprint(common::ConfigFingerprint(config));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
