@@ -1,20 +1,16 @@
 #include "tests/test_util.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/free_ports.h"
 #include "gtest/gtest.h"
 
 namespace monsoon::testutil {
@@ -94,45 +90,12 @@ bool ReadFile(const std::string& path, std::string* bytes) {
   return true;
 }
 
-namespace {
-
-// Binds a TCP socket to 127.0.0.1:`port` (0: the kernel's pick) and
-// returns the port it got, or 0 if the bind failed.
-int BindLoopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  socklen_t length = sizeof(address);
-  int bound = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
-          0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) ==
-          0) {
-    bound = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return bound;
-}
-
-}  // namespace
-
 int FreePort() {
-  // Below the kernel's ephemeral range: a port from that range can be
-  // taken, before the test's server binds it, as the local end of any
-  // outgoing connection (another test's client, or a connection to that
-  // very port, which then connects to itself).
-  int first_ephemeral = 32768;
-  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-  if (int low = 0; range >> low && low > 11024) first_ephemeral = low;
-  static std::mt19937 random(std::random_device{}());
-  std::uniform_int_distribution<int> pick(10000, first_ephemeral - 1);
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    if (const int port = BindLoopback(pick(random)); port != 0) return port;
-  }
-  return BindLoopback(0);
+  // Below the kernel's ephemeral range (common::FreePortRange): a port
+  // from that range can be taken, before the test's server binds it, as
+  // the local end of any outgoing connection (another test's client, or a
+  // connection to that very port, which then connects to itself).
+  return common::FreePortRange(1).value_or(0);
 }
 
 }  // namespace monsoon::testutil

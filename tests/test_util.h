@@ -40,7 +40,7 @@ std::string IdxBytes(const std::vector<uint32_t>& dims,
 
 // A port on 127.0.0.1 that was free a moment ago (0 if none was found),
 // chosen at random below the kernel's ephemeral ports, so that no outgoing
-// connection takes it before the test binds it. Not thread-safe.
+// connection takes it before the test binds it (common::FreePortRange).
 int FreePort();
 
 }  // namespace monsoon::testutil

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/free_ports.h"
 #include "proto/config.pb.h"
 #include "tools/chaos.h"
 #include "tools/metrics.h"
@@ -85,11 +86,8 @@ struct RunProgressSample {
   double eval_time_s = 0;
 };
 
-// A first port p such that p .. p+count-1 could all be bound on 127.0.0.1
-// just now (another process may take one before the daemons do; they then
-// fail to start with a message naming the port). UNAVAILABLE when no such
-// range turned up.
-absl::StatusOr<int> FreePortRange(int count);
+// FreePortRange (common/free_ports.h): the launchers' metrics ports.
+using ::monsoon::common::FreePortRange;
 
 struct LocalClusterOptions {
   TrainingConfig config;  // resolved
