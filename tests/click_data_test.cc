@@ -146,6 +146,70 @@ TEST(ClickDataTest, PlantedJsonHoldsTheAucThePlantedModelReachesOnTest) {
   EXPECT_NE(json.find("\"test_auc_known_ids\": "), std::string::npos) << json;
 }
 
+// One categorical id of field 3 and rank `rank`, and no other feature
+// (the dense fields' values at 1 add nothing to the planted logit).
+common::SparseExample OneId(uint64_t rank) {
+  common::SparseExample e;
+  for (int j = 0; j < kClickDenseFields; ++j) {
+    e.ids.push_back(static_cast<uint64_t>(j));
+    e.values.push_back(1.0f);
+    e.fields.push_back(j);
+  }
+  e.ids.push_back((uint64_t{3} << 48) | rank);
+  e.values.push_back(1.0f);
+  e.fields.push_back(kClickDenseFields + 2);
+  return e;
+}
+
+TEST(ClickDataTest, SignalRanksLeaveAWeightOnlyToEachFieldsMostFrequentIds) {
+  // With H = 100 the ids of rank 0 to 99 weigh what they weigh with every
+  // id alike, the others nothing.
+  const double bias = PlantedLogit(5, common::SparseExample{}, 0);
+  ASSERT_DOUBLE_EQ(bias, -1.3);
+  for (auto [rank, factor] : {std::pair<uint64_t, double>{0, 1.0},
+                              {99, 1.0},
+                              {100, 0.0},
+                              {9999, 0.0}}) {
+    const double alike = PlantedLogit(5, OneId(rank), 0) - bias;
+    const double scaled = PlantedLogit(5, OneId(rank), 100) - bias;
+    ASSERT_NE(alike, 0.0) << rank;
+    EXPECT_EQ(scaled, factor * alike) << rank;
+  }
+
+  // The file's labels follow that model: its planted AUC is what the test
+  // file gives with signal_ranks, and every id with a weight was drawn for
+  // training, so knowing the weights of those ids is knowing the model.
+  const std::string dir = Dir("signal_ranks");
+  ClickDataOptions options = Small(3);
+  options.id_scale = 0.01;
+  options.signal_ranks = 10;
+  absl::StatusOr<PlantedResult> planted = WriteClickData(options, dir);
+  ASSERT_THAT(planted, IsOk());
+  auto reader = common::LibsvmReader::Open(dir + "/test.libsvm");
+  ASSERT_THAT(reader, IsOk());
+  common::SparseExample e;
+  std::vector<float> scaled, alike, labels;
+  while (*(*reader)->Next(&e)) {
+    scaled.push_back(
+        static_cast<float>(1.0 / (1.0 + std::exp(-PlantedLogit(3, e, 10)))));
+    alike.push_back(
+        static_cast<float>(1.0 / (1.0 + std::exp(-PlantedLogit(3, e, 0)))));
+    labels.push_back(e.label);
+  }
+  EXPECT_DOUBLE_EQ(*common::Auc(scaled, labels), planted->test_auc);
+  EXPECT_NE(*common::Auc(alike, labels), planted->test_auc);
+  EXPECT_NE(Slurp(dir + "/planted.json").find("\"signal_ranks\": 10"),
+            std::string::npos);
+  options.id_scale = 0.01;
+  options.signal_ranks = 0;
+  absl::StatusOr<PlantedResult> every_id_alike =
+      WriteClickData(options, Dir("signal_ranks_0"));
+  ASSERT_THAT(every_id_alike, IsOk());
+  EXPECT_DOUBLE_EQ(planted->test_auc_known_ids, planted->test_auc);
+  EXPECT_LT(every_id_alike->test_auc_known_ids, every_id_alike->test_auc);
+  EXPECT_EQ(every_id_alike->train_ids, planted->train_ids);  // same draws
+}
+
 TEST(ClickDataTest, TheSameSeedWritesTheSameBytes) {
   const std::string a = Dir("seed_a"), b = Dir("seed_b"), c = Dir("seed_c");
   ASSERT_THAT(WriteClickData(Small(7), a), IsOk());
@@ -163,6 +227,10 @@ TEST(ClickDataTest, BadOptionsAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   options = Small(1);
   options.test_examples = 0;
+  EXPECT_THAT(WriteClickData(options, Dir("bad")),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  options = Small(1);
+  options.signal_ranks = -1;
   EXPECT_THAT(WriteClickData(options, Dir("bad")),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(WriteClickData(Small(1), "/nonexistent/dir"),

@@ -50,7 +50,7 @@ class Rng {
 
 // One example's line, its features as a reader will see them, and the
 // planted click probability.
-std::string MakeLine(Rng& rng, uint64_t seed,
+std::string MakeLine(Rng& rng, uint64_t seed, int64_t signal_ranks,
                      const std::vector<int64_t>& cardinalities,
                      common::SparseExample* example, double* probability) {
   example->ids.clear();
@@ -79,7 +79,8 @@ std::string MakeLine(Rng& rng, uint64_t seed,
     example->values.push_back(1.0f);
     example->fields.push_back(kClickDenseFields + f);
   }
-  *probability = 1.0 / (1.0 + std::exp(-PlantedLogit(seed, *example)));
+  *probability =
+      1.0 / (1.0 + std::exp(-PlantedLogit(seed, *example, signal_ranks)));
   example->label = rng.Uniform() < *probability ? 1.0f : 0.0f;
   return absl::StrCat(example->label > 0 ? "1" : "0", line, "\n");
 }
@@ -90,15 +91,16 @@ using IdCounts = absl::flat_hash_map<uint64_t, int32_t>;
 // The planted model's logit with the weights of the categorical ids drawn
 // fewer than `min_count` times for training set to 0: what a model that
 // knew every weight it saw often enough, exactly, would predict.
-double KnownLogit(uint64_t seed, const common::SparseExample& example,
-                  const IdCounts& counts, int32_t min_count) {
+double KnownLogit(uint64_t seed, int64_t signal_ranks,
+                  const common::SparseExample& example, const IdCounts& counts,
+                  int32_t min_count) {
   common::SparseExample known = example;
   for (size_t i = 0; i < known.ids.size(); ++i) {
     if (known.fields[i] < kClickDenseFields) continue;
     const auto it = counts.find(known.ids[i]);
     if (it == counts.end() || it->second < min_count) known.values[i] = 0;
   }
-  return PlantedLogit(seed, known);
+  return PlantedLogit(seed, known, signal_ranks);
 }
 
 struct Split {
@@ -112,6 +114,7 @@ struct Split {
 // test split (`counts` given, `train` false) also predicts with KnownLogit.
 absl::StatusOr<Split> WriteSplit(const std::string& path, int64_t examples,
                                  uint64_t stream, uint64_t seed,
+                                 int64_t signal_ranks,
                                  const std::vector<int64_t>& cardinalities,
                                  IdCounts* counts, bool train) {
   const std::string partial = path + ".partial";
@@ -126,8 +129,8 @@ absl::StatusOr<Split> WriteSplit(const std::string& path, int64_t examples,
   double clicks = 0;
   for (int64_t i = 0; i < examples; ++i) {
     double probability = 0;
-    const std::string line =
-        MakeLine(rng, seed, cardinalities, &example, &probability);
+    const std::string line = MakeLine(rng, seed, signal_ranks, cardinalities,
+                                      &example, &probability);
     if (std::fwrite(line.data(), 1, line.size(), file.get()) != line.size()) {
       return absl::UnavailableError(absl::StrCat("cannot write ", partial));
     }
@@ -142,8 +145,8 @@ absl::StatusOr<Split> WriteSplit(const std::string& path, int64_t examples,
       for (auto [min_count, out] :
            {std::pair{1, &split.known_once}, std::pair{10, &split.known_10}}) {
         out->push_back(static_cast<float>(
-            1.0 / (1.0 + std::exp(-KnownLogit(seed, example, *counts,
-                                               min_count)))));
+            1.0 / (1.0 + std::exp(-KnownLogit(seed, signal_ranks, example,
+                                              *counts, min_count)))));
       }
     }
   }
@@ -166,7 +169,8 @@ std::vector<int64_t> ClickCardinalities(double id_scale) {
   return out;
 }
 
-double PlantedLogit(uint64_t seed, const common::SparseExample& example) {
+double PlantedLogit(uint64_t seed, const common::SparseExample& example,
+                    int64_t signal_ranks) {
   const uint64_t key = common::SplitMix64(seed);
   double logit = kBias;
   for (size_t i = 0; i < example.ids.size(); ++i) {
@@ -174,7 +178,14 @@ double PlantedLogit(uint64_t seed, const common::SparseExample& example) {
       logit += kDenseWeightScale * NormalOf(key ^ example.ids[i]) *
                (example.values[i] - 1.0);
     } else {
-      logit += kIdWeightScale * NormalOf(key ^ common::SplitMix64(example.ids[i])) *
+      // With signal_ranks, ids past the first signal_ranks of their field
+      // weigh nothing.
+      const uint64_t rank = example.ids[i] & ((1ull << 48) - 1);
+      const double scale =
+          signal_ranks > 0 && rank >= static_cast<uint64_t>(signal_ranks)
+              ? 0.0
+              : kIdWeightScale;
+      logit += scale * NormalOf(key ^ common::SplitMix64(example.ids[i])) *
                example.values[i];
     }
   }
@@ -184,21 +195,23 @@ double PlantedLogit(uint64_t seed, const common::SparseExample& example) {
 absl::StatusOr<PlantedResult> WriteClickData(const ClickDataOptions& options,
                                              const std::string& dir) {
   if (options.train_examples < 1 || options.test_examples < 1 ||
-      !(options.id_scale > 0 && options.id_scale <= 1)) {
+      !(options.id_scale > 0 && options.id_scale <= 1) ||
+      options.signal_ranks < 0) {
     return absl::InvalidArgumentError(
-        "give at least one train and one test example, and an id scale in "
-        "(0, 1]");
+        "give at least one train and one test example, an id scale in "
+        "(0, 1] and signal ranks of at least 0");
   }
   PlantedResult result;
   result.cardinalities = ClickCardinalities(options.id_scale);
   IdCounts counts;
-  absl::StatusOr<Split> train =
-      WriteSplit(dir + "/train.libsvm", options.train_examples, 1,
-                 options.seed, result.cardinalities, &counts, /*train=*/true);
+  absl::StatusOr<Split> train = WriteSplit(
+      dir + "/train.libsvm", options.train_examples, 1, options.seed,
+      options.signal_ranks, result.cardinalities, &counts, /*train=*/true);
   if (!train.ok()) return train.status();
   absl::StatusOr<Split> test =
       WriteSplit(dir + "/test.libsvm", options.test_examples, 2, options.seed,
-                 result.cardinalities, &counts, /*train=*/false);
+                 options.signal_ranks, result.cardinalities, &counts,
+                 /*train=*/false);
   if (!test.ok()) return test.status();
   result.train_ids = static_cast<int64_t>(counts.size());
   absl::StatusOr<double> auc = common::Auc(test->probabilities, test->labels);
@@ -222,12 +235,12 @@ absl::StatusOr<PlantedResult> WriteClickData(const ClickDataOptions& options,
       "{\"seed\": ", options.seed,
       ", \"train_examples\": ", options.train_examples,
       ", \"test_examples\": ", options.test_examples,
+      ", \"signal_ranks\": ", options.signal_ranks,
       ", \"dense_fields\": ", kClickDenseFields,
       ", \"categorical_fields\": ", kClickCategoricalFields,
       ", \"cardinalities\": [", absl::StrJoin(result.cardinalities, ", "),
       "], \"train_ctr\": ", result.train_ctr,
-      ", \"test_ctr\": ", result.test_ctr,
-      ", \"test_auc\": ", result.test_auc,
+      ", \"test_ctr\": ", result.test_ctr, ", \"test_auc\": ", result.test_auc,
       ", \"test_logloss\": ", result.test_logloss,
       ", \"train_ids\": ", result.train_ids,
       ", \"test_auc_known_ids\": ", result.test_auc_known_ids,

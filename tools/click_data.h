@@ -31,6 +31,15 @@ struct ClickDataOptions {
   // Multiplies every field's cardinality (at least 2 ids a field): small
   // data sets for tests.
   double id_scale = 1.0;
+  // 0: every categorical id has a planted weight (scale 0.25), however
+  // rarely it is drawn, so much of the signal lies in ids a training set
+  // draws a handful of times or never, and the planted AUC is a bound that
+  // no trained model approaches. H > 0: only the ids of rank 0 to H - 1 of
+  // each field (the most frequent) have a weight, the others weigh 0. The
+  // features drawn are the same (only the labels change), so the tables
+  // grow as large, but the signal lies in ids drawn often enough to learn
+  // and the planted AUC is a target a trained model can come near.
+  int64_t signal_ranks = 0;
 };
 
 // What the planted model reaches, and the data's shape.
@@ -57,8 +66,10 @@ struct PlantedResult {
 // `id_scale`.
 std::vector<int64_t> ClickCardinalities(double id_scale);
 
-// The planted model's logit for an example as LibsvmReader reads it.
-double PlantedLogit(uint64_t seed, const common::SparseExample& example);
+// The planted model's logit for an example as LibsvmReader reads it
+// (`signal_ranks` as in ClickDataOptions).
+double PlantedLogit(uint64_t seed, const common::SparseExample& example,
+                    int64_t signal_ranks = 0);
 
 // Writes DIR/train.libsvm, DIR/test.libsvm and DIR/planted.json (DIR must
 // exist; the PlantedResult's fields); each file is written beside and

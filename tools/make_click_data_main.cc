@@ -26,6 +26,14 @@ ABSL_FLAG(double, id_scale, 1.0,
           "Multiplies Criteo's cardinalities (up to 10.1M ids a field), in "
           "(0, 1]: smaller tables.");
 
+ABSL_FLAG(int64_t, signal_ranks, 0,
+          "0: every categorical id has a planted weight, so much of the "
+          "signal lies in ids drawn a handful of times or never, and the "
+          "planted AUC is a bound no trained model approaches. H > 0: only "
+          "each field's H most frequent ids have a weight (the ids drawn "
+          "are the same, the labels differ), so the planted AUC is a target "
+          "a trained model can come near.");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Writes a Criteo-shaped synthetic click data set (13 dense and 26 "
@@ -41,6 +49,7 @@ int main(int argc, char** argv) {
                               : options.train_examples / 5;
   options.seed = absl::GetFlag(FLAGS_seed);
   options.id_scale = absl::GetFlag(FLAGS_id_scale);
+  options.signal_ranks = absl::GetFlag(FLAGS_signal_ranks);
   if (out.empty()) {
     std::fprintf(stderr, "make_click_data: give --out=DIR\n");
     return 2;
