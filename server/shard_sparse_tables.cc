@@ -1,22 +1,80 @@
 #include "server/shard_sparse_tables.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/sparse_ids.h"
+#include "common/sparse_table_config.h"
 
 namespace monsoon::server {
 
+namespace {
+
+// The first number in `path` (a cgroup's memory limit), or 0 when the file
+// is missing or says "max".
+uint64_t LimitInFile(const char* path) {
+  std::FILE* file = std::fopen(path, "r");
+  if (file == nullptr) return 0;
+  unsigned long long value = 0;
+  const int read = std::fscanf(file, "%llu", &value);
+  std::fclose(file);
+  return read == 1 ? static_cast<uint64_t>(value) : 0;
+}
+
+}  // namespace
+
+uint64_t ShardSparseTables::MemoryLimitBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  uint64_t limit = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) *
+                                               static_cast<uint64_t>(page)
+                                         : 0;
+  // cgroup v2, then v1 (whose "no limit" is a huge number, above the RAM).
+  for (const char* path : {"/sys/fs/cgroup/memory.max",
+                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const uint64_t cgroup = LimitInFile(path);
+    if (cgroup > 0 && (limit == 0 || cgroup < limit)) limit = cgroup;
+  }
+  return limit;
+}
+
 absl::StatusOr<std::unique_ptr<ShardSparseTables>> ShardSparseTables::Create(
-    const TrainingConfig& resolved, int shard, int num_shards) {
+    const TrainingConfig& resolved, int shard, int num_shards,
+    uint64_t memory_bytes) {
   const uint32_t buckets = resolved.sparse_buckets();
   if (resolved.sparse_tables_size() > 0 &&
       buckets < static_cast<uint32_t>(num_shards)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sparse_buckets ", buckets, " is fewer than the ", num_shards,
         " shards: every shard needs a bucket of rows"));
+  }
+  if (memory_bytes == 0) memory_bytes = MemoryLimitBytes();
+  uint64_t total = 0;
+  std::vector<std::string> shares;
+  for (const SparseTableConfig& config : resolved.sparse_tables()) {
+    if (absl::Status valid = common::ValidateSparseTable(config); !valid.ok()) {
+      return valid;
+    }
+    const uint64_t bytes = SparseTable::BytesAtMaxRows(config);
+    total += bytes;
+    shares.push_back(absl::StrCat("'", config.name(), "' ", bytes >> 20,
+                                  " MiB for max_rows ", config.max_rows(),
+                                  " of dim ", config.dim()));
+  }
+  if (memory_bytes > 0 && total > memory_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the sparse tables would take up to ", total >> 20,
+        " MiB on this shard once full (", absl::StrJoin(shares, ", "),
+        "), more than the ", memory_bytes >> 20,
+        " MiB of memory this process may use; the kernel would kill the "
+        "shard as they fill. Lower max_rows (the most rows one shard holds "
+        "of a table; at_max_rows: EVICT keeps training within it; more "
+        "shards hold fewer rows each), or give the shard more memory"));
   }
   std::vector<std::unique_ptr<SparseTable>> tables;
   for (const SparseTableConfig& config : resolved.sparse_tables()) {

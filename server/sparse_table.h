@@ -62,6 +62,12 @@ class SparseTable {
       const SparseTableConfig& config, uint64_t seed);
   ~SparseTable();
   SparseTable(const SparseTable&) = delete;
+
+  // The most memory a table of `config` (valid) takes on one shard once it
+  // holds max_rows rows: the rows with their optimizer state, each row's
+  // slot and its entries in the id index (at the index's lowest load, just
+  // after it grew) and, with admission, in the counts of ids not admitted.
+  static uint64_t BytesAtMaxRows(const SparseTableConfig& config);
   SparseTable& operator=(const SparseTable&) = delete;
 
   const SparseTableConfig& config() const { return config_; }

@@ -10,6 +10,7 @@
 #include "common/sparse_ids.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "server/shard_sparse_tables.h"
 #include "tests/status_matchers.h"
 
 namespace monsoon::server {
@@ -18,6 +19,7 @@ namespace {
 using ::monsoon::testutil::IsOk;
 using ::monsoon::testutil::IsOkAndHolds;
 using ::monsoon::testutil::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 SparseTableConfig Config(const std::string& text) {
@@ -66,6 +68,54 @@ TEST(SparseTableTest, ConfigsOutOfRangeAreRefusedNamingTheField) {
                          HasSubstr(message)))
         << text;
   }
+}
+
+TEST(SparseTableTest, TheMemoryOfAFullTableCountsRowsStateSlotsAndIndex) {
+  // Per row: the values and state (4 bytes each), the slot (16), the free
+  // list's entry (4) and the index's (39: 17 bytes a bucket at 7/16 full),
+  // and with admission the pending counts' (39).
+  EXPECT_EQ(
+      SparseTable::BytesAtMaxRows(Config("name: 'e' dim: 16 max_rows: 1000 "
+                                         "optimizer: SPARSE_ROWWISE_ADAGRAD")),
+      1000u * (4 * 17 + 16 + 4 + 39));
+  EXPECT_EQ(SparseTable::BytesAtMaxRows(
+                Config("name: 'e' dim: 4 max_rows: 10 optimizer: SPARSE_SGD "
+                       "admit_min_count: 2")),
+            10u * (4 * 4 + 16 + 4 + 39 + 39));
+  EXPECT_EQ(SparseTable::BytesAtMaxRows(Config(
+                "name: 'e' dim: 4 max_rows: 10 optimizer: SPARSE_ADAGRAD")),
+            10u * (4 * 8 + 16 + 4 + 39));
+}
+
+TEST(SparseTableTest,
+     TablesThatWouldOutgrowTheShardsMemoryAreRefusedAtTheStart) {
+  TrainingConfig config;
+  *config.add_sparse_tables() = Config(
+      "name: 'emb' dim: 16 max_rows: 10000 optimizer: SPARSE_ROWWISE_ADAGRAD");
+  *config.add_sparse_tables() =
+      Config("name: 'ads' dim: 1 max_rows: 100 optimizer: SPARSE_SGD");
+  config.set_sparse_buckets(64);
+  // 1,270,000 + 7,500 bytes: over 1 MiB, within 2.
+  EXPECT_THAT(
+      ShardSparseTables::Create(config, 0, 1, /*memory_bytes=*/1 << 20),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("up to 1 MiB on this shard once full ('emb' 1 "
+                               "MiB for max_rows 10000 of dim 16, 'ads' 0 "
+                               "MiB for max_rows 100 of dim 1)"),
+                     HasSubstr("more than the 1 MiB of memory"),
+                     HasSubstr("Lower max_rows"))));
+  EXPECT_THAT(ShardSparseTables::Create(config, 0, 1, /*memory_bytes=*/2 << 20),
+              IsOk());
+
+  // By default the bound is this process's memory, which no machine has
+  // enough of for 2^31 - 1 rows of 4,096 values (35 TB).
+  EXPECT_GT(ShardSparseTables::MemoryLimitBytes(), uint64_t{1} << 20);
+  EXPECT_THAT(ShardSparseTables::Create(config, 0, 1), IsOk());
+  *config.add_sparse_tables() = Config(
+      "name: 'huge' dim: 4096 max_rows: 2147483647 optimizer: SPARSE_SGD");
+  EXPECT_THAT(ShardSparseTables::Create(config, 0, 1),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("'huge' 33675263 MiB for max_rows")));
 }
 
 TEST(SparseTableTest, UnseenRowsReadTheirIdSeededInitialValuesWithoutARow) {
