@@ -367,6 +367,7 @@ int Main() {
 }  // namespace monsoon::tools
 
 int main(int argc, char** argv) {
+  monsoon::tools::ExecWithOneOpenBlasThread(argv);
   monsoon::common::TuneProcess();
   absl::SetProgramUsageMessage(
       "Times each update rule's apply of one push on the shard against a "

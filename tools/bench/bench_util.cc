@@ -1,7 +1,13 @@
 #include "tools/bench/bench_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,6 +25,17 @@ double At(const std::vector<double>& sorted, double q) {
 }
 
 }  // namespace
+
+void ExecWithOneOpenBlasThread(char** argv) {
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1);
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr,
+               "%s: cannot start again with OPENBLAS_NUM_THREADS=1 (%s); "
+               "running as it is, OpenBLAS's idle threads may spin on the "
+               "cores: set the variable to be sure\n",
+               argv[0], std::strerror(errno));
+}
 
 Summary Summarize(std::vector<double> samples) {
   Summary summary;

@@ -16,6 +16,16 @@ struct Summary {
   int count = 0;
 };
 
+// Starts this benchmark again (exec, same arguments) with
+// OPENBLAS_NUM_THREADS=1 in its environment unless the variable is set
+// already. OpenBLAS starts a thread per core when it loads, before main,
+// and openblas_set_num_threads(1), which each CPU backend calls, sets them
+// spinning on sched_yield for about 0.1 s before they sleep: in a benchmark
+// that builds a backend per case, on the cores the case is timed on. The
+// workers launch_local starts get the same variable. Returns (and the
+// benchmark runs as it is) only if the exec fails.
+void ExecWithOneOpenBlasThread(char** argv);
+
 // Percentiles of `samples` (nearest rank); all zero when it is empty.
 Summary Summarize(std::vector<double> samples);
 

@@ -310,6 +310,7 @@ int Main() {
 }  // namespace monsoon::tools
 
 int main(int argc, char** argv) {
+  monsoon::tools::ExecWithOneOpenBlasThread(argv);
   monsoon::common::TuneProcess();
   absl::SetProgramUsageMessage(
       "Times Monsoon's push and pull between one client and one shard on "
