@@ -40,14 +40,15 @@ double Uniform(uint64_t bits) {
 
 uint64_t SparseTable::BytesAtMaxRows(const SparseTableConfig& config) {
   // absl::flat_hash_map<uint64_t, uint32_t>: a 16-byte slot and a control
-  // byte per bucket, at least 7/16 of them full (it doubles at 7/8).
+  // byte per bucket, at least 7/16 of them full (it doubles at 7/8); the
+  // slots' and free list's vectors at most twice their size.
   constexpr uint64_t kIndexEntry = (16 + 1) * 16 / 7 + 1;
   const bool admission =
       config.admit_min_count() > 1 || config.admit_probability() < 1;
   const uint64_t per_row =
       sizeof(float) *
           static_cast<uint64_t>(config.dim() + StateFloats(config)) +
-      sizeof(Slot) + sizeof(uint32_t) + kIndexEntry +
+      2 * (sizeof(Slot) + sizeof(uint32_t)) + kIndexEntry +
       (admission ? kIndexEntry : 0);
   return per_row * static_cast<uint64_t>(config.max_rows());
 }

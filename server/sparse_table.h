@@ -65,8 +65,9 @@ class SparseTable {
 
   // The most memory a table of `config` (valid) takes on one shard once it
   // holds max_rows rows: the rows with their optimizer state, each row's
-  // slot and its entries in the id index (at the index's lowest load, just
-  // after it grew) and, with admission, in the counts of ids not admitted.
+  // slot and free-list entry (in vectors up to twice their size) and its
+  // entries in the id index (at the index's lowest load, just after it
+  // grew) and, with admission, in the counts of ids not admitted.
   static uint64_t BytesAtMaxRows(const SparseTableConfig& config);
   SparseTable& operator=(const SparseTable&) = delete;
 
