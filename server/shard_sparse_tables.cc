@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<ShardSparseTables>> ShardSparseTables::Create(
         "), more than the ", memory_bytes >> 20,
         " MiB of memory this process may use; the kernel would kill the "
         "shard as they fill. Lower max_rows (the most rows one shard holds "
-        "of a table; at_max_rows: EVICT keeps training within it; more "
+        "of a table; at_max_rows: EVICT_LEAST_RECENT trains on within it; more "
         "shards hold fewer rows each), or give the shard more memory"));
   }
   std::vector<std::unique_ptr<SparseTable>> tables;
