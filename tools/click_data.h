@@ -2,8 +2,9 @@
 // categorical ones whose ids follow a power law (an id of rank r is drawn
 // with probability about 1 / (r + 1)) over Criteo's own cardinalities, up
 // to ten million ids a field, and labels drawn from a planted logistic
-// model, so that the best AUC and log loss any model can reach on the test
-// set are known (planted.json).
+// model, whose test AUC and log loss planted.json gives: with signal_ranks
+// (only each field's most frequent ids weighted) a target a trained model
+// can come near, without it a bound (see ClickDataOptions::signal_ranks).
 //
 // A line of train.libsvm / test.libsvm (common/libsvm_reader.h):
 //   LABEL 0:0:x0 ... 12:12:x12 13:ID:1 ... 38:ID:1
