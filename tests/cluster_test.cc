@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/model_layout.h"
@@ -73,8 +75,11 @@ class ClusterTest : public testing::Test {
 
   // Trains with a worker thread for each of `ranks` (all kWorkers if
   // empty); results_[rank] gets each one's result.
-  void Train(const TrainingConfig& config, bool resume = false,
-             std::vector<int> ranks = {}) {
+  // `customize`, if set, sees each worker's context before its loop runs.
+  void Train(
+      const TrainingConfig& config, bool resume = false,
+      std::vector<int> ranks = {},
+      const std::function<void(worker::WorkerContext*)>& customize = nullptr) {
     if (ranks.empty()) {
       for (int w = 0; w < kWorkers; ++w) ranks.push_back(w);
     }
@@ -107,6 +112,7 @@ class ClusterTest : public testing::Test {
       worker.context.log_interval = absl::ZeroDuration();
       worker.context.counters = &counters_[w];
       worker::PlaceWorker(*worker.client, config, resume, &worker.context);
+      if (customize) customize(&worker.context);
     }
     results_.assign(kWorkers, absl::StatusOr<worker::WorkerResult>(
                                   absl::UnknownError("not run")));
@@ -813,12 +819,29 @@ TEST_P(ShardRestartTest, WorkersRideOutAShardRestartWithNoBatchAppliedTwice) {
     addresses_.push_back(server->address());
     servers_.push_back(std::move(server));
   }
-  std::thread training([&] { Train(config); });
-  // Once shard 1 has taken a part of the run and checkpointed it, it dies,
-  // early enough that the workers are still training when it comes back
-  // (with 40 epochs a fast machine's workers finished first, and what the
-  // shard took after its checkpoint was lost with nobody left to push it
-  // again).
+  // Each worker holds at the end of its 300th step until shard 1 has died,
+  // so that the workers are still training when it comes back: with the
+  // kill left to timing, a fast machine's workers finished first (40
+  // epochs once; 200 epochs of sync in 0.5 s, once, with this thread kept
+  // off the cores that long), and what the shard took after its
+  // checkpoint was lost with nobody left to push it again. The hold hangs
+  // on the step's slowdown wait, called once a step (the hook is given the
+  // wait and does not sleep it).
+  auto killed = std::make_shared<absl::Notification>();
+  auto hold = [killed](worker::WorkerContext* context) {
+    context->slowdown = 2;
+    auto steps = std::make_shared<int>(0);
+    context->sleep = [killed, steps, rank = context->rank](absl::Duration) {
+      if (++*steps != 300) return;
+      EXPECT_TRUE(killed->WaitForNotificationWithTimeout(absl::Seconds(60)))
+          << "worker " << rank << " waited 60 s at step 300 for shard 1 "
+          << "to be killed";
+    };
+  };
+  std::thread training([&] { Train(config, false, {}, hold); });
+  // Once shard 1 has taken a part of the run and checkpointed it, it dies
+  // (by step 300 of each worker the shard is at version 300 or more, and
+  // its checkpoint thread goes on while they hold).
   // (The checkpoint's own version counts, not the file's existence: under
   // ThreadSanitizer on a busy machine the checkpoint thread once had not
   // written again since version 0 when the shard reached 150.)
@@ -827,6 +850,7 @@ TEST_P(ShardRestartTest, WorkersRideOutAShardRestartWithNoBatchAppliedTwice) {
   }
   const std::string address = servers_[1]->address();
   servers_[1].reset();
+  killed->Notify();
   absl::SleepFor(absl::Milliseconds(300));
   absl::StatusOr<std::unique_ptr<server::ShardServer>> back = start(1, address);
   ASSERT_OK(back.status());
