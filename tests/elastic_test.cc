@@ -87,8 +87,11 @@ class ElasticTest : public testing::TestWithParam<Variant> {
     ASSERT_EQ(servers_.size(), static_cast<size_t>(kShards));
   }
 
-  // Connects rank `rank` and starts its loop on a thread.
-  void Start(const TrainingConfig& config, int rank) {
+  // Connects rank `rank` and starts its loop on a thread; `customize`, if
+  // set, sees its context first.
+  void Start(
+      const TrainingConfig& config, int rank,
+      const std::function<void(worker::WorkerContext*)>& customize = nullptr) {
     Worker& w = workers_[rank];
     w.backend = worker::MakeCpuBackend(1);
     ASSERT_OK_AND_ASSIGN(
@@ -111,6 +114,7 @@ class ElasticTest : public testing::TestWithParam<Variant> {
     w.context.counters = &w.counters;
     w.context.stop = &w.stop;
     worker::PlaceWorker(*w.client, config, /*resume=*/true, &w.context);
+    if (customize) customize(&w.context);
     w.thread = std::thread([&w] { w.result = w.loop->Run(w.context); });
   }
 
@@ -136,8 +140,34 @@ class ElasticTest : public testing::TestWithParam<Variant> {
 TEST_P(ElasticTest, EveryExampleIsTrainedWhileWorkersJoinLeaveAndDie) {
   const TrainingConfig config = Config();
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
-  ASSERT_NO_FATAL_FAILURE(Start(config, 0));
-  ASSERT_NO_FATAL_FAILURE(Start(config, 1));
+  // Ranks 0 and 1 hold at the end of their 10th step until rank 2 has
+  // taken a data shard, so that there is data left for it: left to timing,
+  // the two once trained all 200 batches in 0.2 s while this thread
+  // started rank 2, which found the queue empty and made no step. The hold
+  // hangs on the step's slowdown wait, called once a step (the hook is
+  // given the wait and does not sleep it).
+  auto hold = [this](worker::WorkerContext* context) {
+    context->slowdown = 2;
+    auto steps = std::make_shared<int>(0);
+    context->sleep = [this, steps, rank = context->rank](absl::Duration) {
+      if (++*steps != 10) return;
+      const absl::Time deadline = absl::Now() + absl::Minutes(1);
+      while (true) {
+        const StatsResponse stats = servers_[0]->state()->Stats();
+        for (const DataShardRef& shard : stats.data_queue().in_flight()) {
+          if (shard.rank() == 2) return;
+        }
+        if (absl::Now() > deadline) {
+          ADD_FAILURE() << "rank " << rank << " waited a minute at its 10th "
+                        << "step for rank 2 to take a data shard";
+          return;
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    };
+  };
+  ASSERT_NO_FATAL_FAILURE(Start(config, 0, hold));
+  ASSERT_NO_FATAL_FAILURE(Start(config, 1, hold));
   // Rank 2 joins once the first two have made 10 steps; then rank 1
   // leaves cleanly, and rank 0 dies (it stops calling: its lease runs
   // out, as a SIGKILLed worker's does).
