@@ -5,7 +5,6 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +21,7 @@
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/machine_memory.h"
 #include "common/model_layout.h"
 #include "common/sparse_ids.h"
 #include "common/wire.h"
@@ -43,13 +43,6 @@ absl::Status CheckListenAddress(absl::string_view address) {
         "one), e.g. 0.0.0.0:5000"));
   }
   return absl::OkStatus();
-}
-
-uint64_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return 0;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
 }
 
 namespace {
@@ -95,7 +88,7 @@ absl::Status CheckLimits(const ShardServerOptions& options,
   const common::ShardRange range = common::ShardRangeFor(
       layout.num_params(), options.num_shards, options.shard);
   const uint64_t needed = range.size() * sizeof(float) * 4;
-  const uint64_t memory = PhysicalMemoryBytes();
+  const uint64_t memory = common::PhysicalMemoryBytes();
   if (memory > 0 && needed > memory) {
     return absl::ResourceExhaustedError(
         absl::StrCat("shard ", options.shard, " of ", options.num_shards,

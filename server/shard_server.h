@@ -110,9 +110,6 @@ struct ShardServerOptions {
 // an out-of-range one).
 absl::Status CheckListenAddress(absl::string_view address);
 
-// The machine's physical memory, or 0 if unknown.
-uint64_t PhysicalMemoryBytes();
-
 class ShardServer {
  public:
   // Validates the options (INVALID_ARGUMENT, also for a checkpoint_dir that

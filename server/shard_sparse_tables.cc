@@ -1,47 +1,15 @@
 #include "server/shard_sparse_tables.h"
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/machine_memory.h"
 #include "common/sparse_ids.h"
 #include "common/sparse_table_config.h"
 
 namespace monsoon::server {
-
-namespace {
-
-// The first number in `path` (a cgroup's memory limit), or 0 when the file
-// is missing or says "max".
-uint64_t LimitInFile(const char* path) {
-  std::FILE* file = std::fopen(path, "r");
-  if (file == nullptr) return 0;
-  unsigned long long value = 0;
-  const int read = std::fscanf(file, "%llu", &value);
-  std::fclose(file);
-  return read == 1 ? static_cast<uint64_t>(value) : 0;
-}
-
-}  // namespace
-
-uint64_t ShardSparseTables::MemoryLimitBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  uint64_t limit = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) *
-                                               static_cast<uint64_t>(page)
-                                         : 0;
-  // cgroup v2, then v1 (whose "no limit" is a huge number, above the RAM).
-  for (const char* path : {"/sys/fs/cgroup/memory.max",
-                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    const uint64_t cgroup = LimitInFile(path);
-    if (cgroup > 0 && (limit == 0 || cgroup < limit)) limit = cgroup;
-  }
-  return limit;
-}
 
 absl::StatusOr<std::unique_ptr<ShardSparseTables>> ShardSparseTables::Create(
     const TrainingConfig& resolved, int shard, int num_shards,
@@ -53,7 +21,7 @@ absl::StatusOr<std::unique_ptr<ShardSparseTables>> ShardSparseTables::Create(
         "sparse_buckets ", buckets, " is fewer than the ", num_shards,
         " shards: every shard needs a bucket of rows"));
   }
-  if (memory_bytes == 0) memory_bytes = MemoryLimitBytes();
+  if (memory_bytes == 0) memory_bytes = common::MemoryLimitBytes();
   uint64_t total = 0;
   std::vector<std::string> shares;
   for (const SparseTableConfig& config : resolved.sparse_tables()) {

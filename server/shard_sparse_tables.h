@@ -28,17 +28,13 @@ class ShardSparseTables {
   // The tables of `resolved` on shard `shard` of `num_shards`.
   // INVALID_ARGUMENT for a table out of range or fewer buckets than shards;
   // RESOURCE_EXHAUSTED when the tables at their max_rows would take more
-  // than `memory_bytes` (0: this process's, MemoryLimitBytes), naming each
-  // table's share, so that a shard is refused at its start rather than
+  // than `memory_bytes` (0: this process's, common::MemoryLimitBytes), naming
+  // each table's share, so that a shard is refused at its start rather than
   // killed by the kernel as its tables fill; RESOURCE_EXHAUSTED from a
   // table that cannot reserve its rows.
   static absl::StatusOr<std::unique_ptr<ShardSparseTables>> Create(
       const TrainingConfig& resolved, int shard, int num_shards,
       uint64_t memory_bytes = 0);
-
-  // The memory this process may use: the machine's, or its cgroup's limit
-  // where that is lower (a container's, a Kubernetes pod's).
-  static uint64_t MemoryLimitBytes();
 
   // The most ids one call may carry.
   static constexpr int kMaxIdsPerCall = 1 << 20;

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/machine_memory.h"
 #include "common/sparse_ids.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -110,7 +111,7 @@ TEST(SparseTableTest,
 
   // By default the bound is this process's memory, which no machine has
   // enough of for 2^31 - 1 rows of 4,096 values (35 TB).
-  EXPECT_GT(ShardSparseTables::MemoryLimitBytes(), uint64_t{1} << 20);
+  EXPECT_GT(common::MemoryLimitBytes(), uint64_t{1} << 20);
   EXPECT_THAT(ShardSparseTables::Create(config, 0, 1), IsOk());
   *config.add_sparse_tables() = Config(
       "name: 'huge' dim: 4096 max_rows: 2147483647 optimizer: SPARSE_SGD");
