@@ -28,6 +28,14 @@ constexpr double kBias = -1.3;
 constexpr double kDenseWeightScale = 0.2;
 constexpr double kIdWeightScale = 0.25;
 
+// A categorical id: its field (from 1) above bit 48, its rank below.
+constexpr int kRankBits = 48;
+uint64_t IdOf(int field, int64_t rank) {
+  return (static_cast<uint64_t>(field + 1) << kRankBits) |
+         static_cast<uint64_t>(rank);
+}
+uint64_t RankOf(uint64_t id) { return id & ((uint64_t{1} << kRankBits) - 1); }
+
 double UniformOf(uint64_t bits) {  // [0, 1)
   return static_cast<double>(bits >> 11) / static_cast<double>(1ull << 53);
 }
@@ -72,8 +80,7 @@ std::string MakeLine(Rng& rng, uint64_t seed, int64_t signal_ranks,
     const int64_t rank = std::min<int64_t>(
         cardinalities[f] - 1,
         static_cast<int64_t>(std::floor(std::pow(c, rng.Uniform()))) - 1);
-    const uint64_t id =
-        (static_cast<uint64_t>(f + 1) << 48) | static_cast<uint64_t>(rank);
+    const uint64_t id = IdOf(f, rank);
     absl::StrAppend(&line, " ", kClickDenseFields + f, ":", id, ":1");
     example->ids.push_back(id);
     example->values.push_back(1.0f);
@@ -180,9 +187,9 @@ double PlantedLogit(uint64_t seed, const common::SparseExample& example,
     } else {
       // With signal_ranks, ids past the first signal_ranks of their field
       // weigh nothing.
-      const uint64_t rank = example.ids[i] & ((1ull << 48) - 1);
       const double scale =
-          signal_ranks > 0 && rank >= static_cast<uint64_t>(signal_ranks)
+          signal_ranks > 0 &&
+                  RankOf(example.ids[i]) >= static_cast<uint64_t>(signal_ranks)
               ? 0.0
               : kIdWeightScale;
       logit += scale * NormalOf(key ^ common::SplitMix64(example.ids[i])) *
