@@ -32,6 +32,7 @@
 #include "tests/local_shards.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
+#include "tests/worker_hold.h"
 #include "worker/cpu_backend.h"
 #include "worker/dataset.h"
 #include "worker/evaluator.h"
@@ -824,19 +825,14 @@ TEST_P(ShardRestartTest, WorkersRideOutAShardRestartWithNoBatchAppliedTwice) {
   // kill left to timing, a fast machine's workers finished first (40
   // epochs once; 200 epochs of sync in 0.5 s, once, with this thread kept
   // off the cores that long), and what the shard took after its
-  // checkpoint was lost with nobody left to push it again. The hold hangs
-  // on the step's slowdown wait, called once a step (the hook is given the
-  // wait and does not sleep it).
+  // checkpoint was lost with nobody left to push it again.
   auto killed = std::make_shared<absl::Notification>();
   auto hold = [killed](worker::WorkerContext* context) {
-    context->slowdown = 2;
-    auto steps = std::make_shared<int>(0);
-    context->sleep = [killed, steps, rank = context->rank](absl::Duration) {
-      if (++*steps != 300) return;
+    testutil::HoldAtStep(context, 300, [killed, rank = context->rank] {
       EXPECT_TRUE(killed->WaitForNotificationWithTimeout(absl::Seconds(60)))
           << "worker " << rank << " waited 60 s at step 300 for shard 1 "
           << "to be killed";
-    };
+    });
   };
   std::thread training([&] { Train(config, false, {}, hold); });
   // Once shard 1 has taken a part of the run and checkpointed it, it dies

@@ -24,6 +24,7 @@
 #include "tests/local_shards.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
+#include "tests/worker_hold.h"
 #include "worker/cpu_backend.h"
 #include "worker/dataset.h"
 #include "worker/model/model.h"
@@ -143,14 +144,9 @@ TEST_P(ElasticTest, EveryExampleIsTrainedWhileWorkersJoinLeaveAndDie) {
   // Ranks 0 and 1 hold at the end of their 10th step until rank 2 has
   // taken a data shard, so that there is data left for it: left to timing,
   // the two once trained all 200 batches in 0.2 s while this thread
-  // started rank 2, which found the queue empty and made no step. The hold
-  // hangs on the step's slowdown wait, called once a step (the hook is
-  // given the wait and does not sleep it).
+  // started rank 2, which found the queue empty and made no step.
   auto hold = [this](worker::WorkerContext* context) {
-    context->slowdown = 2;
-    auto steps = std::make_shared<int>(0);
-    context->sleep = [this, steps, rank = context->rank](absl::Duration) {
-      if (++*steps != 10) return;
+    testutil::HoldAtStep(context, 10, [this, rank = context->rank] {
       const absl::Time deadline = absl::Now() + absl::Minutes(1);
       while (true) {
         const StatsResponse stats = servers_[0]->state()->Stats();
@@ -164,7 +160,7 @@ TEST_P(ElasticTest, EveryExampleIsTrainedWhileWorkersJoinLeaveAndDie) {
         }
         absl::SleepFor(absl::Milliseconds(1));
       }
-    };
+    });
   };
   ASSERT_NO_FATAL_FAILURE(Start(config, 0, hold));
   ASSERT_NO_FATAL_FAILURE(Start(config, 1, hold));
