@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -56,11 +57,16 @@ struct Worker {
   worker::WorkerContext context;
   worker::WorkerCounters counters;
   absl::Notification stop;
+  absl::once_flag stop_once;
   absl::StatusOr<worker::WorkerResult> result =
       absl::UnknownError("not run");
   std::thread thread;
 
   int64_t steps() const { return counters.steps.load(); }
+  // Notifies `stop`, once whoever calls first.
+  void Stop() {
+    absl::call_once(stop_once, [this] { stop.Notify(); });
+  }
 };
 
 // A mode and the options it runs with.
@@ -73,6 +79,13 @@ struct Variant {
 class ElasticTest : public testing::TestWithParam<Variant> {
  protected:
   ElasticTest() : train_(testutil::Blobs(kExamples, 1)) {}
+  // A test that failed half-way leaves no worker's thread running.
+  ~ElasticTest() override {
+    for (Worker& w : workers_) {
+      w.Stop();
+      if (w.thread.joinable()) w.thread.join();
+    }
+  }
 
   TrainingConfig Config() const {
     return ResolvedConfig(absl::StrCat(
@@ -141,46 +154,63 @@ class ElasticTest : public testing::TestWithParam<Variant> {
 TEST_P(ElasticTest, EveryExampleIsTrainedWhileWorkersJoinLeaveAndDie) {
   const TrainingConfig config = Config();
   ASSERT_NO_FATAL_FAILURE(StartServers(config));
-  // Ranks 0 and 1 hold at the end of their 10th step until rank 2 has
-  // taken a data shard, so that there is data left for it: left to timing,
-  // the two once trained all 200 batches in 0.2 s while this thread
-  // started rank 2, which found the queue empty and made no step.
-  auto hold = [this](worker::WorkerContext* context) {
-    testutil::HoldAtStep(context, 10, [this, rank = context->rank] {
+  // Rank 2 joins once ranks 0 and 1 have made 10 steps; rank 1 leaves
+  // cleanly once rank 2 has made 5, and rank 0 dies once rank 2 has made
+  // 10 (it stops calling: its lease runs out, as a SIGKILLed worker's
+  // does). The two decide at the end of each step, and wait there, so that
+  // timing cannot reorder these events: left to it, ranks 0 and 1 once
+  // trained all 200 batches in 0.2 s while this thread started rank 2,
+  // which found the queue empty; and with rank 2 held up 0.3 s after its
+  // second step they trained all the rest before it made its fifth.
+  // - At step 10, each waits until rank 2 holds a data shard.
+  // - After it, each waits while it is more than kLead steps ahead of
+  //   rank 2, until rank 2 has made the steps that end its part: in sync
+  //   they are about 10 apart (the barrier), so only the asynchronous
+  //   modes wait there.
+  constexpr int kLead = 20;
+  auto part = [this](worker::WorkerContext* context, int64_t rank2_steps) {
+    Worker* self = &workers_[context->rank];
+    testutil::AtEachStep(context, [this, self, rank = context->rank,
+                                   rank2_steps](int step) {
+      if (step < 10 || self->stop.HasBeenNotified()) return;
       const absl::Time deadline = absl::Now() + absl::Minutes(1);
       while (true) {
-        const StatsResponse stats = servers_[0]->state()->Stats();
-        for (const DataShardRef& shard : stats.data_queue().in_flight()) {
-          if (shard.rank() == 2) return;
+        const int64_t rank2 = workers_[2].steps();
+        if (step == 10) {
+          const StatsResponse stats = servers_[0]->state()->Stats();
+          for (const DataShardRef& shard : stats.data_queue().in_flight()) {
+            if (shard.rank() == 2) return;
+          }
+        } else if (rank2 >= rank2_steps) {
+          self->Stop();
+          return;
+        } else if (step <= rank2 + kLead) {
+          return;
         }
         if (absl::Now() > deadline) {
-          ADD_FAILURE() << "rank " << rank << " waited a minute at its 10th "
-                        << "step for rank 2 to take a data shard";
+          ADD_FAILURE() << "rank " << rank << " waited a minute at its step "
+                        << step << " for rank 2, at step " << rank2;
           return;
         }
         absl::SleepFor(absl::Milliseconds(1));
       }
     });
   };
-  ASSERT_NO_FATAL_FAILURE(Start(config, 0, hold));
-  ASSERT_NO_FATAL_FAILURE(Start(config, 1, hold));
-  // Rank 2 joins once the first two have made 10 steps; then rank 1
-  // leaves cleanly, and rank 0 dies (it stops calling: its lease runs
-  // out, as a SIGKILLed worker's does).
+  ASSERT_NO_FATAL_FAILURE(Start(config, 0, [&](worker::WorkerContext* c) {
+    part(c, /*rank2_steps=*/10);
+  }));
+  ASSERT_NO_FATAL_FAILURE(Start(config, 1, [&](worker::WorkerContext* c) {
+    part(c, /*rank2_steps=*/5);
+  }));
   ASSERT_NO_FATAL_FAILURE(AwaitUntil(
       [&] { return workers_[0].steps() + workers_[1].steps() >= 10; },
       "10 steps of ranks 0 and 1"));
   ASSERT_NO_FATAL_FAILURE(Start(config, 2));
-  ASSERT_NO_FATAL_FAILURE(
-      AwaitUntil([&] { return workers_[2].steps() >= 5; }, "rank 2's steps"));
-  workers_[1].stop.Notify();
   Join(1);
   ASSERT_OK(workers_[1].client->Leave(absl::Seconds(10)));
-  ASSERT_NO_FATAL_FAILURE(
-      AwaitUntil([&] { return workers_[2].steps() >= 10; }, "rank 2's steps"));
-  workers_[0].stop.Notify();
   Join(0);
   Join(2);
+  EXPECT_GE(workers_[2].steps(), 10);
 
   EXPECT_THAT(workers_[0].result, StatusIs(absl::StatusCode::kCancelled));
   EXPECT_THAT(workers_[1].result, StatusIs(absl::StatusCode::kCancelled));
