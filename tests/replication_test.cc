@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/model_layout.h"
@@ -27,6 +28,7 @@
 #include "tests/status_matchers.h"
 #include "tests/tcp_proxy.h"
 #include "tests/test_util.h"
+#include "tests/worker_hold.h"
 #include "worker/cpu_backend.h"
 #include "worker/dataset.h"
 #include "worker/model/model.h"
@@ -901,21 +903,36 @@ std::vector<float> TrainOneSyncWorker(const TrainingConfig& config,
   context.log_interval = absl::ZeroDuration();
   context.counters = &counters;
   worker::PlaceWorker(**client, config, /*resume=*/false, &context);
+  // The kill lands while the worker trains, most often with a step in
+  // flight: it comes once the range reaches `kill_at`, and the worker holds
+  // at the end of step kill_at + 50 until it has come, so that a starved
+  // test thread cannot let the run end first (the test would then pass
+  // with nothing failed over).
+  absl::Notification killed;
+  if (kill_at > 0) {
+    testutil::HoldAtStep(&context, kill_at + 50, [&killed, kill_at] {
+      EXPECT_TRUE(killed.WaitForNotificationWithTimeout(absl::Minutes(1)))
+          << "the worker waited a minute at step " << kill_at + 50
+          << " for shard 1's process to be lost";
+    });
+  }
   std::unique_ptr<worker::TrainingLoop> loop =
       worker::MakeTrainingLoop(config.mode());
   absl::StatusOr<worker::WorkerResult> trained =
       absl::UnknownError("not run");
   std::thread training([&] { trained = loop->Run(context); });
   if (kill_at > 0) {
-    while (pair.servers[1]->state()->version() < kill_at &&
-           pair.servers[0]->state()->version() < 400) {
+    while (pair.servers[1]->state()->version() < kill_at) {
       absl::SleepFor(absl::Microseconds(200));
     }
     pair.servers[1]->Shutdown(absl::ZeroDuration());
+    killed.Notify();
   }
   training.join();
   EXPECT_TRUE(trained.ok()) << trained.status();
   if (!trained.ok()) return {};
+  // The backup took the range over, once.
+  EXPECT_EQ((*client)->ledger().take_overs, kill_at > 0 ? 1 : 0);
   *result = *trained;
   std::vector<float> params(common::ModelLayout::FromConfig(config).num_params());
   EXPECT_OK((*model)->GetParams(absl::MakeSpan(params)));
