@@ -88,13 +88,16 @@ absl::Status CheckLimits(const ShardServerOptions& options,
   const common::ShardRange range = common::ShardRangeFor(
       layout.num_params(), options.num_shards, options.shard);
   const uint64_t needed = range.size() * sizeof(float) * 4;
-  const uint64_t memory = common::PhysicalMemoryBytes();
+  // The machine's memory, or its container's limit where lower: beyond it
+  // the kernel kills the shard.
+  const uint64_t memory = common::MemoryLimitBytes();
   if (memory > 0 && needed > memory) {
     return absl::ResourceExhaustedError(
         absl::StrCat("shard ", options.shard, " of ", options.num_shards,
                      " holds ", range.size(), " parameters and needs at least ",
-                     needed >> 20, " MiB, more than this machine's ",
-                     memory >> 20, " MiB: use more shards or a smaller model"));
+                     needed >> 20, " MiB, more than the ", memory >> 20,
+                     " MiB of memory this process may use: use more shards, "
+                     "a smaller model, or give the shard more memory"));
   }
   // Policies that keep shard-sized arrays per worker: refused where they
   // would not fit, saying what they keep.

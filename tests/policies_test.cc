@@ -185,7 +185,8 @@ TEST(PolicyFactoryTest, RefusesPerWorkerCopiesThatDoNotFitSayingWhatToDo) {
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("2 x 4 x 1048576 parameters = 32 MiB on "
                                  "shard 0, which with its 16 MiB does not fit "
-                                 "this machine's 40 MiB")));
+                                 "the 40 MiB of memory this process may "
+                                 "use")));
   EXPECT_OK(CheckPolicyMemory(config, 4, 1 << 20, 0, 16 << 20, 48 << 20));
   EXPECT_OK(CheckPolicyMemory(config, 4, 1 << 20, 0, 16 << 20, 0));
 }

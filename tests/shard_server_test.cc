@@ -424,7 +424,9 @@ TEST(ShardServerOptionsTest, AShardLargerThanTheMachineIsRefusedFirst) {
       Options("layer_sizes: [1000000, 1000000, 10] mode: SYNC", 0, 1, 1, "");
   EXPECT_THAT(ShardServer::Start(options),
               StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("use more shards or a smaller model")));
+                       HasSubstr("MiB of memory this process may use: use "
+                                 "more shards, a smaller model, or give the "
+                                 "shard more memory")));
 }
 
 // Options that keep shard-sized arrays per worker are refused where those

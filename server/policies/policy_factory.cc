@@ -47,11 +47,14 @@ absl::Status CheckPolicyMemory(const TrainingConfig& resolved, int num_workers,
                           static_cast<uint64_t>(num_workers) * shard_size *
                           sizeof(float);
     if (memory == 0 || needed + kept <= memory) return absl::OkStatus();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": ", arrays, " x ", num_workers, " x ", shard_size,
-        " parameters = ", kept >> 20, " MiB on shard ", shard,
-        ", which with its ", needed >> 20, " MiB does not fit this machine's ",
-        memory >> 20, " MiB: use more shards, fewer workers, or ", instead));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": ", arrays, " x ", num_workers, " x ", shard_size,
+                     " parameters = ", kept >> 20, " MiB on shard ", shard,
+                     ", which with its ", needed >> 20,
+                     " MiB does not fit the ", memory >> 20,
+                     " MiB of memory this process may use: use more shards, "
+                     "fewer workers, or ",
+                     instead));
   };
   // Compressed pulls in downpour and onebit keep each worker's copy and
   // residual.
