@@ -35,7 +35,9 @@ ABSL_FLAG(int, num_workers, 1,
 ABSL_FLAG(std::string, listen, "127.0.0.1:5000",
           "host:port to serve on; port 0 picks a free one. The default "
           "serves this machine only: give 0.0.0.0:PORT (with "
-          "--auth_token_file, and TLS off a trusted network) to serve others "
+          "--auth_token_file, and TLS off a trusted network) to serve others. "
+          "unix:PATH serves on a Unix domain socket, for workers on this "
+          "machine (--servers=unix:PATH): their messages skip the TCP stack "
           "(env MONSOON_LISTEN).");
 ABSL_FLAG(double, max_abs_gradient, 1e9,
           "Pushes with a value beyond this magnitude are refused "
@@ -90,7 +92,8 @@ ABSL_FLAG(std::string, data_dir, "",
           "leaves the model's input shape or classes to the data.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write the chosen port to this "
-          "file once serving (for launchers that use port 0).");
+          "file once serving (for launchers that use port 0); with "
+          "--listen=unix:PATH, that address instead.");
 ABSL_FLAG(double, shutdown_grace_s, 5,
           "Seconds that running calls get to "
           "finish after SIGTERM (env MONSOON_SHUTDOWN_GRACE_S).");
@@ -143,6 +146,7 @@ namespace {
 using monsoon::common::kExitConfigError;
 using monsoon::common::kExitFailure;
 using monsoon::common::kExitOk;
+using monsoon::server::kUnixPrefix;
 using monsoon::server::ShardServer;
 using monsoon::server::ShardServerOptions;
 
@@ -325,9 +329,12 @@ void LogServing(const ShardServerOptions& options,
   }
   const auto range = server.state()->range();
   monsoon::common::Log(
-      "ps_server: shard %d/%d serving on port %d, mode %s, optimizer %s, "
+      "ps_server: shard %d/%d serving on %s, mode %s, optimizer %s, "
       "params [%d, %d) of %d, config %016x",
-      options.shard, options.num_shards, server.port(),
+      options.shard, options.num_shards,
+      absl::StartsWith(options.listen_address, kUnixPrefix)
+          ? server.address()
+          : absl::StrCat("port ", server.port()),
       monsoon::common::ModeName(config.mode()),
       monsoon::common::OptimizerName(config.optimizer()), range.begin,
       range.end, monsoon::common::ModelLayout::FromConfig(config).num_params(),
@@ -427,7 +434,11 @@ int main(int argc, char** argv) {
     // Written whole, then renamed, so that a reader never sees a partial
     // file.
     absl::Status written = monsoon::common::WriteFileAtomically(
-        port_file, absl::StrCat((*server)->port(), "\n"));
+        port_file,
+        absl::StrCat(absl::StartsWith(options.listen_address, kUnixPrefix)
+                         ? (*server)->address()
+                         : absl::StrCat((*server)->port()),
+                     "\n"));
     if (!written.ok()) return Fail(kExitFailure, written.message());
   }
   ServeUntilTheEnd(*termination, **server, options.shard);

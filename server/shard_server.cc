@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -32,6 +33,17 @@
 namespace monsoon::server {
 
 absl::Status CheckListenAddress(absl::string_view address) {
+  if (absl::StartsWith(address, kUnixPrefix)) {
+    const absl::string_view path = address.substr(kUnixPrefix.size());
+    // sockaddr_un holds 108 bytes with the terminating NUL.
+    if (path.empty() || path.size() > 107) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--listen='", address,
+          "' needs a socket path of 1 to 107 bytes after unix:, e.g. "
+          "unix:/run/monsoon/ps-0.sock"));
+    }
+    return absl::OkStatus();
+  }
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == absl::string_view::npos || colon == 0 ||
@@ -40,7 +52,8 @@ absl::Status CheckListenAddress(absl::string_view address) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--listen='", address,
         "' is not host:port with a port from 0 to 65535 (0 picks a free "
-        "one), e.g. 0.0.0.0:5000"));
+        "one), e.g. 0.0.0.0:5000, nor unix:PATH (a Unix domain socket, for "
+        "workers on the same machine)"));
   }
   return absl::OkStatus();
 }
@@ -409,12 +422,18 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   ConfigureBuilder(options, &builder, &quota);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on '", options.listen_address,
-                     "': is the address valid and the port free?"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on '", options.listen_address,
+        absl::StartsWith(options.listen_address, kUnixPrefix)
+            ? "': does its directory exist and may this process write there? "
+              "(A socket left by a dead shard is replaced; any other file at "
+              "the path is left alone and blocks it.)"
+            : "': is the address valid and the port free?"));
   }
   const absl::string_view address = options.listen_address;
-  host_ = std::string(address.substr(0, address.rfind(':')));
+  host_ = absl::StartsWith(address, kUnixPrefix)
+              ? std::string(address)
+              : std::string(address.substr(0, address.rfind(':')));
   return absl::OkStatus();
 }
 
@@ -664,6 +683,7 @@ int ShardServer::metrics_port() const {
 }
 
 std::string ShardServer::address() const {
+  if (absl::StartsWith(host_, kUnixPrefix)) return host_;
   return absl::StrCat(host_, ":", port_);
 }
 

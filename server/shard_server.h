@@ -105,7 +105,13 @@ struct ShardServerOptions {
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
 };
 
-// OK for host:port with a port from 0 to 65535; INVALID_ARGUMENT, with an
+// What starts a listen address that is a Unix domain socket's path
+// (unix:/run/monsoon/ps-0.sock): for workers on the shard's machine, whose
+// messages then skip the TCP stack.
+inline constexpr absl::string_view kUnixPrefix = "unix:";
+
+// OK for host:port with a port from 0 to 65535, or unix:PATH with a path
+// that fits a socket address (1 to 107 bytes); INVALID_ARGUMENT, with an
 // example, for anything else (gRPC would otherwise pick a random port for
 // an out-of-range one).
 absl::Status CheckListenAddress(absl::string_view address);
@@ -124,9 +130,11 @@ class ShardServer {
       const ShardServerOptions& options);
   ~ShardServer();
 
+  // The port it serves on (when listening on host:port).
   int port() const { return port_; }
   // The port of /metrics, or 0 when not serving metrics.
   int metrics_port() const;
+  // Where workers reach it: host:port, or unix:PATH.
   std::string address() const;
   ShardState* state() { return state_.get(); }
   UpdateRule* rule() { return rule_.get(); }

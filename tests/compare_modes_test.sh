@@ -52,6 +52,28 @@ print("compare_modes_test: results.json, summary.md and %d plots OK" %
       len(pngs))
 PY
 grep -q "sync-s1-w2" "$out.log"  # the table was printed
+
+# The same sync run over Unix domain sockets (--unix_sockets): the servers
+# listen on unix:PATH, every process reaches them there, and the run ends
+# with the same weights, bit for bit (sync with a seed is reproducible).
+uds="${out}-unix"
+"$compare" --modes=sync --servers=1 --workers=2 --epochs=1 \
+  --hidden=32 --eval_interval_s=1 --report_script="$report" --unix_sockets \
+  --out_dir="$uds" > "$uds.log" 2>&1 || { cat "$uds.log"; exit 1; }
+grep -q "launch: 1 servers up at unix:/" "$uds.log" || { cat "$uds.log"; exit 1; }
+/usr/bin/python3 - "$out" "$uds" <<'PY'
+import json, os, sys
+tcp, uds = (json.load(open(os.path.join(d, "results.json")))["runs"][0]
+            for d in sys.argv[1:])
+assert tcp["name"] == uds["name"] == "sync-s1-w2", (tcp["name"], uds["name"])
+assert uds["final_test_accuracy"] == tcp["final_test_accuracy"], (
+    uds["final_test_accuracy"], tcp["final_test_accuracy"])
+for key in ["samples", "test_accuracy", "test_loss"]:
+    assert uds["curve"][-1][key] == tcp["curve"][-1][key], (
+        key, uds["curve"][-1], tcp["curve"][-1])
+print("compare_modes_test: sync over Unix domain sockets ended as over TCP, "
+      "bit for bit")
+PY
 # The progress line, from the daemons' figures: each run ends on its last
 # epoch with a test accuracy.
 grep -Eq "^hogwild-s1-w2 +epoch 1/1 +[0-9]+ samples/s +test accuracy 0\.[0-9]{4}" \

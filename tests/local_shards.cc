@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 
@@ -9,7 +10,7 @@ namespace monsoon::testutil {
 
 std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
     const TrainingConfig& config, int num_shards, int num_workers,
-    const std::string& checkpoint_dir) {
+    const std::string& checkpoint_dir, const std::string& socket_dir) {
   std::vector<std::unique_ptr<server::ShardServer>> servers;
   for (int s = 0; s < num_shards; ++s) {
     server::ShardServerOptions options;
@@ -17,7 +18,10 @@ std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
     options.shard = s;
     options.num_shards = num_shards;
     options.num_workers = num_workers;
-    options.listen_address = "127.0.0.1:0";
+    options.listen_address =
+        socket_dir.empty()
+            ? "127.0.0.1:0"
+            : absl::StrCat("unix:", socket_dir, "/shard-", s, ".sock");
     options.lease = kTestLease;
     options.checkpoint_dir = checkpoint_dir;
     absl::StatusOr<std::unique_ptr<server::ShardServer>> server =

@@ -21,12 +21,13 @@ namespace monsoon::testutil {
 // live worker whose lease ran out would have its batch skipped).
 inline constexpr absl::Duration kTestLease = absl::Seconds(2);
 
-// Starts shards 0 .. num_shards-1 of `config` on port 0 of 127.0.0.1, with
-// the lease kTestLease (and checkpoints in `checkpoint_dir`, if given). A
-// shard that does not start is a test failure and is left out.
+// Starts shards 0 .. num_shards-1 of `config` on port 0 of 127.0.0.1 (or,
+// with `socket_dir`, on Unix domain sockets there: unix:DIR/shard-S.sock),
+// with the lease kTestLease (and checkpoints in `checkpoint_dir`, if
+// given). A shard that does not start is a test failure and is left out.
 std::vector<std::unique_ptr<server::ShardServer>> StartLocalShards(
     const TrainingConfig& config, int num_shards, int num_workers,
-    const std::string& checkpoint_dir = "");
+    const std::string& checkpoint_dir = "", const std::string& socket_dir = "");
 
 // Options for a client of those shards, with a 10 s connect timeout.
 worker::PsClientOptions ClientOptions(

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -236,6 +238,46 @@ TEST_F(TwoShardsTest, PushAndPullRoundTripAcrossTwoShards) {
   EXPECT_EQ(stats[0].bytes_pulled() + stats[1].bytes_pulled(),
             client->bytes_pulled());
   EXPECT_GT(client->bytes_pushed(), static_cast<int64_t>(53 * sizeof(float)));
+}
+
+// Shards on Unix domain sockets (ps_server --listen=unix:PATH), for
+// workers on their machine: the same calls, the same answers.
+TEST(PsClientTest, PushAndPullOverUnixDomainSockets) {
+  // A short folder: a socket's path must fit 107 bytes, which the test's
+  // own temporary folder may not leave.
+  char dir[] = "/tmp/monsoon-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      testutil::StartLocalShards(config, 2, 1, "", dir);
+  ASSERT_EQ(servers.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(servers[s]->address(),
+              absl::StrCat("unix:", dir, "/shard-", s, ".sock"));
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  std::vector<float> params(53, -100.0f);
+  std::vector<int64_t> versions;
+  ASSERT_OK(
+      client->Pull(0, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  const std::vector<float> initial = AllInitialValues(config);
+  EXPECT_EQ(params, initial);
+  std::vector<float> grads(53);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.5f * i - 10.0f;
+  ASSERT_OK(client->Push(grads, versions, /*samples=*/16));
+  ASSERT_OK(
+      client->Pull(1, absl::Seconds(30), absl::MakeSpan(params), &versions));
+  EXPECT_THAT(versions, ElementsAre(1, 1));
+  std::vector<float> expected = initial;
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] -= 1.0f * grads[i];
+  EXPECT_EQ(params, expected);
+  client.reset();
+  for (auto& server : servers) server->Shutdown(absl::ZeroDuration());
+  servers.clear();
+  // The shards took their sockets with them.
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PsClientTest, ChunkedPushAndPullReassembleALargeModel) {

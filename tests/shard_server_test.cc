@@ -10,8 +10,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -416,6 +418,35 @@ TEST(ShardServerOptionsTest, ListenPortOutOfRangeIsRefused) {
   }
   EXPECT_OK(CheckListenAddress("0.0.0.0:65535"));
   EXPECT_OK(CheckListenAddress("[::1]:0"));
+}
+
+TEST(ShardServerOptionsTest, AUnixSocketPathMustFitASocketAddress) {
+  EXPECT_OK(CheckListenAddress("unix:/run/monsoon/ps-0.sock"));
+  EXPECT_OK(CheckListenAddress("unix:ps.sock"));
+  EXPECT_OK(CheckListenAddress(absl::StrCat("unix:/", std::string(106, 'a'))));
+  for (const std::string& listen :
+       {std::string("unix:"), absl::StrCat("unix:/", std::string(107, 'a'))}) {
+    ShardServerOptions options = Options(kSyncConfig, 0, 1, 1, "");
+    options.listen_address = listen;
+    EXPECT_THAT(ShardServer::Start(options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("needs a socket path of 1 to 107 bytes")))
+        << listen;
+  }
+  // A file at the path that is not a socket is left alone, and named.
+  char dir[] = "/tmp/monsoon-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = absl::StrCat(dir, "/notes.txt");
+  std::ofstream(path) << "kept\n";
+  ShardServerOptions options = Options(kSyncConfig, 0, 1, 1, "");
+  options.listen_address = absl::StrCat("unix:", path);
+  EXPECT_THAT(ShardServer::Start(options),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("any other file at the path is left alone")));
+  std::string kept;
+  std::ifstream(path) >> kept;
+  EXPECT_EQ(kept, "kept");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ShardServerOptionsTest, AShardLargerThanTheMachineIsRefusedFirst) {

@@ -267,6 +267,7 @@ absl::StatusOr<ComparisonResult> RunComparison(const ComparisonOptions& options,
                 network != nullptr ? &network->placement() : nullptr;
             run.max_restarts = options.max_restarts;
             run.replicas = options.replicas;
+            run.unix_sockets = options.unix_sockets;
             run.tls_dir = options.tls_dir;
             run.slowdown = options.stragglers;
             // Every daemon serves Prometheus metrics, on free loopback ports

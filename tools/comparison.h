@@ -76,6 +76,8 @@ struct ComparisonOptions {
   // LocalClusterOptions.max_restarts and replicas for every run.
   int max_restarts = 3;
   int replicas = 0;
+  // LocalClusterOptions.unix_sockets for every run.
+  bool unix_sockets = false;
   // --chaos, injected into every run (ParseChaos against its counts).
   std::string chaos;
   // LocalClusterOptions.tls_dir for every run.

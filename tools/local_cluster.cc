@@ -9,7 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -18,6 +21,7 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -176,6 +180,12 @@ class ClusterRun {
         config_path_(options.work_dir + "/config.textproto"),
         checkpoint_dir_(options.work_dir + "/checkpoints"),
         curve_path_(options.work_dir + "/curve.textproto") {}
+  ~ClusterRun() {
+    if (!socket_dir_.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(socket_dir_, ignored);
+    }
+  }
 
   absl::StatusOr<RunMetrics> Run();
 
@@ -249,6 +259,8 @@ class ClusterRun {
   std::vector<Daemon> server_daemons_;
   std::vector<Daemon> worker_daemons_;
   std::vector<std::string> port_files_;
+  // With unix_sockets: the folder of the servers' sockets.
+  std::string socket_dir_;
   std::vector<std::string> addresses_;     // what the launcher dials, per shard
   std::string server_list_;                // what the evaluator dials
   std::vector<std::string> worker_lists_;  // what each worker dials
@@ -297,6 +309,22 @@ absl::Status ClusterRun::PrepareFiles() {
   if (placed_ && elastic_) {
     return absl::InvalidArgumentError(
         "elastic runs are not built for --link yet: run them on loopback");
+  }
+  if (placed_ && options_.unix_sockets) {
+    return absl::InvalidArgumentError(
+        "the emulated hosts of --link reach each other over TCP: leave "
+        "--unix_sockets off with --link");
+  }
+  if (options_.unix_sockets) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(
+        tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp", "/monsoon-XXXXXX");
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot make a folder for the servers' sockets (",
+                       pattern, "): ", std::strerror(errno)));
+    }
+    socket_dir_ = pattern;
   }
   if (placed_ && options_.metrics_port != 0) {
     return absl::InvalidArgumentError(
@@ -407,6 +435,10 @@ absl::Status ClusterRun::StartServers() {
           "to each other undelayed; give --link a rate alone, or load netem");
     }
     listen = options_.placement->worker_addresses;
+  } else if (options_.unix_sockets) {
+    for (int s = 0; s < options_.servers; ++s) {
+      listen[s] = absl::StrCat("unix:", socket_dir_, "/server-", s, ".sock");
+    }
   } else if (options_.replicas > 0) {
     absl::StatusOr<int> first = FreePortRange(options_.servers);
     if (!first.ok()) return first.status();
@@ -465,9 +497,13 @@ absl::Status ClusterRun::WaitForServers() {
       }
       std::string text;
       int port = 0;
-      if (addresses[s].empty() && ReadFile(port_files_[s], &text) &&
-          absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
-        addresses[s] = absl::StrCat("127.0.0.1:", port);
+      if (addresses[s].empty() && ReadFile(port_files_[s], &text)) {
+        const absl::string_view written = absl::StripAsciiWhitespace(text);
+        if (absl::StartsWith(written, "unix:")) {
+          addresses[s] = std::string(written);
+        } else if (absl::SimpleAtoi(written, &port)) {
+          addresses[s] = absl::StrCat("127.0.0.1:", port);
+        }
       }
       all = all && !addresses[s].empty();
     }

@@ -135,6 +135,13 @@ struct LocalClusterOptions {
   // yet), and the run fails only when two neighbouring servers are gone
   // (both copies of a range). Loopback only (not with a placement).
   int replicas = 0;
+  // The servers listen on Unix domain sockets (ps_server --listen=unix:PATH,
+  // in a fresh folder under $TMPDIR or /tmp, removed at the end: a socket's
+  // path must fit 107 bytes), where the workers, the evaluator and the
+  // servers themselves reach them: messages skip the TCP stack, as they can
+  // between processes of one machine. Loopback only (not with a
+  // placement); mode allreduce's ring stays on TCP (gloo's).
+  bool unix_sockets = false;
   // The servers' --lease_s: how long a dead worker holds up a sync step,
   // and a restarted one waits to take its rank back. Shorter than the
   // daemons' default of 10 s: on one machine a live worker calls far more

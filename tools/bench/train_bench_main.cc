@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -78,6 +79,11 @@ ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and worker/ps_{worker,evaluator} "
           "(default: found beside this binary).");
 ABSL_FLAG(bool, json, false, "Print one JSON object per case.");
+ABSL_FLAG(bool, unix_sockets, false,
+          "Monsoon's workers reach the shards over Unix domain sockets "
+          "(launch_local --unix_sockets) rather than TCP on loopback. The "
+          "references are as they are: DDP's gloo over TCP, the RPC parameter "
+          "server over TensorPipe's choice on one machine (shared memory).");
 ABSL_FLAG(std::string, config_text, "",
           "Text-format TrainingConfig fields for every Monsoon run, set before "
           "the flags above (which win) and resolution, e.g. "
@@ -225,6 +231,7 @@ absl::StatusOr<MonsoonRun> RunMonsoon(Mode mode, Model model, int workers,
                         ? BinDirBesideThis()
                         : absl::GetFlag(FLAGS_bin_dir);
   options.work_dir = dir;
+  options.unix_sockets = absl::GetFlag(FLAGS_unix_sockets);
   // Idle until training ends, then one evaluation.
   options.eval_interval_s = 1e6;
   if (kind == WorkerKind::kTorch) {
@@ -250,8 +257,13 @@ absl::StatusOr<MonsoonRun> RunMonsoon(Mode mode, Model model, int workers,
     for (const std::string& line : last_lines) {
       std::fprintf(stderr, "  %s\n", line.c_str());
     }
+    std::fprintf(stderr, "train_bench: the run's files are kept in %s\n", dir);
     return metrics.status();
   }
+  // Its checkpoints and reports (tens of MB with the PyTorch worker's
+  // layout) are of no use once read.
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
   if (metrics->train_time_s <= 0) {
     return absl::InternalError("the run trained no steps");
   }
