@@ -11,6 +11,7 @@
 #include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/socket_buffers.h"
 #include "common/wire.h"
 #include "proto/health.grpc.pb.h"
 
@@ -27,6 +28,7 @@ Replication::Replication(ReplicationOptions options, Role role,
   args.SetMaxSendMessageSize(common::kMaxMessageBytes);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  common::SetUnixSocketBuffers(&args);
   channel_ = grpc::CreateCustomChannel(
       options_.peer_address,
       options_.credentials != nullptr ? options_.credentials

@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "common/machine_memory.h"
 #include "common/model_layout.h"
+#include "common/socket_buffers.h"
 #include "common/sparse_ids.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
@@ -153,6 +154,8 @@ void ConfigureBuilder(const ShardServerOptions& options,
   // gRPC sets SO_REUSEPORT by default, which would let a second shard bind
   // a port already in use and silently share its connections.
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Buffers for messages of a MiB on a Unix domain socket.
+  common::SetUnixSocketBuffers(builder);
   // Keepalive both ways (see ShardServerOptions::peer_timeout and
   // worker/ps_client.h): the shard pings silent clients, and accepts the
   // clients' pings however idle the connection.
@@ -561,6 +564,7 @@ void ShardServer::RepairRange(const ShardServerOptions& options,
   replication->BeginRepair();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // a whole range's state
+  common::SetUnixSocketBuffers(&args);
   std::unique_ptr<ParameterService::Stub> stub =
       ParameterService::NewStub(grpc::CreateCustomChannel(
           peer,

@@ -6,12 +6,15 @@
 #include <grpcpp/server_builder.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,6 +30,7 @@
 #include "common/config.h"
 #include "common/model_layout.h"
 #include "common/onebit.h"
+#include "common/socket_buffers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
@@ -272,6 +277,48 @@ TEST(PsClientTest, PushAndPullOverUnixDomainSockets) {
   std::vector<float> expected = initial;
   for (size_t i = 0; i < expected.size(); ++i) expected[i] -= 1.0f * grads[i];
   EXPECT_EQ(params, expected);
+  // Every connection's sockets, the client's end and the shard's, hold a
+  // MiB-sized message in flight (common/socket_buffers.h): the kernel sets
+  // twice the size asked, capped at net.core.wmem_max and rmem_max.
+  auto sysctl = [](const char* path) {
+    int64_t value = 0;
+    std::ifstream(path) >> value;
+    return value;
+  };
+  const int64_t wanted = common::kUnixSocketBufferBytes;
+  const int64_t send_buffer =
+      2 * std::min(wanted, sysctl("/proc/sys/net/core/wmem_max"));
+  const int64_t receive_buffer =
+      2 * std::min(wanted, sysctl("/proc/sys/net/core/rmem_max"));
+  int connected = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &fd)) continue;
+    sockaddr_un local = {}, peer = {};
+    socklen_t local_length = sizeof(local), peer_length = sizeof(peer);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) !=
+            0 ||
+        local.sun_family != AF_UNIX ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) !=
+            0) {
+      continue;  // not a connected Unix socket
+    }
+    // The shard's end is named by the socket's path, the client's by its
+    // peer's.
+    const std::string path(local_length > sizeof(sa_family_t) ? local.sun_path
+                                                              : peer.sun_path);
+    if (!absl::StartsWith(path, dir)) continue;
+    int sndbuf = 0, rcvbuf = 0;
+    socklen_t length = sizeof(int);
+    ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &length), 0);
+    ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &length), 0);
+    EXPECT_EQ(sndbuf, send_buffer) << path;
+    EXPECT_EQ(rcvbuf, receive_buffer) << path;
+    ++connected;
+  }
+  // The client's connection to each shard: both ends.
+  EXPECT_EQ(connected, 4);
   client.reset();
   for (auto& server : servers) server->Shutdown(absl::ZeroDuration());
   servers.clear();

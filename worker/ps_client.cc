@@ -11,9 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
-#include "common/log.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/onebit.h"
+#include "common/socket_buffers.h"
 #include "worker/shard_streams.h"
 
 namespace monsoon::worker {
@@ -35,6 +36,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(
   // Reconnect quickly while the servers start.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  common::SetUnixSocketBuffers(&args);
   return grpc::CreateCustomChannel(
       address,
       credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),

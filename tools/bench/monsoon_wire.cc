@@ -8,14 +8,15 @@
 namespace monsoon::tools {
 namespace {
 
-// One shard of `resolved` on loopback (one worker) and a client of it.
+// One shard of `resolved` on `listen` (one worker) and a client of it.
 absl::Status StartShardAndClient(const TrainingConfig& resolved,
+                                 const std::string& listen,
                                  std::unique_ptr<server::ShardServer>* server,
                                  std::unique_ptr<worker::PsClient>* client) {
   server::ShardServerOptions options;
   options.config = resolved;
   options.num_workers = 1;
-  options.listen_address = "127.0.0.1:0";
+  options.listen_address = listen;
   absl::StatusOr<std::unique_ptr<server::ShardServer>> started =
       server::ShardServer::Start(options);
   if (!started.ok()) return started.status();
@@ -33,7 +34,8 @@ absl::Status StartShardAndClient(const TrainingConfig& resolved,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MonsoonWire>> MonsoonWire::Start(
-    uint64_t values, Mode mode, bool onebit, uint64_t chunk_bytes) {
+    uint64_t values, Mode mode, bool onebit, uint64_t chunk_bytes,
+    const std::string& listen) {
   std::unique_ptr<MonsoonWire> wire(new MonsoonWire());
   TrainingConfig config;
   // One layer of k outputs and (values / k - 1) inputs: `values`
@@ -54,8 +56,8 @@ absl::StatusOr<std::unique_ptr<MonsoonWire>> MonsoonWire::Start(
   if (!resolved.ok()) return resolved.status();
   wire->config_ = *resolved;
 
-  if (absl::Status s = StartShardAndClient(wire->config_, &wire->server_,
-                                           &wire->client_);
+  if (absl::Status s = StartShardAndClient(wire->config_, listen,
+                                           &wire->server_, &wire->client_);
       !s.ok()) {
     return s;
   }
@@ -128,8 +130,8 @@ absl::StatusOr<std::unique_ptr<SparseWire>> SparseWire::Start(int dim,
   absl::StatusOr<TrainingConfig> resolved = common::ResolveConfig(config);
   if (!resolved.ok()) return resolved.status();
 
-  if (absl::Status s =
-          StartShardAndClient(*resolved, &wire->server_, &wire->client_);
+  if (absl::Status s = StartShardAndClient(*resolved, "127.0.0.1:0",
+                                           &wire->server_, &wire->client_);
       !s.ok()) {
     return s;
   }

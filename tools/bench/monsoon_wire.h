@@ -1,12 +1,13 @@
 // wire_bench's Monsoon side: one shard served in this process and one
-// client of it, both on loopback, through the same code as ps_server and
-// ps_worker: pushes leave through a GradientPusher over the CPU backend, as
-// a CPU worker's do. Each call is one repetition of a case.
+// client of it, both on loopback (or a Unix domain socket), through the same
+// code as ps_server and ps_worker: pushes leave through a GradientPusher over
+// the CPU backend, as a CPU worker's do. Each call is one repetition of a case.
 #ifndef MONSOON_TOOLS_BENCH_MONSOON_WIRE_H_
 #define MONSOON_TOOLS_BENCH_MONSOON_WIRE_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,10 +22,11 @@ namespace monsoon::tools {
 class MonsoonWire {
  public:
   ~MonsoonWire();
-  // A shard of `values` parameters (one worker) and its client; 1-bit
-  // quantized pushes when `onebit`.
+  // A shard of `values` parameters (one worker) listening on `listen`, and
+  // its client; 1-bit quantized pushes when `onebit`.
   static absl::StatusOr<std::unique_ptr<MonsoonWire>> Start(
-      uint64_t values, Mode mode, bool onebit, uint64_t chunk_bytes);
+      uint64_t values, Mode mode, bool onebit, uint64_t chunk_bytes,
+      const std::string& listen = "127.0.0.1:0");
 
   absl::Status Push();
   absl::Status Pull();

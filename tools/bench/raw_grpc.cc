@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
+#include "common/socket_buffers.h"
 
 namespace monsoon::tools {
 namespace {
@@ -185,20 +187,28 @@ class RawGrpcServer::Service : public grpc::CallbackGenericService {
 };
 
 absl::StatusOr<std::unique_ptr<RawGrpcServer>> RawGrpcServer::Start(
-    uint64_t max_bytes) {
+    uint64_t max_bytes, const std::string& listen) {
   std::unique_ptr<RawGrpcServer> server(new RawGrpcServer());
   server->payload_.assign(max_bytes, 1);
   server->service_ = std::make_unique<Service>(&server->payload_);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &server->port_);
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  // The buffers Monsoon's own sockets get, for a like-for-like reference
+  // over Unix domain sockets.
+  common::SetUnixSocketBuffers(&builder);
   builder.RegisterCallbackGenericService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError("the raw gRPC server could not start");
+  if (server->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("the raw gRPC server could not listen on ", listen));
   }
+  server->address_ =
+      absl::StartsWith(listen, "unix:")
+          ? listen
+          : absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   return server;
 }
 
@@ -212,6 +222,7 @@ std::shared_ptr<grpc::Channel> RawChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
+  common::SetUnixSocketBuffers(&args);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                    args);
 }

@@ -27,13 +27,14 @@ namespace monsoon::tools {
 
 class RawGrpcServer {
  public:
-  // Listens on 127.0.0.1, on a free port; serves transfers of up to
-  // max_bytes.
+  // Listens on `listen` (host:port, port 0 a free one, or unix:PATH);
+  // serves transfers of up to max_bytes.
   static absl::StatusOr<std::unique_ptr<RawGrpcServer>> Start(
-      uint64_t max_bytes);
+      uint64_t max_bytes, const std::string& listen = "127.0.0.1:0");
   ~RawGrpcServer();
 
-  int port() const { return port_; }
+  // Where a client reaches it.
+  const std::string& address() const { return address_; }
 
  private:
   class Service;
@@ -41,7 +42,7 @@ class RawGrpcServer {
   std::vector<char> payload_;  // what pulls send
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  std::string address_;
 };
 
 class RawGrpcClient {

@@ -26,8 +26,11 @@
 //
 // Exit codes: 0 after a report, 2 for a bad flag, 1 for any other failure.
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -61,6 +64,11 @@ ABSL_FLAG(bool, json, false, "Print one JSON object per case.");
 ABSL_FLAG(int64_t, sparse_rows, 10000000,
           "Rows of the sparse cases' table (0: no sparse cases).");
 ABSL_FLAG(int, sparse_batch, 512, "Ids per sparse push or pull.");
+ABSL_FLAG(bool, unix_sockets, false,
+          "The shard and the raw gRPC server both listen on Unix domain "
+          "sockets (in a fresh folder under TMPDIR) rather than on loopback "
+          "TCP: the dense cases on the transport of workers on the shard's "
+          "machine (ps_server --listen=unix:PATH).");
 
 namespace monsoon::tools {
 namespace {
@@ -230,16 +238,38 @@ int Main() {
   const uint64_t max_bytes = static_cast<uint64_t>(sizes.back()) << 20;
   uint64_t largest = 0;
   for (int mib : sizes) largest = std::max<uint64_t>(largest, mib);
+  // Where the raw server and the shard listen.
+  std::string raw_listen = "127.0.0.1:0";
+  std::string shard_listen = "127.0.0.1:0";
+  std::string socket_dir;
+  if (absl::GetFlag(FLAGS_unix_sockets)) {
+    const char* tmp = std::getenv("TMPDIR");
+    socket_dir = absl::StrCat(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp",
+                              "/monsoon-wire-XXXXXX");
+    if (mkdtemp(socket_dir.data()) == nullptr) {
+      std::fprintf(stderr, "wire_bench: cannot make %s\n", socket_dir.c_str());
+      return 1;
+    }
+    raw_listen = absl::StrCat("unix:", socket_dir, "/raw.sock");
+    shard_listen = absl::StrCat("unix:", socket_dir, "/shard.sock");
+  }
+  // The sockets' folder goes with the servers, whatever the way out.
+  struct RemoveAtExit {
+    std::string dir;
+    ~RemoveAtExit() {
+      std::error_code ignored;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_at_exit{socket_dir};
   absl::StatusOr<std::unique_ptr<RawGrpcServer>> raw_server =
-      RawGrpcServer::Start(largest << 20);
+      RawGrpcServer::Start(largest << 20, raw_listen);
   if (!raw_server.ok()) {
     std::fprintf(stderr, "wire_bench: %s\n",
                  raw_server.status().ToString().c_str());
     return 1;
   }
   (void)max_bytes;
-  RawGrpcClient raw(absl::StrCat("127.0.0.1:", (*raw_server)->port()),
-                    largest << 20);
+  RawGrpcClient raw((*raw_server)->address(), largest << 20);
 
   for (int mib : sizes) {
     const uint64_t bytes = static_cast<uint64_t>(mib) << 20;
@@ -248,8 +278,8 @@ int Main() {
         *mode == SYNC || *mode == DOWNPOUR || *mode == ONEBIT;
     for (bool onebit : {false, true}) {
       if (onebit && !onebit_allowed) continue;
-      absl::StatusOr<std::unique_ptr<MonsoonWire>> monsoon =
-          MonsoonWire::Start(bytes / sizeof(float), *mode, onebit, chunk);
+      absl::StatusOr<std::unique_ptr<MonsoonWire>> monsoon = MonsoonWire::Start(
+          bytes / sizeof(float), *mode, onebit, chunk, shard_listen);
       if (!monsoon.ok()) {
         std::fprintf(stderr, "wire_bench: %s\n",
                      monsoon.status().ToString().c_str());
