@@ -83,7 +83,7 @@ ABSL_FLAG(bool, unix_sockets, false,
           "Monsoon's workers reach the shards over Unix domain sockets "
           "(launch_local --unix_sockets) rather than TCP on loopback. The "
           "references are as they are: DDP's gloo over TCP, the RPC parameter "
-          "server over TensorPipe's choice on one machine (shared memory).");
+          "server over the transport and channel TensorPipe chooses.");
 ABSL_FLAG(std::string, config_text, "",
           "Text-format TrainingConfig fields for every Monsoon run, set before "
           "the flags above (which win) and resolution, e.g. "
