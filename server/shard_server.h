@@ -41,7 +41,8 @@ struct ShardServerOptions {
   int shard = 0;
   int num_shards = 1;
   int num_workers = 1;
-  // host:port; port 0 picks a free one (see ShardServer::port()).
+  // host:port, port 0 picking a free one (see ShardServer::port()), or
+  // unix:PATH (a Unix domain socket).
   std::string listen_address = "127.0.0.1:0";
   // If not empty: an existing directory that holds this shard's checkpoint
   // (CheckpointPath). Start resumes from the checkpoint when there is one;
@@ -119,13 +120,13 @@ absl::Status CheckListenAddress(absl::string_view address);
 class ShardServer {
  public:
   // Validates the options (INVALID_ARGUMENT, also for a checkpoint_dir that
-  // is not a directory or a listen address that is not host:port with a
-  // valid port; RESOURCE_EXHAUSTED for a shard larger than the machine's
-  // memory, before allocating it), builds the shard, resumes it from its
-  // checkpoint if there is one, and starts serving (UNAVAILABLE when the
-  // address cannot be bound). A checkpoint of another config, shard or shard
-  // count gets FAILED_PRECONDITION; an unreadable one DATA_LOSS. Nothing is
-  // served then.
+  // is not a directory or a listen address that is neither host:port with a
+  // valid port nor unix:PATH; RESOURCE_EXHAUSTED for a shard larger than the
+  // memory this process may use, before allocating it), builds the shard,
+  // resumes it from its checkpoint if there is one, and starts serving
+  // (UNAVAILABLE when the address cannot be bound). A checkpoint of another
+  // config, shard or shard count gets FAILED_PRECONDITION; an unreadable one
+  // DATA_LOSS. Nothing is served then.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const ShardServerOptions& options);
   ~ShardServer();

@@ -42,7 +42,8 @@
 namespace monsoon::worker {
 
 struct PsClientOptions {
-  std::vector<std::string> server_addresses;  // in shard order
+  // In shard order: host:port, or unix:PATH.
+  std::vector<std::string> server_addresses;
   TrainingConfig config;                      // resolved
   int worker_rank = 0;                        // -1 for an evaluator
   // The worker count this client was started with, which every shard checks
