@@ -311,6 +311,14 @@ int ExitCodeForStartError(const absl::Status& status) {
   return config_error ? kExitConfigError : kExitFailure;
 }
 
+// What --port_file holds: the port, or with --listen=unix:PATH the address.
+std::string PortFileLine(const ShardServerOptions& options,
+                         const ShardServer& server) {
+  return absl::StartsWith(options.listen_address, kUnixPrefix)
+             ? server.address()
+             : absl::StrCat(server.port());
+}
+
 // The lines that say what the shard serves, once it does.
 void LogServing(const ShardServerOptions& options,
                 const monsoon::TrainingConfig& config, ShardServer& server) {
@@ -434,11 +442,7 @@ int main(int argc, char** argv) {
     // Written whole, then renamed, so that a reader never sees a partial
     // file.
     absl::Status written = monsoon::common::WriteFileAtomically(
-        port_file,
-        absl::StrCat(absl::StartsWith(options.listen_address, kUnixPrefix)
-                         ? (*server)->address()
-                         : absl::StrCat((*server)->port()),
-                     "\n"));
+        port_file, absl::StrCat(PortFileLine(options, **server), "\n"));
     if (!written.ok()) return Fail(kExitFailure, written.message());
   }
   ServeUntilTheEnd(*termination, **server, options.shard);

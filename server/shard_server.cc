@@ -434,9 +434,10 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
             : "': is the address valid and the port free?"));
   }
   const absl::string_view address = options.listen_address;
-  host_ = absl::StartsWith(address, kUnixPrefix)
-              ? std::string(address)
-              : std::string(address.substr(0, address.rfind(':')));
+  address_ =
+      absl::StartsWith(address, kUnixPrefix)
+          ? std::string(address)
+          : absl::StrCat(address.substr(0, address.rfind(':')), ":", port_);
   return absl::OkStatus();
 }
 
@@ -686,10 +687,7 @@ int ShardServer::metrics_port() const {
   return metrics_ != nullptr ? metrics_->port() : 0;
 }
 
-std::string ShardServer::address() const {
-  if (absl::StartsWith(host_, kUnixPrefix)) return host_;
-  return absl::StrCat(host_, ":", port_);
-}
+std::string ShardServer::address() const { return address_; }
 
 void ShardServer::Shutdown(absl::Duration grace) {
   absl::MutexLock lock(&shutdown_mu_);

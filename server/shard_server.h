@@ -220,8 +220,8 @@ class ShardServer {
 
   // Constant after Start. Destroyed in reverse order: the server first, then
   // the service, the rule and the state that its calls use.
-  std::string host_;
   int port_ = 0;
+  std::string address_;  // what address() says
   uint64_t config_fingerprint_ = 0;
   std::string checkpoint_path_;
   std::string checkpoint_dir_;
