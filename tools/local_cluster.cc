@@ -9,10 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -31,6 +28,7 @@
 #include "common/daemon.h"
 #include "common/log.h"
 #include "common/model_layout.h"
+#include "common/temp_dir.h"
 #include "common/tls.h"
 #include "tools/progress_poller.h"
 #include "tools/script_workers.h"
@@ -316,15 +314,9 @@ absl::Status ClusterRun::PrepareFiles() {
         "--unix_sockets off with --link");
   }
   if (options_.unix_sockets) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(
-        tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp", "/monsoon-XXXXXX");
-    if (mkdtemp(pattern.data()) == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot make a folder for the servers' sockets (",
-                       pattern, "): ", std::strerror(errno)));
-    }
-    socket_dir_ = pattern;
+    absl::StatusOr<std::string> dir = common::MakeTempDir("monsoon");
+    if (!dir.ok()) return dir.status();
+    socket_dir_ = *std::move(dir);
   }
   if (placed_ && options_.metrics_port != 0) {
     return absl::InvalidArgumentError(

@@ -26,7 +26,6 @@
 //
 // Exit codes: 0 after a report, 2 for a bad flag, 1 for any other failure.
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -44,6 +43,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/process_tuning.h"
+#include "common/temp_dir.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/monsoon_wire.h"
 #include "tools/bench/raw_grpc.h"
@@ -243,13 +243,12 @@ int Main() {
   std::string shard_listen = "127.0.0.1:0";
   std::string socket_dir;
   if (absl::GetFlag(FLAGS_unix_sockets)) {
-    const char* tmp = std::getenv("TMPDIR");
-    socket_dir = absl::StrCat(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp",
-                              "/monsoon-wire-XXXXXX");
-    if (mkdtemp(socket_dir.data()) == nullptr) {
-      std::fprintf(stderr, "wire_bench: cannot make %s\n", socket_dir.c_str());
+    absl::StatusOr<std::string> dir = common::MakeTempDir("monsoon-wire");
+    if (!dir.ok()) {
+      std::fprintf(stderr, "wire_bench: %s\n", dir.status().ToString().c_str());
       return 1;
     }
+    socket_dir = *std::move(dir);
     raw_listen = absl::StrCat("unix:", socket_dir, "/raw.sock");
     shard_listen = absl::StrCat("unix:", socket_dir, "/shard.sock");
   }
