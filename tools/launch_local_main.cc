@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/model_config.h"
 #include "common/model_layout.h"
+#include "common/temp_dir.h"
 #include "tools/chaos.h"
 #include "tools/config_flags.h"
 #include "tools/local_cluster.h"
@@ -115,7 +116,7 @@ ABSL_FLAG(double, metrics_linger_s, 0,
           "scraping the run sees them; 0: they exit at once.");
 ABSL_FLAG(std::string, work_dir, "",
           "Folder for the run's config and curve "
-          "(default: a new /tmp/monsoon-run-XXXXXX).");
+          "(default: a new monsoon-run-XXXXXX under $TMPDIR, else /tmp).");
 
 namespace {
 
@@ -222,16 +223,10 @@ absl::Status SetMetricsFromFlags(LocalClusterOptions* options, int* exit_code) {
   return absl::OkStatus();
 }
 
-// --work_dir, created, or a new folder in /tmp.
+// --work_dir, created, or a new folder under TMPDIR.
 absl::StatusOr<std::string> MakeWorkDir() {
   std::string work_dir = absl::GetFlag(FLAGS_work_dir);
-  if (work_dir.empty()) {
-    char pattern[] = "/tmp/monsoon-run-XXXXXX";
-    if (mkdtemp(pattern) == nullptr) {
-      return absl::InternalError("cannot create a folder in /tmp");
-    }
-    return std::string(pattern);
-  }
+  if (work_dir.empty()) return monsoon::common::MakeTempDir("monsoon-run");
   std::error_code error;
   std::filesystem::create_directories(work_dir, error);
   if (error) {

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -34,6 +35,7 @@
 #include "common/config.h"
 #include "common/model_layout.h"
 #include "common/process_tuning.h"
+#include "common/temp_dir.h"
 #include "proto/service.grpc.pb.h"
 #include "tools/bench/bench_util.h"
 
@@ -387,20 +389,10 @@ Outcome BigMessage(const Shard& shard, const std::string& token, int mb) {
   return out;
 }
 
-int Main() {
-  if (!absl::GetFlag(FLAGS_honest_pull).empty()) {
-    std::printf("%f\n", MedianPullHereMs(absl::GetFlag(FLAGS_honest_pull),
-                                         absl::GetFlag(FLAGS_honest_token),
-                                         absl::GetFlag(FLAGS_honest_rank)));
-    return 0;
-  }
+// Starts the shard with its token and port files in `dir` and runs every
+// attack on it; the exit status.
+int RunAttacks(const std::string& dir) {
   const int workers = absl::GetFlag(FLAGS_num_workers);
-  char dir_template[] = "/tmp/attack_bench.XXXXXX";
-  const char* dir = mkdtemp(dir_template);
-  if (dir == nullptr) {
-    std::fprintf(stderr, "attack_bench: cannot make a scratch folder\n");
-    return 1;
-  }
   const std::string token = "attack-bench-token-0123456789abcdef";
   const std::string token_file = absl::StrCat(dir, "/token");
   const std::string port_file = absl::StrCat(dir, "/port");
@@ -482,6 +474,25 @@ int Main() {
     std::fflush(stdout);
   }
   return failures == 0 ? 0 : 1;
+}
+
+int Main() {
+  if (!absl::GetFlag(FLAGS_honest_pull).empty()) {
+    std::printf("%f\n", MedianPullHereMs(absl::GetFlag(FLAGS_honest_pull),
+                                         absl::GetFlag(FLAGS_honest_token),
+                                         absl::GetFlag(FLAGS_honest_rank)));
+    return 0;
+  }
+  absl::StatusOr<std::string> dir = common::MakeTempDir("attack_bench");
+  if (!dir.ok()) {
+    std::fprintf(stderr, "attack_bench: %s\n",
+                 std::string(dir.status().message()).c_str());
+    return 1;
+  }
+  const int status = RunAttacks(*dir);
+  std::error_code ignored;
+  std::filesystem::remove_all(*dir, ignored);
+  return status;
 }
 
 }  // namespace

@@ -52,6 +52,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/model_config.h"
+#include "common/temp_dir.h"
 #include "tools/bench/bench_util.h"
 #include "tools/local_cluster.h"
 #include "tools/process_supervisor.h"
@@ -219,10 +220,9 @@ absl::StatusOr<MonsoonRun> RunMonsoon(Mode mode, Model model, int workers,
   absl::StatusOr<TrainingConfig> resolved =
       common::ResolveConfigWithData(config);
   if (!resolved.ok()) return resolved.status();
-  char dir[] = "/tmp/monsoon-bench-XXXXXX";
-  if (mkdtemp(dir) == nullptr) {
-    return absl::InternalError("cannot make a work folder in /tmp");
-  }
+  absl::StatusOr<std::string> made = common::MakeTempDir("monsoon-bench");
+  if (!made.ok()) return made.status();
+  const std::string dir = *made;
   LocalClusterOptions options;
   options.config = *resolved;
   options.servers = absl::GetFlag(FLAGS_servers);
@@ -257,7 +257,8 @@ absl::StatusOr<MonsoonRun> RunMonsoon(Mode mode, Model model, int workers,
     for (const std::string& line : last_lines) {
       std::fprintf(stderr, "  %s\n", line.c_str());
     }
-    std::fprintf(stderr, "train_bench: the run's files are kept in %s\n", dir);
+    std::fprintf(stderr, "train_bench: the run's files are kept in %s\n",
+                 dir.c_str());
     return metrics.status();
   }
   // Its checkpoints and reports (tens of MB with the PyTorch worker's
