@@ -88,6 +88,10 @@ uint64_t MonsoonWire::push_wire_bytes() const {
          common::OneBitBuckets(n, bucket) * 2 * sizeof(float);
 }
 
+double MonsoonWire::update_seconds() const {
+  return server_->state()->apply_seconds().Read().sum;
+}
+
 MonsoonWire::~MonsoonWire() {
   pusher_.reset();
   if (grads_ != nullptr) backend_->Free(grads_);

@@ -34,6 +34,10 @@ class MonsoonWire {
   absl::Status PushPull();
   // Bytes of one push's payload on the wire (bits and scales under 1-bit).
   uint64_t push_wire_bytes() const;
+  // Seconds the shard has spent writing updates into its weights so far
+  // (ShardState::apply_seconds: the rule's pass, not the copy or checks of
+  // a push).
+  double update_seconds() const;
 
  private:
   MonsoonWire() = default;

@@ -18,7 +18,9 @@
 //   sparse_pull_d<D>_b<B>  the rows of B such ids (PsClient.SparsePull)
 // A sparse case's reference moves the same serialized bytes; each row also
 // says how many times fewer bytes it moves than a dense push of the whole
-// table (rows x D float32 values).
+// table (rows x D float32 values). A dense case's "update us" is the mean
+// time per repetition the shard spent writing the update into its weights
+// (the rule's pass; none for a pull): in a push-pull nothing overlaps it.
 //
 //   bazel build //tools/bench:wire_bench
 //   bazel-bin/tools/bench/wire_bench                 # table
@@ -82,6 +84,8 @@ struct Case {
   // One repetition of each side.
   std::function<absl::Status()> monsoon;
   std::function<absl::Status()> raw;
+  // The shard's time in updates so far, in seconds (MonsoonWire).
+  std::function<double()> update_seconds;
 };
 
 // Whether --cases selects the case.
@@ -104,7 +108,9 @@ absl::StatusOr<double> Time(const std::function<absl::Status()>& run) {
 
 absl::Status RunCase(const Case& c, int warmup, int repeats, bool json) {
   std::vector<double> ours, raw;
+  double updates_before = 0;
   for (int i = 0; i < warmup + repeats; ++i) {
+    if (i == warmup) updates_before = c.update_seconds();
     absl::StatusOr<double> a = Time(c.monsoon);
     if (!a.ok()) return a.status();
     absl::StatusOr<double> b = Time(c.raw);
@@ -116,6 +122,12 @@ absl::Status RunCase(const Case& c, int warmup, int repeats, bool json) {
   }
   const Summary s = Summarize(ours);
   const Summary r = Summarize(raw);
+  // The shard's update, a mean over the timed repetitions: the part of
+  // Monsoon's time that nothing overlaps in a push-pull (a push's chunks
+  // are copied and checked while the next is on its way; the update runs
+  // once the last is in, before the answer leaves).
+  const double update_us =
+      (c.update_seconds() - updates_before) * 1e6 / repeats;
   // Gbit/s of the tensor's float32 bytes: what a push or pull delivers.
   const double moved =
       c.name.rfind("pushpull", 0) == 0 ? 2.0 * c.bytes : 1.0 * c.bytes;
@@ -133,11 +145,13 @@ absl::Status RunCase(const Case& c, int warmup, int repeats, bool json) {
         .Add("gbps", gbps)
         .Add("raw_grpc_p50_us", r.p50)
         .Add("raw_grpc_gbps", raw_gbps)
-        .Add("ratio", r.p50 / s.p50);
+        .Add("ratio", r.p50 / s.p50)
+        .Add("shard_update_mean_us", update_us);
     std::printf("%s\n", line.str().c_str());
   } else {
-    std::printf("%-26s %9.0f %9.0f %8.2f %9.0f %8.2f %6.2f\n", c.name.c_str(),
-                s.p50, s.p90, gbps, r.p50, raw_gbps, r.p50 / s.p50);
+    std::printf("%-26s %9.0f %9.0f %8.2f %9.0f %8.2f %6.2f %9.0f\n",
+                c.name.c_str(), s.p50, s.p90, gbps, r.p50, raw_gbps,
+                r.p50 / s.p50, update_us);
   }
   std::fflush(stdout);
   return absl::OkStatus();
@@ -232,8 +246,9 @@ int Main() {
   }
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) {
-    std::printf("%-26s %9s %9s %8s %9s %8s %6s\n", "case", "p50 us", "p90 us",
-                "Gbit/s", "raw p50", "raw Gb/s", "ratio");
+    std::printf("%-26s %9s %9s %8s %9s %8s %6s %9s\n", "case", "p50 us",
+                "p90 us", "Gbit/s", "raw p50", "raw Gb/s", "ratio",
+                "update us");
   }
   const uint64_t max_bytes = static_cast<uint64_t>(sizes.back()) << 20;
   uint64_t largest = 0;
@@ -287,22 +302,26 @@ int Main() {
       MonsoonWire* m = monsoon->get();
       std::vector<Case> cases;
       const std::string suffix = absl::StrCat(mib, "MiB");
+      const std::function<double()> updates = [m] {
+        return m->update_seconds();
+      };
       if (onebit) {
         const uint64_t wire = m->push_wire_bytes();
         cases.push_back(
             {"push_onebit_" + suffix, bytes, wire, [m] { return m->Push(); },
-             [&raw, wire, chunk] { return raw.Push(wire, chunk); }});
+             [&raw, wire, chunk] { return raw.Push(wire, chunk); }, updates});
       } else {
         cases.push_back(
             {"push_float32_" + suffix, bytes, bytes, [m] { return m->Push(); },
-             [&raw, bytes, chunk] { return raw.Push(bytes, chunk); }});
+             [&raw, bytes, chunk] { return raw.Push(bytes, chunk); }, updates});
         cases.push_back(
             {"pull_float32_" + suffix, bytes, bytes, [m] { return m->Pull(); },
-             [&raw, bytes, chunk] { return raw.Pull(bytes, chunk); }});
+             [&raw, bytes, chunk] { return raw.Pull(bytes, chunk); }, updates});
         cases.push_back(
             {"pushpull_float32_" + suffix, bytes, bytes,
              [m] { return m->PushPull(); },
-             [&raw, bytes, chunk] { return raw.PushPull(bytes, chunk); }});
+             [&raw, bytes, chunk] { return raw.PushPull(bytes, chunk); },
+             updates});
       }
       for (const Case& c : cases) {
         if (!Selected(c.name)) continue;
