@@ -260,10 +260,13 @@ class PsClient : public ParameterClient, public RingRendezvous {
                                                 const std::string& why);
   // With replicas: asks the backup of shard s's range (the next shard's
   // process) to take the range over, within `deadline`; on success the
-  // calls for shard s go there from now on. UNAVAILABLE while the backup
-  // still hears from the primary.
-  absl::StatusOr<RegisterResponse> TakeOver(int s, const RegisterRequest& request,
-                                            absl::Time deadline);
+  // calls for shard s go there from now on (logged with `why`, what shard
+  // s's own process answered). UNAVAILABLE while the backup still hears
+  // from the primary.
+  absl::StatusOr<RegisterResponse> TakeOver(int s,
+                                            const RegisterRequest& request,
+                                            absl::Time deadline,
+                                            const std::string& why);
   // Whether the next shard's process holds a copy of shard s's range (asked
   // when shard s has not answered yet, so replicas_ is not known).
   bool NextHoldsBackup(int s);

@@ -74,7 +74,8 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     if (can_take_over &&
         (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
-      absl::StatusOr<RegisterResponse> taken = TakeOver(s, request, deadline);
+      absl::StatusOr<RegisterResponse> taken =
+          TakeOver(s, request, deadline, status.error_message());
       if (taken.ok()) return taken;
       if (!absl::IsUnavailable(taken.status()) &&
           !absl::IsDeadlineExceeded(taken.status())) {
@@ -134,7 +135,8 @@ bool PsClient::NextHoldsBackup(int s) {
 }
 
 absl::StatusOr<RegisterResponse> PsClient::TakeOver(
-    int s, const RegisterRequest& request, absl::Time deadline) {
+    int s, const RegisterRequest& request, absl::Time deadline,
+    const std::string& why) {
   const int n = num_shards();
   // The range's two processes: shard s's and the next one. Its copy is in
   // whichever does not serve it now.
@@ -153,11 +155,15 @@ absl::StatusOr<RegisterResponse> PsClient::TakeOver(
   if (!status.ok()) {
     return Annotate(common::ToAbslStatus(status), s, backup.address);
   }
+  // Said in the words of shard s's process: lost (a connection refused, no
+  // answer), or back but no longer serving its range (a take-over before
+  // this client came, or while it was away).
   common::LogWarning(
-      "%s %d: shard %d's process at %s is lost; the backup of its range at %s "
-      "took it over (epoch %d), and its calls go there from now on",
+      "%s %d: shard %d at %s does not serve its range (%s); the range's other "
+      "copy, at %s, serves it (epoch %d), and this client's calls go there "
+      "from now on",
       worker_rank_ >= 0 ? "worker" : "evaluator", std::max(worker_rank_, 0), s,
-      shards_[s].address, backup.address, response.range_epoch());
+      shards_[s].address, why, backup.address, response.range_epoch());
   shards_[s] = std::move(backup);
   taken_over_[s] = !home;
   {
