@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/model_config.h"
 
 namespace monsoon::common {
@@ -123,6 +124,57 @@ uint64_t ConfigFingerprint(const TrainingConfig& resolved) {
     hash *= 1099511628211ull;
   }
   return hash;
+}
+
+namespace {
+
+// `field` of `config` in text format on one line: a value, "[a, b]" for a
+// repeated field, "(unset)" for an optional one not set.
+std::string FieldText(const TrainingConfig& config,
+                      const google::protobuf::FieldDescriptor* field) {
+  const google::protobuf::Reflection* reflection = config.GetReflection();
+  google::protobuf::TextFormat::Printer printer;
+  printer.SetSingleLineMode(true);
+  std::string value;
+  if (!field->is_repeated()) {
+    if (field->has_presence() && !reflection->HasField(config, field)) {
+      return "(unset)";
+    }
+    printer.PrintFieldValueToString(config, field, -1, &value);
+    return value;
+  }
+  std::vector<std::string> values;
+  for (int i = 0; i < reflection->FieldSize(config, field); ++i) {
+    printer.PrintFieldValueToString(config, field, i, &value);
+    values.push_back(std::string(absl::StripAsciiWhitespace(value)));
+  }
+  return absl::StrCat("[", absl::StrJoin(values, ", "), "]");
+}
+
+}  // namespace
+
+std::string ConfigDifferences(const TrainingConfig& theirs,
+                              const TrainingConfig& mine, int max_fields) {
+  const google::protobuf::Descriptor* descriptor = TrainingConfig::descriptor();
+  std::vector<std::string> lines;
+  int more = 0;
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    // What ConfigFingerprint leaves out.
+    if (field->name() == "data_dir" || field->name() == "initial_weights") {
+      continue;
+    }
+    const std::string a = FieldText(theirs, field);
+    const std::string b = FieldText(mine, field);
+    if (a == b) continue;
+    if (static_cast<int>(lines.size()) < max_fields) {
+      lines.push_back(absl::StrCat(field->name(), ": ", a, " -> ", b));
+    } else {
+      ++more;
+    }
+  }
+  if (more > 0) lines.push_back(absl::StrCat("... and ", more, " more"));
+  return absl::StrJoin(lines, "\n");
 }
 
 std::string ModeName(Mode mode) {

@@ -45,6 +45,15 @@ absl::StatusOr<TrainingConfig> ResolveConfigWithData(
 // between daemons (all but data_dir and initial_weights).
 uint64_t ConfigFingerprint(const TrainingConfig& resolved);
 
+// The fields in which two resolved configs differ, in the config's order,
+// one per line as "field: theirs -> mine" in text format ("[a, b]" for a
+// repeated field, "(unset)" for one not set), at most `max_fields`, then
+// "... and N more" when there are more. Empty when they agree on
+// everything ConfigFingerprint covers (all but data_dir and
+// initial_weights).
+std::string ConfigDifferences(const TrainingConfig& theirs,
+                              const TrainingConfig& mine, int max_fields = 3);
+
 // "sync", "downpour", ... and back. ParseMode accepts either case.
 std::string ModeName(Mode mode);
 // Every mode's name, in the enum's order: "sync, downpour, ...".

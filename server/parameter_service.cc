@@ -222,8 +222,10 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Stats(
     StatsResponse* response) {
   grpc::Status status = Authenticate(context);
   if (status.ok()) {
-    *response = (request->has_shard() ? For(request->shard()) : *own_)
-                    .shard.Stats();
+    const Shard& shard =
+        (request->has_shard() ? For(request->shard()) : *own_).shard;
+    *response = shard.Stats();
+    if (request->with_config()) *response->mutable_config() = shard.config();
   }
   return Answer(context, status);
 }

@@ -17,7 +17,8 @@ namespace monsoon::server {
 Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
              UpdateRule* rule, absl::Duration max_wait,
              ShardSparseTables* sparse, Replication* replication)
-    : fingerprint_(common::ConfigFingerprint(resolved)),
+    : config_(resolved),
+      fingerprint_(common::ConfigFingerprint(resolved)),
       num_workers_(num_workers),
       state_(state),
       rule_(rule),

@@ -159,6 +159,8 @@ class Shard {
 
   // The shard's counters (ShardState::Stats) and its sparse tables' rows.
   StatsResponse Stats() const;
+  // The resolved config the shard runs (StatsRequest.with_config).
+  const TrainingConfig& config() const { return config_; }
 
   // Replication: the range's backup process asks for a copy
   // (ParameterService.Repair): updates are forwarded to it from now on,
@@ -198,6 +200,7 @@ class Shard {
   void PublishStep(const std::shared_ptr<const SyncStep>& step);
 
   // Constant after construction.
+  const TrainingConfig config_;
   const uint64_t fingerprint_;
   const int num_workers_;
   ShardState* const state_;

@@ -838,6 +838,40 @@ TEST(ConfigFingerprintTest, IgnoresTheDataDir) {
             ConfigFingerprint(Resolve("data_dir: '/somewhere/else'")));
 }
 
+// What a client refused for its fingerprint is told: each field that
+// differs, in the config's order, whole repeated fields as one.
+TEST(ConfigDifferencesTest, NamesEachFieldThatDiffersTheirsThenMine) {
+  const TrainingConfig theirs = Resolve("data_dir: '/a'");
+  const TrainingConfig mine = Resolve(
+      "data_dir: '/b' layer_sizes: [784, 64, 10] learning_rate: 0.1 "
+      "batch_size: 32 seed: 7");
+  EXPECT_EQ(ConfigDifferences(theirs, mine, /*max_fields=*/10),
+            "layer_sizes: [784, 256, 128, 10] -> [784, 64, 10]\n"
+            "learning_rate: 0.05 -> 0.1\n"
+            "batch_size: 64 -> 32\n"
+            "seed: 1 -> 7");
+  EXPECT_EQ(ConfigDifferences(theirs, mine, /*max_fields=*/2),
+            "layer_sizes: [784, 256, 128, 10] -> [784, 64, 10]\n"
+            "learning_rate: 0.05 -> 0.1\n"
+            "... and 2 more");
+}
+
+TEST(ConfigDifferencesTest, IsEmptyWhereTheFingerprintsAgree) {
+  const TrainingConfig a = Resolve("data_dir: '/a'");
+  TrainingConfig b = Resolve("data_dir: '/somewhere/else'");
+  b.set_initial_weights("/elsewhere/run.weights");
+  ASSERT_EQ(ConfigFingerprint(a), ConfigFingerprint(b));
+  EXPECT_EQ(ConfigDifferences(a, b), "");
+}
+
+TEST(ConfigDifferencesTest, SaysWhichSideLeftAFieldUnset) {
+  ASSERT_OK_AND_ASSIGN(TrainingConfig theirs, ParseConfigText("n_push: 2"));
+  EXPECT_EQ(ConfigDifferences(theirs, TrainingConfig()),
+            "n_push: 2 -> (unset)");
+  EXPECT_EQ(ConfigDifferences(TrainingConfig(), theirs),
+            "n_push: (unset) -> 2");
+}
+
 TEST(ParseModeTest, AcceptsEveryModeInEitherCase) {
   EXPECT_THAT(ParseMode("sync"), IsOkAndHolds(SYNC));
   EXPECT_THAT(ParseMode("DOWNPOUR"), IsOkAndHolds(DOWNPOUR));

@@ -134,6 +134,28 @@ TEST(PsClientTest, ConnectToAnAddressWhereNoServerRunsIsUnavailableNamingIt) {
                      HasSubstr("is ps_server running there"))));
 }
 
+// A daemon started with another config is refused, told which fields
+// differ (the shard's value, then its own).
+TEST(PsClientTest, ConnectWithAnotherConfigNamesTheFieldsThatDiffer) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 1);
+  ASSERT_EQ(servers.size(), 2u);
+  TrainingConfig other = config;
+  other.set_learning_rate(0.5f);
+  other.set_batch_size(32);
+  PsClientOptions options = OptionsFor(servers, other);
+  options.connect_timeout = absl::Seconds(30);
+  EXPECT_THAT(
+      PsClient::Connect(options),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("every daemon of a run must read the same "
+                               "config"),
+                     HasSubstr("shard 0's config -> this daemon's: "
+                               "learning_rate: 1 -> 0.5; batch_size: 64 -> "
+                               "32"))));
+}
+
 TEST(PsClientTest, ConnectWithoutServersIsInvalid) {
   PsClientOptions options;
   options.config = ResolvedConfig(kSmallConfig);

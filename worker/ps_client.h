@@ -270,6 +270,11 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // Whether the next shard's process holds a copy of shard s's range (asked
   // when shard s has not answered yet, so replicas_ is not known).
   bool NextHoldsBackup(int s);
+  // After shard s refused this client's registration FAILED_PRECONDITION:
+  // where its config differs from this client's, `refused` with the
+  // fields that differ added (asked of the shard: StatsRequest.with_config);
+  // else `refused` as it is.
+  absl::Status WithConfigDifferences(int s, absl::Status refused);
   // A connection to the process of range s's other copy: the next shard's
   // process, or s's own after a take-over.
   Shard OtherProcessOf(int s) const;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
@@ -59,7 +60,10 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
         status.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
         status.error_code() == grpc::StatusCode::CANCELLED;
     if (!transport) {
-      return Annotate(common::ToAbslStatus(status), s, shard.address);
+      absl::Status refused =
+          Annotate(common::ToAbslStatus(status), s, shard.address);
+      if (!absl::IsFailedPrecondition(refused)) return refused;
+      return WithConfigDifferences(s, std::move(refused));
     }
     if (!can_take_over && replicas_ == 0 && !taken_over_[s] &&
         num_shards() > 1 &&
@@ -132,6 +136,27 @@ bool PsClient::NextHoldsBackup(int s) {
   return next.stub->Stats(&context, request, &stats).ok() &&
          stats.shard() == s &&
          stats.replica_role() != StatsResponse::UNREPLICATED;
+}
+
+absl::Status PsClient::WithConfigDifferences(int s, absl::Status refused) {
+  grpc::ClientContext context;
+  shards_[s].Prepare(&context);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  StatsRequest request;
+  request.set_with_config(true);
+  StatsResponse stats;
+  if (!shards_[s].stub->Stats(&context, request, &stats).ok() ||
+      !stats.has_config()) {
+    return refused;  // a shard that does not say: the refusal as it is
+  }
+  const std::string differences =
+      common::ConfigDifferences(stats.config(), config_);
+  if (differences.empty()) return refused;
+  return absl::Status(
+      refused.code(),
+      absl::StrCat(refused.message(), "; shard ", s,
+                   "'s config -> this daemon's: ",
+                   absl::StrReplaceAll(differences, {{"\n", "; "}})));
 }
 
 absl::StatusOr<RegisterResponse> PsClient::TakeOver(
