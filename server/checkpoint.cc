@@ -16,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "common/config.h"
 #include "common/float_bytes.h"
 #include "common/model_layout.h"
 #include "common/wire.h"
@@ -247,10 +249,11 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReadCheckpoint(
 }
 
 ShardCheckpoint CheckpointOf(const RuleState& saved, const ShardState& state,
-                             uint64_t config_fingerprint) {
+                             const TrainingConfig& resolved) {
   ShardCheckpoint checkpoint;
   checkpoint.set_format_version(kCheckpointFormatVersion);
-  checkpoint.set_config_fingerprint(config_fingerprint);
+  checkpoint.set_config_fingerprint(common::ConfigFingerprint(resolved));
+  *checkpoint.mutable_config() = resolved;
   checkpoint.set_shard(state.shard());
   checkpoint.set_num_shards(state.num_shards());
   checkpoint.set_version(saved.version);
@@ -326,13 +329,23 @@ absl::StatusOr<ShardCheckpoint> ParseCheckpoint(const std::string& bytes,
 
 absl::Status CheckCheckpointMatches(const ShardCheckpoint& checkpoint,
                                     uint64_t config_fingerprint, int shard,
-                                    int num_shards, uint64_t num_weights) {
+                                    int num_shards, uint64_t num_weights,
+                                    const TrainingConfig* resolved) {
   if (checkpoint.config_fingerprint() != config_fingerprint) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "checkpoint was written with config fingerprint %016x, but this "
-        "shard's config has %016x: use the run's config, or another "
-        "--checkpoint_dir",
-        checkpoint.config_fingerprint(), config_fingerprint));
+    std::string differences;
+    if (resolved != nullptr && checkpoint.has_config()) {
+      differences = common::ConfigDifferences(checkpoint.config(), *resolved);
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        absl::StrFormat(
+            "checkpoint was written with config fingerprint %016x, but this "
+            "shard's config has %016x: use the run's config, or another "
+            "--checkpoint_dir",
+            checkpoint.config_fingerprint(), config_fingerprint),
+        differences.empty()
+            ? ""
+            : absl::StrCat("; the checkpoint's config -> this shard's: ",
+                           absl::StrReplaceAll(differences, {{"\n", "; "}}))));
   }
   if (checkpoint.shard() != shard || checkpoint.num_shards() != num_shards) {
     return absl::FailedPreconditionError(

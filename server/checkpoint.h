@@ -25,9 +25,10 @@ inline constexpr uint32_t kCheckpointFormatVersion = 2;
 std::string CheckpointPath(const std::string& dir, int shard, int num_shards);
 
 // A checkpoint of the range `state` holds, with the rule's `saved` state
-// (UpdateRule::SaveState), without sparse tables.
+// (UpdateRule::SaveState), without sparse tables, for the run's resolved
+// config `resolved` (its fingerprint and the config itself).
 ShardCheckpoint CheckpointOf(const RuleState& saved, const ShardState& state,
-                             uint64_t config_fingerprint);
+                             const TrainingConfig& resolved);
 
 // The rule state `checkpoint` holds (its weights, version and optimizer
 // state), for UpdateRule::RestoreState; `checkpoint` must have been
@@ -69,10 +70,13 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
 
 // FAILED_PRECONDITION, with both values in the message, when `checkpoint`
 // belongs to another config, shard or shard count, or its weights are not
-// `num_weights` float32 values.
+// `num_weights` float32 values. With `resolved` (the config whose
+// fingerprint `config_fingerprint` is), a checkpoint of another config that
+// holds its own also names the fields that differ.
 absl::Status CheckCheckpointMatches(const ShardCheckpoint& checkpoint,
                                     uint64_t config_fingerprint, int shard,
-                                    int num_shards, uint64_t num_weights);
+                                    int num_shards, uint64_t num_weights,
+                                    const TrainingConfig* resolved = nullptr);
 
 }  // namespace monsoon::server
 

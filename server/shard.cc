@@ -61,7 +61,7 @@ absl::StatusOr<RepairResponse> Shard::Repair(const RepairRequest& request) {
   replication_->CopiedAt(saved.version);
   RepairResponse response;
   response.set_range_epoch(*epoch);
-  CheckpointOf(saved, *state_, fingerprint_)
+  CheckpointOf(saved, *state_, config_)
       .SerializeToString(response.mutable_checkpoint());
   common::Log("shard %d: its range copied at version %d for its backup",
               state_->shard(), saved.version);

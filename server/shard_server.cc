@@ -345,6 +345,7 @@ absl::Status ShardServer::BuildCore(const ShardServerOptions& options,
                                 options.num_shards);
   if (!sparse.ok()) return sparse.status();
   sparse_ = *std::move(sparse);
+  config_ = options.config;
   config_fingerprint_ = common::ConfigFingerprint(options.config);
   return absl::OkStatus();
 }
@@ -535,7 +536,7 @@ absl::Status ShardServer::Resume() {
   }
   absl::Status matches =
       CheckCheckpointMatches(checkpoint, config_fingerprint_, state_->shard(),
-                             state_->num_shards(), state_->size());
+                             state_->num_shards(), state_->size(), &config_);
   if (!matches.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(checkpoint_path_, ": ", matches.message()));
@@ -594,7 +595,7 @@ void ShardServer::RepairRange(const ShardServerOptions& options,
   }
   if (absl::Status matches = CheckCheckpointMatches(
           checkpoint, config_fingerprint_, state->shard(), state->num_shards(),
-          state->size());
+          state->size(), &config_);
       !matches.ok()) {
     return replication->RepairFailed(std::string(matches.message()));
   }
@@ -661,8 +662,7 @@ absl::Status ShardServer::SaveCheckpoint(int64_t* version) {
 absl::Status ShardServer::WriteCheckpointLocked(int64_t* version) {
   const RuleState saved = rule_->SaveState();
   if (version != nullptr) *version = saved.version;
-  ShardCheckpoint checkpoint =
-      CheckpointOf(saved, *state_, config_fingerprint_);
+  ShardCheckpoint checkpoint = CheckpointOf(saved, *state_, config_);
   // The rows as they are now: pushes that arrive while the weights above
   // are written may be in them or not, as with an asynchronous push.
   for (const auto& table : sparse_->tables()) {

@@ -222,6 +222,7 @@ class ShardServer {
   // the service, the rule and the state that its calls use.
   int port_ = 0;
   std::string address_;  // what address() says
+  TrainingConfig config_;  // resolved
   uint64_t config_fingerprint_ = 0;
   std::string checkpoint_path_;
   std::string checkpoint_dir_;

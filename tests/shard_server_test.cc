@@ -210,9 +210,12 @@ TEST(ShardServerCheckpointTest, CheckpointOfAnotherConfigIsRefused) {
   const std::string other =
       "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 0.25 "
       "momentum: 0.9";
-  EXPECT_THAT(ShardServer::Start(Options(other, 0, 2, 1, dir)),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("config fingerprint")));
+  EXPECT_THAT(
+      ShardServer::Start(Options(other, 0, 2, 1, dir)),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("config fingerprint"),
+                     HasSubstr("the checkpoint's config -> this "
+                               "shard's: learning_rate: 0.5 -> 0.25"))));
 }
 
 TEST(ShardServerCheckpointTest, CheckpointOfAnotherShardIsRefused) {
