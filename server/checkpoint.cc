@@ -107,7 +107,8 @@ int NewestOtherShardCount(const std::string& dir, int num_shards) {
 absl::StatusOr<ShardCheckpoint> ReadSetPart(const std::string& path,
                                             uint64_t config_fingerprint,
                                             int shard, int num_shards,
-                                            uint64_t num_weights) {
+                                            uint64_t num_weights,
+                                            const TrainingConfig* resolved) {
   absl::StatusOr<std::optional<ShardCheckpoint>> read = ReadCheckpoint(path);
   if (!read.ok()) return read.status();
   if (!read->has_value()) {
@@ -115,8 +116,8 @@ absl::StatusOr<ShardCheckpoint> ReadSetPart(const std::string& path,
         absl::StrCat(path, " went away while it was read"));
   }
   ShardCheckpoint& part = **read;
-  absl::Status matches = CheckCheckpointMatches(part, config_fingerprint, shard,
-                                                num_shards, num_weights);
+  absl::Status matches = CheckCheckpointMatches(
+      part, config_fingerprint, shard, num_shards, num_weights, resolved);
   if (!matches.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, ": ", matches.message()));
@@ -368,7 +369,7 @@ absl::Status CheckCheckpointMatches(const ShardCheckpoint& checkpoint,
 
 absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
     const std::string& dir, uint64_t num_params, int shard, int num_shards,
-    uint64_t config_fingerprint) {
+    uint64_t config_fingerprint, const TrainingConfig* resolved) {
   const int chosen = NewestOtherShardCount(dir, num_shards);
   if (chosen == 0) return std::optional<ShardCheckpoint>();
 
@@ -390,7 +391,7 @@ absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
     const uint64_t end = std::min(from.end, range.end);
     const std::string path = CheckpointPath(dir, s, chosen);
     absl::StatusOr<ShardCheckpoint> part =
-        ReadSetPart(path, config_fingerprint, s, chosen, from.size());
+        ReadSetPart(path, config_fingerprint, s, chosen, from.size(), resolved);
     if (!part.ok()) return part.status();
     // Every file's sparse rows: the new shard keeps those of its buckets
     // (ShardServer::Resume).

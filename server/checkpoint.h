@@ -64,9 +64,11 @@ absl::StatusOr<ShardCheckpoint> ParseCheckpoint(const std::string& bytes,
 // when `dir` holds no complete set of another shard count; the errors of
 // ReadCheckpoint, and FAILED_PRECONDITION for a set of another config or
 // whose files disagree.
+// With `resolved` (the config whose fingerprint `config_fingerprint` is), a
+// file of another config that holds its own names the fields that differ.
 absl::StatusOr<std::optional<ShardCheckpoint>> ReshardedCheckpoint(
     const std::string& dir, uint64_t num_params, int shard, int num_shards,
-    uint64_t config_fingerprint);
+    uint64_t config_fingerprint, const TrainingConfig* resolved = nullptr);
 
 // FAILED_PRECONDITION, with both values in the message, when `checkpoint`
 // belongs to another config, shard or shard count, or its weights are not

@@ -516,7 +516,8 @@ absl::Status ShardServer::Resume() {
   if (!read->has_value()) {
     // No file of this shard count: perhaps a set of another.
     read = ReshardedCheckpoint(checkpoint_dir_, layout_params_, state_->shard(),
-                               state_->num_shards(), config_fingerprint_);
+                               state_->num_shards(), config_fingerprint_,
+                               &config_);
     if (!read.ok()) return read.status();
     if (!read->has_value()) return absl::OkStatus();
     resharded_ = true;

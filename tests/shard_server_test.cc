@@ -218,6 +218,26 @@ TEST(ShardServerCheckpointTest, CheckpointOfAnotherConfigIsRefused) {
                                "shard's: learning_rate: 0.5 -> 0.25"))));
 }
 
+// The same from a set of another shard count, read to reshard.
+TEST(ShardServerCheckpointTest, CheckpointSetOfAnotherConfigIsRefused) {
+  const std::string dir = NewDir("other_config_set");
+  for (int shard : {0, 1}) {
+    absl::StatusOr<std::unique_ptr<ShardServer>> server =
+        ShardServer::Start(Options(kSyncConfig, shard, 2, 1, dir));
+    ASSERT_TRUE(server.ok()) << server.status();
+    (*server)->Shutdown();
+    ASSERT_OK((*server)->SaveCheckpoint());
+  }
+  const std::string other =
+      "layer_sizes: [6, 5, 3] mode: SYNC optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0.5";
+  EXPECT_THAT(ShardServer::Start(Options(other, 0, 1, 1, dir)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("shard-0-of-2.ckpt"),
+                             HasSubstr("the checkpoint's config -> this "
+                                       "shard's: momentum: 0.9 -> 0.5"))));
+}
+
 TEST(ShardServerCheckpointTest, CheckpointOfAnotherShardIsRefused) {
   const std::string dir = NewDir("other_shard");
   const std::string path = WriteShardZeroCheckpoint(dir);
