@@ -1,10 +1,12 @@
 #include "common/config.h"
 
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -21,13 +23,98 @@
 namespace monsoon::common {
 namespace {
 
+// The edit distance between a and b (insertions, deletions and
+// substitutions of one character each).
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// Of `names`, the one closest to `typed` (a typo: at most a third of its
+// length apart, and at least 1 character), or "" when none is that close.
+std::string Closest(absl::string_view typed,
+                    const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(1, typed.size() / 3) + 1;
+  for (const std::string& name : names) {
+    const size_t distance =
+        EditDistance(absl::AsciiStrToLower(typed), absl::AsciiStrToLower(name));
+    if (distance < best_distance) {
+      best = name;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+// The enum field `name` of TrainingConfig or of a message within it.
+const google::protobuf::FieldDescriptor* FindEnumField(
+    const google::protobuf::Descriptor* descriptor, absl::string_view name,
+    int depth = 0) {
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    if (field->name() == name && field->enum_type() != nullptr) return field;
+    if (field->message_type() != nullptr && depth < 3) {
+      const google::protobuf::FieldDescriptor* found =
+          FindEnumField(field->message_type(), name, depth + 1);
+      if (found != nullptr) return found;
+    }
+  }
+  return nullptr;
+}
+
+// For the text-format parser's "no such field" and "no such enum value"
+// errors, the field or value meant, if one is a typo away: " Did you mean
+// \"learning_rate\"?"; else "".
+std::string Suggestion(const std::string& message) {
+  // 'Message type "T" has no field named "F".' and 'Unknown enumeration
+  // value of "V" for field "F".', split at their quotes.
+  const std::vector<std::string> parts = absl::StrSplit(message, '"');
+  if (parts.size() != 5) return "";
+  std::vector<std::string> names;
+  if (parts[0] == "Message type " && parts[2] == " has no field named ") {
+    const google::protobuf::Descriptor* descriptor =
+        google::protobuf::DescriptorPool::generated_pool()
+            ->FindMessageTypeByName(parts[1]);
+    if (descriptor == nullptr) return "";
+    for (int i = 0; i < descriptor->field_count(); ++i) {
+      names.push_back(descriptor->field(i)->name());
+    }
+  } else if (parts[0] == "Unknown enumeration value of " &&
+             parts[2] == " for field ") {
+    const google::protobuf::FieldDescriptor* field =
+        FindEnumField(TrainingConfig::descriptor(), parts[3]);
+    if (field == nullptr) return "";
+    for (int i = 0; i < field->enum_type()->value_count(); ++i) {
+      names.push_back(field->enum_type()->value(i)->name());
+    }
+  } else {
+    return "";
+  }
+  const std::string typed = parts[0] == "Message type " ? parts[3] : parts[1];
+  const std::string closest = Closest(typed, names);
+  return closest.empty() ? ""
+                         : absl::StrCat(" Did you mean \"", closest, "\"?");
+}
+
 // Collects parser errors so that the message names the line and column.
 class ErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
     if (!errors_.empty()) errors_ += "; ";
     absl::StrAppend(&errors_, "line ", line + 1, " column ", column + 1, ": ",
-                    message);
+                    message, Suggestion(message));
   }
   const std::string& errors() const { return errors_; }
 

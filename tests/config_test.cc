@@ -26,6 +26,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 TrainingConfig Parse(const std::string& text) {
   absl::StatusOr<TrainingConfig> config = ParseConfigText(text);
@@ -364,6 +365,29 @@ TEST(ParseConfigTextTest, ErrorNamesTheLine) {
   EXPECT_THAT(ParseConfigText("batch_size: 32\nmode: FASTEST\n"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("\"FASTEST\" for field \"mode\"")));
+}
+
+// A field or enum value a typo away from a real one is named; a name like
+// none is not guessed at.
+TEST(ParseConfigTextTest, ErrorSuggestsTheFieldOrValueMeant) {
+  EXPECT_THAT(ParseConfigText("learnin_rate: 0.1"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("has no field named \"learnin_rate\". Did "
+                                 "you mean \"learning_rate\"?")));
+  EXPECT_THAT(ParseConfigText("sparse_tables { nme: 'emb' }"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Did you mean \"name\"?")));
+  EXPECT_THAT(ParseConfigText("mode: downpour"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("for field \"mode\". Did you mean "
+                                 "\"DOWNPOUR\"?")));
+  EXPECT_THAT(ParseConfigText("optimizer: ADAGRED"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Did you mean \"ADAGRAD\"?")));
+  EXPECT_THAT(ParseConfigText("zzzzzz: 1"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("has no field named \"zzzzzz\""),
+                             Not(HasSubstr("Did you mean")))));
 }
 
 TEST(ParseConfigTextTest, TextOfAConfigParsesBackToTheSameConfig) {
