@@ -7,6 +7,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -23,35 +24,54 @@
 namespace monsoon::common {
 namespace {
 
-// The edit distance between a and b (insertions, deletions and
-// substitutions of one character each).
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
+// Names longer than this are no field's or value's: not compared.
+constexpr size_t kLongestName = 64;
+
+// The edit distance between a and b, letters compared whatever their case
+// (insertions, deletions and substitutions of one character each), or
+// `limit` when it is `limit` or more (found out early: a row whose least
+// value has reached it); b at most kLongestName characters.
+size_t EditDistance(absl::string_view a, absl::string_view b, size_t limit) {
+  std::array<size_t, kLongestName + 1> row;
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
     size_t diagonal = row[0];
     row[0] = i;
+    size_t least = row[0];
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      const bool same =
+          absl::ascii_tolower(a[i - 1]) == absl::ascii_tolower(b[j - 1]);
+      row[j] =
+          std::min({row[j] + 1, row[j - 1] + 1, diagonal + (same ? 0 : 1)});
+      least = std::min(least, row[j]);
       diagonal = above;
     }
+    if (least >= limit) return limit;
   }
-  return row[b.size()];
+  return std::min(row[b.size()], limit);
 }
 
-// Of `names`, the one closest to `typed` (a typo: at most a third of its
-// length apart, and at least 1 character), or "" when none is that close.
-std::string Closest(absl::string_view typed,
-                    const std::vector<std::string>& names) {
+// Of the `count` names name(0), name(1), ..., the one closest to `typed` (a
+// typo: at most a third of its length apart, and at least 1 character), or
+// "" when none is that close.
+template <typename Name>
+std::string Closest(absl::string_view typed, int count, Name name) {
   std::string best;
+  if (typed.size() > kLongestName) return best;
   size_t best_distance = std::max<size_t>(1, typed.size() / 3) + 1;
-  for (const std::string& name : names) {
-    const size_t distance =
-        EditDistance(absl::AsciiStrToLower(typed), absl::AsciiStrToLower(name));
+  for (int i = 0; i < count; ++i) {
+    const std::string& candidate = name(i);
+    if (candidate.size() > kLongestName) continue;
+    // Lengths further apart than that are no typo (and a long name, which
+    // no field has, costs no comparisons).
+    const size_t apart = candidate.size() > typed.size()
+                             ? candidate.size() - typed.size()
+                             : typed.size() - candidate.size();
+    if (apart >= best_distance) continue;
+    const size_t distance = EditDistance(typed, candidate, best_distance);
     if (distance < best_distance) {
-      best = name;
+      best = candidate;
       best_distance = distance;
     }
   }
@@ -77,33 +97,31 @@ const google::protobuf::FieldDescriptor* FindEnumField(
 // For the text-format parser's "no such field" and "no such enum value"
 // errors, the field or value meant, if one is a typo away: " Did you mean
 // \"learning_rate\"?"; else "".
-std::string Suggestion(const std::string& message) {
+std::string Suggestion(absl::string_view message) {
   // 'Message type "T" has no field named "F".' and 'Unknown enumeration
   // value of "V" for field "F".', split at their quotes.
-  const std::vector<std::string> parts = absl::StrSplit(message, '"');
+  const std::vector<absl::string_view> parts = absl::StrSplit(message, '"');
   if (parts.size() != 5) return "";
-  std::vector<std::string> names;
+  std::string closest;
   if (parts[0] == "Message type " && parts[2] == " has no field named ") {
     const google::protobuf::Descriptor* descriptor =
         google::protobuf::DescriptorPool::generated_pool()
-            ->FindMessageTypeByName(parts[1]);
+            ->FindMessageTypeByName(std::string(parts[1]));
     if (descriptor == nullptr) return "";
-    for (int i = 0; i < descriptor->field_count(); ++i) {
-      names.push_back(descriptor->field(i)->name());
-    }
+    closest = Closest(parts[3], descriptor->field_count(),
+                      [&](int i) -> const std::string& {
+                        return descriptor->field(i)->name();
+                      });
   } else if (parts[0] == "Unknown enumeration value of " &&
              parts[2] == " for field ") {
     const google::protobuf::FieldDescriptor* field =
         FindEnumField(TrainingConfig::descriptor(), parts[3]);
     if (field == nullptr) return "";
-    for (int i = 0; i < field->enum_type()->value_count(); ++i) {
-      names.push_back(field->enum_type()->value(i)->name());
-    }
-  } else {
-    return "";
+    const google::protobuf::EnumDescriptor* values = field->enum_type();
+    closest = Closest(
+        parts[1], values->value_count(),
+        [&](int i) -> const std::string& { return values->value(i)->name(); });
   }
-  const std::string typed = parts[0] == "Message type " ? parts[3] : parts[1];
-  const std::string closest = Closest(typed, names);
   return closest.empty() ? ""
                          : absl::StrCat(" Did you mean \"", closest, "\"?");
 }
