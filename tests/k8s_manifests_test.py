@@ -1054,7 +1054,8 @@ def check_nothing_lost(cluster, workers, metrics):
     acknowledged, and each followed the range to its backup."""
     for pod in workers:
         text = cluster.tail(pod, WHOLE_LOG)
-        if "no longer has" in text or "took it over" not in text:
+        if ("no longer has" in text or
+                "this client's calls go there from now on" not in text):
             raise Failure(f"{pod.name}: lost acknowledged updates, or never "
                           f"followed the range to its backup:\n"
                           f"{cluster.tail(pod, 30)}")
