@@ -204,10 +204,21 @@ absl::StatusOr<TrainingConfig> ResolveConfigWithData(
   return ResolveConfig(config, &*data);
 }
 
-uint64_t ConfigFingerprint(const TrainingConfig& resolved) {
+namespace {
+
+// `resolved` without what may differ between daemons of one run: the paths
+// of this machine's files (data_dir, initial_weights).
+TrainingConfig WithoutLocalPaths(const TrainingConfig& resolved) {
   TrainingConfig copy = resolved;
   copy.clear_data_dir();
   copy.clear_initial_weights();
+  return copy;
+}
+
+}  // namespace
+
+uint64_t ConfigFingerprint(const TrainingConfig& resolved) {
+  TrainingConfig copy = WithoutLocalPaths(resolved);
   // call_timeout_s is hashed under its old field number (sync_timeout_s,
   // proto/config.proto), so that a config fingerprints as it did in older
   // builds and their checkpoints still match.
@@ -260,17 +271,16 @@ std::string FieldText(const TrainingConfig& config,
 
 std::string ConfigDifferences(const TrainingConfig& theirs,
                               const TrainingConfig& mine, int max_fields) {
+  // What ConfigFingerprint covers.
+  const TrainingConfig left = WithoutLocalPaths(theirs);
+  const TrainingConfig right = WithoutLocalPaths(mine);
   const google::protobuf::Descriptor* descriptor = TrainingConfig::descriptor();
   std::vector<std::string> lines;
   int more = 0;
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* field = descriptor->field(i);
-    // What ConfigFingerprint leaves out.
-    if (field->name() == "data_dir" || field->name() == "initial_weights") {
-      continue;
-    }
-    const std::string a = FieldText(theirs, field);
-    const std::string b = FieldText(mine, field);
+    const std::string a = FieldText(left, field);
+    const std::string b = FieldText(right, field);
     if (a == b) continue;
     if (static_cast<int>(lines.size()) < max_fields) {
       lines.push_back(absl::StrCat(field->name(), ": ", a, " -> ", b));
