@@ -8,6 +8,9 @@ workers end with:
     PyTorch's SGD on the mean of the two ranks' gradients, step by step;
   - every other mode: the run ends, and the model has learned (a separable
     task: the loss on a fixed set falls well below its start);
+  - the wrapped optimizer's weight decay and a scheduler's rate reach the
+    shards' rule (sync: plain PyTorch's SGD with both), and rank 0 says
+    where the wrapped optimizer and the run's config part;
   - a parameter with no gradient pushes zeros and nothing hangs;
   - the model's parameters share memory with what the C++ side pulls into;
   - a model whose names, shapes or order differ is refused naming the first
@@ -46,7 +49,9 @@ import monsoon.torch as mt
 steps, extra, lr = int(sys.argv[1]), sys.argv[2] == "extra", float(sys.argv[3])
 # What the script does between zero_grad() and step(): plain; clip (the
 # gradients scaled in place after backward); twice (two backward passes
-# summed); short (a last batch of 5 examples).
+# summed); short (a last batch of 5 examples); decay (weight decay 0.01 on
+# the wrapped SGD, and a scheduler on the DistributedOptimizer halving its
+# rate every 2 steps).
 variant = sys.argv[4] if len(sys.argv) > 4 else "plain"
 mt.init()
 torch.manual_seed(0)
@@ -58,8 +63,12 @@ else:
                                 torch.nn.Linear(8, 2))
 if extra:  # a parameter that gets no gradient
     model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
-opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
-                              named_parameters=model.named_parameters())
+opt = mt.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=lr,
+                    weight_decay=0.01 if variant == "decay" else 0),
+    named_parameters=model.named_parameters())
+if variant == "decay":
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
 with torch.no_grad():  # the pull must land in the parameters' own memory
     for p in model.parameters():
         p.fill_(123.0)
@@ -77,6 +86,8 @@ for step in range(steps):
     if variant == "clip":
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
     opt.step(samples=batch)
+    if variant == "decay":
+        schedule.step()
 pushed_during_backward = opt._worker.shard_pushes_during_backward
 hooks = len(opt._accumulators)
 withdrawn = opt._overlap_withdrawn
@@ -192,8 +203,41 @@ def load_flat(model, flat):
             offset += n
 
 
+def plain_sync_steps(steps, weight_decay=0.0, halve_every=None):
+    """The tests' sync run of 2 workers in plain PyTorch: each rank's
+    gradient on the same weights, averaged, then PyTorch's SGD (lr 0.1,
+    `weight_decay`) with, given `halve_every`, a StepLR halving the rate
+    every that many steps. The weights at the end, as the workers print
+    them."""
+    model = model_for_test()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=weight_decay)
+    schedule = (torch.optim.lr_scheduler.StepLR(sgd, step_size=halve_every,
+                                                gamma=0.5)
+                if halve_every else None)
+    gens = [torch.Generator().manual_seed(100 + r) for r in range(2)]
+    for _ in range(steps):
+        grads = []
+        for g in gens:
+            x = torch.randn(8, 4, generator=g)
+            y = (x[:, 0] > 0).long()
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            p.grad = (grads[0][i] + grads[1][i]) / 2
+        sgd.step()
+        if schedule is not None:
+            schedule.step()
+    return [p.detach().reshape(-1).tolist() for p in model.parameters()]
+
+
 @unittest.skipIf(torch is None, "python3-torch is not installed")
 class PythonWorkerTest(unittest.TestCase):
+
+    def assertParamsClose(self, got, want):
+        for got_tensor, want_tensor in zip(got, want):
+            for a, b in zip(got_tensor, want_tensor):
+                self.assertAlmostEqual(a, b, delta=1e-6)
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="monsoon-py-")
@@ -274,27 +318,54 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertEqual([r["steps"] for r in results], [5, 5])
         # The same steps in plain PyTorch: each rank's gradient on the same
         # weights, averaged, then w -= 0.1 * mean.
-        model = model_for_test()
-        gens = [torch.Generator().manual_seed(100 + r) for r in range(2)]
-        for _ in range(5):
-            grads = []
-            for g in gens:
-                x = torch.randn(8, 4, generator=g)
-                y = (x[:, 0] > 0).long()
-                model.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                grads.append([p.grad.clone() for p in model.parameters()])
-            with torch.no_grad():
-                for i, p in enumerate(model.parameters()):
-                    p -= 0.1 * (grads[0][i] + grads[1][i]) / 2
-        expected = [p.detach().reshape(-1).tolist() for p in model.parameters()]
-        for got, want in zip(results[0]["params"], expected):
-            for a, b in zip(got, want):
-                self.assertAlmostEqual(a, b, delta=1e-6)
+        self.assertParamsClose(results[0]["params"], plain_sync_steps(5))
         # The shards started from the exported model's weights.
         self.assertEqual(results[0]["start"],
                          [p.detach().reshape(-1).tolist()
                           for p in model_for_test().parameters()])
+
+    def test_sync_applies_the_wrapped_optimizers_weight_decay_and_schedule(self):
+        # The wrapped SGD's weight decay (0.01) and a StepLR on the
+        # DistributedOptimizer (the rate halved every 2 steps) reach the
+        # shards' rule through the pushed gradient: the same steps as plain
+        # PyTorch's SGD with both, on the mean gradient. The wrapped rate
+        # (0.1) is the run's, so rank 0 has nothing to say about the rule.
+        config = self.write_config(
+            "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n")
+        results = self.run_workers(config, self.start_shards(config), steps=5,
+                                   local_lr=0.1, variant="decay")
+        self.assertEqual(results[0]["params"], results[1]["params"])
+        self.assertParamsClose(
+            results[0]["params"],
+            plain_sync_steps(5, weight_decay=0.01, halve_every=2))
+        for r in results:
+            self.assertNotIn("shards apply each step", r["stderr"])
+
+    def test_rank_0_says_where_the_wrapped_optimizer_and_the_run_part(self):
+        # The wrapped SGD's rate (0.05) is not the run's (0.1); the config's
+        # weight decay and schedule are ps_worker's, which a script applies
+        # through its optimizer: rank 0 says so, once each; rank 1 nothing.
+        config = self.write_config(
+            "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8 "
+            "weight_decay: 0.001 lr_decay_epochs: 3\n")
+        results = self.run_workers(config, self.start_shards(config), steps=2,
+                                   local_lr=0.05)
+        self.assertEqual(
+            results[0]["stderr"].count(
+                "monsoon: in sync the shards apply each step with the run's "
+                "rule (sgd, learning_rate 0.1, momentum 0); the wrapped SGD "
+                "(lr 0.05) takes no step"), 1, results[0]["stderr"])
+        self.assertEqual(
+            results[0]["stderr"].count(
+                "monsoon: the run's config has weight_decay 0.001, which "
+                "ps_worker adds to its gradients"), 1, results[0]["stderr"])
+        self.assertEqual(
+            results[0]["stderr"].count(
+                "monsoon: the run's config decays the rates by 0.1 every 3 "
+                "epochs"), 1, results[0]["stderr"])
+        for said in ("shards apply each step", "weight_decay 0.001",
+                     "decays the rates"):
+            self.assertNotIn(said, results[1]["stderr"])
 
     def test_pushes_during_backward_train_bit_for_bit_as_after_it(self):
         # wide_model()'s 70 values on 2 shards: [0, 35) and [35, 70). Once
@@ -305,7 +376,8 @@ class PythonWorkerTest(unittest.TestCase):
         # or a batch other than the one expected, gives the step's parts
         # up and pushes it whole.
         steps = 6
-        withdrawn = {"plain": 0, "clip": steps, "twice": steps, "short": 1}
+        withdrawn = {"plain": 0, "clip": steps, "twice": steps, "short": 1,
+                     "decay": 0}
         for variant, expected in withdrawn.items():
             with self.subTest(variant=variant):
                 runs = {}

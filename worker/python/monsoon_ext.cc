@@ -177,6 +177,14 @@ py::dict ReadConfig(std::string path) {
   out["tensors"] = TensorsOf(config);
   out["batch_size"] = config.batch_size();
   out["learning_rate"] = config.learning_rate();
+  // The shards' rule (hogwild's is plain SGD whatever the optimizer says).
+  out["optimizer"] = config.mode() == HOGWILD
+                         ? std::string("sgd")
+                         : common::OptimizerName(config.optimizer());
+  out["momentum"] = config.mode() == HOGWILD ? 0.0f : config.momentum();
+  out["weight_decay"] = config.weight_decay();
+  out["lr_decay_epochs"] = config.lr_decay_epochs();
+  out["lr_decay_factor"] = config.lr_decay_factor();
   out["local_learning_rate"] = config.local_learning_rate();
   out["local_momentum"] = config.local_momentum();
   py::dict tables;  // sparse table name -> dim

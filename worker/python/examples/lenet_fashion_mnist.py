@@ -107,10 +107,19 @@ def main():
         mt.evaluate_every(model, lambda m: evaluate(m, test_x, test_y))
         return
     config = mt.run_config()
+    # The run's weight decay and step schedule (a preset's, as ps_worker
+    # applies them): the wrapped optimizer's, which reach the shards' rule
+    # through the pushed gradient in every mode.
     opt = torch.optim.SGD(model.parameters(),
                           lr=args.lr or config["local_learning_rate"],
-                          momentum=config["local_momentum"])
+                          momentum=config["local_momentum"],
+                          weight_decay=config["weight_decay"])
     opt = mt.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # +
+    schedule = None
+    if config["lr_decay_epochs"] > 0:
+        schedule = torch.optim.lr_scheduler.StepLR(
+            opt, step_size=config["lr_decay_epochs"],
+            gamma=config["lr_decay_factor"])
     mt.broadcast_parameters(model)  # +
     x, y = load(args.data_dir, "train")
     test_x, test_y = load(args.data_dir, "t10k")
@@ -127,6 +136,8 @@ def main():
             opt.zero_grad()
             F.cross_entropy(model(x[batch]), y[batch]).backward()
             opt.step(samples=len(batch))
+        if schedule is not None:
+            schedule.step()
         if rank == 0:
             print("epoch %d: test accuracy %.4f" % (epoch + 1,
                                                      evaluate(model, test_x, test_y)[0]),

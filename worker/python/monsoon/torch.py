@@ -97,11 +97,13 @@ def num_workers():
 
 def run_config():
     """The run's resolved config, as far as a script needs it: mode, tensors
-    (name and shape of each parameter), batch_size, learning_rate, epochs,
-    seed, and local_learning_rate and local_momentum, the rate and momentum
-    the C++ worker's local steps use (downpour, onebit, easgd): a script's
-    wrapped optimizer takes them to follow the run's config; sparse_tables,
-    each sparse table's name and dim."""
+    (name and shape of each parameter), batch_size, epochs, seed; the
+    shards' rule: optimizer ('sgd' or 'adagrad'), learning_rate, momentum;
+    local_learning_rate and local_momentum, the rate and momentum the C++
+    worker's local steps use (downpour, onebit, easgd), and weight_decay,
+    lr_decay_epochs and lr_decay_factor, which ps_worker applies to its
+    gradients: a script's wrapped optimizer takes them to follow the run's
+    config; sparse_tables, each sparse table's name and dim."""
     _require_init("run_config()")
     return _monsoon.read_config("")
 
@@ -157,13 +159,26 @@ def first_difference(mine, run):
     return None
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps `optimizer` (whose local steps downpour, onebit and easgd take)
     so that step() does what the run's mode does. Connects to the shards.
     `named_parameters`: model.named_parameters(), the parameters
-    `optimizer` updates, whose names and shapes must be the run's."""
+    `optimizer` updates, whose names and shapes must be the run's.
+
+    The gradient a worker pushes is the wrapped optimizer's view of it, as
+    ps_worker's is its config's: p.grad + weight_decay * p with each param
+    group's weight_decay, scaled by the group's lr over its lr when wrapped
+    (its `initial_lr` where a scheduler set one), so that a learning-rate
+    scheduler on this optimizer (or on the wrapped one) and weight decay
+    reach the shards' rule in every mode that pushes gradients. The rule
+    itself (SGD with momentum, Adagrad) and its rate are the run's
+    config's; local steps (easgd, downpour with n_push > 1) are the wrapped
+    optimizer's own."""
 
     def __init__(self, optimizer, named_parameters):
+        # Not torch.optim.Optimizer.__init__: the state is the wrapped
+        # optimizer's (param_groups, state, defaults below); the base class
+        # makes this one an Optimizer to torch's learning-rate schedulers.
         _require_init("DistributedOptimizer")
         self.optimizer = optimizer
         self._named = list(named_parameters)
@@ -196,7 +211,82 @@ class DistributedOptimizer:
         _state["optimizer"] = self
         self._stop_signal = None
         _stop_on_sigterm(self)
+        self._install_push_rule(config)
+        self._config = config  # until the first step
         self._install_hooks()
+
+    def _install_push_rule(self, config):
+        """What the pushed gradient takes from the wrapped optimizer's param
+        groups (the class comment): where the mode pushes gradients (not
+        easgd, which pushes elastic differences)."""
+        self._transforms_pushes = self._worker.mode != "easgd"
+        self._group_of = None
+        self._rule_key = None
+        self._rule = None  # (scale, weight_decay) per parameter; None: as is
+        self._push = None  # the pushed values, where the rule changes them
+        self._push_np = None
+        self._step_rule = None  # the rule this step's parts were sent with
+        self._filled_from = len(self._named)
+        if self._transforms_pushes:
+            self._pushed_rule()
+        _note_the_rule(config, self.optimizer, self._worker.step_replaces_params)
+
+    def _map_groups(self):
+        groups = self.optimizer.param_groups
+        group_of = {}
+        for i, group in enumerate(groups):
+            for p in group["params"]:
+                group_of[id(p)] = i
+        self._group_of = [group_of.get(id(p)) for _, p in self._named]
+        self._base_lr = [group.get("initial_lr", group["lr"]) for group in groups]
+
+    def _pushed_rule(self):
+        """(scale, weight_decay) per parameter from the param groups as they
+        are now, or None where every pushed gradient is p.grad as it is."""
+        groups = self.optimizer.param_groups
+        if self._group_of is None or len(groups) != len(self._base_lr):
+            self._map_groups()  # first, or after add_param_group
+            self._rule_key = None
+        key = tuple((group["lr"], group.get("weight_decay", 0) or 0)
+                    for group in groups)
+        if key == self._rule_key:
+            return self._rule
+        self._rule_key = key
+        rule = []
+        for i in self._group_of:
+            if i is None:  # a parameter the wrapped optimizer does not hold
+                rule.append((1.0, 0.0))
+                continue
+            lr, decay = key[i]
+            base = self._base_lr[i]
+            rule.append((float(lr) / base if base else 1.0, float(decay)))
+        changes = any(r != (1.0, 0.0) for r in rule)
+        self._rule = rule if changes else None
+        if changes and self._push is None:
+            self._push = torch.empty_like(self._grads)
+            self._push_np = self._push.numpy()
+        return self._rule
+
+    def _fill_push(self, rule, low, high):
+        """The pushed values of parameters [low, high): (g + wd * p) * scale,
+        one pass per run of neighbours with the same rule."""
+        i = low
+        while i < high:
+            j = i + 1
+            while j < high and rule[j] == rule[i]:
+                j += 1
+            begin = self._views[i][0]
+            end = self._views[j - 1][0] + self._views[j - 1][1]
+            scale, decay = rule[i]
+            out = self._push[begin:end]
+            grad = self._grads[begin:end]
+            if decay:
+                torch.add(grad, self._params[begin:end], alpha=decay, out=out)
+            else:
+                out.copy_(grad)
+            if scale != 1.0:
+                out.mul_(scale)
+            i = j
 
     def _flatten(self):
         sizes = [p.numel() for _, p in self._named]
@@ -277,7 +367,14 @@ class DistributedOptimizer:
         self._final_from = low
         if self._overlap is None and self._views[low][0] > self._overlap_from:
             return  # nothing could go yet: the push starts later
-        self._overlap = self._worker.ready(self._grads_np, self._params_np,
+        if self._overlap is None and self._transforms_pushes:
+            self._step_rule = self._pushed_rule()  # for the whole step
+        pushed = self._grads_np
+        if self._step_rule is not None:
+            self._fill_push(self._step_rule, low, self._filled_from)
+            self._filled_from = low
+            pushed = self._push_np
+        self._overlap = self._worker.ready(pushed, self._params_np,
                                            self._expected_samples,
                                            self._views[low][0])
         if not self._overlap:
@@ -308,6 +405,8 @@ class DistributedOptimizer:
         self._gave_up = False
         self._final = [False] * len(self._named)
         self._final_from = len(self._named)
+        self._filled_from = len(self._named)
+        self._step_rule = None
         self._overlap = None
 
     @property
@@ -340,6 +439,30 @@ class DistributedOptimizer:
     def param_groups(self):
         return self.optimizer.param_groups
 
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def state_dict(self):
+        """The wrapped optimizer's (its local steps' state)."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group):
+        raise RuntimeError(
+            "monsoon.torch.DistributedOptimizer cannot take parameters after it "
+            "was made: the run's model is the parameters it was made with")
+
+    def __repr__(self):
+        return "DistributedOptimizer(%s, mode=%s)" % (
+            self.optimizer.__class__.__name__, self._worker.mode)
+
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients in place (they are views into one buffer)."""
         self._grads.zero_()
@@ -357,9 +480,22 @@ class DistributedOptimizer:
             self._withdraw()  # changed in place after backward (clipped)
         if self._gather_grads() and self._overlap:
             self._withdraw()  # a gradient replaced after its hook
+        if self._config is not None:  # the first step
+            _note_the_schedule(self._config, self.optimizer)
+            self._config = None
+        pushed = self._grads_np
+        if self._transforms_pushes:
+            rule = self._pushed_rule()
+            if self._overlap and rule is not self._step_rule:
+                self._withdraw()  # the lr or weight decay changed after backward
+            if rule is not None:
+                # What the parts sent during backward did not cover.
+                self._fill_push(rule, 0, self._filled_from
+                                if self._overlap else len(self._named))
+                pushed = self._push_np
         samples = int(samples or self._batch_size)
         try:
-            replaced = self._worker.step(self._grads_np, samples, self._params_np)
+            replaced = self._worker.step(pushed, samples, self._params_np)
         finally:
             self._end_of_step()
         self._expected_samples = samples
@@ -396,6 +532,66 @@ class DistributedOptimizer:
     @property
     def bytes_pulled(self):
         return self._worker.bytes_pulled
+
+
+def _close(a, b):
+    return abs(float(a) - float(b)) <= 1e-6 * max(abs(float(a)), abs(float(b)))
+
+
+def _note_the_rule(config, optimizer, takes_no_step):
+    """Rank 0 says once, on stderr, where the run's rule and the wrapped
+    optimizer part: what the shards apply in a mode where the wrapped
+    optimizer takes no step, and the config's weight decay, which ps_worker
+    adds itself and a script through its optimizer."""
+    if rank() != 0:
+        return
+    groups = optimizer.param_groups
+    name = optimizer.__class__.__name__
+    mode = config["mode"]
+    if takes_no_step and groups:
+        group = groups[0]
+        lr = group.get("initial_lr", group["lr"])
+        momentum = group.get("momentum", 0) or 0
+        same = (name.lower() == config["optimizer"]
+                and _close(lr, config["learning_rate"])
+                and (config["optimizer"] != "sgd"
+                     or _close(momentum, config["momentum"])))
+        if not same:
+            rule = "%s, learning_rate %g" % (config["optimizer"],
+                                             config["learning_rate"])
+            if config["optimizer"] == "sgd":
+                rule += ", momentum %g" % config["momentum"]
+            print("monsoon: in %s the shards apply each step with the run's "
+                  "rule (%s); the wrapped %s (lr %g) takes no step: its weight "
+                  "decay and the changes of its lr (a scheduler) reach the "
+                  "pushed gradient, its rule and rate do not (the run's config "
+                  "sets them: optimizer, learning_rate, momentum)"
+                  % (mode, rule, name, lr), file=sys.stderr, flush=True)
+    decay = config["weight_decay"]
+    if decay and not any(_close(g.get("weight_decay", 0) or 0, decay)
+                         for g in groups):
+        print("monsoon: the run's config has weight_decay %g, which ps_worker "
+              "adds to its gradients; a script's weight decay is its "
+              "optimizer's, and the wrapped %s has none of %g (give it "
+              "weight_decay=mt.run_config()['weight_decay'])"
+              % (decay, name, decay), file=sys.stderr, flush=True)
+
+
+def _note_the_schedule(config, optimizer):
+    """At the first step (a script makes its scheduler before its loop),
+    rank 0 says once when the config schedules the rates and no scheduler
+    is on the wrapped optimizer."""
+    if rank() != 0:
+        return
+    if config["lr_decay_epochs"] > 0 and not any(
+            "initial_lr" in g for g in optimizer.param_groups):
+        print("monsoon: the run's config decays the rates by %g every %d "
+              "epochs, which ps_worker does itself; a script schedules its "
+              "optimizer's lr (a torch.optim.lr_scheduler on the "
+              "DistributedOptimizer, stepped each epoch), and the shards' rule "
+              "follows it" % (config["lr_decay_factor"],
+                              config["lr_decay_epochs"]),
+              file=sys.stderr, flush=True)
 
 
 def _stop_on_sigterm(optimizer):
