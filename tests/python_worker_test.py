@@ -11,7 +11,8 @@ workers end with:
   - the wrapped optimizer's weight decay and a scheduler's rate reach the
     shards' rule (sync: plain PyTorch's SGD with both), and rank 0 says
     where the wrapped optimizer and the run's config part;
-  - a parameter with no gradient pushes zeros and nothing hangs;
+  - a parameter with no gradient pushes zeros and nothing hangs; gradients
+    of their own (set_to_none, sparse embeddings) push as dense ones;
   - the model's parameters share memory with what the C++ side pulls into;
   - a model whose names, shapes or order differ is refused naming the first
     difference; calls before init() and non-float32 parameters are refused;
@@ -51,13 +52,19 @@ steps, extra, lr = int(sys.argv[1]), sys.argv[2] == "extra", float(sys.argv[3])
 # gradients scaled in place after backward); twice (two backward passes
 # summed); short (a last batch of 5 examples); decay (weight decay 0.01 on
 # the wrapped SGD, and a scheduler on the DistributedOptimizer halving its
-# rate every 2 steps).
+# rate every 2 steps); none (model.zero_grad(set_to_none=True), torch 2's
+# default, in place of opt.zero_grad()).
 variant = sys.argv[4] if len(sys.argv) > 4 else "plain"
 mt.init()
 torch.manual_seed(0)
-if len(sys.argv) > 5 and sys.argv[5] == "wide":  # wide_model()
+kind = sys.argv[5] if len(sys.argv) > 5 else "narrow"
+if kind == "wide":  # wide_model()
     model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(),
                                 torch.nn.Linear(2, 20))
+elif kind.endswith("embedding"):  # embedding_model()
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(16, 4, sparse=kind == "sparse_embedding"),
+        torch.nn.Flatten(), torch.nn.Linear(8, 12))
 else:
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
                                 torch.nn.Linear(8, 2))
@@ -79,7 +86,12 @@ for step in range(steps):
     batch = 5 if variant == "short" and step == steps - 1 else 8
     x = torch.randn(batch, 4, generator=g)
     y = (x[:, 0] > 0).long()
-    opt.zero_grad()
+    if kind.endswith("embedding"):  # two ids an example, repeats among them
+        x = (x[:, :2].abs() * 4).long().clamp(max=15)
+    if variant == "none":
+        model.zero_grad(set_to_none=True)
+    else:
+        opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     if variant == "twice":
         F.cross_entropy(model(x[:4]), y[:4]).backward()
@@ -184,6 +196,14 @@ def wide_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(),
                                torch.nn.Linear(2, 20))
+
+
+def embedding_model(sparse):
+    # 64 + 108 values: on 2 shards, [0, 86) and [86, 172), shard 1's range
+    # in the last layer, whose gradients are final before the table's.
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(16, 4, sparse=sparse),
+                               torch.nn.Flatten(), torch.nn.Linear(8, 12))
 
 
 def eval_loss(model):
@@ -377,7 +397,7 @@ class PythonWorkerTest(unittest.TestCase):
         # up and pushes it whole.
         steps = 6
         withdrawn = {"plain": 0, "clip": steps, "twice": steps, "short": 1,
-                     "decay": 0}
+                     "decay": 0, "none": 0}
         for variant, expected in withdrawn.items():
             with self.subTest(variant=variant):
                 runs = {}
@@ -405,6 +425,33 @@ class PythonWorkerTest(unittest.TestCase):
                                      runs[True][r]["params"])
                 self.assertNotEqual(runs[False][0]["params"],
                                     runs[False][0]["start"])
+
+    def test_sparse_gradients_train_as_dense_ones(self):
+        # nn.Embedding(sparse=True) with zero_grad(set_to_none=True): each
+        # step's gradients are tensors of their own, sparse for the table.
+        # They are pushed as the dense model's are (the same steps, up to
+        # the order of summing repeated ids), rank 0 saying so once.
+        runs = {}
+        for kind in ("sparse_embedding", "dense_embedding"):
+            config = self.write_config(
+                "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n",
+                model=embedding_model(kind == "sparse_embedding"),
+                name=kind + ".config")
+            runs[kind] = self.run_workers(config, self.start_shards(config),
+                                          steps=4, variant="none", model=kind)
+            self.tearDown()
+            self.servers = []
+        sparse, dense = runs["sparse_embedding"], runs["dense_embedding"]
+        self.assertEqual(sparse[0]["params"], sparse[1]["params"])
+        self.assertParamsClose(sparse[0]["params"], dense[0]["params"])
+        self.assertNotEqual(sparse[0]["params"], sparse[0]["start"])
+        for r in sparse:  # shard 1's part went during backward every step
+            self.assertEqual((r["hooks"], r["withdrawn"],
+                              r["pushed_during_backward"]), (3, 0, 4))
+        self.assertEqual(sparse[0]["stderr"].count(
+            "parameter '0.weight' has sparse gradients"), 1, sparse[0]["stderr"])
+        self.assertNotIn("sparse gradients", sparse[1]["stderr"])
+        self.assertNotIn("sparse gradients", dense[0]["stderr"])
 
     def test_a_worker_that_always_changes_its_gradients_stops_overlapping(self):
         # Clipped after every backward pass: 20 steps' parts given up, then

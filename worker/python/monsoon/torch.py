@@ -326,6 +326,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._grad_pointers = [self._grads[o:o + n].data_ptr()
                                for o, n in self._views]
         self._accumulators = []
+        self._said_sparse = False
         # Where backward's final gradients could first go (-1: nowhere
         # before step(), as with one shard smaller than a chunk): no hooks
         # then, and none of their cost.
@@ -349,12 +350,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._overlap is False or not self._overlap_possible:
             return
         p = self._named[i][1]
-        if self._final[i] or p.grad is None or \
-                p.grad.data_ptr() != self._grad_pointers[i]:
-            # Another backward pass before step(), or a gradient that is no
-            # longer the buffer's: what left is not the step's.
+        if self._final[i] or p.grad is None:
+            # Another backward pass before step(): what left is not the
+            # step's.
             self._withdraw()
             return
+        if p.grad.is_sparse or p.grad.data_ptr() != self._grad_pointers[i]:
+            # A gradient of its own (after zero_grad(set_to_none=True),
+            # torch 2's default, or sparse, from nn.Embedding(sparse=True)):
+            # this backward's whole gradient, into the buffer with it.
+            self._take_into_buffer(i)
         self._final[i] = True
         # Views share their base's version counter: an in-place change of
         # any gradient from here to step() moves it.
@@ -413,23 +418,46 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _overlap_withdrawn(self):
         return self._worker.pushes_withdrawn
 
+    def _take_into_buffer(self, i):
+        """Parameter i's gradient, a tensor of its own, copied into its view
+        of the buffer, which becomes p.grad again (dense: a sparse gradient
+        is pushed whole, which rank 0 says once)."""
+        name, p = self._named[i]
+        offset, n = self._views[i]
+        view = self._grads[offset:offset + n].view_as(p)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._said_sparse and rank() == 0:
+                print("monsoon: parameter '%s' has sparse gradients (e.g. "
+                      "nn.Embedding(sparse=True)): each step pushes it whole, "
+                      "as a dense one; a table held on the shards row by row "
+                      "is mt.sparse_pull's and mt.sparse_push's" % name,
+                      file=sys.stderr, flush=True)
+            self._said_sparse = True
+            grad = grad.to_dense()
+        view.copy_(grad)
+        p.grad = view
+
     def _gather_grads(self):
         # Autograd adds into p.grad in place, so it normally is still the view;
         # a parameter without a gradient this step pushes zeros, and a
-        # gradient that autograd replaced is copied back into the buffer.
-        # Returns whether it wrote into the buffer.
-        wrote = False
-        for (name, p), (offset, n) in zip(self._named, self._views):
-            view = self._grads[offset:offset + n].view_as(p)
+        # gradient of its own (set_to_none, sparse, replaced) is copied into
+        # the buffer. Returns whether it wrote where parts have gone already
+        # (parameters from _final_from on).
+        wrote_sent = False
+        for i, ((name, p), (offset, n)) in enumerate(zip(self._named,
+                                                          self._views)):
             if p.grad is None:
+                view = self._grads[offset:offset + n].view_as(p)
                 view.zero_()
                 p.grad = view
-                wrote = True
-            elif p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
-                p.grad = view
-                wrote = True
-        return wrote
+            elif p.grad.is_sparse or \
+                    p.grad.data_ptr() != self._grad_pointers[i]:
+                self._take_into_buffer(i)
+            else:
+                continue
+            wrote_sent = wrote_sent or i >= self._final_from
+        return wrote_sent
 
     @property
     def mode(self):
@@ -479,7 +507,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._overlap and self._grads._version != self._grads_version:
             self._withdraw()  # changed in place after backward (clipped)
         if self._gather_grads() and self._overlap:
-            self._withdraw()  # a gradient replaced after its hook
+            self._withdraw()  # a gradient that went, replaced after its hook
         if self._config is not None:  # the first step
             _note_the_schedule(self._config, self.optimizer)
             self._config = None
