@@ -16,7 +16,8 @@ workers end with:
   - the model's parameters share memory with what the C++ side pulls into;
   - a model whose names, shapes or order differ is refused naming the first
     difference; calls before init() and non-float32 parameters are refused;
-  - the script as the evaluator, and under launch_local --worker_cmd;
+  - the script as the evaluator (BatchNorm's statistics recomputed over
+    the training inputs it is given), and under launch_local --worker_cmd;
   - SIGTERM ends a worker after its step, with its report, exit 143.
 Skips where torch is not installed.
 """
@@ -61,6 +62,9 @@ kind = sys.argv[5] if len(sys.argv) > 5 else "narrow"
 if kind == "wide":  # wide_model()
     model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(),
                                 torch.nn.Linear(2, 20))
+elif kind == "bn":  # bn_model()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 2))
 elif kind.endswith("embedding"):  # embedding_model()
     model = torch.nn.Sequential(
         torch.nn.Embedding(16, 4, sparse=kind == "sparse_embedding"),
@@ -145,6 +149,20 @@ print("RESULT " + json.dumps({
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()]}))
 '''
 
+# The evaluator of bn_model() (see the test), with bn_batches() or, given
+# "none", without.
+EVALUATOR_BN = SCRIPT_MODEL + r'''
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                            torch.nn.ReLU(), torch.nn.Linear(8, 2))
+g = torch.Generator().manual_seed(11)
+batches = [torch.randn(64, 4, generator=g) for _ in range(2)]
+points = mt.evaluate_every(model, evaluate, interval_s=0.2,
+                           bn_batches=None if sys.argv[1:] == ["none"]
+                           else batches)
+print("RESULT " + json.dumps({"points": points}))
+'''
+
 # Run by launch_local --worker_cmd: the evaluator, or a worker of 30 steps.
 LAUNCHED = SCRIPT_MODEL + r'''
 if mt.is_evaluator():
@@ -196,6 +214,19 @@ def wide_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(),
                                torch.nn.Linear(2, 20))
+
+
+def bn_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                               torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def bn_batches():
+    # The training inputs over which an evaluator recomputes BatchNorm's
+    # statistics.
+    g = torch.Generator().manual_seed(11)
+    return [torch.randn(64, 4, generator=g) for _ in range(2)]
 
 
 def embedding_model(sparse):
@@ -513,6 +544,44 @@ class PythonWorkerTest(unittest.TestCase):
             self.assertIn('outcome: "done"', report)
             self.assertIn('phase: "compute"\n  count: 19\n', report)
             self.assertIn('phase: "push_pull"\n  count: 20\n', report)
+
+    def test_evaluator_recomputes_batch_norm_statistics(self):
+        # BatchNorm's running statistics are each worker's own: the
+        # evaluator recomputes its own from the pulled weights over the
+        # training inputs it is given, and refuses to evaluate without them.
+        config = self.write_config(
+            "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n",
+            model=bn_model())
+        servers = self.start_shards(config)
+        script = os.path.join(self.dir, "evaluator_bn.py")
+        with open(script, "w") as f:
+            f.write(EVALUATOR_BN)
+        env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="-1",
+                   MONSOON_CONFIG=config, MONSOON_CONNECT_TIMEOUT_S="20",
+                   MONSOON_CURVE_OUT=os.path.join(self.dir, "curve.textproto"))
+        refused = subprocess.run([sys.executable, script, "none"], env=env,
+                                 capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("the evaluator's model has BatchNorm running statistics "
+                      "(module '1')", refused.stderr)
+        self.assertIn("bn_batches=", refused.stderr)
+        evaluator = subprocess.Popen(
+            [sys.executable, script], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        results = self.run_workers(config, servers, steps=10, model="bn")
+        out, err = evaluator.communicate(timeout=120)
+        self.assertEqual(evaluator.returncode, 0, err)
+        line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
+        final = json.loads(line[len("RESULT "):])["points"][-1]
+        self.assertEqual(final["version"], 10)
+        # The final weights with statistics recomputed over the same inputs.
+        model = bn_model()
+        load_flat(model, [v for t in results[0]["params"] for v in t])
+        untrained = eval_loss(model.eval())
+        torch.optim.swa_utils.update_bn(bn_batches(), model)
+        self.assertAlmostEqual(final["test_loss"], eval_loss(model.eval()),
+                               delta=1e-6)
+        self.assertNotAlmostEqual(final["test_loss"], untrained, delta=1e-3)
 
     def test_launch_local_runs_the_script_as_workers_and_evaluator(self):
         script = os.path.join(self.dir, "launched.py")

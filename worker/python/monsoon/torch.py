@@ -27,7 +27,8 @@ The model's parameters become views into one flat float32 buffer (and their
 gradients into another), which the C++ client reads and writes in place
 through the buffer protocol: no copy, and no link against libtorch. Buffers
 that are not parameters (BatchNorm's running statistics) stay each worker's
-own. CPU tensors only.
+own; the evaluator recomputes them (evaluate_every's bn_batches). CPU
+tensors only.
 
 The run's model is its parameters' names, shapes and order: the shards hold
 what `export_layout` wrote (the config's `tensors` and the initial weights
@@ -726,7 +727,15 @@ def finish(finished=True):
     _optimizer("finish").finish(finished)
 
 
-def evaluate_every(model, eval_fn, interval_s=None):
+def _batch_norms(model):
+    """The names of `model`'s BatchNorm modules that keep running
+    statistics."""
+    return [name for name, m in model.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+            and m.track_running_stats]
+
+
+def evaluate_every(model, eval_fn, interval_s=None, bn_batches=None):
     """The evaluator's loop: every `interval_s` (default MONSOON_INTERVAL_S,
     2 s) pulls the shards' current weights into `model`'s parameters, calls
     eval_fn(model) -> (test_accuracy, test_loss) and adds a point to the
@@ -734,7 +743,14 @@ def evaluate_every(model, eval_fn, interval_s=None):
     evaluator writes). Returns after a last evaluation once every worker has
     finished (SIGTERM is then ignored: the script may exit in peace), or on
     SIGTERM or SIGINT (as the launchers stop the C++ evaluator); returns
-    the curve's points as dicts."""
+    the curve's points as dicts.
+
+    A model with BatchNorm needs `bn_batches`: its running statistics are
+    buffers, each worker's own, which no shard holds, so the evaluator's
+    own would be the untrained ones. `bn_batches` (training inputs: a list
+    of tensors, or a DataLoader of (input, target); iterated at every
+    evaluation) recomputes them from the pulled weights before each
+    evaluation (torch.optim.swa_utils.update_bn, as for averaged weights)."""
     import signal
     import threading
 
@@ -751,6 +767,18 @@ def evaluate_every(model, eval_fn, interval_s=None):
     difference = first_difference(layout_of(named), config["tensors"])
     if difference is not None:
         raise ValueError("the evaluator's model is not the run's: " + difference)
+    norms = _batch_norms(model)
+    if norms and bn_batches is None:
+        raise ValueError(
+            "the evaluator's model has BatchNorm running statistics (module%s "
+            "%s), which are each worker's own and reach no shard: evaluated "
+            "with its own, never trained, its accuracy would be wrong. Pass "
+            "evaluate_every(model, eval_fn, bn_batches=B), B some training "
+            "inputs (a list of tensors, or a DataLoader of (input, target)), "
+            "over which the statistics are recomputed from the pulled weights "
+            "before each evaluation"
+            % ("s" if len(norms) > 1 else "",
+               ", ".join("'%s'" % n for n in norms)))
     interval = float(interval_s if interval_s is not None
                      else _monsoon.flag("interval_s"))
     params = torch.empty(sum(p.numel() for _, p in named), dtype=torch.float32)
@@ -785,6 +813,8 @@ def evaluate_every(model, eval_fn, interval_s=None):
                     n = p.numel()
                     p.copy_(params[offset:offset + n].view_as(p))
                     offset += n
+            if norms:
+                torch.optim.swa_utils.update_bn(bn_batches, model)
             was_training = model.training
             model.eval()
             try:
