@@ -53,7 +53,8 @@ steps, extra, lr = int(sys.argv[1]), sys.argv[2] == "extra", float(sys.argv[3])
 # gradients scaled in place after backward); twice (two backward passes
 # summed); short (a last batch of 5 examples); decay (weight decay 0.01 on
 # the wrapped SGD, and a scheduler on the DistributedOptimizer halving its
-# rate every 2 steps); none (model.zero_grad(set_to_none=True), torch 2's
+# rate every 2 steps); decay_frozen (the same, the first layer's weights
+# frozen); none (model.zero_grad(set_to_none=True), torch 2's
 # default, in place of opt.zero_grad()).
 variant = sys.argv[4] if len(sys.argv) > 4 else "plain"
 mt.init()
@@ -74,11 +75,14 @@ else:
                                 torch.nn.Linear(8, 2))
 if extra:  # a parameter that gets no gradient
     model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
+decay = variant.startswith("decay")
+if variant == "decay_frozen":  # the first layer's weights frozen
+    model[0].weight.requires_grad_(False)
 opt = mt.DistributedOptimizer(
     torch.optim.SGD(model.parameters(), lr=lr,
-                    weight_decay=0.01 if variant == "decay" else 0),
+                    weight_decay=0.01 if decay else 0),
     named_parameters=model.named_parameters())
-if variant == "decay":
+if decay:
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
 with torch.no_grad():  # the pull must land in the parameters' own memory
     for p in model.parameters():
@@ -102,7 +106,7 @@ for step in range(steps):
     if variant == "clip":
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
     opt.step(samples=batch)
-    if variant == "decay":
+    if decay:
         schedule.step()
 pushed_during_backward = opt._worker.shard_pushes_during_backward
 hooks = len(opt._accumulators)
@@ -391,6 +395,17 @@ class PythonWorkerTest(unittest.TestCase):
             plain_sync_steps(5, weight_decay=0.01, halve_every=2))
         for r in results:
             self.assertNotIn("shards apply each step", r["stderr"])
+
+    def test_a_frozen_parameter_takes_no_weight_decay(self):
+        # As torch's optimizers skip a parameter without a gradient: the
+        # frozen weights end as they started, the rest trained.
+        config = self.write_config(
+            "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n")
+        for r in self.run_workers(config, self.start_shards(config), steps=3,
+                                  local_lr=0.1, variant="decay_frozen"):
+            self.assertEqual(r["params"][0], r["start"][0])
+            for trained in range(1, 4):
+                self.assertNotEqual(r["params"][trained], r["start"][trained])
 
     def test_rank_0_says_where_the_wrapped_optimizer_and_the_run_part(self):
         # The wrapped SGD's rate (0.05) is not the run's (0.1); the config's

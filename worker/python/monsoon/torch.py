@@ -248,17 +248,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._group_of is None or len(groups) != len(self._base_lr):
             self._map_groups()  # first, or after add_param_group
             self._rule_key = None
-        key = tuple((group["lr"], group.get("weight_decay", 0) or 0)
-                    for group in groups)
+        # A frozen parameter (requires_grad False) has no gradient, which
+        # torch's optimizers skip, weight decay and all.
+        key = (tuple((group["lr"], group.get("weight_decay", 0) or 0)
+                     for group in groups),
+               tuple(p.requires_grad for _, p in self._named))
         if key == self._rule_key:
             return self._rule
         self._rule_key = key
         rule = []
-        for i in self._group_of:
-            if i is None:  # a parameter the wrapped optimizer does not hold
+        for i, (_, p) in zip(self._group_of, self._named):
+            if i is None or not p.requires_grad:
+                # Not the wrapped optimizer's, or frozen.
                 rule.append((1.0, 0.0))
                 continue
-            lr, decay = key[i]
+            lr, decay = key[0][i]
             base = self._base_lr[i]
             rule.append((float(lr) / base if base else 1.0, float(decay)))
         changes = any(r != (1.0, 0.0) for r in rule)
