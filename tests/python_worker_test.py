@@ -54,7 +54,8 @@ steps, extra, lr = int(sys.argv[1]), sys.argv[2] == "extra", float(sys.argv[3])
 # summed); short (a last batch of 5 examples); decay (weight decay 0.01 on
 # the wrapped SGD, and a scheduler on the DistributedOptimizer halving its
 # rate every 2 steps); decay_frozen (the same, the first layer's weights
-# frozen); none (model.zero_grad(set_to_none=True), torch 2's
+# frozen); no_finish (no mt.finish() at the end); crash (an uncaught
+# exception after the steps); none (model.zero_grad(set_to_none=True), torch 2's
 # default, in place of opt.zero_grad()).
 variant = sys.argv[4] if len(sys.argv) > 4 else "plain"
 mt.init()
@@ -111,7 +112,10 @@ for step in range(steps):
 pushed_during_backward = opt._worker.shard_pushes_during_backward
 hooks = len(opt._accumulators)
 withdrawn = opt._overlap_withdrawn
-mt.finish()
+if variant == "crash":
+    raise RuntimeError("the script failed after its steps")
+if variant != "no_finish":
+    mt.finish()
 print("RESULT " + json.dumps({
     "names": [name for name, _ in model.named_parameters()],
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
@@ -756,6 +760,32 @@ class PythonWorkerTest(unittest.TestCase):
     def test_easgd_learns(self):
         # The script's own SGD takes the local steps.
         self.check_learns("mode: EASGD batch_size: 8 tau: 4\n", local_lr=0.2)
+
+    def test_a_script_that_ends_without_finish_finishes_at_exit(self):
+        # Its report says done; a script that ends on an uncaught exception
+        # leaves none (it did not finish) and exits 1.
+        config = self.write_config(
+            "mode: DOWNPOUR learning_rate: 0.1 batch_size: 8\n")
+        for r in self.run_workers(config, self.start_shards(config), steps=5,
+                                  variant="no_finish"):
+            self.assertEqual(r["steps"], 5)
+        for rank in range(2):
+            report = open(os.path.join(self.dir,
+                                       "worker-%d.report" % rank)).read()
+            self.assertIn('outcome: "done"', report)
+            self.assertIn("steps: 5\n", report)
+            os.remove(os.path.join(self.dir, "worker-%d.report" % rank))
+        self.tearDown()
+        self.servers = []
+        for code, err in self.run_workers(config, self.start_shards(config),
+                                          steps=5, variant="crash",
+                                          expect_ok=False):
+            self.assertEqual(code, 1, err)
+            self.assertIn("RuntimeError: the script failed after its steps",
+                          err)
+        for rank in range(2):
+            self.assertFalse(os.path.exists(
+                os.path.join(self.dir, "worker-%d.report" % rank)))
 
     def test_parameter_without_gradient_pushes_zeros(self):
         model = model_for_test()

@@ -110,7 +110,9 @@ absl::Status ReadWorkerReports(const std::vector<std::string>& paths,
     if (!ReadFile(path, &text) ||
         !google::protobuf::TextFormat::ParseFromString(text, &report)) {
       return absl::InternalError(
-          absl::StrCat("a worker left no readable report in ", path));
+          absl::StrCat("a worker left no readable report in ", path,
+                       ": it ended without finishing (killed, or a script "
+                       "that failed before its end; its log says why)"));
     }
     metrics->trained_samples += report.samples();
     AddWorkerPhases(report, metrics);

@@ -210,8 +210,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._flatten()
         self._worker = _monsoon.Worker()
         _state["optimizer"] = self
+        self._finished = False
         self._stop_signal = None
         _stop_on_sigterm(self)
+        _finish_at_exit(self)
         self._install_push_rule(config)
         self._config = config  # until the first step
         self._install_hooks()
@@ -544,6 +546,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         pod): the step in flight is done; leave without finishing the run,
         write the report and exit 128 + the signal, as ps_worker does."""
         number = self._stop_signal
+        self._finished = True
         self._worker.finish(self._params_np, False,
                             "stopped by signal %d" % number)
         print("monsoon: rank %d stopped by signal %d after %d steps"
@@ -552,6 +555,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         sys.exit(128 + number)
 
     def finish(self, finished=True):
+        """See monsoon.torch.finish; once (later calls do nothing)."""
+        if self._finished:
+            return
+        self._finished = True
         self._worker.finish(self._params_np, finished)
 
     @property
@@ -625,6 +632,38 @@ def _note_the_schedule(config, optimizer):
               "follows it" % (config["lr_decay_factor"],
                               config["lr_decay_epochs"]),
               file=sys.stderr, flush=True)
+
+
+def _finish_at_exit(optimizer):
+    """A script that ends without mt.finish() finishes at exit, as one
+    would expect of a script that reached its end; one that ends on an
+    uncaught exception does not (its rank did not finish: the launcher sees
+    its exit code)."""
+    import atexit
+    import weakref
+
+    if not _state.get("exit_hooks"):
+        _state["exit_hooks"] = True
+        previous = sys.excepthook
+
+        def note_crash(kind, value, traceback):
+            _state["crashed"] = True
+            previous(kind, value, traceback)
+
+        sys.excepthook = note_crash
+    ref = weakref.ref(optimizer)
+
+    def at_exit():
+        opt = ref()
+        if opt is None or opt._finished or _state.get("crashed"):
+            return
+        try:
+            opt.finish()
+        except Error as error:
+            print("monsoon: rank %d could not finish at exit: %s"
+                  % (rank(), error), file=sys.stderr, flush=True)
+
+    atexit.register(at_exit)
 
 
 def _stop_on_sigterm(optimizer):
@@ -727,7 +766,8 @@ def broadcast_parameters(model=None):
 
 def finish(finished=True):
     """Pushes what is still summed, then leaves the shards; with `finished`
-    the rank counts as done, so that the run can end."""
+    the rank counts as done, so that the run can end. A script that ends
+    without calling it finishes at exit (not after an uncaught exception)."""
     _optimizer("finish").finish(finished)
 
 
