@@ -54,7 +54,8 @@ steps, extra, lr = int(sys.argv[1]), sys.argv[2] == "extra", float(sys.argv[3])
 # summed); short (a last batch of 5 examples); decay (weight decay 0.01 on
 # the wrapped SGD, and a scheduler on the DistributedOptimizer halving its
 # rate every 2 steps); decay_frozen (the same, the first layer's weights
-# frozen); no_finish (no mt.finish() at the end); crash (an uncaught
+# frozen); leave (mt.finish(finished=False) at the end); no_finish (no
+# mt.finish() at the end); crash (an uncaught
 # exception after the steps); none (model.zero_grad(set_to_none=True), torch 2's
 # default, in place of opt.zero_grad()).
 variant = sys.argv[4] if len(sys.argv) > 4 else "plain"
@@ -114,13 +115,16 @@ hooks = len(opt._accumulators)
 withdrawn = opt._overlap_withdrawn
 if variant == "crash":
     raise RuntimeError("the script failed after its steps")
-if variant != "no_finish":
+if variant == "leave":  # leaves without finishing, as a killed one would
+    mt.finish(finished=False)
+elif variant != "no_finish":
     mt.finish()
 print("RESULT " + json.dumps({
     "names": [name for name, _ in model.named_parameters()],
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
     "start": [p.reshape(-1).tolist() for p in start],
     "steps": opt.steps,
+    "resume_point": mt.resume_point(),
     "pushed_during_backward": pushed_during_backward,
     "hooks": hooks,
     "withdrawn": withdrawn}))
@@ -786,6 +790,18 @@ class PythonWorkerTest(unittest.TestCase):
         for rank in range(2):
             self.assertFalse(os.path.exists(
                 os.path.join(self.dir, "worker-%d.report" % rank)))
+
+    def test_a_script_started_again_learns_where_its_data_resumes(self):
+        # Rank 0 leaves after 3 steps of 8 examples without finishing (as
+        # one that died would); started again, it resumes at example 24.
+        config = self.write_config(
+            "mode: DOWNPOUR learning_rate: 0.1 batch_size: 8\n")
+        servers = self.start_shards(config, workers=1)
+        first = self.run_workers(config, servers, workers=1, steps=3,
+                                 variant="leave")[0]
+        self.assertEqual(first["resume_point"], 0)
+        again = self.run_workers(config, servers, workers=1, steps=2)[0]
+        self.assertEqual(again["resume_point"], 24)
 
     def test_parameter_without_gradient_pushes_zeros(self):
         model = model_for_test()

@@ -240,6 +240,7 @@ class Worker {
     int exit_code = 0;
     py::gil_scoped_release release;
     client_ = Check(worker::ConnectWithClientFlags(options, &exit_code));
+    resume_point_ = client_->applied_samples();
     worker_ = Check(worker::ScriptWorker::Create(
         client_.get(), config, options.worker_rank, options.num_workers,
         absl::Seconds(absl::GetFlag(FLAGS_shard_lost_timeout_s))));
@@ -344,6 +345,9 @@ class Worker {
   int64_t num_params() const { return worker_->num_params(); }
   bool step_replaces_params() const { return worker_->StepReplacesParams(); }
   int64_t steps() const { return worker_->steps(); }
+  // The examples of this rank's data the shards had applied when it
+  // connected: where a restarted script's data resumes.
+  int64_t resume_point() const { return resume_point_; }
   int64_t pushes_withdrawn() const { return worker_->pushes_withdrawn(); }
   int64_t overlap_from() const { return worker_->OverlapFrom(); }
   int64_t shard_pushes_during_backward() const {
@@ -372,6 +376,7 @@ class Worker {
   std::unique_ptr<worker::ScriptWorker> worker_;
   std::string mode_;
   absl::Duration call_timeout_;  // the config's call_timeout_s
+  int64_t resume_point_ = 0;
   worker::WorkerResult progress_;  // steps, examples, first and last step
   worker::WorkerCounters counters_;  // the phases' time
 };
@@ -476,8 +481,8 @@ PYBIND11_MODULE(_monsoon, m) {
       .def("after_local_step", &Worker::AfterLocalStep, py::arg("params"))
       .def("sparse_pull", &Worker::SparsePull, py::arg("table"), py::arg("ids"),
            py::arg("out"))
-      .def("sparse_push", &Worker::SparsePush, py::arg("table"),
-           py::arg("ids"), py::arg("grads"))
+      .def("sparse_push", &Worker::SparsePush, py::arg("table"), py::arg("ids"),
+           py::arg("grads"))
       .def("finish", &Worker::Finish, py::arg("params"),
            py::arg("finished") = true, py::arg("outcome") = "")
       .def_property_readonly("mode", &Worker::mode)
@@ -485,6 +490,7 @@ PYBIND11_MODULE(_monsoon, m) {
       .def_property_readonly("step_replaces_params",
                              &Worker::step_replaces_params)
       .def_property_readonly("steps", &Worker::steps)
+      .def_property_readonly("resume_point", &Worker::resume_point)
       .def_property_readonly("pushes_withdrawn", &Worker::pushes_withdrawn)
       .def_property_readonly("overlap_from", &Worker::overlap_from)
       .def_property_readonly("shard_pushes_during_backward",

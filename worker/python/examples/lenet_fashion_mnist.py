@@ -115,11 +115,6 @@ def main():
                           momentum=config["local_momentum"],
                           weight_decay=config["weight_decay"])
     opt = mt.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # +
-    schedule = None
-    if config["lr_decay_epochs"] > 0:
-        schedule = torch.optim.lr_scheduler.StepLR(
-            opt, step_size=config["lr_decay_epochs"],
-            gamma=config["lr_decay_factor"])
     mt.broadcast_parameters(model)  # +
     x, y = load(args.data_dir, "train")
     test_x, test_y = load(args.data_dir, "t10k")
@@ -128,10 +123,22 @@ def main():
     args.batch_size = args.batch_size or config["batch_size"]
     mine = torch.arange(rank, len(x), workers)
     steps = len(x) // workers // args.batch_size  # the same for every rank
-    for epoch in range(args.epochs):
+    # Started again after a failure (a launcher's restart), the script
+    # resumes its data where the shards' count of its examples ends.
+    done = mt.resume_point() // args.batch_size
+    first_epoch = done // steps
+    if done:
+        print("rank %d resumes at epoch %d, step %d" % (
+            rank, first_epoch + 1, done % steps), flush=True)
+    schedule = None
+    if config["lr_decay_epochs"] > 0:
+        decay = config["lr_decay_factor"]
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda e: decay ** ((first_epoch + e) // config["lr_decay_epochs"]))
+    for epoch in range(first_epoch, args.epochs):
         order = mine[torch.randperm(len(mine), generator=torch.Generator()
                                     .manual_seed(args.seed * 1000 + epoch))]
-        for step in range(steps):
+        for step in range(done % steps if epoch == first_epoch else 0, steps):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]
             opt.zero_grad()
             F.cross_entropy(model(x[batch]), y[batch]).backward()

@@ -566,6 +566,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._worker.steps
 
     @property
+    def resume_point(self):
+        return self._worker.resume_point
+
+    @property
     def bytes_pushed(self):
         return self._worker.bytes_pushed
 
@@ -769,6 +773,15 @@ def finish(finished=True):
     the rank counts as done, so that the run can end. A script that ends
     without calling it finishes at exit (not after an uncaught exception)."""
     _optimizer("finish").finish(finished)
+
+
+def resume_point():
+    """The examples of this rank's data that the shards had applied when
+    its DistributedOptimizer connected: 0 in a fresh run; for a script that
+    a launcher (or Kubernetes) started again after it died, where its data
+    resumes, as ps_worker's does. A script that skips that many examples of
+    its order (an epoch's worth, then the rest) trains each once."""
+    return _optimizer("resume_point").resume_point
 
 
 def _batch_norms(model):
