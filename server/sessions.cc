@@ -33,7 +33,7 @@ absl::Duration Sessions::lease() const {
   return lease_;
 }
 
-absl::Status Sessions::Open(int rank, uint64_t session) {
+absl::Status Sessions::Open(int rank, uint64_t session, uint64_t replaces) {
   if (session == 0) {
     // 0 stands for "no session" (an unregistered rank, a call that carries
     // none): a registration with it would unbind the rank's holder and let
@@ -46,7 +46,8 @@ absl::Status Sessions::Open(int rank, uint64_t session) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   Session& held = sessions_[rank];
-  if (held.id != 0 && held.id != session && now - held.last_contact < lease_) {
+  if (held.id != 0 && held.id != session && held.id != replaces &&
+      now - held.last_contact < lease_) {
     const absl::Duration since =
         absl::Trunc(now - held.last_contact, absl::Milliseconds(100));
     return absl::AlreadyExistsError(absl::StrCat(

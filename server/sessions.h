@@ -29,9 +29,11 @@ class Sessions {
   absl::Duration lease() const;
   // Registration of `rank` by the process that drew `session`: OK (and the
   // lease renewed), ALREADY_EXISTS when another session holds the rank
-  // and called within the lease, INVALID_ARGUMENT for session 0 (no
-  // session: it would unbind the holder).
-  absl::Status Open(int rank, uint64_t session);
+  // and called within the lease, unless that session is `replaces` (the
+  // process that held it died: RegisterRequest.replaces_session),
+  // INVALID_ARGUMENT for session 0 (no session: it would unbind the
+  // holder).
+  absl::Status Open(int rank, uint64_t session, uint64_t replaces = 0);
   // `rank`'s process, if it holds the session `session`, is done: it
   // counts as gone from now on (not Alive), and another session may take
   // the rank at once.

@@ -173,7 +173,8 @@ absl::StatusOr<RegisterResponse> Shard::Register(
     const bool replaces =
         !state_->CheckSession(request.worker_rank(), request.session()).ok();
     if (absl::Status session =
-            state_->OpenSession(request.worker_rank(), request.session());
+            state_->OpenSession(request.worker_rank(), request.session(),
+                                request.replaces_session());
         !session.ok()) {
       common::LogWarning("shard %d: refused a registration: %s",
                          state_->shard(), session.ToString());

@@ -132,12 +132,14 @@ ShardState::Clocks ShardState::ReadClocks(absl::Time now) const {
                       sessions_.LiveRanks(bound_->num_workers(), now));
 }
 
-absl::Status ShardState::OpenSession(int rank, uint64_t session) {
+absl::Status ShardState::OpenSession(int rank, uint64_t session,
+                                     uint64_t replaces) {
   const absl::Time now = absl::Now();
   const bool joins = elastic_ && bound_.has_value() && rank >= 0 &&
                      rank < bound_->num_workers() &&
                      !sessions_.Alive(rank, now);
-  if (absl::Status opened = sessions_.Open(rank, session); !opened.ok()) {
+  if (absl::Status opened = sessions_.Open(rank, session, replaces);
+      !opened.ok()) {
     return opened;
   }
   if (!joins) return absl::OkStatus();

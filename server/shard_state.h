@@ -187,7 +187,7 @@ class ShardState {
   // that joins starts at the slowest live member's clock, not at the
   // examples it has applied (none, for a new rank): it would hold every
   // member back until it caught up.
-  absl::Status OpenSession(int rank, uint64_t session);
+  absl::Status OpenSession(int rank, uint64_t session, uint64_t replaces = 0);
   void EndSession(int rank, uint64_t session) { sessions_.End(rank, session); }
   bool HasLeft(int rank) const { return sessions_.HasLeft(rank); }
   absl::Status CheckSession(int rank, uint64_t session) const {

@@ -175,21 +175,26 @@ points = mt.evaluate_every(model, evaluate, interval_s=0.2,
 print("RESULT " + json.dumps({"points": points}))
 '''
 
-# Run by launch_local --worker_cmd: the evaluator, or a worker of 30 steps.
+# Run by launch_local --worker_cmd: the evaluator, or a worker of 30 steps
+# (or argv[1] steps, each followed by a pause of argv[2] seconds).
 LAUNCHED = SCRIPT_MODEL + r'''
+import time
 if mt.is_evaluator():
     mt.evaluate_every(model, evaluate)
     sys.exit(0)
+steps, pause = ((int(sys.argv[1]), float(sys.argv[2])) if len(sys.argv) > 2
+                else (30, 0))
 opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                               named_parameters=model.named_parameters())
 mt.broadcast_parameters(model)
 g = torch.Generator().manual_seed(100 + mt.rank())
-for step in range(30):
+for step in range(steps):
     x = torch.randn(8, 4, generator=g)
     y = (x[:, 0] > 0).long()
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     opt.step(samples=8)
+    time.sleep(pause)
 mt.finish()
 '''
 
@@ -635,6 +640,30 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertEqual(curve[-1]["samples"], 2 * 30 * 8)
         self.assertLess(metrics["final_test_loss"],
                         0.8 * eval_loss(model_for_test()))
+
+    def test_launch_local_lets_a_killed_script_back_in_at_once(self):
+        # Restarted after a SIGKILL, the script names the dead process's
+        # session: the shard lets it take rank 1 at once, where it used to
+        # refuse it until the dead one's lease (30 s for a script) ran out,
+        # the sync steps of rank 0 waiting meanwhile.
+        script = os.path.join(self.dir, "launched.py")
+        with open(script, "w") as f:
+            f.write(LAUNCHED)
+        run = subprocess.run(
+            [LAUNCH_LOCAL,
+             "--worker_cmd=%s %s 300 0.01" % (sys.executable, script),
+             "--mode=sync", "--servers=1", "--workers=2", "--epochs=1",
+             "--batch_size=8", "--eval_interval_s=0.5", "--metrics_port=0",
+             "--chaos=kill:worker1@0.5s",
+             "--work_dir=" + os.path.join(self.dir, "run")],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stdout[-4000:])
+        self.assertIn("restarted worker 1", run.stdout)
+        self.assertEqual(run.stdout.count("rank 1 registered"), 2,
+                         run.stdout[-4000:])
+        self.assertEqual(run.stdout.count("refused a registration"), 0,
+                         run.stdout[-4000:])
 
     def test_launch_local_gives_a_script_a_presets_rates_not_its_model(self):
         # --model=lenet brings the preset's weight decay and schedule; its

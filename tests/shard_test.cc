@@ -128,6 +128,32 @@ TEST_F(ShardTest, ACallerOfAnotherRunIsRefusedSayingWhy) {
   EXPECT_OK(shard_.Register(Registration(0, 9)).status());
 }
 
+// A rank held by a live process is refused to another, unless that one
+// names the holder's session as the one it replaces (a launcher starting a
+// worker in place of one it saw die): it takes the rank at once, and the
+// old session may act for the rank no more.
+TEST_F(ShardTest, AProcessThatReplacesTheHoldersSessionTakesTheRankAtOnce) {
+  ASSERT_OK(shard_.Register(Registration(0, 7)).status());
+  EXPECT_THAT(shard_.Register(Registration(0, 9)).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("two workers started with --rank=0")));
+  RegisterRequest replaces_another = Registration(0, 9);
+  replaces_another.set_replaces_session(8);
+  EXPECT_THAT(shard_.Register(replaces_another).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  RegisterRequest replacement = Registration(0, 9);
+  replacement.set_replaces_session(7);
+  EXPECT_OK(shard_.Register(replacement).status());
+  EXPECT_THAT(state_.CheckSession(0, 7),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_OK(state_.CheckSession(0, 9));
+  // The dead session's name takes the rank from the replacement no more.
+  RegisterRequest back = Registration(0, 7);
+  back.set_replaces_session(7);
+  EXPECT_THAT(shard_.Register(back).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+}
+
 // A client of an older build left through Register; taken as a
 // registration, its leave would bind the rank again.
 TEST_F(ShardTest, ALeaveSentAsARegistrationIsRefusedAndChangesNothing) {

@@ -141,7 +141,17 @@ struct Daemon {
   bool stopped = false;   // SIGSTOPped by a fault
   absl::Time continue_at;
   std::string report;  // a worker's --report_out for the current process
+  // A worker's --session for the current process: its launcher draws each
+  // process's, so that a process started in place of one that died can
+  // name the dead one's (--replaces_session) and take its rank at once.
+  uint64_t session = 0;
 };
+
+// A worker process's session: random, never 0.
+uint64_t DrawSession() {
+  std::random_device random;
+  return (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+}
 
 // Replaces the argument that starts with `prefix` ("--listen=") by `arg`.
 void SetArg(std::vector<std::string>* argv, const std::string& prefix,
@@ -629,8 +639,10 @@ absl::Status ClusterRun::StartWorker(int r) {
     daemon.role = absl::StrCat("worker ", r);
     daemon.report = absl::StrCat(options_.work_dir, "/worker-", r, ".report");
     std::remove(daemon.report.c_str());
+    daemon.session = DrawSession();
     daemon.argv = {options_.bin_dir + "/worker/ps_worker",
                    absl::StrCat("--rank=", r),
+                   absl::StrCat("--session=", daemon.session),
                    absl::StrCat("--num_workers=", ranks_),
                    "--servers=" + worker_lists_[r],
                    "--config=" + config_path_,
@@ -993,6 +1005,13 @@ bool ClusterRun::Restart(Daemon& daemon, bool worker) {
                                  daemon.restarts, ".report");
     std::remove(daemon.report.c_str());
     SetArg(&daemon.argv, "--report_out=", "--report_out=" + daemon.report);
+    // The launcher saw the last process exit: the new one takes its rank at
+    // once rather than once the dead one's lease has run out.
+    SetArg(&daemon.argv, "--replaces_session=",
+           absl::StrCat("--replaces_session=", daemon.session));
+    daemon.session = DrawSession();
+    SetArg(&daemon.argv,
+           "--session=", absl::StrCat("--session=", daemon.session));
   }
   absl::StatusOr<int> id = StartClient(daemon.role, daemon.argv, daemon.env,
                                        worker ? options_.worker_cmd : "");

@@ -17,9 +17,9 @@ namespace {
 
 // The settings monsoon.torch reads (worker/python/monsoon_ext.cc's flags).
 constexpr const char* kScriptSettings[] = {
-    "servers",    "rank",       "num_workers",     "config",
-    "report_out", "curve_out",  "interval_s",      "auth_token_file",
-    "tls_cert",   "tls_key",    "tls_ca",
+    "servers",   "rank",       "num_workers",      "config",   "report_out",
+    "curve_out", "interval_s", "auth_token_file",  "tls_cert", "tls_key",
+    "tls_ca",    "session",    "replaces_session",
 };
 
 bool IsScriptSetting(absl::string_view name) {

@@ -34,6 +34,16 @@ ABSL_FLAG(int, num_shards, 0,
           "shard count, and the address of shard i is that with {i} "
           "replaced by i; with a list: 0, or the list's length "
           "(env MONSOON_NUM_SHARDS).");
+ABSL_FLAG(uint64_t, session, 0,
+          "The session this worker registers its rank with; 0 (the default) "
+          "draws one at random. The launchers set it, to start a worker in "
+          "place of one that died (--replaces_session); not for setting by "
+          "hand: two processes of one rank and one session are not told "
+          "apart (env MONSOON_SESSION).");
+ABSL_FLAG(uint64_t, replaces_session, 0,
+          "The session of a worker of this rank that died (its launcher saw "
+          "it exit): the shards let this one take the rank at once, not once "
+          "the dead one's lease has run out (env MONSOON_REPLACES_SESSION).");
 ABSL_FLAG(double, connect_timeout_s, 60,
           "How long to keep trying to reach "
           "the servers at start-up.");
@@ -99,6 +109,8 @@ absl::Status ApplyClientFlags(PsClientOptions* options) {
                      absl::GetFlag(FLAGS_peer_timeout_s)));
   }
   options->peer_timeout = absl::Seconds(absl::GetFlag(FLAGS_peer_timeout_s));
+  options->session = absl::GetFlag(FLAGS_session);
+  options->replaces_session = absl::GetFlag(FLAGS_replaces_session);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       common::ChannelCredentialsFrom({absl::GetFlag(FLAGS_tls_cert),
                                       absl::GetFlag(FLAGS_tls_key),

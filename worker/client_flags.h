@@ -1,8 +1,9 @@
 // The flags with which ps_worker, ps_evaluator and run_finisher reach the
 // shards, defined once: TLS (--tls_ca, --tls_cert, --tls_key), the run's
 // token (--auth_token_file), the timeouts (--connect_timeout_s,
-// --peer_timeout_s) and the shard count (--num_shards, for a --servers
-// pattern). Each can also come from MONSOON_<NAME> (flag_env.h).
+// --peer_timeout_s), the shard count (--num_shards, for a --servers
+// pattern) and a worker's session (--session, --replaces_session, which
+// the launchers set). Each can also come from MONSOON_<NAME> (flag_env.h).
 #ifndef MONSOON_WORKER_CLIENT_FLAGS_H_
 #define MONSOON_WORKER_CLIENT_FLAGS_H_
 

@@ -66,6 +66,12 @@ struct PsClientOptions {
   std::string auth_token;
   // TLS (common/tls.h); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // The session the rank registers with (RegisterRequest.session); 0: one
+  // drawn at random at Connect.
+  uint64_t session = 0;
+  // The session of a process of this rank that died, which this one
+  // replaces (RegisterRequest.replaces_session); 0: none.
+  uint64_t replaces_session = 0;
 };
 
 // What the shards acknowledged to a client and lost of it (its rank's
@@ -290,6 +296,7 @@ class PsClient : public ParameterClient, public RingRendezvous {
   int worker_rank_ = 0;
   int num_workers_ = 0;
   uint64_t session_ = 0;      // drawn at Connect (RegisterRequest.session)
+  uint64_t replaces_session_ = 0;  // PsClientOptions.replaces_session
   absl::Duration log_every_;  // PsClientOptions.log_every
   const absl::Notification* stop_ = nullptr;
   std::vector<Shard> shards_;

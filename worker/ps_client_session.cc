@@ -28,6 +28,7 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
   request.set_num_workers(num_workers_);
   request.set_num_shards(num_shards());
   request.set_session(session_);
+  request.set_replaces_session(replaces_session_);
   RegisterResponse response;
   const absl::Time start = absl::Now();
   absl::Time last_log = start;
@@ -212,7 +213,11 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   client->stop_ = options.stop;
   client->log_every_ = options.log_every;
   std::random_device random;
-  client->session_ = (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+  client->session_ =
+      options.session != 0
+          ? options.session
+          : (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+  client->replaces_session_ = options.replaces_session;
   const int shards = static_cast<int>(options.server_addresses.size());
   client->addresses_ = options.server_addresses;
   client->peer_timeout_ = options.peer_timeout;
