@@ -14,7 +14,6 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <vector>
 
@@ -146,12 +145,6 @@ struct Daemon {
   // name the dead one's (--replaces_session) and take its rank at once.
   uint64_t session = 0;
 };
-
-// A worker process's session: random, never 0.
-uint64_t DrawSession() {
-  std::random_device random;
-  return (static_cast<uint64_t>(random()) << 32 | random()) | 1;
-}
 
 // Replaces the argument that starts with `prefix` ("--listen=") by `arg`.
 void SetArg(std::vector<std::string>* argv, const std::string& prefix,
@@ -639,7 +632,7 @@ absl::Status ClusterRun::StartWorker(int r) {
     daemon.role = absl::StrCat("worker ", r);
     daemon.report = absl::StrCat(options_.work_dir, "/worker-", r, ".report");
     std::remove(daemon.report.c_str());
-    daemon.session = DrawSession();
+    daemon.session = worker::DrawSession();
     daemon.argv = {options_.bin_dir + "/worker/ps_worker",
                    absl::StrCat("--rank=", r),
                    absl::StrCat("--session=", daemon.session),
@@ -1009,7 +1002,7 @@ bool ClusterRun::Restart(Daemon& daemon, bool worker) {
     // once rather than once the dead one's lease has run out.
     SetArg(&daemon.argv, "--replaces_session=",
            absl::StrCat("--replaces_session=", daemon.session));
-    daemon.session = DrawSession();
+    daemon.session = worker::DrawSession();
     SetArg(&daemon.argv,
            "--session=", absl::StrCat("--session=", daemon.session));
   }

@@ -337,6 +337,9 @@ class PsClient : public ParameterClient, public RingRendezvous {
   std::atomic<int64_t> bytes_pulled_{0};
 };
 
+// A worker process's session (RegisterRequest.session): random, never 0.
+uint64_t DrawSession();
+
 // A channel with Monsoon's message-size limits and keepalive pings (see
 // PsClientOptions::peer_timeout), with `credentials` (null: plaintext).
 std::shared_ptr<grpc::Channel> MakeChannel(

@@ -199,6 +199,11 @@ absl::StatusOr<RegisterResponse> PsClient::TakeOver(
   return response;
 }
 
+uint64_t DrawSession() {
+  std::random_device random;
+  return (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+}
+
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     const PsClientOptions& options) {
   if (options.server_addresses.empty()) {
@@ -212,11 +217,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   client->num_workers_ = options.num_workers;
   client->stop_ = options.stop;
   client->log_every_ = options.log_every;
-  std::random_device random;
-  client->session_ =
-      options.session != 0
-          ? options.session
-          : (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+  client->session_ = options.session != 0 ? options.session : DrawSession();
   client->replaces_session_ = options.replaces_session;
   const int shards = static_cast<int>(options.server_addresses.size());
   client->addresses_ = options.server_addresses;
