@@ -229,7 +229,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._push = None  # the pushed values, where the rule changes them
         self._push_np = None
         self._step_rule = None  # the rule this step's parts were sent with
-        self._filled_from = len(self._named)
         if self._transforms_pushes:
             self._pushed_rule()
         _note_the_rule(config, self.optimizer, self._worker.step_replaces_params)
@@ -371,20 +370,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Views share their base's version counter: an in-place change of
         # any gradient from here to step() moves it.
         self._grads_version = self._grads._version
+        # Once parts go, each parameter made final goes: the values from
+        # _final_from on have gone.
+        sent_from = self._final_from
         low = self._final_from
         while low > 0 and self._final[low - 1]:
             low -= 1
         if low == self._final_from:
             return
         self._final_from = low
-        if self._overlap is None and self._views[low][0] > self._overlap_from:
-            return  # nothing could go yet: the push starts later
-        if self._overlap is None and self._transforms_pushes:
-            self._step_rule = self._pushed_rule()  # for the whole step
+        if self._overlap is None:
+            if self._views[low][0] > self._overlap_from:
+                return  # nothing could go yet: the push starts later
+            sent_from = len(self._named)  # the step's first part
+            if self._transforms_pushes:
+                self._step_rule = self._pushed_rule()  # for the whole step
         pushed = self._grads_np
         if self._step_rule is not None:
-            self._fill_push(self._step_rule, low, self._filled_from)
-            self._filled_from = low
+            self._fill_push(self._step_rule, low, sent_from)
             pushed = self._push_np
         self._overlap = self._worker.ready(pushed, self._params_np,
                                            self._expected_samples,
@@ -417,7 +420,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._gave_up = False
         self._final = [False] * len(self._named)
         self._final_from = len(self._named)
-        self._filled_from = len(self._named)
         self._step_rule = None
         self._overlap = None
 
@@ -525,7 +527,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._withdraw()  # the lr or weight decay changed after backward
             if rule is not None:
                 # What the parts sent during backward did not cover.
-                self._fill_push(rule, 0, self._filled_from
+                self._fill_push(rule, 0, self._final_from
                                 if self._overlap else len(self._named))
                 pushed = self._push_np
         samples = int(samples or self._batch_size)
