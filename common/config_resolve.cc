@@ -428,9 +428,6 @@ absl::Status CheckElastic(TrainingConfig* c) {
   } else if (c->sparse_tables_size() > 0) {
     why = "does not work with sparse_tables yet: click data is not handed "
           "out in data shards";
-  } else if (c->tensors_size() > 0) {
-    why = "does not work with a script's model yet: the script's own data "
-          "loader splits the data by rank";
   }
   if (why != nullptr) return Invalid("elastic", why);
   if (!c->has_data_shard_batches()) c->set_data_shard_batches(8);

@@ -18,7 +18,10 @@ workers end with:
     difference; calls before init() and non-float32 parameters are refused;
   - the script as the evaluator (BatchNorm's statistics recomputed over
     the training inputs it is given), and under launch_local --worker_cmd;
-  - SIGTERM ends a worker after its step, with its report, exit 143.
+  - SIGTERM ends a worker after its step, with its report, exit 143;
+  - elastic runs: scripts train the batches of shard 0's data shards, every
+    example of every epoch once, while workers join and leave; a step
+    without a batch and a batch taken ahead of training are refused.
 Skips where torch is not installed.
 """
 
@@ -200,6 +203,66 @@ mt.finish()
 
 
 
+
+# An elastic run's worker under launch_local --elastic: trains the batches of
+# mt.ElasticBatches over a set of 240 examples, pausing argv[1] seconds
+# after each, and appends each batch (epoch, batch, indices) to the file
+# argv[2]-RANK as it steps it.
+ELASTIC = SCRIPT_MODEL + r'''
+import time
+if mt.is_evaluator():
+    mt.evaluate_every(model, evaluate)
+    sys.exit(0)
+pause, log = float(sys.argv[1]), open(sys.argv[2] + "-%d" % mt.rank(), "a")
+opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                              named_parameters=model.named_parameters())
+mt.broadcast_parameters(model)
+assert mt.is_elastic()
+g = torch.Generator().manual_seed(5)
+data_x = torch.randn(240, 4, generator=g)
+data_y = (data_x[:, 0] > 0).long()
+batches = mt.ElasticBatches(len(data_x))
+for indices in batches:
+    opt.zero_grad()
+    F.cross_entropy(model(data_x[indices]), data_y[indices]).backward()
+    opt.step()
+    log.write(json.dumps([batches.epoch, batches.batch,
+                          batches.batches_per_epoch] + indices.tolist()) + "\n")
+    log.flush()
+    time.sleep(pause)
+mt.finish()
+'''
+
+# Misuses an elastic run (or, given "fixed", a fixed one) and prints what
+# each was told.
+ELASTIC_MISUSE = SCRIPT_MODEL + r'''
+opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                              named_parameters=model.named_parameters())
+mt.broadcast_parameters(model)
+x = torch.randn(8, 4)
+y = (x[:, 0] > 0).long()
+def step():
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+told = {}
+def attempt(what, f):
+    try:
+        f()
+        told[what] = "ok"
+    except mt.Error as e:
+        told[what] = str(e)
+if sys.argv[1:] == ["fixed"]:
+    attempt("batches", lambda: next(iter(mt.ElasticBatches(240))))
+else:
+    attempt("step without a batch", step)
+    batches = iter(mt.ElasticBatches(240))
+    attempt("first batch", lambda: next(batches))
+    attempt("a batch ahead", lambda: next(batches))
+    attempt("other size", lambda: next(iter(mt.ElasticBatches(256))))
+print("RESULT " + json.dumps(told))
+mt.finish(finished=False)
+'''
 
 # Trains until SIGTERM; says it has taken a step by writing a file.
 ENDLESS = SCRIPT_MODEL + r'''
@@ -728,6 +791,124 @@ class PythonWorkerTest(unittest.TestCase):
                       compare.stdout)
         self.assertIn("leave allreduce out of --modes", compare.stdout)
         self.assertFalse(os.path.exists(ran))
+
+    def run_elastic(self, mode, pause, chaos=None, epochs=2):
+        """launch_local --elastic with ELASTIC as the workers (2 at the
+        start): the batches each rank stepped, and metrics.json."""
+        script = os.path.join(self.dir, "elastic.py")
+        with open(script, "w") as f:
+            f.write(ELASTIC)
+        log = os.path.join(self.dir, "batches")
+        metrics_path = os.path.join(self.dir, "metrics.json")
+        command = [
+            LAUNCH_LOCAL,
+            "--worker_cmd=%s %s %s %s" % (sys.executable, script, pause, log),
+            "--elastic", "--mode=" + mode, "--servers=2", "--workers=2",
+            "--epochs=%d" % epochs, "--batch_size=8", "--eval_interval_s=0.5",
+            "--metrics_port=0", "--metrics_out=" + metrics_path,
+            "--work_dir=" + os.path.join(self.dir, "run")]
+        if chaos:
+            command.append("--chaos=" + chaos)
+        run = subprocess.run(command, env=self.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stdout[-4000:])
+        stepped = {}
+        for rank in range(4):
+            path = "%s-%d" % (log, rank)
+            if os.path.exists(path):
+                stepped[rank] = [json.loads(l) for l in open(path)]
+        return stepped, json.load(open(metrics_path)), run.stdout
+
+    def assertEveryExampleOfEveryEpoch(self, stepped, epochs, once):
+        # 240 examples in batches of 8: 30 batches an epoch, each some
+        # permutation's run of 8; every epoch's batches together hold every
+        # example (once each when no worker left), in an order of its own.
+        seen = {}
+        for batches in stepped.values():
+            for epoch, batch, per_epoch, *indices in batches:
+                self.assertEqual(per_epoch, 30)
+                self.assertEqual(len(indices), 8)
+                seen.setdefault(epoch, {}).setdefault(batch, []).append(
+                    indices)
+        self.assertEqual(sorted(seen), list(range(epochs)))
+        orders = []
+        for epoch in range(epochs):
+            self.assertEqual(sorted(seen[epoch]), list(range(30)))
+            copies = [len(c) for c in seen[epoch].values()]
+            if once:
+                self.assertEqual(copies, [1] * 30)
+            order = []
+            for batch in range(30):
+                # A batch trained twice holds the same examples each time.
+                for again in seen[epoch][batch][1:]:
+                    self.assertEqual(again, seen[epoch][batch][0])
+                order += seen[epoch][batch][0]
+            self.assertEqual(sorted(order), list(range(240)))
+            orders.append(order)
+        self.assertNotEqual(orders[0], orders[1])
+        self.assertNotEqual(orders[0], list(range(240)))
+
+    def test_elastic_scripts_train_every_example_of_every_epoch_once(self):
+        stepped, metrics, _ = self.run_elastic("downpour", 0)
+        self.assertEqual(sorted(stepped), [0, 1])
+        self.assertEveryExampleOfEveryEpoch(stepped, 2, once=True)
+        self.assertGreater(min(len(b) for b in stepped.values()), 0)
+        self.assertEqual(metrics["examples_trained"], [240, 240])
+        self.assertEqual(metrics["examples_trained_twice"], 0)
+        self.assertEqual(metrics["samples"], 480)
+        self.assertLess(metrics["final_test_loss"],
+                        0.8 * eval_loss(model_for_test()))
+
+    def test_elastic_scripts_join_and_leave_in_sync(self):
+        # Worker 2 joins, worker 1 leaves (SIGTERM) while the others train:
+        # nobody restarts, every data shard of every epoch is done, and
+        # what worker 1 held is trained by the others.
+        stepped, metrics, out = self.run_elastic(
+            "sync", 0.03, "add:worker@0.2s,remove:worker1@1.5s", epochs=3)
+        self.assertIn("worker 1 left", out)
+        self.assertEqual(metrics["restarts"], 0)
+        self.assertEqual(sorted(stepped), [0, 1, 2])
+        self.assertGreater(len(stepped[2]), 0, out[-4000:])
+        self.assertEveryExampleOfEveryEpoch(stepped, 3, once=False)
+        self.assertEqual(metrics["examples_trained"], [240, 240, 240])
+        self.assertGreater(metrics["add_to_first_push_s"], 0)
+        self.assertGreater(metrics["join_to_first_push_s"], 0)
+        self.assertLess(metrics["join_to_first_push_s"],
+                        metrics["add_to_first_push_s"])
+
+    def test_elastic_runs_refuse_steps_out_of_step_with_their_batches(self):
+        script = os.path.join(self.dir, "misuse.py")
+        with open(script, "w") as f:
+            f.write(ELASTIC_MISUSE)
+        told = {}
+        for kind in ("elastic", "fixed"):
+            config = self.write_config(
+                "mode: DOWNPOUR batch_size: 8 elastic: %s\n"
+                % ("true" if kind == "elastic" else "false"),
+                name=kind + ".config")
+            servers = self.start_shards(config, shards=1, workers=1)
+            env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="0",
+                       MONSOON_NUM_WORKERS="1", MONSOON_CONFIG=config,
+                       MONSOON_CONNECT_TIMEOUT_S="20")
+            run = subprocess.run([sys.executable, script, kind], env=env,
+                                 stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 timeout=120)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            line = [l for l in run.stdout.splitlines()
+                    if l.startswith("RESULT ")][-1]
+            told.update(json.loads(line[len("RESULT "):]))
+        self.assertIn("FAILED_PRECONDITION: a step without a batch to train: "
+                      "this run is elastic", told["step without a batch"])
+        self.assertEqual(told["first batch"], "ok")
+        self.assertIn("FAILED_PRECONDITION: the next batch taken before the "
+                      "last was trained (1 batches taken, 0 steps)",
+                      told["a batch ahead"])
+        self.assertIn("INVALID_ARGUMENT: the training set has 256 examples, "
+                      "but 240 when this worker took its first batch",
+                      told["other size"])
+        self.assertIn("FAILED_PRECONDITION: the run is not elastic",
+                      told["batches"])
 
     def test_sigterm_ends_a_worker_after_its_step_with_its_report(self):
         config = self.write_config("mode: DOWNPOUR batch_size: 8\n")

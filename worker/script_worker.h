@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,6 +32,7 @@
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
 #include "worker/compute_backend.h"
+#include "worker/dataset.h"
 #include "worker/gradient_pusher.h"
 #include "worker/parameter_client.h"
 #include "worker/training_loop.h"
@@ -83,6 +85,35 @@ class ScriptWorker {
   // Pushes started by Ready that Step or Withdraw gave up.
   int64_t pushes_withdrawn() const { return pushes_withdrawn_; }
   absl::Status AfterLocalStep(absl::Span<float> params);
+
+  // Elastic runs (config.elastic): the script's data comes from the data
+  // shards shard 0's queue hands this worker (server/data_queue.h), as a C++
+  // worker's does. `examples`: the size of the script's training set (every
+  // worker's must agree). Each call gives the batch to train next: batch
+  // `batch` (0-based) of `epoch`'s order (ElasticOrder), taking the next
+  // data shard when the one held is used up (waiting, with a line every 5 s,
+  // while other workers' shards in flight may come back), or `finished`.
+  // Taken in step with training: each batch once the one before it was
+  // stepped (FAILED_PRECONDITION otherwise, so that a loader that takes
+  // batches ahead, or a batch skipped, cannot leave the queue waiting for
+  // examples that never come), and each step one whole batch (Step).
+  struct ElasticBatch {
+    bool finished = false;
+    int epoch = 0;
+    int64_t batch = 0;
+    int64_t batches_per_epoch = 0;
+    // sync: the worker left the run while it waited for data and joined it
+    // again, so its weights are old: pull before the step.
+    bool rejoined = false;
+  };
+  absl::StatusOr<ElasticBatch> NextElasticBatch(int64_t examples);
+  // The examples of `epoch` in their order for a set of `examples`: batch b
+  // is [b * batch_size, (b + 1) * batch_size). The order C++ workers use.
+  std::vector<int64_t> ElasticOrder(int epoch, int64_t examples) const;
+  // Data shards taken so far.
+  int64_t data_shards() const {
+    return elastic_batches_.has_value() ? elastic_batches_->data_shards() : 0;
+  }
   // The last steps' sums reach the shards; the push in flight is waited for.
   absl::Status Finish(absl::Span<float> params);
 
@@ -100,6 +131,9 @@ class ScriptWorker {
   // Step's arguments: sizes, at least one example, weights pulled first.
   absl::Status CheckStep(absl::Span<const float> grads, int64_t samples,
                          absl::Span<float> params) const;
+  // Elastic runs: why a step of `samples` examples may not be pushed now
+  // (OK: it may).
+  absl::Status CheckElasticStep(int64_t samples) const;
   // Whether the mode pushes during backward (Ready): sync, float32, not
   // push_after_backward.
   bool PushesDuringBackward() const;
@@ -132,6 +166,12 @@ class ScriptWorker {
   int64_t summed_samples_ = 0;
   int since_exchange_ = 0;  // easgd
   std::vector<float> center_, elastic_;  // easgd
+  // Elastic runs: the training set (its size only), the batches of the
+  // queue's data shards, where they start and how many were given.
+  Dataset elastic_set_;
+  std::optional<BatchStream> elastic_batches_;
+  const int64_t elastic_origin_;
+  int64_t elastic_given_ = 0;
 };
 
 }  // namespace monsoon::worker

@@ -6,9 +6,11 @@
 // The flags are ps_worker's (worker/client_flags.h and those below), read
 // from MONSOON_<NAME> variables as the daemons read them, or set by
 // configure(). Every call that waits on the network releases the GIL.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -194,6 +196,7 @@ py::dict ReadConfig(std::string path) {
   out["sparse_tables"] = tables;
   out["epochs"] = config.epochs();
   out["seed"] = config.seed();
+  out["elastic"] = config.elastic();
   return out;
 }
 
@@ -240,6 +243,7 @@ class Worker {
     int exit_code = 0;
     py::gil_scoped_release release;
     client_ = Check(worker::ConnectWithClientFlags(options, &exit_code));
+    registered_ = absl::Now();
     resume_point_ = client_->applied_samples();
     worker_ = Check(worker::ScriptWorker::Create(
         client_.get(), config, options.worker_rank, options.num_workers,
@@ -291,7 +295,16 @@ class Worker {
       progress_.first_step = begin;
     }
     absl::StatusOr<bool> replaced = worker_->Step(g, samples, p);
-    progress_.last_step = absl::Now();
+    const absl::Time end = absl::Now();
+    // The longest time between the ends of two steps (ps_worker counts the
+    // first from its loop's start, which a script does not say).
+    if (progress_.steps > 0) {
+      progress_.max_step_gap =
+          std::max(progress_.max_step_gap, end - progress_.last_step);
+    } else {
+      progress_.first_step_end = end;
+    }
+    progress_.last_step = end;
     Observe(worker_->StepReplacesParams() ? worker::Phase::kPushPull
                                           : worker::Phase::kPush,
             progress_.last_step - begin);
@@ -341,6 +354,34 @@ class Worker {
     Check(reported);
   }
 
+  // Elastic runs: the next batch to train of a training set of `examples`
+  // (ScriptWorker::NextElasticBatch), as a dict: finished, or epoch, batch,
+  // batches_per_epoch and rejoined.
+  py::dict NextElasticBatch(int64_t examples) {
+    absl::StatusOr<worker::ScriptWorker::ElasticBatch> next;
+    {
+      py::gil_scoped_release release;
+      next = worker_->NextElasticBatch(examples);
+    }
+    Check(next.status());
+    py::dict out;
+    out["finished"] = next->finished;
+    out["epoch"] = next->epoch;
+    out["batch"] = next->batch;
+    out["batches_per_epoch"] = next->batches_per_epoch;
+    out["rejoined"] = next->rejoined;
+    return out;
+  }
+  // `epoch`'s order of a training set of `examples` (int64 indices).
+  py::array_t<int64_t> ElasticOrder(int epoch, int64_t examples) const {
+    if (examples < 0) throw py::value_error("examples must not be negative");
+    std::vector<int64_t> order = worker_->ElasticOrder(epoch, examples);
+    py::array_t<int64_t> out(static_cast<py::ssize_t>(order.size()));
+    std::copy(order.begin(), order.end(), out.mutable_data());
+    return out;
+  }
+  int64_t data_shards() const { return worker_->data_shards(); }
+
   const std::string& mode() const { return mode_; }
   int64_t num_params() const { return worker_->num_params(); }
   bool step_replaces_params() const { return worker_->StepReplacesParams(); }
@@ -361,10 +402,10 @@ class Worker {
   absl::Status WriteReport(const std::string& outcome) const {
     const std::string path = absl::GetFlag(FLAGS_report_out);
     if (path.empty()) return absl::OkStatus();
-    return common::WriteFileAtomically(
-        path, worker::MakeWorkerReport(absl::GetFlag(FLAGS_rank), 0, progress_,
-                                       counters_, outcome)
-                  .DebugString());
+    WorkerReport report = worker::MakeWorkerReport(
+        absl::GetFlag(FLAGS_rank), 0, progress_, counters_, outcome);
+    report.set_registered_unix_s(absl::ToUnixMicros(registered_) * 1e-6);
+    return common::WriteFileAtomically(path, report.DebugString());
   }
 
   void Observe(worker::Phase phase, absl::Duration time) {
@@ -377,6 +418,7 @@ class Worker {
   std::string mode_;
   absl::Duration call_timeout_;  // the config's call_timeout_s
   int64_t resume_point_ = 0;
+  absl::Time registered_;  // when the client had registered with every shard
   worker::WorkerResult progress_;  // steps, examples, first and last step
   worker::WorkerCounters counters_;  // the phases' time
 };
@@ -479,6 +521,10 @@ PYBIND11_MODULE(_monsoon, m) {
            py::arg("samples"), py::arg("from_value"))
       .def("withdraw", &Worker::Withdraw)
       .def("after_local_step", &Worker::AfterLocalStep, py::arg("params"))
+      .def("next_elastic_batch", &Worker::NextElasticBatch, py::arg("examples"))
+      .def("elastic_order", &Worker::ElasticOrder, py::arg("epoch"),
+           py::arg("examples"))
+      .def_property_readonly("data_shards", &Worker::data_shards)
       .def("sparse_pull", &Worker::SparsePull, py::arg("table"), py::arg("ids"),
            py::arg("out"))
       .def("sparse_push", &Worker::SparsePush, py::arg("table"), py::arg("ids"),

@@ -104,7 +104,9 @@ def run_config():
     worker's local steps use (downpour, onebit, easgd), and weight_decay,
     lr_decay_epochs and lr_decay_factor, which ps_worker applies to its
     gradients: a script's wrapped optimizer takes them to follow the run's
-    config; sparse_tables, each sparse table's name and dim."""
+    config; sparse_tables, each sparse table's name and dim; elastic,
+    whether workers may join and leave (the data then comes from
+    elastic_batches)."""
     _require_init("run_config()")
     return _monsoon.read_config("")
 
@@ -568,6 +570,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._worker.steps
 
     @property
+    def data_shards(self):
+        """Elastic runs: the data shards this worker has taken."""
+        return self._worker.data_shards
+
+    @property
     def resume_point(self):
         return self._worker.resume_point
 
@@ -784,6 +791,78 @@ def resume_point():
     resumes, as ps_worker's does. A script that skips that many examples of
     its order (an epoch's worth, then the rest) trains each once."""
     return _optimizer("resume_point").resume_point
+
+
+def is_elastic():
+    """Whether the run is elastic (its config's `elastic: true`, which
+    `launch_local --elastic` sets): workers join and leave while it runs, and
+    each trains the batches shard 0's queue hands it (elastic_batches), not
+    a part of the data split by rank."""
+    return bool(run_config()["elastic"])
+
+
+class ElasticBatches:
+    """An elastic run's data, batch by batch: iterating gives the indices
+    (an int64 tensor of batch_size) of each batch this worker is to train,
+    from the data shards that shard 0's queue hands it, as it hands them to
+    ps_worker: each epoch the whole training set of `num_examples` shuffled
+    from the run's seed, cut into whole batches, 8 batches to a data shard
+    (the config's data_shard_batches). Every worker's set must hold the
+    same number of examples. It ends when every data shard of every epoch
+    has been trained by some worker; a shard whose worker left or died goes
+    back to the queue, and a worker with nothing left waits for such ones
+    (saying so every 5 s). In sync a worker that waits steps out of the run
+    meanwhile and, when it takes a shard again, pulls the current weights
+    into the model before its next batch.
+
+    Take each batch in step with training, one opt.step() per batch: a
+    batch is taken only once the one before was stepped (the examples a
+    worker steps are how the shards count its data shards done), and a
+    DataLoader with worker processes over it, which takes batches ahead,
+    is refused with the reason. Load each batch's examples in the loop:
+
+        for indices in mt.ElasticBatches(len(train_set)):
+            x, y = train_x[indices], train_y[indices]
+            ...; loss.backward(); opt.step()
+
+    `epoch` (0-based), `batch` (0-based, within the epoch) and
+    `batches_per_epoch` describe the batch last given; `data_shards` counts
+    the data shards taken."""
+
+    def __init__(self, num_examples):
+        self._n = int(num_examples)
+        self._orders = {}  # the epochs' orders in use, at most two
+        self.epoch = None
+        self.batch = None
+        self.batches_per_epoch = None
+
+    @property
+    def data_shards(self):
+        return _optimizer("ElasticBatches").data_shards
+
+    def __iter__(self):
+        opt = _optimizer("ElasticBatches")
+        size = opt._batch_size
+        while True:
+            nxt = opt._worker.next_elastic_batch(self._n)
+            if nxt["finished"]:
+                return
+            if nxt["rejoined"]:
+                opt.pull()  # out of the steps while it waited: weights old
+            epoch = nxt["epoch"]
+            order = self._orders.get(epoch)
+            if order is None:
+                # A put-back shard of an earlier epoch comes first, then the
+                # current epoch goes on: two orders cover both.
+                if len(self._orders) >= 2:
+                    del self._orders[min(self._orders)]
+                order = torch.from_numpy(
+                    opt._worker.elastic_order(epoch, self._n))
+                self._orders[epoch] = order
+            self.epoch = epoch
+            self.batch = nxt["batch"]
+            self.batches_per_epoch = nxt["batches_per_epoch"]
+            yield order[self.batch * size:(self.batch + 1) * size]
 
 
 def _batch_norms(model):
