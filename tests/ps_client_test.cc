@@ -134,6 +134,43 @@ TEST(PsClientTest, ConnectToAnAddressWhereNoServerRunsIsUnavailableNamingIt) {
                      HasSubstr("is ps_server running there"))));
 }
 
+TEST(PsClientTest, ALauncherEndsADeadWorkersSessionAndItsDataShardGoesBack) {
+  const TrainingConfig config = ResolvedConfig(
+      absl::StrCat(kSmallConfig, " elastic: true batch_size: 2"));
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 2, 2);
+  PsClientOptions options = OptionsFor(servers, config, 1);
+  options.session = 77;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> worker,
+                       PsClient::Connect(options));
+  ASSERT_OK_AND_ASSIGN(TakeDataResponse taken,
+                       worker->TakeData(20, std::nullopt, 0, absl::Seconds(5)));
+  ASSERT_EQ(taken.kind(), TakeDataResponse::SHARD);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> launcher,
+                       PsClient::Connect(OptionsFor(servers, config, -1)));
+  // Only the session that holds the rank is ended, and only by rank -1.
+  EXPECT_THAT(launcher->EndSessionOf(1, 78, absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(worker->EndSessionOf(1, 77, absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("only a client of rank -1")));
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> before,
+                       launcher->Stats(absl::Seconds(5)));
+  EXPECT_THAT(before[0].live_ranks(), ElementsAre(1));
+  EXPECT_EQ(before[0].data_queue().in_flight_size(), 1);
+  EXPECT_EQ(before[0].data_queue().put_back_size(), 0);
+
+  ASSERT_OK(launcher->EndSessionOf(1, 77, absl::Seconds(5)));
+  ASSERT_OK_AND_ASSIGN(std::vector<StatsResponse> after,
+                       launcher->Stats(absl::Seconds(5)));
+  for (const StatsResponse& shard : after) {
+    EXPECT_THAT(shard.live_ranks(), ::testing::IsEmpty());
+  }
+  EXPECT_EQ(after[0].data_queue().in_flight_size(), 0);
+  ASSERT_EQ(after[0].data_queue().put_back_size(), 1);
+  EXPECT_EQ(after[0].data_queue().put_back(0).index(), taken.shard().index());
+}
+
 TEST(PsClientTest, ConnectWithoutServersIsInvalid) {
   PsClientOptions options;
   options.config = ResolvedConfig(kSmallConfig);

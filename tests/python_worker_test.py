@@ -876,6 +876,23 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertLess(metrics["join_to_first_push_s"],
                         metrics["add_to_first_push_s"])
 
+    def test_an_elastic_scripts_death_hands_its_data_back_at_once(self):
+        # The launcher ends the killed script's session on the shards: its
+        # data shard goes back to the queue now, not after its lease (30 s
+        # for a script, and one and a half of it for the queue), which the
+        # others would wait out once the rest is trained.
+        stepped, metrics, out = self.run_elastic(
+            "easgd", 0.05, "kill:worker1@0.5s", epochs=4)
+        self.assertIn("worker 1 died (exit code 137)", out)
+        self.assertIn("launch: ended worker 1's session on every shard", out)
+        self.assertIn("shard 0: rank 1's unfinished data shard went back to "
+                      "the queue", out)
+        self.assertEveryExampleOfEveryEpoch(stepped, 4, once=False)
+        self.assertEqual(metrics["examples_trained"], [240] * 4)
+        self.assertEqual(metrics["data_shards_requeued"], 1)
+        self.assertNotIn("waiting 5 s so far", out)
+        self.assertLess(metrics["max_step_gap_s"], 30)
+
     def test_elastic_runs_refuse_steps_out_of_step_with_their_batches(self):
         script = os.path.join(self.dir, "misuse.py")
         with open(script, "w") as f:

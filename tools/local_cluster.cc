@@ -226,6 +226,10 @@ class ClusterRun {
   bool HandleExit(Daemon& daemon, bool worker);
   bool Restart(Daemon& daemon, bool worker);
   bool LoseServer(Daemon& daemon);
+  // An elastic run's worker that died: its session ended on every shard
+  // now, as its Leave would have (PsClient::EndSessionOf), not once its
+  // lease runs out; logged either way.
+  void EndSessionOfDead(const Daemon& daemon);
   void Event(const std::string& what);
 
   // 4. and 5. The results, and the end of the evaluator and the servers.
@@ -885,6 +889,7 @@ bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
         Event(absl::StrCat(daemon.role, " died (exit code ", code,
                            "); not restarted in an elastic run: its data "
                            "shards go back to the queue"));
+        EndSessionOfDead(daemon);
       }
       bool anyone = false;
       for (const Daemon& other : worker_daemons_) anyone |= !other.finished;
@@ -1015,6 +1020,28 @@ bool ClusterRun::Restart(Daemon& daemon, bool worker) {
   daemon.id = *id;
   Event(absl::StrCat("restarted ", daemon.role));
   return true;
+}
+
+void ClusterRun::EndSessionOfDead(const Daemon& daemon) {
+  const int rank = static_cast<int>(&daemon - worker_daemons_.data());
+  worker::PsClientOptions options = client_options_;
+  options.connect_timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(options);
+  absl::Status ended = client.ok() ? (*client)->EndSessionOf(
+                                         rank, daemon.session, absl::Seconds(2))
+                                   : client.status();
+  if (ended.ok()) {
+    common::Log(
+        "launch: ended %s's session on every shard (its lease need "
+        "not run out)",
+        daemon.role.c_str());
+  } else {
+    common::LogWarning(
+        "launch: could not end %s's session on every shard (%s): the shards "
+        "that did not hear it wait for its lease (--lease_s) to run out",
+        daemon.role.c_str(), ended.ToString().c_str());
+  }
 }
 
 // Logs `what`, which happened now, and keeps it in the run's events.

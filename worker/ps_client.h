@@ -119,6 +119,16 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // rank as finished (StatsResponse.finished_ranks).
   absl::Status Leave(absl::Duration timeout, bool finished = false) override;
 
+  // For a launcher's client (rank -1) that saw the process of worker `rank`
+  // registered as `session` exit, and starts none in its place: ends that
+  // session on every shard as the process's own Leave would have, so that
+  // its data shards (elastic runs) go back to the queue and no sync step
+  // waits for it, at once rather than once its lease runs out. A shard
+  // where another process holds the rank by now refuses it
+  // (PERMISSION_DENIED). One attempt per shard within `timeout`; the first
+  // error is returned.
+  absl::Status EndSessionOf(int rank, uint64_t session, absl::Duration timeout);
+
   // Whether every shard counts this client's rank as finished
   // (StatsResponse.finished_ranks): a worker that trained all its examples
   // and told them so. An error when a shard cannot be asked.

@@ -277,6 +277,23 @@ absl::Status PsClient::Leave(absl::Duration timeout, bool finished) {
   });
 }
 
+absl::Status PsClient::EndSessionOf(int rank, uint64_t session,
+                                    absl::Duration timeout) {
+  if (worker_rank_ != -1) {
+    return absl::FailedPreconditionError(
+        "only a client of rank -1 (a launcher) ends another process's session");
+  }
+  LeaveRequest request;
+  request.set_worker_rank(rank);
+  request.set_config_fingerprint(fingerprint_);
+  request.set_session(session);
+  return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
+    request.set_shard(s);
+    LeaveResponse response;
+    return shards_[s].stub->Leave(context, request, &response);
+  });
+}
+
 absl::StatusOr<bool> PsClient::RankFinished(absl::Duration timeout) {
   absl::StatusOr<std::vector<StatsResponse>> stats = Stats(timeout);
   if (!stats.ok()) return stats.status();
