@@ -2,13 +2,17 @@
 
 A plain PyTorch script with the monsoon.torch lines added (marked "# +").
 Rank r trains examples r, r + W, r + 2W, ... of the training set, shuffled
-each epoch; rank 0 prints the test accuracy after each epoch. The data is
+each epoch; rank 0 prints the test accuracy after each epoch. In an elastic
+run (workers join and leave) each worker trains the batches shard 0's queue
+hands it instead. The data is
 Debian's dataset-fashion-mnist (tools/setup.sh installs it).
 
 With the launchers, every mode on the same script (the script also runs as
 the evaluator):
   launch_local --worker_cmd='python3 lenet_fashion_mnist.py' --mode=sync
   compare_modes --worker_cmd='python3 lenet_fashion_mnist.py' --epochs=2
+  launch_local --worker_cmd='python3 lenet_fashion_mnist.py' --elastic \\
+      --chaos=add:worker@5s,remove:worker1@10s
 
 By hand, with two shards and two workers (the README's "Bring your own
 model"):
@@ -85,6 +89,29 @@ def evaluate(model, x, y, batch=500):
     return correct / len(x), loss / len(x)
 
 
+def train_elastic(model, opt, x, y, config):
+    """An elastic run: the batches of the data shards shard 0's queue hands
+    this worker, until every epoch is trained; the rate of each batch's
+    epoch (a data shard put back may be of an epoch before)."""
+    batches = mt.ElasticBatches(len(x))  # +
+    rate = None
+    for batch in batches:
+        if config["lr_decay_epochs"] > 0:
+            scale = config["lr_decay_factor"] ** (
+                batches.epoch // config["lr_decay_epochs"])
+            if scale != rate:
+                for group in opt.param_groups:
+                    group.setdefault("initial_lr", group["lr"])
+                    group["lr"] = group["initial_lr"] * scale
+                rate = scale
+        opt.zero_grad()
+        F.cross_entropy(model(x[batch]), y[batch]).backward()
+        opt.step()
+    print("rank %d: %d data shards trained" % (mt.rank(), batches.data_shards),
+          flush=True)
+    mt.finish()  # +
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
@@ -106,6 +133,11 @@ def main():
         test_x, test_y = load(args.data_dir, "t10k")
         mt.evaluate_every(model, lambda m: evaluate(m, test_x, test_y))
         return
+    # The data first: a worker is a member of the run from its
+    # DistributedOptimizer on, and sync steps wait for a member (a worker
+    # joining an elastic run would hold every step up while it loads).
+    x, y = load(args.data_dir, "train")
+    test_x, test_y = load(args.data_dir, "t10k")
     config = mt.run_config()
     # The run's weight decay and step schedule (a preset's, as ps_worker
     # applies them): the wrapped optimizer's, which reach the shards' rule
@@ -116,8 +148,6 @@ def main():
                           weight_decay=config["weight_decay"])
     opt = mt.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # +
     mt.broadcast_parameters(model)  # +
-    x, y = load(args.data_dir, "train")
-    test_x, test_y = load(args.data_dir, "t10k")
     rank, workers = mt.rank(), mt.num_workers()  # +
     args.epochs = args.epochs or config["epochs"]
     args.batch_size = args.batch_size or config["batch_size"]
@@ -130,6 +160,9 @@ def main():
     if done:
         print("rank %d resumes at epoch %d, step %d" % (
             rank, first_epoch + 1, done % steps), flush=True)
+    if mt.is_elastic():  # + workers join and leave: no split by rank
+        train_elastic(model, opt, x, y, config)
+        return
     schedule = None
     if config["lr_decay_epochs"] > 0:
         decay = config["lr_decay_factor"]
