@@ -39,4 +39,35 @@ grep -q '^outcome: "done: the rank had already finished"' "$dir/again.report" ||
 if grep -q '^steps:' "$dir/again.report"; then
   cat "$dir/again.report"; echo "the second start reports steps"; exit 1
 fi
-echo "ps_worker_finished_test: a worker started after its rank finished wrote a report of no steps"
+
+# An elastic run: a worker that joins once the data is all trained (a
+# launcher's add as the run ends, a Kubernetes Job's later index) has
+# nothing to train, exits 0 and writes a report of no steps too.
+"$launch" --servers=1 --workers=1:2 --elastic --epochs=1 --hidden=8 \
+  --eval_interval_s=100 --work_dir="$dir/elastic-run" > "$dir/elastic-launch.log" 2>&1 || {
+  cat "$dir/elastic-launch.log"; exit 1; }
+config="$dir/elastic-run/config.textproto"
+grep -q '^elastic: true' "$config" || { cat "$config"; exit 1; }
+kill $server_pid 2>/dev/null || true
+wait $server_pid 2>/dev/null || true
+rm -f "$dir/port"
+"$server" --listen=127.0.0.1:0 --port_file="$dir/port" --config="$config" \
+  --num_workers=2 > "$dir/elastic-server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
+[ -s "$dir/port" ] || { cat "$dir/elastic-server.log"; echo "no port file"; exit 1; }
+servers="127.0.0.1:$(cat "$dir/port")"
+"$worker" --rank=0 --num_workers=2 --servers="$servers" --config="$config" \
+  --report_out="$dir/elastic-first.report" > "$dir/elastic-first.log" 2>&1 || {
+  cat "$dir/elastic-first.log"; exit 1; }
+"$worker" --rank=1 --num_workers=2 --servers="$servers" --config="$config" \
+  --report_out="$dir/late.report" > "$dir/late.log" 2>&1 || {
+  cat "$dir/late.log"; echo "the late worker did not exit 0"; exit 1; }
+grep -q "rank 1 has nothing left to train" "$dir/late.log" || {
+  cat "$dir/late.log"; exit 1; }
+grep -q '^outcome: "done: nothing left to train"' "$dir/late.report" || {
+  cat "$dir/late.report"; echo "no report of no steps from the late worker"; exit 1; }
+if grep -q '^steps:' "$dir/late.report"; then
+  cat "$dir/late.report"; echo "the late worker reports steps"; exit 1
+fi
+echo "ps_worker_finished_test: a worker started after its rank finished, and one after an elastic run's data was trained, wrote reports of no steps"

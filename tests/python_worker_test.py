@@ -893,6 +893,37 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertNotIn("waiting 5 s so far", out)
         self.assertLess(metrics["max_step_gap_s"], 30)
 
+    def test_a_script_that_joins_after_the_data_is_trained_exits_0(self):
+        # Rank 0 trains the elastic run's every batch; rank 1, started
+        # after that (a launcher's add as the run ends), has nothing to
+        # train: it says so, writes a report of no steps and exits 0, as
+        # ps_worker does, where it used to fail on OUT_OF_RANGE.
+        script = os.path.join(self.dir, "elastic.py")
+        with open(script, "w") as f:
+            f.write(ELASTIC)
+        config = self.write_config(
+            "mode: DOWNPOUR batch_size: 8 epochs: 2 elastic: true\n")
+        servers = self.start_shards(config, shards=1, workers=2)
+        runs = []
+        for rank in (0, 1):
+            report = os.path.join(self.dir, "worker-%d.report" % rank)
+            env = dict(self.env, MONSOON_SERVERS=servers,
+                       MONSOON_RANK=str(rank), MONSOON_NUM_WORKERS="2",
+                       MONSOON_CONFIG=config, MONSOON_CONNECT_TIMEOUT_S="20",
+                       MONSOON_REPORT_OUT=report)
+            runs.append(subprocess.run(
+                [sys.executable, script, "0", os.path.join(self.dir, "b")],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, timeout=120))
+            self.assertEqual(runs[-1].returncode, 0, runs[-1].stderr)
+        with open(os.path.join(self.dir, "b-0")) as f:
+            self.assertEqual(len(f.readlines()), 2 * 30)
+        self.assertIn("monsoon: rank 1 has nothing left to train: "
+                      "OUT_OF_RANGE", runs[1].stderr)
+        late = open(os.path.join(self.dir, "worker-1.report")).read()
+        self.assertIn('outcome: "done: nothing left to train"', late)
+        self.assertNotIn("steps:", late)
+
     def test_elastic_runs_refuse_steps_out_of_step_with_their_batches(self):
         script = os.path.join(self.dir, "misuse.py")
         with open(script, "w") as f:

@@ -453,9 +453,15 @@ int main(int argc, char** argv) {
   if (!client.ok() && config->elastic() &&
       absl::IsOutOfRange(client.status())) {
     // A worker started after an elastic run's data was all trained (a
-    // Kubernetes Job's later index): nothing to do.
+    // Kubernetes Job's later index, a launcher's add as the run ends):
+    // nothing to do, and a report of no steps, which a launcher reads from
+    // every worker that exits 0.
     monsoon::common::Log("ps_worker: rank %d has nothing left to train: %s",
                          rank, client.status().message());
+    WriteReport(rank, 0, monsoon::worker::WorkerResult(),
+                monsoon::worker::WorkerCounters(),
+                monsoon::worker::ReplicaLedger(), "done: nothing left to train",
+                absl::InfinitePast());
     return kExitOk;
   }
   if (!client.ok()) return Fail(connect_error, client.status());

@@ -221,6 +221,16 @@ void WriteLayout(const std::string& base, const Tensors& tensors,
   }
 }
 
+// Writes --report_out (if set) for a worker that took no step: `outcome`.
+void WriteReportOfNoSteps(const std::string& outcome) {
+  const std::string path = absl::GetFlag(FLAGS_report_out);
+  if (path.empty()) return;
+  const WorkerReport report = worker::MakeWorkerReport(
+      absl::GetFlag(FLAGS_rank), 0, worker::WorkerResult(),
+      worker::WorkerCounters(), outcome);
+  Check(common::WriteFileAtomically(path, report.DebugString()));
+}
+
 // A script's worker: its client of the shards and the mode's steps.
 class Worker {
  public:
@@ -510,6 +520,8 @@ PYBIND11_MODULE(_monsoon, m) {
   m.def("configure", &Configure, py::arg("overrides"));
   m.def("flag", &FlagValue, py::arg("name"));
   m.def("read_config", &ReadConfig, py::arg("path") = "");
+  m.def("write_report_of_no_steps", &monsoon::python::WriteReportOfNoSteps,
+        py::arg("outcome"));
   m.def("write_layout", &WriteLayout, py::arg("base"), py::arg("tensors"),
         py::arg("weights"), py::arg("out"));
   py::class_<Worker>(m, "Worker")

@@ -210,7 +210,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("this worker's model is not the run's: " + difference)
         self._batch_size = config["batch_size"]
         self._flatten()
-        self._worker = _monsoon.Worker()
+        try:
+            self._worker = _monsoon.Worker()
+        except Error as e:
+            if not (config["elastic"] and str(e).startswith("OUT_OF_RANGE")):
+                raise
+            # Started after an elastic run's data was all trained (a
+            # launcher's add as the run ends): nothing to do, as ps_worker.
+            print("monsoon: rank %d has nothing left to train: %s"
+                  % (rank(), e), file=sys.stderr, flush=True)
+            _monsoon.write_report_of_no_steps("done: nothing left to train")
+            sys.exit(0)
         _state["optimizer"] = self
         self._finished = False
         self._stop_signal = None
