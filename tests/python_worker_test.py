@@ -206,10 +206,18 @@ mt.finish()
 
 # An elastic run's worker under launch_local --elastic: trains the batches of
 # mt.ElasticBatches over a set of 240 examples, pausing argv[1] seconds
-# after each, and appends each batch (epoch, batch, indices) to the file
-# argv[2]-RANK as it steps it.
+# after each, and appends each batch it steps to the file argv[2]-RANK, a
+# JSON line: epoch, batch, batches per epoch, indices, and digests of the
+# weights before and after the step. Given argv[3] and argv[4], the
+# workers start together (each waits until argv[4] have registered), and
+# the first worker to take batch 26 of the last epoch (its last data shard
+# holds batches 24 to 29) writes its rank to argv[2]-died, holds the shard
+# argv[3] seconds and dies (SIGKILL).
 ELASTIC = SCRIPT_MODEL + r'''
-import time
+import hashlib, os, signal, time
+def digest():
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return hashlib.sha1(flat.numpy().tobytes()).hexdigest()[:16]
 if mt.is_evaluator():
     mt.evaluate_every(model, evaluate)
     sys.exit(0)
@@ -222,12 +230,30 @@ g = torch.Generator().manual_seed(5)
 data_x = torch.randn(240, 4, generator=g)
 data_y = (data_x[:, 0] > 0).long()
 batches = mt.ElasticBatches(len(data_x))
+if len(sys.argv) > 4:
+    open(sys.argv[2] + "-ready-%d" % mt.rank(), "w").close()
+    while len([f for f in os.listdir(os.path.dirname(sys.argv[2]))
+               if "-ready-" in f]) < int(sys.argv[4]):
+        time.sleep(0.01)
 for indices in batches:
+    if (len(sys.argv) > 3 and batches.batch == 26 and
+            batches.epoch == mt.run_config()["epochs"] - 1):
+        try:
+            died = os.open(sys.argv[2] + "-died", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(died, str(mt.rank()).encode())
+            os.close(died)
+            time.sleep(float(sys.argv[3]))
+            os.kill(os.getpid(), signal.SIGKILL)
+        except FileExistsError:
+            pass
+    before = digest()
     opt.zero_grad()
     F.cross_entropy(model(data_x[indices]), data_y[indices]).backward()
     opt.step()
-    log.write(json.dumps([batches.epoch, batches.batch,
-                          batches.batches_per_epoch] + indices.tolist()) + "\n")
+    log.write(json.dumps({"epoch": batches.epoch, "batch": batches.batch,
+                          "per_epoch": batches.batches_per_epoch,
+                          "indices": indices.tolist(), "before": before,
+                          "after": digest()}) + "\n")
     log.flush()
     time.sleep(pause)
 mt.finish()
@@ -792,7 +818,8 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertIn("leave allreduce out of --modes", compare.stdout)
         self.assertFalse(os.path.exists(ran))
 
-    def run_elastic(self, mode, pause, chaos=None, epochs=2):
+    def run_elastic(self, mode, pause, chaos=None, epochs=2, die_after=None,
+                    workers=2):
         """launch_local --elastic with ELASTIC as the workers (2 at the
         start): the batches each rank stepped, and metrics.json."""
         script = os.path.join(self.dir, "elastic.py")
@@ -802,8 +829,11 @@ class PythonWorkerTest(unittest.TestCase):
         metrics_path = os.path.join(self.dir, "metrics.json")
         command = [
             LAUNCH_LOCAL,
-            "--worker_cmd=%s %s %s %s" % (sys.executable, script, pause, log),
-            "--elastic", "--mode=" + mode, "--servers=2", "--workers=2",
+            "--worker_cmd=%s %s %s %s%s" % (
+                sys.executable, script, pause, log,
+                "" if die_after is None else " %s %d" % (die_after, workers)),
+            "--elastic", "--mode=" + mode, "--servers=2",
+            "--workers=%d" % workers,
             "--epochs=%d" % epochs, "--batch_size=8", "--eval_interval_s=0.5",
             "--metrics_port=0", "--metrics_out=" + metrics_path,
             "--work_dir=" + os.path.join(self.dir, "run")]
@@ -816,8 +846,10 @@ class PythonWorkerTest(unittest.TestCase):
         for rank in range(4):
             path = "%s-%d" % (log, rank)
             if os.path.exists(path):
-                stepped[rank] = [json.loads(l) for l in open(path)]
-        return stepped, json.load(open(metrics_path)), run.stdout
+                with open(path) as f:
+                    stepped[rank] = [json.loads(l) for l in f]
+        with open(metrics_path) as f:
+            return stepped, json.load(f), run.stdout
 
     def assertEveryExampleOfEveryEpoch(self, stepped, epochs, once):
         # 240 examples in batches of 8: 30 batches an epoch, each some
@@ -825,8 +857,10 @@ class PythonWorkerTest(unittest.TestCase):
         # example (once each when no worker left), in an order of its own.
         seen = {}
         for batches in stepped.values():
-            for epoch, batch, per_epoch, *indices in batches:
-                self.assertEqual(per_epoch, 30)
+            for step in batches:
+                epoch, batch, indices = (step["epoch"], step["batch"],
+                                         step["indices"])
+                self.assertEqual(step["per_epoch"], 30)
                 self.assertEqual(len(indices), 8)
                 seen.setdefault(epoch, {}).setdefault(batch, []).append(
                     indices)
@@ -845,14 +879,14 @@ class PythonWorkerTest(unittest.TestCase):
                 order += seen[epoch][batch][0]
             self.assertEqual(sorted(order), list(range(240)))
             orders.append(order)
-        self.assertNotEqual(orders[0], orders[1])
+        if epochs > 1:
+            self.assertNotEqual(orders[0], orders[1])
         self.assertNotEqual(orders[0], list(range(240)))
 
     def test_elastic_scripts_train_every_example_of_every_epoch_once(self):
         stepped, metrics, _ = self.run_elastic("downpour", 0)
         self.assertEqual(sorted(stepped), [0, 1])
         self.assertEveryExampleOfEveryEpoch(stepped, 2, once=True)
-        self.assertGreater(min(len(b) for b in stepped.values()), 0)
         self.assertEqual(metrics["examples_trained"], [240, 240])
         self.assertEqual(metrics["examples_trained_twice"], 0)
         self.assertEqual(metrics["samples"], 480)
@@ -864,13 +898,13 @@ class PythonWorkerTest(unittest.TestCase):
         # nobody restarts, every data shard of every epoch is done, and
         # what worker 1 held is trained by the others.
         stepped, metrics, out = self.run_elastic(
-            "sync", 0.03, "add:worker@0.2s,remove:worker1@1.5s", epochs=3)
+            "sync", 0.05, "add:worker@0.2s,remove:worker1@2.5s", epochs=8)
         self.assertIn("worker 1 left", out)
         self.assertEqual(metrics["restarts"], 0)
         self.assertEqual(sorted(stepped), [0, 1, 2])
         self.assertGreater(len(stepped[2]), 0, out[-4000:])
-        self.assertEveryExampleOfEveryEpoch(stepped, 3, once=False)
-        self.assertEqual(metrics["examples_trained"], [240, 240, 240])
+        self.assertEveryExampleOfEveryEpoch(stepped, 8, once=False)
+        self.assertEqual(metrics["examples_trained"], [240] * 8)
         self.assertGreater(metrics["add_to_first_push_s"], 0)
         self.assertGreater(metrics["join_to_first_push_s"], 0)
         self.assertLess(metrics["join_to_first_push_s"],
@@ -889,9 +923,40 @@ class PythonWorkerTest(unittest.TestCase):
                       "the queue", out)
         self.assertEveryExampleOfEveryEpoch(stepped, 4, once=False)
         self.assertEqual(metrics["examples_trained"], [240] * 4)
-        self.assertEqual(metrics["data_shards_requeued"], 1)
+        # The shard it held, and (easgd) one it trained whose last steps
+        # had not reached the centre.
+        self.assertGreaterEqual(metrics["data_shards_requeued"], 1)
         self.assertNotIn("waiting 5 s so far", out)
         self.assertLess(metrics["max_step_gap_s"], 30)
+
+    def test_a_sync_script_that_waited_out_of_the_steps_joins_again(self):
+        # Three workers, one data shard each, then the last shard (batches
+        # 24 to 29) to the first to ask: it steps 24 and 25 alone (the
+        # others find nothing left, step out of the run and wait), holds the
+        # shard 1 s and dies. The shard comes back, a waiting worker joins
+        # the run again, pulls the current weights and trains it.
+        stepped, metrics, out = self.run_elastic(
+            "sync", 0, epochs=1, die_after=1.0, workers=3)
+        with open(os.path.join(self.dir, "batches-died")) as f:
+            died = int(f.read())
+        self.assertIn("worker %d died (exit code 137)" % died, out)
+        self.assertIn("out of the steps until one comes back", out)
+        self.assertIn("a data shard came back; joined the run again", out)
+        self.assertEveryExampleOfEveryEpoch(stepped, 1, once=False)
+        self.assertEqual(metrics["examples_trained"], [240])
+        # The dead worker stepped batches 24 and 25 alone while the others
+        # waited; the one that took the shard over started from the weights
+        # those steps made, not from its own of before them.
+        last = stepped[died][-1]
+        self.assertEqual(last["batch"], 25)
+        again = [s for r, steps in stepped.items() if r != died
+                 for s in steps if s["batch"] == 24]
+        summary = {r: [(s["epoch"], s["batch"]) for s in steps]
+                   for r, steps in stepped.items()}
+        self.assertEqual(len(again), 1, (died, summary, out[-3000:]))
+        self.assertEqual(again[0]["before"], last["after"])
+        self.assertLess(metrics["final_test_loss"],
+                        0.8 * eval_loss(model_for_test()))
 
     def test_a_script_that_joins_after_the_data_is_trained_exits_0(self):
         # Rank 0 trains the elastic run's every batch; rank 1, started
