@@ -15,13 +15,20 @@ mkdir -p "$dir"
   --work_dir="$dir/run" > "$dir/launch.log" 2>&1 || { cat "$dir/launch.log"; exit 1; }
 config="$dir/run/config.textproto"
 
-"$server" --listen=127.0.0.1:0 --port_file="$dir/port" --config="$config" \
-  --num_workers=1 > "$dir/server.log" 2>&1 &
-server_pid=$!
+# Starts a shard of $config for $1 workers, logging to $2; sets server_pid
+# and servers.
+server_pid=
 trap 'kill $server_pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
-[ -s "$dir/port" ] || { cat "$dir/server.log"; echo "no port file"; exit 1; }
-servers="127.0.0.1:$(cat "$dir/port")"
+start_server() {
+  rm -f "$dir/port"
+  "$server" --listen=127.0.0.1:0 --port_file="$dir/port" --config="$config" \
+    --num_workers="$1" > "$2" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 1 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
+  [ -s "$dir/port" ] || { cat "$2"; echo "no port file"; exit 1; }
+  servers="127.0.0.1:$(cat "$dir/port")"
+}
+start_server 1 "$dir/server.log"
 
 "$worker" --rank=0 --num_workers=1 --servers="$servers" --config="$config" \
   --report_out="$dir/first.report" > "$dir/first.log" 2>&1 || {
@@ -50,13 +57,7 @@ config="$dir/elastic-run/config.textproto"
 grep -q '^elastic: true' "$config" || { cat "$config"; exit 1; }
 kill $server_pid 2>/dev/null || true
 wait $server_pid 2>/dev/null || true
-rm -f "$dir/port"
-"$server" --listen=127.0.0.1:0 --port_file="$dir/port" --config="$config" \
-  --num_workers=2 > "$dir/elastic-server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 1 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
-[ -s "$dir/port" ] || { cat "$dir/elastic-server.log"; echo "no port file"; exit 1; }
-servers="127.0.0.1:$(cat "$dir/port")"
+start_server 2 "$dir/elastic-server.log"
 "$worker" --rank=0 --num_workers=2 --servers="$servers" --config="$config" \
   --report_out="$dir/elastic-first.report" > "$dir/elastic-first.log" 2>&1 || {
   cat "$dir/elastic-first.log"; exit 1; }
