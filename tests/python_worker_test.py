@@ -205,7 +205,7 @@ mt.finish()
 
 
 # An elastic run's worker under launch_local --elastic: trains the batches of
-# mt.ElasticBatches over a set of 240 examples, pausing argv[1] seconds
+# mt.Batches over a set of 240 examples, pausing argv[1] seconds
 # after each, and appends each batch it steps to the file argv[2]-RANK, a
 # JSON line: epoch, batch, batches per epoch, indices, and digests of the
 # weights before and after the step. Given argv[3] and argv[4], the
@@ -229,7 +229,7 @@ assert mt.is_elastic()
 g = torch.Generator().manual_seed(5)
 data_x = torch.randn(240, 4, generator=g)
 data_y = (data_x[:, 0] > 0).long()
-batches = mt.ElasticBatches(len(data_x))
+batches = mt.Batches(len(data_x))
 if len(sys.argv) > 4:
     open(sys.argv[2] + "-ready-%d" % mt.rank(), "w").close()
     while len([f for f in os.listdir(os.path.dirname(sys.argv[2]))
@@ -259,6 +259,32 @@ for indices in batches:
 mt.finish()
 '''
 
+# A fixed run's worker: trains the batches of mt.Batches over a set of 240
+# examples, appending each (epoch, batch, indices) to argv[1]-RANK as it
+# steps it; given argv[2] > 0, leaves after that many steps without
+# finishing (as one that died would).
+FIXED_BATCHES = SCRIPT_MODEL + r'''
+log, stop_after = open(sys.argv[1] + "-%d" % mt.rank(), "a"), int(sys.argv[2])
+opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                              named_parameters=model.named_parameters())
+mt.broadcast_parameters(model)
+g = torch.Generator().manual_seed(5)
+data_x = torch.randn(240, 4, generator=g)
+data_y = (data_x[:, 0] > 0).long()
+batches = mt.Batches(len(data_x))
+for indices in batches:
+    opt.zero_grad()
+    F.cross_entropy(model(data_x[indices]), data_y[indices]).backward()
+    opt.step()
+    log.write(json.dumps([batches.epoch, batches.batch, indices.tolist()])
+              + "\n")
+    log.flush()
+    if opt.steps == stop_after:
+        mt.finish(finished=False)
+        sys.exit(0)
+mt.finish()
+'''
+
 # Misuses an elastic run (or, given "fixed", a fixed one) and prints what
 # each was told.
 ELASTIC_MISUSE = SCRIPT_MODEL + r'''
@@ -267,10 +293,10 @@ opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
 mt.broadcast_parameters(model)
 x = torch.randn(8, 4)
 y = (x[:, 0] > 0).long()
-def step():
+def step(n=8):
     opt.zero_grad()
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
+    F.cross_entropy(model(x[:n]), y[:n]).backward()
+    opt.step(samples=n)
 told = {}
 def attempt(what, f):
     try:
@@ -279,13 +305,15 @@ def attempt(what, f):
     except mt.Error as e:
         told[what] = str(e)
 if sys.argv[1:] == ["fixed"]:
-    attempt("batches", lambda: next(iter(mt.ElasticBatches(240))))
+    attempt("own step", step)  # a fixed run's own split: the script's
+    attempt("batches after own steps", lambda: next(iter(mt.Batches(240))))
 else:
     attempt("step without a batch", step)
-    batches = iter(mt.ElasticBatches(240))
+    batches = iter(mt.Batches(240))
     attempt("first batch", lambda: next(batches))
     attempt("a batch ahead", lambda: next(batches))
-    attempt("other size", lambda: next(iter(mt.ElasticBatches(256))))
+    attempt("other size", lambda: next(iter(mt.Batches(256))))
+    attempt("part of a batch", lambda: step(5))
 print("RESULT " + json.dumps(told))
 mt.finish(finished=False)
 '''
@@ -989,6 +1017,54 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertIn('outcome: "done: nothing left to train"', late)
         self.assertNotIn("steps:", late)
 
+    def test_batches_of_a_fixed_run_are_the_ranks_part_and_resume(self):
+        # Two ranks of a fixed run take their batches from mt.Batches: each
+        # its half of the set, every example of it once an epoch, in an
+        # order of its own each epoch. Rank 0 leaves after 3 steps without
+        # finishing (as one that died); started again, it resumes at batch
+        # 3 of epoch 0.
+        script = os.path.join(self.dir, "batches.py")
+        with open(script, "w") as f:
+            f.write(FIXED_BATCHES)
+        config = self.write_config(
+            "mode: DOWNPOUR batch_size: 8 epochs: 2\n")
+        servers = self.start_shards(config, shards=1, workers=2)
+        log = os.path.join(self.dir, "b")
+
+        def run(rank, stop_after):
+            env = dict(self.env, MONSOON_SERVERS=servers,
+                       MONSOON_RANK=str(rank), MONSOON_NUM_WORKERS="2",
+                       MONSOON_CONFIG=config, MONSOON_CONNECT_TIMEOUT_S="20")
+            return subprocess.Popen(
+                [sys.executable, script, log, str(stop_after)], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        first = [run(0, 3), run(1, 0)]
+        for p in first:
+            _, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, err)
+        again = run(0, 0)
+        _, err = again.communicate(timeout=120)
+        self.assertEqual(again.returncode, 0, err)
+        with open(log + "-0") as f:
+            rank0 = [json.loads(l) for l in f]
+        with open(log + "-1") as f:
+            rank1 = [json.loads(l) for l in f]
+        self.assertEqual([(e, b) for e, b, _ in rank0],
+                         [(0, b) for b in range(15)] +
+                         [(1, b) for b in range(15)])
+        self.assertEqual(len(rank1), 30)
+        for rank, steps, part in ((0, rank0, range(0, 120)),
+                                  (1, rank1, range(120, 240))):
+            orders = []
+            for epoch in (0, 1):
+                order = [i for e, _, indices in steps if e == epoch
+                         for i in indices]
+                self.assertEqual(sorted(order), list(part), rank)
+                orders.append(order)
+            self.assertNotEqual(orders[0], orders[1])
+            self.assertNotEqual(orders[0], list(part))
+
     def test_elastic_runs_refuse_steps_out_of_step_with_their_batches(self):
         script = os.path.join(self.dir, "misuse.py")
         with open(script, "w") as f:
@@ -1015,13 +1091,17 @@ class PythonWorkerTest(unittest.TestCase):
                       "this run is elastic", told["step without a batch"])
         self.assertEqual(told["first batch"], "ok")
         self.assertIn("FAILED_PRECONDITION: the next batch taken before the "
-                      "last was trained (1 batches taken, 0 steps)",
-                      told["a batch ahead"])
+                      "last was trained (0 steps)", told["a batch ahead"])
         self.assertIn("INVALID_ARGUMENT: the training set has 256 examples, "
                       "but 240 when this worker took its first batch",
                       told["other size"])
-        self.assertIn("FAILED_PRECONDITION: the run is not elastic",
-                      told["batches"])
+        self.assertIn("INVALID_ARGUMENT: a step of 5 examples: each step "
+                      "trains one batch of monsoon.torch.Batches (batch_size "
+                      "8)", told["part of a batch"])
+        self.assertEqual(told["own step"], "ok")
+        self.assertIn("FAILED_PRECONDITION: this worker's next example is "
+                      "number 8 of its rank, but its next batch begins at 0",
+                      told["batches after own steps"])
 
     def test_sigterm_ends_a_worker_after_its_step_with_its_report(self):
         config = self.write_config("mode: DOWNPOUR batch_size: 8\n")

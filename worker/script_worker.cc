@@ -50,8 +50,7 @@ ScriptWorker::ScriptWorker(ParameterClient* client,
           common::ModelLayout::FromConfig(config).num_params())),
       backend_(MakeCpuBackend()),
       timeout_(absl::Seconds(config.call_timeout_s())),
-      next_offset_(client->applied_samples()),
-      elastic_origin_(next_offset_) {
+      next_offset_(client->applied_samples()) {
   context_.config = config;
   context_.rank = rank;
   context_.num_workers = num_workers;
@@ -109,80 +108,93 @@ absl::Status ScriptWorker::CheckStep(absl::Span<const float> grads,
         "no weights pulled yet: pull the shards' weights into the model "
         "first (monsoon.torch.broadcast_parameters)");
   }
-  return CheckElasticStep(samples);
+  return CheckBatchStep(samples);
 }
 
-absl::Status ScriptWorker::CheckElasticStep(int64_t samples) const {
-  if (!config_.elastic()) return absl::OkStatus();
+absl::Status ScriptWorker::CheckBatchStep(int64_t samples) const {
+  if (!config_.elastic() && !batches_.has_value()) return absl::OkStatus();
   if (samples != config_.batch_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a step of ", samples,
-        " examples in an elastic run: each step "
-        "trains one batch of the data shards (batch_size ",
-        config_.batch_size(), "), from monsoon.torch.elastic_batches"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step of ", samples,
+                     " examples: each step trains one batch of "
+                     "monsoon.torch.Batches (batch_size ",
+                     config_.batch_size(), ")"));
   }
-  if (next_offset_ + samples >
-      elastic_origin_ + elastic_given_ * config_.batch_size()) {
+  if (batch_offset_ < 0 || next_offset_ != batch_offset_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "a step without a batch to train: this run is elastic (elastic: "
-        "true), so its data is handed out by shard 0's queue and each step "
-        "trains the next batch of monsoon.torch.elastic_batches (",
-        steps_, " steps so far, ", elastic_given_, " batches taken)"));
+        "a step without a batch to train: ",
+        config_.elastic()
+            ? "this run is elastic (elastic: true), so its data is handed "
+              "out by shard 0's queue and each step trains"
+            : "a script that takes its batches from monsoon.torch.Batches "
+              "trains",
+        " the next batch it gives (", steps_, " steps so far)"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<ScriptWorker::ElasticBatch> ScriptWorker::NextElasticBatch(
-    int64_t examples) {
-  if (!config_.elastic()) {
-    return absl::FailedPreconditionError(
-        "the run is not elastic (elastic: true in its config): each worker "
-        "trains its rank's part of the data, which the script splits itself");
-  }
+absl::StatusOr<ScriptWorker::Batch> ScriptWorker::NextBatch(int64_t examples) {
   if (examples < config_.batch_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("a training set of ", examples,
                      " examples holds no batch of ", config_.batch_size()));
   }
-  if (!elastic_batches_.has_value()) {
-    elastic_set_.size = examples;
-    context_.train = &elastic_set_;
-    context_.sample_origin = elastic_origin_;
+  if (!batches_.has_value()) {
+    batch_set_.size = examples;
+    context_.train = &batch_set_;
+    // As ps_worker: a fixed run resumes after the steps of this rank every
+    // shard has applied; an elastic one numbers its examples on from them.
+    PlaceWorker(*client_, config_, /*resume=*/true, &context_);
     absl::StatusOr<BatchStream> stream = BatchStream::ForWorker(context_);
     if (!stream.ok()) return stream.status();
-    elastic_batches_.emplace(*std::move(stream));
-  } else if (examples != elastic_set_.size) {
+    batches_.emplace(*std::move(stream));
+  } else if (examples != batch_set_.size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the training set has ", examples, " examples, but ", elastic_set_.size,
+        "the training set has ", examples, " examples, but ", batch_set_.size,
         " when this worker took its first batch"));
   }
-  if (next_offset_ != elastic_origin_ + elastic_given_ * config_.batch_size()) {
+  if (batch_offset_ >= 0 &&
+      next_offset_ != batch_offset_ + config_.batch_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the next batch taken before the last was trained (", elastic_given_,
-        " batches taken, ", steps_,
+        "the next batch taken before the last was trained (", steps_,
         " steps): take each batch in step with training (a DataLoader with "
-        "worker processes takes batches ahead; iterate "
-        "monsoon.torch.elastic_batches in the training loop and load each "
-        "batch's examples there)"));
+        "worker processes takes batches ahead; iterate monsoon.torch.Batches "
+        "in the training loop and load each batch's examples there)"));
   }
-  ElasticBatch next;
-  if (!elastic_batches_->Skip(1)) {
-    if (!elastic_batches_->status().ok()) return elastic_batches_->status();
+  Batch next;
+  if (!batches_->Skip(1)) {
+    if (!batches_->status().ok()) return batches_->status();
     next.finished = true;
     return next;
   }
-  ++elastic_given_;
-  next.epoch = elastic_batches_->epoch();
-  next.batch = elastic_batches_->step_in_epoch() - 1;
-  next.batches_per_epoch = elastic_batches_->steps_per_epoch();
-  next.rejoined = elastic_batches_->TakeRejoined();
+  if (next_offset_ != batches_->sample_offset()) {
+    // A script that stepped before it took batches here (a fixed run's
+    // steps of its own): the shards would count its examples at the wrong
+    // place.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker's next example is number ", next_offset_,
+        " of its rank, but its next batch begins at ",
+        batches_->sample_offset(),
+        ": take every step's batch from monsoon.torch.Batches, from the "
+        "first"));
+  }
+  batch_offset_ = batches_->sample_offset();
+  next.epoch = batches_->epoch();
+  next.batch = batches_->step_in_epoch() - 1;
+  next.batches_per_epoch = batches_->steps_per_epoch();
+  next.rejoined = batches_->TakeRejoined();
   return next;
 }
 
-std::vector<int64_t> ScriptWorker::ElasticOrder(int epoch,
-                                                int64_t examples) const {
-  return ShuffledOrder(Partition{0, examples}, config_.seed(), /*rank=*/0,
-                       epoch);
+std::vector<int64_t> ScriptWorker::EpochOrder(int epoch,
+                                              int64_t examples) const {
+  if (config_.elastic()) {
+    return ShuffledOrder(Partition{0, examples}, config_.seed(), /*rank=*/0,
+                         epoch);
+  }
+  return ShuffledOrder(
+      PartitionFor(examples, context_.num_workers, context_.rank),
+      config_.seed(), context_.rank, epoch);
 }
 
 int64_t ScriptWorker::OverlapFrom() const {

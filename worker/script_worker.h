@@ -86,33 +86,40 @@ class ScriptWorker {
   int64_t pushes_withdrawn() const { return pushes_withdrawn_; }
   absl::Status AfterLocalStep(absl::Span<float> params);
 
-  // Elastic runs (config.elastic): the script's data comes from the data
-  // shards shard 0's queue hands this worker (server/data_queue.h), as a C++
-  // worker's does. `examples`: the size of the script's training set (every
-  // worker's must agree). Each call gives the batch to train next: batch
-  // `batch` (0-based) of `epoch`'s order (ElasticOrder), taking the next
-  // data shard when the one held is used up (waiting, with a line every 5 s,
-  // while other workers' shards in flight may come back), or `finished`.
-  // Taken in step with training: each batch once the one before it was
-  // stepped (FAILED_PRECONDITION otherwise, so that a loader that takes
-  // batches ahead, or a batch skipped, cannot leave the queue waiting for
-  // examples that never come), and each step one whole batch (Step).
-  struct ElasticBatch {
+  // The batches this worker is to train, as ps_worker's (BatchStream), of
+  // a training set of `examples` (every worker's must agree):
+  // - a fixed run: its rank's part (the rank-th contiguous 1/W of the set),
+  //   each epoch shuffled from (seed, rank, epoch), every rank the same
+  //   number of whole batches; a script started again after it died
+  //   resumes after the examples the shards had applied when it connected;
+  // - an elastic run (config.elastic): the data shards shard 0's queue hands
+  //   this worker (server/data_queue.h), taking the next when the one held
+  //   is used up, and waiting (a line every 5 s) while other workers'
+  //   shards in flight may come back.
+  // Each call gives the next: batch `batch` (0-based) of `epoch`'s order
+  // (EpochOrder), or `finished`. Taken in step with training: each batch
+  // once the one before it was stepped (FAILED_PRECONDITION otherwise: the
+  // shards count the examples a worker steps, so a loader that takes
+  // batches ahead, or a batch skipped, would leave them counting examples
+  // that never come), and, once a script takes its batches here (always in
+  // an elastic run), each step one whole batch of them (Step).
+  struct Batch {
     bool finished = false;
     int epoch = 0;
     int64_t batch = 0;
     int64_t batches_per_epoch = 0;
-    // sync: the worker left the run while it waited for data and joined it
-    // again, so its weights are old: pull before the step.
+    // Elastic sync: the worker left the run while it waited for data and
+    // joined it again, so its weights are old: pull before the step.
     bool rejoined = false;
   };
-  absl::StatusOr<ElasticBatch> NextElasticBatch(int64_t examples);
-  // The examples of `epoch` in their order for a set of `examples`: batch b
-  // is [b * batch_size, (b + 1) * batch_size). The order C++ workers use.
-  std::vector<int64_t> ElasticOrder(int epoch, int64_t examples) const;
-  // Data shards taken so far.
+  absl::StatusOr<Batch> NextBatch(int64_t examples);
+  // The examples of `epoch` in their order, for a set of `examples`: batch
+  // b is [b * batch_size, (b + 1) * batch_size). The order ps_worker uses:
+  // the rank's part shuffled (fixed runs), the whole set (elastic).
+  std::vector<int64_t> EpochOrder(int epoch, int64_t examples) const;
+  // Elastic runs: data shards taken so far.
   int64_t data_shards() const {
-    return elastic_batches_.has_value() ? elastic_batches_->data_shards() : 0;
+    return batches_.has_value() ? batches_->data_shards() : 0;
   }
   // The last steps' sums reach the shards; the push in flight is waited for.
   absl::Status Finish(absl::Span<float> params);
@@ -131,9 +138,9 @@ class ScriptWorker {
   // Step's arguments: sizes, at least one example, weights pulled first.
   absl::Status CheckStep(absl::Span<const float> grads, int64_t samples,
                          absl::Span<float> params) const;
-  // Elastic runs: why a step of `samples` examples may not be pushed now
-  // (OK: it may).
-  absl::Status CheckElasticStep(int64_t samples) const;
+  // Once batches are taken here (NextBatch; an elastic run always does):
+  // why a step of `samples` examples may not be pushed now (OK: it may).
+  absl::Status CheckBatchStep(int64_t samples) const;
   // Whether the mode pushes during backward (Ready): sync, float32, not
   // push_after_backward.
   bool PushesDuringBackward() const;
@@ -166,12 +173,11 @@ class ScriptWorker {
   int64_t summed_samples_ = 0;
   int since_exchange_ = 0;  // easgd
   std::vector<float> center_, elastic_;  // easgd
-  // Elastic runs: the training set (its size only), the batches of the
-  // queue's data shards, where they start and how many were given.
-  Dataset elastic_set_;
-  std::optional<BatchStream> elastic_batches_;
-  const int64_t elastic_origin_;
-  int64_t elastic_given_ = 0;
+  // NextBatch's: the training set (its size only), its batches, and where
+  // the last one given begins in this rank's examples (-1: none given).
+  Dataset batch_set_;
+  std::optional<BatchStream> batches_;
+  int64_t batch_offset_ = -1;
 };
 
 }  // namespace monsoon::worker

@@ -364,14 +364,14 @@ class Worker {
     Check(reported);
   }
 
-  // Elastic runs: the next batch to train of a training set of `examples`
-  // (ScriptWorker::NextElasticBatch), as a dict: finished, or epoch, batch,
+  // The next batch to train of a training set of `examples`
+  // (ScriptWorker::NextBatch), as a dict: finished, or epoch, batch,
   // batches_per_epoch and rejoined.
-  py::dict NextElasticBatch(int64_t examples) {
-    absl::StatusOr<worker::ScriptWorker::ElasticBatch> next;
+  py::dict NextBatch(int64_t examples) {
+    absl::StatusOr<worker::ScriptWorker::Batch> next;
     {
       py::gil_scoped_release release;
-      next = worker_->NextElasticBatch(examples);
+      next = worker_->NextBatch(examples);
     }
     Check(next.status());
     py::dict out;
@@ -383,9 +383,9 @@ class Worker {
     return out;
   }
   // `epoch`'s order of a training set of `examples` (int64 indices).
-  py::array_t<int64_t> ElasticOrder(int epoch, int64_t examples) const {
+  py::array_t<int64_t> EpochOrder(int epoch, int64_t examples) const {
     if (examples < 0) throw py::value_error("examples must not be negative");
-    std::vector<int64_t> order = worker_->ElasticOrder(epoch, examples);
+    std::vector<int64_t> order = worker_->EpochOrder(epoch, examples);
     py::array_t<int64_t> out(static_cast<py::ssize_t>(order.size()));
     std::copy(order.begin(), order.end(), out.mutable_data());
     return out;
@@ -533,8 +533,8 @@ PYBIND11_MODULE(_monsoon, m) {
            py::arg("samples"), py::arg("from_value"))
       .def("withdraw", &Worker::Withdraw)
       .def("after_local_step", &Worker::AfterLocalStep, py::arg("params"))
-      .def("next_elastic_batch", &Worker::NextElasticBatch, py::arg("examples"))
-      .def("elastic_order", &Worker::ElasticOrder, py::arg("epoch"),
+      .def("next_batch", &Worker::NextBatch, py::arg("examples"))
+      .def("epoch_order", &Worker::EpochOrder, py::arg("epoch"),
            py::arg("examples"))
       .def_property_readonly("data_shards", &Worker::data_shards)
       .def("sparse_pull", &Worker::SparsePull, py::arg("table"), py::arg("ids"),

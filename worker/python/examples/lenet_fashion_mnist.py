@@ -93,7 +93,7 @@ def train_elastic(model, opt, x, y, config):
     """An elastic run: the batches of the data shards shard 0's queue hands
     this worker, until every epoch is trained; the rate of each batch's
     epoch (a data shard put back may be of an epoch before)."""
-    batches = mt.ElasticBatches(len(x))  # +
+    batches = mt.Batches(len(x))  # +
     rate = None
     for batch in batches:
         if config["lr_decay_epochs"] > 0:

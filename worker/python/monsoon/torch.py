@@ -106,7 +106,7 @@ def run_config():
     gradients: a script's wrapped optimizer takes them to follow the run's
     config; sparse_tables, each sparse table's name and dim; elastic,
     whether workers may join and leave (the data then comes from
-    elastic_batches)."""
+    Batches)."""
     _require_init("run_config()")
     return _monsoon.read_config("")
 
@@ -806,38 +806,45 @@ def resume_point():
 def is_elastic():
     """Whether the run is elastic (its config's `elastic: true`, which
     `launch_local --elastic` sets): workers join and leave while it runs, and
-    each trains the batches shard 0's queue hands it (elastic_batches), not
-    a part of the data split by rank."""
+    each trains the batches shard 0's queue hands it (Batches), not a part
+    of the data split by rank."""
     return bool(run_config()["elastic"])
 
 
-class ElasticBatches:
-    """An elastic run's data, batch by batch: iterating gives the indices
-    (an int64 tensor of batch_size) of each batch this worker is to train,
-    from the data shards that shard 0's queue hands it, as it hands them to
-    ps_worker: each epoch the whole training set of `num_examples` shuffled
-    from the run's seed, cut into whole batches, 8 batches to a data shard
-    (the config's data_shard_batches). Every worker's set must hold the
-    same number of examples. It ends when every data shard of every epoch
-    has been trained by some worker; a shard whose worker left or died goes
-    back to the queue, and a worker with nothing left waits for such ones
-    (saying so every 5 s). In sync a worker that waits steps out of the run
-    meanwhile and, when it takes a shard again, pulls the current weights
-    into the model before its next batch.
+class Batches:
+    """The batches this worker is to train, the ones ps_worker would:
+    iterating gives the indices (an int64 tensor of batch_size) of each, in
+    a training set of `num_examples` (every worker's must hold as many).
+
+    - A fixed run: the rank's part of the set (the rank-th contiguous 1/W),
+      shuffled each epoch from the run's seed, the rank and the epoch, in
+      whole batches, every rank as many (the smallest part's). A script
+      started again after it died (a launcher's restart, a Kubernetes
+      pod's) resumes after the examples the shards had applied, so each
+      example is trained once.
+    - An elastic run (is_elastic()): the data shards shard 0's queue hands
+      this worker, each epoch the whole set shuffled from the seed, cut into
+      whole batches, 8 to a data shard (the config's data_shard_batches).
+      It ends when every data shard of every epoch has been trained by some
+      worker; a shard whose worker left or died goes back to the queue,
+      and a worker with nothing left waits for such ones (saying so every
+      5 s). In sync a worker that waits steps out of the run meanwhile and,
+      when it takes a shard again, pulls the current weights into the model
+      before its next batch.
 
     Take each batch in step with training, one opt.step() per batch: a
-    batch is taken only once the one before was stepped (the examples a
-    worker steps are how the shards count its data shards done), and a
-    DataLoader with worker processes over it, which takes batches ahead,
-    is refused with the reason. Load each batch's examples in the loop:
+    batch is taken only once the one before was stepped (the shards count
+    the examples a worker steps), and a DataLoader with worker processes
+    over it, which takes batches ahead, is refused with the reason. Load
+    each batch's examples in the loop:
 
-        for indices in mt.ElasticBatches(len(train_set)):
+        for indices in mt.Batches(len(train_set)):
             x, y = train_x[indices], train_y[indices]
             ...; loss.backward(); opt.step()
 
     `epoch` (0-based), `batch` (0-based, within the epoch) and
     `batches_per_epoch` describe the batch last given; `data_shards` counts
-    the data shards taken."""
+    the data shards taken (elastic runs)."""
 
     def __init__(self, num_examples):
         self._n = int(num_examples)
@@ -848,13 +855,13 @@ class ElasticBatches:
 
     @property
     def data_shards(self):
-        return _optimizer("ElasticBatches").data_shards
+        return _optimizer("Batches").data_shards
 
     def __iter__(self):
-        opt = _optimizer("ElasticBatches")
+        opt = _optimizer("Batches")
         size = opt._batch_size
         while True:
-            nxt = opt._worker.next_elastic_batch(self._n)
+            nxt = opt._worker.next_batch(self._n)
             if nxt["finished"]:
                 return
             if nxt["rejoined"]:
@@ -862,12 +869,12 @@ class ElasticBatches:
             epoch = nxt["epoch"]
             order = self._orders.get(epoch)
             if order is None:
-                # A put-back shard of an earlier epoch comes first, then the
-                # current epoch goes on: two orders cover both.
+                # Elastic: a put-back shard of an earlier epoch comes first,
+                # then the current epoch goes on; two orders cover both.
                 if len(self._orders) >= 2:
                     del self._orders[min(self._orders)]
                 order = torch.from_numpy(
-                    opt._worker.elastic_order(epoch, self._n))
+                    opt._worker.epoch_order(epoch, self._n))
                 self._orders[epoch] = order
             self.epoch = epoch
             self.batch = nxt["batch"]
