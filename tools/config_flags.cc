@@ -42,8 +42,9 @@ ABSL_FLAG(bool, elastic, false,
           "Elastic workers (config field elastic): workers may join and "
           "leave the run (--chaos=add:worker@T,remove:workerN@T), and the "
           "data is handed out by shard 0 in data shards of "
-          "data_shard_batches batches rather than split by rank. Every mode "
-          "but allreduce.");
+          "data_shard_batches batches rather than split by rank (a "
+          "--worker_cmd script takes them from monsoon.torch.Batches). Every "
+          "mode but allreduce.");
 
 namespace monsoon::tools {
 

@@ -94,7 +94,9 @@ ABSL_FLAG(std::string, chaos, "",
           "kill:server1@10s,stop:server0@5s+10s. With --elastic also "
           "add:worker@TIME (a worker of the next rank joins) and "
           "remove:workerN@TIME (it leaves cleanly); a killed worker is then "
-          "not restarted, and taking the last worker away is refused.");
+          "not restarted (its session is ended on the shards at once, so its "
+          "data shard goes back to the queue), and taking the last worker "
+          "away is refused.");
 ABSL_FLAG(std::string, tls_dir, "",
           "Mutual TLS for every connection, with the certificates in this "
           "folder (as tools/make_certs.sh DIR makes them). Default: "
