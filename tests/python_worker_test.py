@@ -646,6 +646,40 @@ class PythonWorkerTest(unittest.TestCase):
                                        "20 steps in a row"), 1,
                 result["stderr"])
 
+    def test_an_evaluator_stopped_after_its_shards_went_ends_quietly(self):
+        # A launcher that ends a failed run stops the shards and sends the
+        # evaluator SIGTERM: its last evaluation cannot be made, which it
+        # says, and it returns its points and exits 0, without a traceback.
+        config = self.write_config("mode: SYNC batch_size: 8\n")
+        servers = self.start_shards(config)
+        evaluator_script = os.path.join(self.dir, "evaluator.py")
+        with open(evaluator_script, "w") as f:
+            f.write(EVALUATOR)
+        curve = os.path.join(self.dir, "curve.textproto")
+        evaluator = subprocess.Popen(
+            [sys.executable, evaluator_script],
+            env=dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="-1",
+                     MONSOON_CONFIG=config, MONSOON_CURVE_OUT=curve,
+                     MONSOON_CONNECT_TIMEOUT_S="20"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while not (os.path.exists(curve) and "points {" in open(curve).read()):
+            self.assertLess(time.time(), deadline, "no evaluation")
+            self.assertIsNone(evaluator.poll())
+            time.sleep(0.05)
+        for server in self.servers:
+            server.kill()
+            server.wait(timeout=30)
+        self.servers = []
+        evaluator.send_signal(signal.SIGTERM)
+        out, err = evaluator.communicate(timeout=60)
+        self.assertEqual(evaluator.returncode, 0, err)
+        self.assertNotIn("Traceback", err)
+        self.assertIn("stopped by a signal, so no last evaluation", err)
+        line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
+        self.assertGreaterEqual(len(json.loads(line[len("RESULT "):])["points"]),
+                                1)
+
     def test_evaluator_curve_and_worker_reports(self):
         config = self.write_config(
             "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n")

@@ -958,9 +958,15 @@ def evaluate_every(model, eval_fn, interval_s=None, bn_batches=None):
             try:
                 point = observer.snapshot(params_np)
             except Error as error:
-                print("monsoon: cannot evaluate now: %s" % error, file=sys.stderr)
+                if last and not stop.is_set():
+                    raise  # the run ended and its weights cannot be read
+                # Stopped (a launcher ending a run, often one that failed,
+                # whose shards may be gone first): no last evaluation.
+                print("monsoon: cannot evaluate now: %s%s" % (
+                    error, "; stopped by a signal, so no last evaluation"
+                    if last else ""), file=sys.stderr, flush=True)
                 if last:
-                    raise
+                    break
                 continue
             offset = 0
             with torch.no_grad():
