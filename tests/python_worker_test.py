@@ -214,7 +214,7 @@ mt.finish()
 # holds batches 24 to 29) writes its rank to argv[2]-died, holds the shard
 # argv[3] seconds and dies (SIGKILL).
 ELASTIC = SCRIPT_MODEL + r'''
-import hashlib, os, signal, time
+import collections, hashlib, os, signal, time
 def digest():
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return hashlib.sha1(flat.numpy().tobytes()).hexdigest()[:16]
@@ -230,14 +230,30 @@ g = torch.Generator().manual_seed(5)
 data_x = torch.randn(240, 4, generator=g)
 data_y = (data_x[:, 0] > 0).long()
 batches = mt.Batches(len(data_x))
+given = collections.deque()  # (epoch, batch, per epoch) of each batch taken
+def labelled():
+    for indices in batches:
+        given.append((batches.epoch, batches.batch, batches.batches_per_epoch))
+        yield indices
+loader = labelled()
+if os.environ.get("ELASTIC_TEST_LOADER"):
+    # Batches ahead of training: a DataLoader's worker processes prefetch.
+    class Indexed(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(data_x)
+        def __getitem__(self, i):
+            return i
+    loader = torch.utils.data.DataLoader(Indexed(), batch_sampler=labelled(),
+                                         num_workers=2)
 if len(sys.argv) > 4:
     open(sys.argv[2] + "-ready-%d" % mt.rank(), "w").close()
     while len([f for f in os.listdir(os.path.dirname(sys.argv[2]))
                if "-ready-" in f]) < int(sys.argv[4]):
         time.sleep(0.01)
-for indices in batches:
-    if (len(sys.argv) > 3 and batches.batch == 26 and
-            batches.epoch == mt.run_config()["epochs"] - 1):
+for indices in loader:
+    epoch, batch, per_epoch = given.popleft()
+    if (len(sys.argv) > 3 and batch == 26 and
+            epoch == mt.run_config()["epochs"] - 1):
         try:
             died = os.open(sys.argv[2] + "-died", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             os.write(died, str(mt.rank()).encode())
@@ -250,8 +266,8 @@ for indices in batches:
     opt.zero_grad()
     F.cross_entropy(model(data_x[indices]), data_y[indices]).backward()
     opt.step()
-    log.write(json.dumps({"epoch": batches.epoch, "batch": batches.batch,
-                          "per_epoch": batches.batches_per_epoch,
+    log.write(json.dumps({"epoch": epoch, "batch": batch,
+                          "per_epoch": per_epoch,
                           "indices": indices.tolist(), "before": before,
                           "after": digest()}) + "\n")
     log.flush()
@@ -260,9 +276,10 @@ mt.finish()
 '''
 
 # A fixed run's worker: trains the batches of mt.Batches over a set of 240
-# examples, appending each (epoch, batch, indices) to argv[1]-RANK as it
-# steps it; given argv[2] > 0, leaves after that many steps without
-# finishing (as one that died would).
+# examples, appending each batch's indices to argv[1]-RANK as it steps it;
+# given argv[2] > 0, leaves after that many steps without finishing (as one
+# that died would); given argv[3] "loader", through a DataLoader with
+# worker processes, which takes batches ahead.
 FIXED_BATCHES = SCRIPT_MODEL + r'''
 log, stop_after = open(sys.argv[1] + "-%d" % mt.rank(), "a"), int(sys.argv[2])
 opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
@@ -272,12 +289,21 @@ g = torch.Generator().manual_seed(5)
 data_x = torch.randn(240, 4, generator=g)
 data_y = (data_x[:, 0] > 0).long()
 batches = mt.Batches(len(data_x))
-for indices in batches:
+loader = batches
+if sys.argv[3:] == ["loader"]:
+    # Batches ahead of training: a DataLoader's worker processes prefetch.
+    class Indexed(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(data_x)
+        def __getitem__(self, i):
+            return i
+    loader = torch.utils.data.DataLoader(Indexed(), batch_sampler=batches,
+                                         num_workers=2)
+for indices in loader:
     opt.zero_grad()
     F.cross_entropy(model(data_x[indices]), data_y[indices]).backward()
     opt.step()
-    log.write(json.dumps([batches.epoch, batches.batch, indices.tolist()])
-              + "\n")
+    log.write(json.dumps([indices.tolist()]) + "\n")
     log.flush()
     if opt.steps == stop_after:
         mt.finish(finished=False)
@@ -881,7 +907,7 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertFalse(os.path.exists(ran))
 
     def run_elastic(self, mode, pause, chaos=None, epochs=2, die_after=None,
-                    workers=2):
+                    workers=2, loader=False):
         """launch_local --elastic with ELASTIC as the workers (2 at the
         start): the batches each rank stepped, and metrics.json."""
         script = os.path.join(self.dir, "elastic.py")
@@ -901,7 +927,10 @@ class PythonWorkerTest(unittest.TestCase):
             "--work_dir=" + os.path.join(self.dir, "run")]
         if chaos:
             command.append("--chaos=" + chaos)
-        run = subprocess.run(command, env=self.env, stdout=subprocess.PIPE,
+        env = dict(self.env)
+        if loader:
+            env["ELASTIC_TEST_LOADER"] = "1"
+        run = subprocess.run(command, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=300)
         self.assertEqual(run.returncode, 0, run.stdout[-4000:])
         stepped = {}
@@ -954,6 +983,15 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertEqual(metrics["samples"], 480)
         self.assertLess(metrics["final_test_loss"],
                         0.8 * eval_loss(model_for_test()))
+
+    def test_elastic_scripts_may_take_batches_ahead_through_a_dataloader(self):
+        # A DataLoader with worker processes over mt.Batches takes batches
+        # (and data shards) ahead of training: downpour trains every example
+        # of every epoch once all the same.
+        stepped, metrics, _ = self.run_elastic("downpour", 0, loader=True)
+        self.assertEveryExampleOfEveryEpoch(stepped, 2, once=True)
+        self.assertEqual(metrics["examples_trained"], [240, 240])
+        self.assertEqual(metrics["examples_trained_twice"], 0)
 
     def test_elastic_scripts_join_and_leave_in_sync(self):
         # Worker 2 joins, worker 1 leaves (SIGTERM) while the others train:
@@ -1052,11 +1090,17 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertNotIn("steps:", late)
 
     def test_batches_of_a_fixed_run_are_the_ranks_part_and_resume(self):
+        self.check_fixed_batches(loader=False)
+
+    def test_batches_of_a_fixed_run_through_a_dataloader(self):
+        self.check_fixed_batches(loader=True)
+
+    def check_fixed_batches(self, loader):
         # Two ranks of a fixed run take their batches from mt.Batches: each
         # its half of the set, every example of it once an epoch, in an
         # order of its own each epoch. Rank 0 leaves after 3 steps without
-        # finishing (as one that died); started again, it resumes at batch
-        # 3 of epoch 0.
+        # finishing (as one that died); started again, it resumes at its
+        # fourth batch.
         script = os.path.join(self.dir, "batches.py")
         with open(script, "w") as f:
             f.write(FIXED_BATCHES)
@@ -1070,7 +1114,8 @@ class PythonWorkerTest(unittest.TestCase):
                        MONSOON_RANK=str(rank), MONSOON_NUM_WORKERS="2",
                        MONSOON_CONFIG=config, MONSOON_CONNECT_TIMEOUT_S="20")
             return subprocess.Popen(
-                [sys.executable, script, log, str(stop_after)], env=env,
+                [sys.executable, script, log, str(stop_after)] +
+                (["loader"] if loader else []), env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
         first = [run(0, 3), run(1, 0)]
@@ -1081,21 +1126,18 @@ class PythonWorkerTest(unittest.TestCase):
         _, err = again.communicate(timeout=120)
         self.assertEqual(again.returncode, 0, err)
         with open(log + "-0") as f:
-            rank0 = [json.loads(l) for l in f]
+            rank0 = [json.loads(l)[0] for l in f]
         with open(log + "-1") as f:
-            rank1 = [json.loads(l) for l in f]
-        self.assertEqual([(e, b) for e, b, _ in rank0],
-                         [(0, b) for b in range(15)] +
-                         [(1, b) for b in range(15)])
+            rank1 = [json.loads(l)[0] for l in f]
+        # 15 batches an epoch each, rank 0's in two runs.
+        self.assertEqual(len(rank0), 30)
         self.assertEqual(len(rank1), 30)
         for rank, steps, part in ((0, rank0, range(0, 120)),
                                   (1, rank1, range(120, 240))):
-            orders = []
-            for epoch in (0, 1):
-                order = [i for e, _, indices in steps if e == epoch
-                         for i in indices]
+            orders = [[i for batch in steps[e * 15:(e + 1) * 15]
+                       for i in batch] for e in (0, 1)]
+            for order in orders:
                 self.assertEqual(sorted(order), list(part), rank)
-                orders.append(order)
             self.assertNotEqual(orders[0], orders[1])
             self.assertNotEqual(orders[0], list(part))
 
@@ -1106,8 +1148,9 @@ class PythonWorkerTest(unittest.TestCase):
         told = {}
         for kind in ("elastic", "fixed"):
             config = self.write_config(
-                "mode: DOWNPOUR batch_size: 8 elastic: %s\n"
-                % ("true" if kind == "elastic" else "false"),
+                "mode: %s batch_size: 8 elastic: %s\n"
+                % (("SYNC", "true") if kind == "elastic"
+                   else ("DOWNPOUR", "false")),
                 name=kind + ".config")
             servers = self.start_shards(config, shards=1, workers=1)
             env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="0",
@@ -1125,7 +1168,8 @@ class PythonWorkerTest(unittest.TestCase):
                       "this run is elastic", told["step without a batch"])
         self.assertEqual(told["first batch"], "ok")
         self.assertIn("FAILED_PRECONDITION: the next batch taken before the "
-                      "last was trained (0 steps)", told["a batch ahead"])
+                      "last was trained (0 steps): in an elastic sync run",
+                      told["a batch ahead"])
         self.assertIn("INVALID_ARGUMENT: the training set has 256 examples, "
                       "but 240 when this worker took its first batch",
                       told["other size"])

@@ -120,7 +120,7 @@ absl::Status ScriptWorker::CheckBatchStep(int64_t samples) const {
                      "monsoon.torch.Batches (batch_size ",
                      config_.batch_size(), ")"));
   }
-  if (batch_offset_ < 0 || next_offset_ != batch_offset_) {
+  if (given_.empty() || next_offset_ != given_.front()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a step without a batch to train: ",
         config_.elastic()
@@ -153,13 +153,14 @@ absl::StatusOr<ScriptWorker::Batch> ScriptWorker::NextBatch(int64_t examples) {
         "the training set has ", examples, " examples, but ", batch_set_.size,
         " when this worker took its first batch"));
   }
-  if (batch_offset_ >= 0 &&
-      next_offset_ != batch_offset_ + config_.batch_size()) {
+  if (!given_.empty() && config_.elastic() && config_.mode() == SYNC) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the next batch taken before the last was trained (", steps_,
-        " steps): take each batch in step with training (a DataLoader with "
-        "worker processes takes batches ahead; iterate monsoon.torch.Batches "
-        "in the training loop and load each batch's examples there)"));
+        " steps): in an elastic sync run a worker with nothing left to take "
+        "steps out of the run, so take each batch in step with training (a "
+        "DataLoader with worker processes takes batches ahead; iterate "
+        "monsoon.torch.Batches in the training loop and load each batch's "
+        "examples there)"));
   }
   Batch next;
   if (!batches_->Skip(1)) {
@@ -167,18 +168,20 @@ absl::StatusOr<ScriptWorker::Batch> ScriptWorker::NextBatch(int64_t examples) {
     next.finished = true;
     return next;
   }
-  if (next_offset_ != batches_->sample_offset()) {
+  const int64_t expected =
+      given_.empty() ? next_offset_ : given_.back() + config_.batch_size();
+  if (batches_->sample_offset() != expected) {
     // A script that stepped before it took batches here (a fixed run's
     // steps of its own): the shards would count its examples at the wrong
     // place.
     return absl::FailedPreconditionError(absl::StrCat(
-        "this worker's next example is number ", next_offset_,
+        "this worker's next example is number ", expected,
         " of its rank, but its next batch begins at ",
         batches_->sample_offset(),
         ": take every step's batch from monsoon.torch.Batches, from the "
         "first"));
   }
-  batch_offset_ = batches_->sample_offset();
+  given_.push_back(batches_->sample_offset());
   next.epoch = batches_->epoch();
   next.batch = batches_->step_in_epoch() - 1;
   next.batches_per_epoch = batches_->steps_per_epoch();
@@ -242,6 +245,7 @@ absl::StatusOr<bool> ScriptWorker::Step(absl::Span<const float> grads,
                                         int64_t samples,
                                         absl::Span<float> params) {
   if (auto s = CheckStep(grads, samples, params); !s.ok()) return s;
+  if (!given_.empty()) given_.pop_front();  // this step's batch
   const int64_t offset = next_offset_;
   next_offset_ += samples;
   ++steps_;

@@ -23,6 +23,7 @@
 #define MONSOON_WORKER_SCRIPT_WORKER_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -97,12 +98,13 @@ class ScriptWorker {
   //   is used up, and waiting (a line every 5 s) while other workers'
   //   shards in flight may come back.
   // Each call gives the next: batch `batch` (0-based) of `epoch`'s order
-  // (EpochOrder), or `finished`. Taken in step with training: each batch
-  // once the one before it was stepped (FAILED_PRECONDITION otherwise: the
-  // shards count the examples a worker steps, so a loader that takes
-  // batches ahead, or a batch skipped, would leave them counting examples
-  // that never come), and, once a script takes its batches here (always in
-  // an elastic run), each step one whole batch of them (Step).
+  // (EpochOrder), or `finished`. Once a script takes its batches here
+  // (always in an elastic run) each step trains one whole batch of them, in
+  // the order given (Step checks it: the shards count the examples a
+  // worker steps). Batches may be taken ahead of training (a DataLoader's
+  // worker processes prefetch), except in an elastic sync run, where a
+  // worker with nothing left to take steps out of the run: there each is
+  // taken once the one before it was stepped (FAILED_PRECONDITION).
   struct Batch {
     bool finished = false;
     int epoch = 0;
@@ -174,10 +176,11 @@ class ScriptWorker {
   int since_exchange_ = 0;  // easgd
   std::vector<float> center_, elastic_;  // easgd
   // NextBatch's: the training set (its size only), its batches, and where
-  // the last one given begins in this rank's examples (-1: none given).
+  // each batch given and not stepped yet begins in this rank's examples,
+  // oldest first.
   Dataset batch_set_;
   std::optional<BatchStream> batches_;
-  int64_t batch_offset_ = -1;
+  std::deque<int64_t> given_;
 };
 
 }  // namespace monsoon::worker

@@ -832,19 +832,22 @@ class Batches:
       when it takes a shard again, pulls the current weights into the model
       before its next batch.
 
-    Take each batch in step with training, one opt.step() per batch: a
-    batch is taken only once the one before was stepped (the shards count
-    the examples a worker steps), and a DataLoader with worker processes
-    over it, which takes batches ahead, is refused with the reason. Load
-    each batch's examples in the loop:
+    Train every batch it gives, in order, one opt.step() each (the shards
+    count the examples a worker steps; a step of another size, or without a
+    batch, is refused with the reason). Batches may be taken ahead, as a
+    DataLoader with worker processes does (batch_sampler=), except in an
+    elastic sync run, where a worker with nothing left to take steps out of
+    the run: there take each batch once the one before was stepped, loading
+    its examples in the loop:
 
         for indices in mt.Batches(len(train_set)):
             x, y = train_x[indices], train_y[indices]
             ...; loss.backward(); opt.step()
 
     `epoch` (0-based), `batch` (0-based, within the epoch) and
-    `batches_per_epoch` describe the batch last given; `data_shards` counts
-    the data shards taken (elastic runs)."""
+    `batches_per_epoch` describe the batch last given (with a DataLoader
+    taking batches ahead, a later one than the batch being trained);
+    `data_shards` counts the data shards taken (elastic runs)."""
 
     def __init__(self, num_examples):
         self._n = int(num_examples)
