@@ -82,7 +82,8 @@ ABSL_FLAG(double, eval_interval_s, 0.5,
           "Seconds between evaluations: the resolution of time to target "
           "(a 3-epoch run of the default model takes a few seconds here).");
 ABSL_FLAG(bool, restart_failed, true,
-          "Start a server or worker that dies during a run again (after 1 s, "
+          "Start a server or worker that dies during a run again (a worker's "
+          "first restart after 0.1 s; then, and a server's, after 1 s, "
           "doubling per restart); the servers then checkpoint every 2 s. "
           "--norestart_failed: the first death ends the comparison.");
 ABSL_FLAG(int, max_restarts, 3,

@@ -65,7 +65,8 @@ ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding server/ps_server and "
           "worker/ps_{worker,evaluator} (default: found beside this binary).");
 ABSL_FLAG(bool, restart_failed, true,
-          "Start a server or worker that dies during training again (after "
+          "Start a server or worker that dies during training again (a "
+          "worker's first restart after 0.1 s; then, and a server's, after "
           "1 s, doubling per restart), as Kubernetes would; the servers then "
           "checkpoint into WORK_DIR/checkpoints every 2 s. --norestart_failed: "
           "the first death ends the run.");

@@ -715,9 +715,9 @@ void ClusterRun::StartProgressPoller() {
       options_.config.epochs());
 }
 
-// A daemon that dies is started again after a pause (1 s, doubling per
-// restart), up to max_restarts times; after that, or with restarts off, the
-// run fails.
+// A daemon that dies is started again after a pause (HandleExit: a
+// worker's first at once, then 1 s, doubling per restart), up to
+// max_restarts times; after that, or with restarts off, the run fails.
 absl::Status ClusterRun::Train() {
   absl::Status status =
       sup_.Pump([this] { return TrainingDone(); }, absl::InfiniteDuration());
@@ -954,9 +954,15 @@ bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
   }
   ++daemon.restarts;
   ++metrics_.restarts;
+  // A worker's first restart comes at once (it resumes where the shards
+  // are, and in sync the others wait for it meanwhile); a worker's later
+  // ones and every server's back off from 1 s, doubling up to 10 s, so that
+  // a process that keeps failing does not spin.
+  const int backoffs = daemon.restarts - (worker ? 2 : 1);
   const absl::Duration pause =
-      std::min(absl::Seconds(1) * (1 << std::min(daemon.restarts - 1, 4)),
-               absl::Seconds(10));
+      backoffs < 0 ? absl::Milliseconds(100)
+                   : std::min(absl::Seconds(1) * (1 << std::min(backoffs, 4)),
+                              absl::Seconds(10));
   daemon.restart_pending = true;
   daemon.restart_at = absl::Now() + pause;
   Event(absl::StrCat(daemon.role, " exited with code ", code,
