@@ -240,6 +240,10 @@ class PsClient : public ParameterClient, public RingRendezvous {
   using Shard = ShardConnection;
 
  private:
+  // Leave (or, `finished`, FinishRank) for `rank` registered as `session`,
+  // on every shard: Leave's and EndSessionOf's call.
+  absl::Status EndSession(int rank, uint64_t session, absl::Duration timeout,
+                          bool finished);
   friend class ShardedPushImpl;
 
   // Of two shards' positions for this rank, the one to resume from

@@ -265,16 +265,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
 
 absl::Status PsClient::Leave(absl::Duration timeout, bool finished) {
   if (worker_rank_ < 0) return absl::OkStatus();
-  LeaveRequest request;
-  request.set_worker_rank(worker_rank_);
-  request.set_config_fingerprint(fingerprint_);
-  request.set_session(session_);
-  return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
-    request.set_shard(s);
-    LeaveResponse response;
-    return finished ? shards_[s].stub->FinishRank(context, request, &response)
-                    : shards_[s].stub->Leave(context, request, &response);
-  });
+  return EndSession(worker_rank_, session_, timeout, finished);
 }
 
 absl::Status PsClient::EndSessionOf(int rank, uint64_t session,
@@ -283,6 +274,11 @@ absl::Status PsClient::EndSessionOf(int rank, uint64_t session,
     return absl::FailedPreconditionError(
         "only a client of rank -1 (a launcher) ends another process's session");
   }
+  return EndSession(rank, session, timeout, /*finished=*/false);
+}
+
+absl::Status PsClient::EndSession(int rank, uint64_t session,
+                                  absl::Duration timeout, bool finished) {
   LeaveRequest request;
   request.set_worker_rank(rank);
   request.set_config_fingerprint(fingerprint_);
@@ -290,7 +286,8 @@ absl::Status PsClient::EndSessionOf(int rank, uint64_t session,
   return CallEverywhere(timeout, [&](int s, grpc::ClientContext* context) {
     request.set_shard(s);
     LeaveResponse response;
-    return shards_[s].stub->Leave(context, request, &response);
+    return finished ? shards_[s].stub->FinishRank(context, request, &response)
+                    : shards_[s].stub->Leave(context, request, &response);
   });
 }
 

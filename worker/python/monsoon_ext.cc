@@ -221,14 +221,19 @@ void WriteLayout(const std::string& base, const Tensors& tensors,
   }
 }
 
-// Writes --report_out (if set) for a worker that took no step: `outcome`.
-void WriteReportOfNoSteps(const std::string& outcome) {
+// Writes `report` to --report_out, if set (the launchers read it as they
+// read ps_worker's).
+absl::Status WriteReportOut(const WorkerReport& report) {
   const std::string path = absl::GetFlag(FLAGS_report_out);
-  if (path.empty()) return;
-  const WorkerReport report = worker::MakeWorkerReport(
+  if (path.empty()) return absl::OkStatus();
+  return common::WriteFileAtomically(path, report.DebugString());
+}
+
+// The report of a worker that took no step: `outcome`.
+void WriteReportOfNoSteps(const std::string& outcome) {
+  Check(WriteReportOut(worker::MakeWorkerReport(
       absl::GetFlag(FLAGS_rank), 0, worker::WorkerResult(),
-      worker::WorkerCounters(), outcome);
-  Check(common::WriteFileAtomically(path, report.DebugString()));
+      worker::WorkerCounters(), outcome)));
 }
 
 // A script's worker: its client of the shards and the mode's steps.
@@ -408,14 +413,12 @@ class Worker {
   int64_t bytes_pulled() const { return client_->bytes_pulled(); }
 
  private:
-  // The launchers read it as they read ps_worker's.
+  // The worker's report (WriteReportOut), with `outcome`.
   absl::Status WriteReport(const std::string& outcome) const {
-    const std::string path = absl::GetFlag(FLAGS_report_out);
-    if (path.empty()) return absl::OkStatus();
     WorkerReport report = worker::MakeWorkerReport(
         absl::GetFlag(FLAGS_rank), 0, progress_, counters_, outcome);
     report.set_registered_unix_s(absl::ToUnixMicros(registered_) * 1e-6);
-    return common::WriteFileAtomically(path, report.DebugString());
+    return WriteReportOut(report);
   }
 
   void Observe(worker::Phase phase, absl::Duration time) {
