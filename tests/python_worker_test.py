@@ -455,15 +455,31 @@ class PythonWorkerTest(unittest.TestCase):
         self.servers = []
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(sys.path)
-        self.script = os.path.join(self.dir, "worker.py")
-        with open(self.script, "w") as f:
-            f.write(WORKER)
+        self.script = self.write_script("worker.py", WORKER)
 
     def tearDown(self):
         for server in self.servers:
             server.terminate()
         for server in self.servers:
             server.wait(timeout=30)
+
+    def write_script(self, name, text):
+        """Writes `text` to `name` in the test's folder; returns its path."""
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def script_env(self, servers, config, rank, workers=None, **more):
+        """The environment of a script that the test starts as `rank` (-1:
+        the evaluator) of the run on `servers` with `config`, as a launcher
+        would give it, plus the MONSOON_* variables in `more`."""
+        env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(rank),
+                   MONSOON_CONFIG=config, MONSOON_CONNECT_TIMEOUT_S="20",
+                   **more)
+        if workers is not None:
+            env["MONSOON_NUM_WORKERS"] = str(workers)
+        return env
 
     def write_config(self, base, model=None, name="run.config"):
         import monsoon.torch as mt
@@ -499,11 +515,9 @@ class PythonWorkerTest(unittest.TestCase):
                     model="narrow"):
         procs = []
         for r in range(workers):
-            env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
-                       MONSOON_NUM_WORKERS=str(workers), MONSOON_CONFIG=config,
-                       MONSOON_CONNECT_TIMEOUT_S="20",
-                       MONSOON_REPORT_OUT=os.path.join(
-                           self.dir, "worker-%d.report" % r))
+            env = self.script_env(
+                servers, config, r, workers, MONSOON_REPORT_OUT=os.path.join(
+                    self.dir, "worker-%d.report" % r))
             procs.append(subprocess.Popen(
                 [sys.executable, self.script, str(steps),
                  "extra" if extra else "plain", str(local_lr), variant,
@@ -678,15 +692,11 @@ class PythonWorkerTest(unittest.TestCase):
         # says, and it returns its points and exits 0, without a traceback.
         config = self.write_config("mode: SYNC batch_size: 8\n")
         servers = self.start_shards(config)
-        evaluator_script = os.path.join(self.dir, "evaluator.py")
-        with open(evaluator_script, "w") as f:
-            f.write(EVALUATOR)
+        evaluator_script = self.write_script("evaluator.py", EVALUATOR)
         curve = os.path.join(self.dir, "curve.textproto")
         evaluator = subprocess.Popen(
             [sys.executable, evaluator_script],
-            env=dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="-1",
-                     MONSOON_CONFIG=config, MONSOON_CURVE_OUT=curve,
-                     MONSOON_CONNECT_TIMEOUT_S="20"),
+            env=self.script_env(servers, config, -1, MONSOON_CURVE_OUT=curve),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 60
         while not (os.path.exists(curve) and "points {" in open(curve).read()):
@@ -710,15 +720,11 @@ class PythonWorkerTest(unittest.TestCase):
         config = self.write_config(
             "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n")
         servers = self.start_shards(config)
-        evaluator_script = os.path.join(self.dir, "evaluator.py")
-        with open(evaluator_script, "w") as f:
-            f.write(EVALUATOR)
+        evaluator_script = self.write_script("evaluator.py", EVALUATOR)
         curve = os.path.join(self.dir, "curve.textproto")
         evaluator = subprocess.Popen(
             [sys.executable, evaluator_script],
-            env=dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="-1",
-                     MONSOON_CONFIG=config, MONSOON_CURVE_OUT=curve,
-                     MONSOON_CONNECT_TIMEOUT_S="20"),
+            env=self.script_env(servers, config, -1, MONSOON_CURVE_OUT=curve),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         results = self.run_workers(config, servers, steps=20)
         # The evaluator ends by itself once every worker has finished.
@@ -758,12 +764,10 @@ class PythonWorkerTest(unittest.TestCase):
             "mode: SYNC learning_rate: 0.1 momentum: 0 batch_size: 8\n",
             model=bn_model())
         servers = self.start_shards(config)
-        script = os.path.join(self.dir, "evaluator_bn.py")
-        with open(script, "w") as f:
-            f.write(EVALUATOR_BN)
-        env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="-1",
-                   MONSOON_CONFIG=config, MONSOON_CONNECT_TIMEOUT_S="20",
-                   MONSOON_CURVE_OUT=os.path.join(self.dir, "curve.textproto"))
+        script = self.write_script("evaluator_bn.py", EVALUATOR_BN)
+        env = self.script_env(
+            servers, config, -1,
+            MONSOON_CURVE_OUT=os.path.join(self.dir, "curve.textproto"))
         refused = subprocess.run([sys.executable, script, "none"], env=env,
                                  capture_output=True, text=True, timeout=120)
         self.assertNotEqual(refused.returncode, 0)
@@ -789,9 +793,7 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertNotAlmostEqual(final["test_loss"], untrained, delta=1e-3)
 
     def test_launch_local_runs_the_script_as_workers_and_evaluator(self):
-        script = os.path.join(self.dir, "launched.py")
-        with open(script, "w") as f:
-            f.write(LAUNCHED)
+        script = self.write_script("launched.py", LAUNCHED)
         metrics_path = os.path.join(self.dir, "metrics.json")
         run = subprocess.run(
             [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
@@ -823,9 +825,7 @@ class PythonWorkerTest(unittest.TestCase):
         # session: the shard lets it take rank 1 at once, where it used to
         # refuse it until the dead one's lease (30 s for a script) ran out,
         # the sync steps of rank 0 waiting meanwhile.
-        script = os.path.join(self.dir, "launched.py")
-        with open(script, "w") as f:
-            f.write(LAUNCHED)
+        script = self.write_script("launched.py", LAUNCHED)
         run = subprocess.run(
             [LAUNCH_LOCAL,
              "--worker_cmd=%s %s 300 0.01" % (sys.executable, script),
@@ -846,9 +846,7 @@ class PythonWorkerTest(unittest.TestCase):
         # --model=lenet brings the preset's weight decay and schedule; its
         # model's own settings (the zero output layer) are not the script's,
         # whose model is its own.
-        script = os.path.join(self.dir, "launched.py")
-        with open(script, "w") as f:
-            f.write(LAUNCHED)
+        script = self.write_script("launched.py", LAUNCHED)
         work_dir = os.path.join(self.dir, "run")
         run = subprocess.run(
             [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
@@ -866,9 +864,7 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertNotIn("layers", config)
 
     def test_launch_local_says_when_the_script_writes_no_layout(self):
-        script = os.path.join(self.dir, "nolayout.py")
-        with open(script, "w") as f:
-            f.write("import monsoon.torch as mt\nmt.init()\n")
+        script = self.write_script("nolayout.py", "import monsoon.torch as mt\nmt.init()\n")
         run = subprocess.run(
             [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
              "--metrics_port=0", "--work_dir=" + os.path.join(self.dir, "run")],
@@ -883,9 +879,7 @@ class PythonWorkerTest(unittest.TestCase):
         # The script would refuse it at its first call, after the servers
         # started: the launchers say so first, and never run it.
         ran = os.path.join(self.dir, "ran")
-        script = os.path.join(self.dir, "marks.py")
-        with open(script, "w") as f:
-            f.write("open(%r, 'w').close()\n" % ran)
+        script = self.write_script("marks.py", "open(%r, 'w').close()\n" % ran)
         command = "--worker_cmd=%s %s" % (sys.executable, script)
         launch = subprocess.run(
             [LAUNCH_LOCAL, command, "--mode=allreduce", "--metrics_port=0",
@@ -910,9 +904,7 @@ class PythonWorkerTest(unittest.TestCase):
                     workers=2, loader=False):
         """launch_local --elastic with ELASTIC as the workers (2 at the
         start): the batches each rank stepped, and metrics.json."""
-        script = os.path.join(self.dir, "elastic.py")
-        with open(script, "w") as f:
-            f.write(ELASTIC)
+        script = self.write_script("elastic.py", ELASTIC)
         log = os.path.join(self.dir, "batches")
         metrics_path = os.path.join(self.dir, "metrics.json")
         command = [
@@ -1063,19 +1055,15 @@ class PythonWorkerTest(unittest.TestCase):
         # after that (a launcher's add as the run ends), has nothing to
         # train: it says so, writes a report of no steps and exits 0, as
         # ps_worker does, where it used to fail on OUT_OF_RANGE.
-        script = os.path.join(self.dir, "elastic.py")
-        with open(script, "w") as f:
-            f.write(ELASTIC)
+        script = self.write_script("elastic.py", ELASTIC)
         config = self.write_config(
             "mode: DOWNPOUR batch_size: 8 epochs: 2 elastic: true\n")
         servers = self.start_shards(config, shards=1, workers=2)
         runs = []
         for rank in (0, 1):
             report = os.path.join(self.dir, "worker-%d.report" % rank)
-            env = dict(self.env, MONSOON_SERVERS=servers,
-                       MONSOON_RANK=str(rank), MONSOON_NUM_WORKERS="2",
-                       MONSOON_CONFIG=config, MONSOON_CONNECT_TIMEOUT_S="20",
-                       MONSOON_REPORT_OUT=report)
+            env = self.script_env(servers, config, rank, 2,
+                                  MONSOON_REPORT_OUT=report)
             runs.append(subprocess.run(
                 [sys.executable, script, "0", os.path.join(self.dir, "b")],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -1101,18 +1089,14 @@ class PythonWorkerTest(unittest.TestCase):
         # order of its own each epoch. Rank 0 leaves after 3 steps without
         # finishing (as one that died); started again, it resumes at its
         # fourth batch.
-        script = os.path.join(self.dir, "batches.py")
-        with open(script, "w") as f:
-            f.write(FIXED_BATCHES)
+        script = self.write_script("batches.py", FIXED_BATCHES)
         config = self.write_config(
             "mode: DOWNPOUR batch_size: 8 epochs: 2\n")
         servers = self.start_shards(config, shards=1, workers=2)
         log = os.path.join(self.dir, "b")
 
         def run(rank, stop_after):
-            env = dict(self.env, MONSOON_SERVERS=servers,
-                       MONSOON_RANK=str(rank), MONSOON_NUM_WORKERS="2",
-                       MONSOON_CONFIG=config, MONSOON_CONNECT_TIMEOUT_S="20")
+            env = self.script_env(servers, config, rank, 2)
             return subprocess.Popen(
                 [sys.executable, script, log, str(stop_after)] +
                 (["loader"] if loader else []), env=env,
@@ -1142,9 +1126,7 @@ class PythonWorkerTest(unittest.TestCase):
             self.assertNotEqual(orders[0], list(part))
 
     def test_elastic_runs_refuse_steps_out_of_step_with_their_batches(self):
-        script = os.path.join(self.dir, "misuse.py")
-        with open(script, "w") as f:
-            f.write(ELASTIC_MISUSE)
+        script = self.write_script("misuse.py", ELASTIC_MISUSE)
         told = {}
         for kind in ("elastic", "fixed"):
             config = self.write_config(
@@ -1153,9 +1135,7 @@ class PythonWorkerTest(unittest.TestCase):
                    else ("DOWNPOUR", "false")),
                 name=kind + ".config")
             servers = self.start_shards(config, shards=1, workers=1)
-            env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="0",
-                       MONSOON_NUM_WORKERS="1", MONSOON_CONFIG=config,
-                       MONSOON_CONNECT_TIMEOUT_S="20")
+            env = self.script_env(servers, config, 0, 1)
             run = subprocess.run([sys.executable, script, kind], env=env,
                                  stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True,
@@ -1184,18 +1164,15 @@ class PythonWorkerTest(unittest.TestCase):
     def test_sigterm_ends_a_worker_after_its_step_with_its_report(self):
         config = self.write_config("mode: DOWNPOUR batch_size: 8\n")
         servers = self.start_shards(config)
-        script = os.path.join(self.dir, "endless.py")
-        with open(script, "w") as f:
-            f.write(ENDLESS)
+        script = self.write_script("endless.py", ENDLESS)
         stepped = os.path.join(self.dir, "stepped")
         procs = []
         for r in range(2):
             procs.append(subprocess.Popen(
                 [sys.executable, script, stepped],
-                env=dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK=str(r),
-                         MONSOON_NUM_WORKERS="2", MONSOON_CONFIG=config,
-                         MONSOON_REPORT_OUT=os.path.join(
-                             self.dir, "worker-%d.report" % r)),
+                env=self.script_env(
+                    servers, config, r, 2, MONSOON_REPORT_OUT=os.path.join(
+                        self.dir, "worker-%d.report" % r)),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         deadline = time.time() + 120
         while not all(os.path.exists("%s-%d" % (stepped, r)) for r in range(2)):
@@ -1426,9 +1403,7 @@ class PythonWorkerTest(unittest.TestCase):
             "mt.finish()\n"
             "print('RESULT ' + json.dumps({'done': done, 'shape': list(rows.shape),"
             " 'rows': rows.tolist()}))\n")
-        env = dict(self.env, MONSOON_SERVERS=servers, MONSOON_RANK="0",
-                   MONSOON_NUM_WORKERS="1", MONSOON_CONFIG=config,
-                   MONSOON_CONNECT_TIMEOUT_S="20")
+        env = self.script_env(servers, config, 0, 1)
         out = subprocess.run([sys.executable, "-c", code], env=env, cwd=self.dir,
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stderr)
