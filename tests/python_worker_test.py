@@ -842,6 +842,26 @@ class PythonWorkerTest(unittest.TestCase):
         self.assertEqual(run.stdout.count("refused a registration"), 0,
                          run.stdout[-4000:])
 
+    def test_launch_local_stops_a_run_at_once_when_its_evaluator_fails(self):
+        # The workers would step for 1,000 s; the evaluator exits 3 at once,
+        # and the launcher ends the run then, saying why, rather than after
+        # training without a curve.
+        script = self.write_script("launched.py", LAUNCHED)
+        run = subprocess.run(
+            [LAUNCH_LOCAL,
+             "--worker_cmd=%s %s 100000 0.01" % (sys.executable, script),
+             "--evaluator_cmd=%s -c 'raise SystemExit(3)'" % sys.executable,
+             "--mode=downpour", "--servers=1", "--workers=2", "--epochs=1",
+             "--batch_size=8", "--metrics_port=0",
+             "--work_dir=" + os.path.join(self.dir, "run")],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=120)
+        self.assertEqual(run.returncode, 1, run.stdout[-4000:])
+        self.assertIn("eval exited with code 3", run.stdout)
+        self.assertIn("the run stops at once, since without its evaluator "
+                      "it has no accuracy curve", run.stdout)
+        self.assertNotIn("training done", run.stdout)
+
     def test_launch_local_gives_a_script_a_presets_rates_not_its_model(self):
         # --model=lenet brings the preset's weight decay and schedule; its
         # model's own settings (the zero output layer) are not the script's,

@@ -766,6 +766,17 @@ bool ClusterRun::TrainingDone() {
     }
   }
   if (!failed_.ok()) return true;
+  // An evaluator that fails (an error in a script's evaluation, a test set
+  // it cannot read) ends the run now, not after training: the run would
+  // end without its curve anyway.
+  if (evaluator_ >= 0 && !sup_.running(evaluator_) &&
+      sup_.exit_code(evaluator_) != 0) {
+    failed_ = absl::InternalError(
+        absl::StrCat(ChildFailed(sup_, evaluator_).message(),
+                     "; the run stops at once, since without its evaluator "
+                     "it has no accuracy curve"));
+    return true;
+  }
   bool all_done = true;
   for (bool worker : {false, true}) {
     for (Daemon& daemon : worker ? worker_daemons_ : server_daemons_) {
