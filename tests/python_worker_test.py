@@ -1214,6 +1214,47 @@ class PythonWorkerTest(unittest.TestCase):
             self.assertGreaterEqual(steps, 1)
             self.assertEqual(samples, 8 * steps)
 
+    def test_sigterm_ends_a_worker_that_waits_for_a_lost_shard(self):
+        # Riding out a lost shard, the step waits in C++ for up to
+        # shard_lost_timeout_s (300 s), where Python runs no handler:
+        # SIGTERM must end the wait, and the script, at once.
+        config = self.write_config("mode: DOWNPOUR batch_size: 8\n")
+        servers = self.start_shards(config, shards=1, workers=1)
+        script = self.write_script("endless.py", ENDLESS)
+        stepped = os.path.join(self.dir, "stepped")
+        log_path = os.path.join(self.dir, "worker.log")
+        report_path = os.path.join(self.dir, "worker-0.report")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, script, stepped],
+                env=self.script_env(servers, config, 0, 1,
+                                    MONSOON_REPORT_OUT=report_path),
+                stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.time() + 120
+        while not os.path.exists(stepped + "-0"):
+            self.assertLess(time.time(), deadline, "the worker took no step")
+            self.assertIsNone(proc.poll(), open(log_path).read())
+            time.sleep(0.05)
+        self.servers[0].kill()
+        self.servers[0].wait(timeout=30)
+        while "lost a parameter server" not in open(log_path).read():
+            self.assertLess(time.time(), deadline, open(log_path).read())
+            self.assertIsNone(proc.poll(), open(log_path).read())
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        err = open(log_path).read()
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("rank 0 stopped by signal 15 after", err)
+        self.assertNotIn("Traceback", err)
+        report = open(report_path).read()
+        self.assertIn('outcome: "stopped by signal 15"', report)
+        steps = int(re.search(r"^steps: (\d+)$", report, re.M).group(1))
+        samples = int(re.search(r"^samples: (\d+)$", report, re.M).group(1))
+        self.assertGreaterEqual(steps, 1)
+        # The step given up is not counted.
+        self.assertEqual(samples, 8 * steps)
+
     def check_learns(self, base, steps=60, local_lr=0.05):
         config = self.write_config(base)
         results = self.run_workers(config, self.start_shards(config), steps=steps,

@@ -384,7 +384,7 @@ int RunSparseLr(const monsoon::TrainingConfig& config,
   }
   auto dense = monsoon::worker::ScriptWorker::Create(
       client->get(), config, context.rank, context.num_workers,
-      context.shard_lost_timeout);
+      context.shard_lost_timeout, context.stop);
   if (!dense.ok()) return Fail(kExitConfigError, dense.status());
   monsoon::common::Log(
       "ps_worker: rank %d/%d, model sparse_lr, mode %s, data %s, table '%s' "

@@ -21,7 +21,8 @@ bool Overlapped(const TrainingConfig& c) {
 
 absl::StatusOr<std::unique_ptr<ScriptWorker>> ScriptWorker::Create(
     ParameterClient* client, const TrainingConfig& config, int rank,
-    int num_workers, absl::Duration shard_lost_timeout) {
+    int num_workers, absl::Duration shard_lost_timeout,
+    const absl::Notification* stop) {
   if (config.tensors_size() == 0) {
     return absl::InvalidArgumentError(
         "the run's config has no `tensors`: a script's model must be the "
@@ -38,6 +39,7 @@ absl::StatusOr<std::unique_ptr<ScriptWorker>> ScriptWorker::Create(
                              &worker->counters_);
   if (!pusher.ok()) return pusher.status();
   worker->pusher_ = *std::move(pusher);
+  worker->context_.stop = stop;
   return worker;
 }
 

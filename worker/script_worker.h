@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
 #include "worker/compute_backend.h"
@@ -46,9 +47,13 @@ class ScriptWorker {
   // `client` (connected with `config`, the resolved one) must outlive the
   // worker. INVALID_ARGUMENT for a config whose model is not external
   // (TrainingConfig.tensors): a script's parameters define the model.
+  // `stop`, if set (and then outliving the worker), ends the waits between
+  // calls with CANCELLED once notified: a lost shard ridden out, an elastic
+  // worker waiting for data (the client's own stop ends its calls).
   static absl::StatusOr<std::unique_ptr<ScriptWorker>> Create(
       ParameterClient* client, const TrainingConfig& config, int rank,
-      int num_workers, absl::Duration shard_lost_timeout = absl::Minutes(5));
+      int num_workers, absl::Duration shard_lost_timeout = absl::Minutes(5),
+      const absl::Notification* stop = nullptr);
   ~ScriptWorker();
 
   int64_t num_params() const { return num_params_; }

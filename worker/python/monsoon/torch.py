@@ -37,6 +37,7 @@ naming the first difference.
 """
 
 import os
+import signal
 import sys
 
 import numpy
@@ -45,6 +46,7 @@ import torch
 from monsoon import _monsoon
 
 Error = _monsoon.Error
+_SIGTERM = int(signal.SIGTERM)
 
 # Variables that the Python side reads itself (not C++ flags).
 _PYTHON_VARIABLES = {"MONSOON_EXPORT_LAYOUT", "MONSOON_PYTHON"}
@@ -210,9 +212,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("this worker's model is not the run's: " + difference)
         self._batch_size = config["batch_size"]
         self._flatten()
+        self._finished = False
+        self._stop_signal = None
+        self._watch = _watch_signals(self)
         try:
-            self._worker = _monsoon.Worker()
+            self._worker = _monsoon.Worker(self._watch)
         except Error as e:
+            _run_signal_handlers()  # Ctrl-C: KeyboardInterrupt from here
+            if self._watch.signal == _SIGTERM:
+                # Stopped while it connected: nothing trained, as ps_worker.
+                _monsoon.write_report_of_no_steps(
+                    "stopped by signal %d" % _SIGTERM)
+                print("monsoon: rank %d stopped by signal %d before its first "
+                      "step" % (rank(), _SIGTERM), file=sys.stderr, flush=True)
+                sys.exit(128 + _SIGTERM)
             if not (config["elastic"] and str(e).startswith("OUT_OF_RANGE")):
                 raise
             # Started after an elastic run's data was all trained (a
@@ -222,9 +235,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             _monsoon.write_report_of_no_steps("done: nothing left to train")
             sys.exit(0)
         _state["optimizer"] = self
-        self._finished = False
-        self._stop_signal = None
-        _stop_on_sigterm(self)
         _finish_at_exit(self)
         self._install_push_rule(config)
         self._config = config  # until the first step
@@ -518,7 +528,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def pull(self):
         """The shards' current weights into the model's parameters."""
-        self._worker.pull(self._params_np)
+        self._waiting(self._worker.pull, self._params_np)
+
+    def _waiting(self, call, *args):
+        """A call on the shards that may wait long (a lost shard ridden out,
+        an elastic worker waiting for data). SIGTERM ends it at once
+        (_watch_signals), and the script stops as after a step (_stop)."""
+        try:
+            return call(*args)
+        except Error:
+            _run_signal_handlers()  # Ctrl-C: KeyboardInterrupt from here
+            if self._watch.signal == _SIGTERM:
+                self._stop_signal = _SIGTERM
+                self._stop()
+            raise
 
     def step(self, closure=None, samples=None):
         """The mode's step on the gradients of the last backward pass.
@@ -544,21 +567,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 pushed = self._push_np
         samples = int(samples or self._batch_size)
         try:
-            replaced = self._worker.step(pushed, samples, self._params_np)
+            replaced = self._waiting(self._worker.step, pushed, samples,
+                                     self._params_np)
         finally:
             self._end_of_step()
         self._expected_samples = samples
         if not replaced:
             self.optimizer.step()
-            self._worker.after_local_step(self._params_np)
+            self._waiting(self._worker.after_local_step, self._params_np)
         if self._stop_signal is not None:
             self._stop()
         return loss
 
     def _stop(self):
         """After SIGTERM (a launcher's time limit, Kubernetes stopping a
-        pod): the step in flight is done; leave without finishing the run,
-        write the report and exit 128 + the signal, as ps_worker does."""
+        pod): the step in flight is done, or given up if the signal came
+        during it; leave without finishing the run, write the report and
+        exit 128 + the signal, as ps_worker does."""
         number = self._stop_signal
         self._finished = True
         self._worker.finish(self._params_np, False,
@@ -689,21 +714,56 @@ def _finish_at_exit(optimizer):
     atexit.register(at_exit)
 
 
-def _stop_on_sigterm(optimizer):
-    """SIGTERM ends the script at the end of its next step (opt._stop)
-    rather than at once, where the script left Python's default for it."""
-    import signal
+def _watch_signals(optimizer):
+    """The worker's _monsoon.SignalWatch. Where the script left Python's
+    defaults for them: SIGTERM ends the script at the end of its step
+    (opt._stop) rather than at once, and SIGTERM or SIGINT (Ctrl-C) that
+    comes while a call waits on the shards ends the wait at once (Python
+    would run its handler only once the call returned, minutes later when a
+    lost shard is ridden out). Their numbers reach the watch through
+    Python's wakeup fd, unless the script uses that itself."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
+    watched = []
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
 
-    def on_sigterm(number, frame):
-        optimizer._stop_signal = number
+            def on_sigterm(number, frame):
+                optimizer._stop_signal = number
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+            signal.signal(signal.SIGTERM, on_sigterm)
+            watched.append(signal.SIGTERM)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            watched.append(signal.SIGINT)
+    if not watched:
+        return _monsoon.SignalWatch(-1, [])
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if previous != -1:  # the script's own
+        signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+        return _monsoon.SignalWatch(-1, [])
+    if not _state.get("wakeup_fork_hook"):
+        # A DataLoader's worker processes are forks: a signal to one of them
+        # is not the script's.
+        _state["wakeup_fork_hook"] = True
+        os.register_at_fork(after_in_child=_no_wakeup_fd)
+    return _monsoon.SignalWatch(read_end, watched)
+
+
+def _run_signal_handlers():
+    """Python runs the handlers of signals that came during a call into C++
+    on entering a Python function: here, rather than later amid the
+    printing of a traceback."""
+
+
+def _no_wakeup_fd():
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # not the main thread: no Python handler runs there
+        pass
 
 
 class _Params:
@@ -864,7 +924,7 @@ class Batches:
         opt = _optimizer("Batches")
         size = opt._batch_size
         while True:
-            nxt = opt._worker.next_batch(self._n)
+            nxt = opt._waiting(opt._worker.next_batch, self._n)
             if nxt["finished"]:
                 return
             if nxt["rejoined"]:
@@ -909,7 +969,6 @@ def evaluate_every(model, eval_fn, interval_s=None, bn_batches=None):
     of tensors, or a DataLoader of (input, target); iterated at every
     evaluation) recomputes them from the pulled weights before each
     evaluation (torch.optim.swa_utils.update_bn, as for averaged weights)."""
-    import signal
     import threading
 
     _require_init("evaluate_every")
