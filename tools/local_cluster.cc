@@ -481,6 +481,7 @@ absl::Status ClusterRun::StartServers() {
     absl::StatusOr<int> id = sup_.Start(daemon.role, argv);
     if (!id.ok()) return id.status();
     daemon.id = *id;
+    sup_.StopAfterTheOthers(daemon.id);
   }
   return absl::OkStatus();
 }
@@ -559,6 +560,7 @@ absl::Status ClusterRun::StartDelayProxies() {
                "--port_file=" + proxy_files.back()}));
       if (!id.ok()) return id.status();
       proxies.push_back(*id);
+      sup_.StopAfterTheOthers(*id);
     }
   }
   std::vector<std::string> ports(proxies.size());
@@ -1035,6 +1037,7 @@ bool ClusterRun::Restart(Daemon& daemon, bool worker) {
     return false;
   }
   daemon.id = *id;
+  if (!worker) sup_.StopAfterTheOthers(daemon.id);
   Event(absl::StrCat("restarted ", daemon.role));
   return true;
 }

@@ -211,22 +211,29 @@ void ProcessSupervisor::Signal(int id, int sig) {
 }
 
 void ProcessSupervisor::StopAll(absl::Duration grace) {
+  StopWave(/*last=*/false, grace);
+  StopWave(/*last=*/true, grace);
+}
+
+void ProcessSupervisor::StopWave(bool last, absl::Duration grace) {
   bool any = false;
   for (int id = 0; id < size(); ++id) {
-    if (children_[id].running) {
+    if (children_[id].running && children_[id].stop_last == last) {
       Signal(id, SIGTERM);
       any = true;
     }
   }
   if (!any) return;
-  auto all_stopped = [this] {
+  auto all_stopped = [this, last] {
     for (const Child& child : children_) {
-      if (child.running) return false;
+      if (child.running && child.stop_last == last) return false;
     }
     return true;
   };
   if (!Pump(all_stopped, grace).ok()) {
-    for (int id = 0; id < size(); ++id) Signal(id, SIGKILL);
+    for (int id = 0; id < size(); ++id) {
+      if (children_[id].stop_last == last) Signal(id, SIGKILL);
+    }
     // SIGKILL cannot be resisted; a few tries cover interrupts meanwhile.
     for (int i = 0; i < 5 && !all_stopped(); ++i) {
       Pump(all_stopped, absl::Seconds(2)).IgnoreError();

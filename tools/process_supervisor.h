@@ -57,8 +57,14 @@ class ProcessSupervisor {
   void set_line_sink(LineSink sink) { sink_ = std::move(sink); }
 
   void Signal(int id, int sig);
+  // Marks `id` as one that StopAll stops only once the others have stopped
+  // (the servers, which the others are clients of: stopped first, a worker
+  // would ride out their loss and log it).
+  void StopAfterTheOthers(int id) { children_[id].stop_last = true; }
   // SIGTERM to every running child, SIGKILL to those still running after
-  // `grace`; then all are reaped and their output drained.
+  // `grace`; then all are reaped and their output drained. Those marked
+  // StopAfterTheOthers get theirs once the others have stopped (each wave
+  // its own `grace`).
   void StopAll(absl::Duration grace);
 
  private:
@@ -70,7 +76,10 @@ class ProcessSupervisor {
     std::string partial;
     bool running = false;
     int exit_code = -1;
+    bool stop_last = false;  // StopAfterTheOthers
   };
+  // StopAll's wave: the running children whose stop_last is `last`.
+  void StopWave(bool last, absl::Duration grace);
   void ReadOutput(Child& child);
   void Reap();
   void PrintLine(const Child& child, const std::string& line);
