@@ -56,6 +56,7 @@ class MetricsExporter {
 
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::vector<std::shared_ptr<prometheus::Collectable>> owned_;
+  std::string host_;  // where it listens, as this host reaches it
   int port_ = 0;
 };
 
