@@ -1,12 +1,14 @@
-// tools/local_cluster's helpers that need no cluster: the --device check
-// and the search for consecutive free ports.
+// tools/local_cluster's helpers that need no cluster: the --device and
+// seconds checks and the search for consecutive free ports.
 #include "tools/local_cluster.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -30,6 +32,29 @@ TEST(CheckDeviceNameTest, RefusesAnythingElseNamingIt) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name;
     EXPECT_THAT(status.message(),
                 HasSubstr(absl::StrCat("--device='", name, "'")));
+  }
+}
+
+TEST(CheckRunSecondsTest, TakesAnIntervalAndALimitOrNone) {
+  EXPECT_TRUE(CheckRunSeconds(0.5, 0).ok());
+  EXPECT_TRUE(CheckRunSeconds(3600, 120.5).ok());
+  EXPECT_TRUE(CheckRunSeconds(0.001, 1e9).ok());
+}
+
+TEST(CheckRunSecondsTest, RefusesImpossibleSecondsNamingTheFlag) {
+  const double nan = std::nan("");
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double interval : {0.0, -1.0, 3601.0, nan, inf}) {
+    const absl::Status status = CheckRunSeconds(interval, 0);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << interval;
+    EXPECT_THAT(status.message(),
+                HasSubstr(absl::StrCat("--eval_interval_s=", interval, ":")));
+  }
+  for (double limit : {-1.0, -0.001, nan, inf}) {
+    const absl::Status status = CheckRunSeconds(2, limit);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << limit;
+    EXPECT_THAT(status.message(),
+                HasSubstr(absl::StrCat("--time_limit_s=", limit, ":")));
   }
 }
 

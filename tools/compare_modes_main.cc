@@ -417,6 +417,11 @@ absl::Status SetOptionsFromFlags(ComparisonOptions* options) {
   options->time_limit_s = absl::GetFlag(FLAGS_time_limit_s);
   options->target_accuracy = absl::GetFlag(FLAGS_target);
   options->eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
+  if (auto s = monsoon::tools::CheckRunSeconds(options->eval_interval_s,
+                                               options->time_limit_s);
+      !s.ok()) {
+    return s;
+  }
   options->bin_dir = absl::GetFlag(FLAGS_bin_dir).empty()
                          ? monsoon::tools::DefaultBinDir()
                          : absl::GetFlag(FLAGS_bin_dir);

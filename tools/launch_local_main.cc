@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, metrics_out, "",
           "Write the run's metrics (JSON) "
           "here; they are printed either way.");
 ABSL_FLAG(double, eval_interval_s, 2, "Seconds between evaluations.");
+ABSL_FLAG(double, time_limit_s, 0,
+          "Stop training after this many seconds (0: train the config's "
+          "epochs): the workers get SIGTERM, end their step and leave; the "
+          "run then ends as usual, with its final evaluation.");
 ABSL_FLAG(std::string, device, "cpu",
           "The workers' and evaluator's compute backend: cpu (OpenBLAS), "
           "cuda (GPU 0), cuda:N, or auto (GPU 0 where there is a usable one, "
@@ -358,6 +362,12 @@ int main(int argc, char** argv) {
                         ? monsoon::tools::DefaultBinDir()
                         : absl::GetFlag(FLAGS_bin_dir);
   options.eval_interval_s = absl::GetFlag(FLAGS_eval_interval_s);
+  options.time_limit_s = absl::GetFlag(FLAGS_time_limit_s);
+  if (absl::Status ok = monsoon::tools::CheckRunSeconds(options.eval_interval_s,
+                                                        options.time_limit_s);
+      !ok.ok()) {
+    return Fail(kExitConfigError, ok);
+  }
   options.device = absl::GetFlag(FLAGS_device);
   if (absl::Status ok = monsoon::tools::CheckDeviceName(options.device);
       !ok.ok()) {

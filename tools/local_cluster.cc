@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -1232,6 +1233,21 @@ absl::Status CheckDeviceName(absl::string_view device) {
       "--device='", device,
       "': the workers' device is cpu, auto (a GPU where there is one), cuda "
       "or cuda:N (GPU N)"));
+}
+
+absl::Status CheckRunSeconds(double eval_interval_s, double time_limit_s) {
+  if (!(eval_interval_s > 0 && eval_interval_s <= 3600)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eval_interval_s=", eval_interval_s,
+        ": the seconds between two evaluations must be above 0 and at most "
+        "3600"));
+  }
+  if (!(time_limit_s >= 0 && std::isfinite(time_limit_s))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--time_limit_s=", time_limit_s,
+                     ": give the seconds a run may train, or 0 for no limit"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RunMetrics> RunLocalCluster(const LocalClusterOptions& options,

@@ -52,6 +52,11 @@ std::string DefaultBinDir();
 // Whether a GPU is there is the daemons' to find out.
 absl::Status CheckDeviceName(absl::string_view device);
 
+// Checks the launchers' --eval_interval_s (above 0, at most an hour) and
+// --time_limit_s (0: none, or a finite number of seconds).
+// INVALID_ARGUMENT naming the flag and the value otherwise.
+absl::Status CheckRunSeconds(double eval_interval_s, double time_limit_s);
+
 // Makes a throwaway CA and a server and a client certificate for loopback
 // in `dir` with tools/make_certs.sh (found in this tool's runfiles), for
 // LocalClusterOptions.tls_dir. INTERNAL, with the script's output, when it
