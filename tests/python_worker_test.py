@@ -1255,6 +1255,60 @@ class PythonWorkerTest(unittest.TestCase):
         # The step given up is not counted.
         self.assertEqual(samples, 8 * steps)
 
+    def test_sigterm_ends_a_finish_that_waits_for_a_lost_shard(self):
+        # With n_push 4, two steps leave a summed gradient that mt.finish()
+        # pushes; its shard is gone by then, so finish rides out its loss
+        # until SIGTERM ends it: the report says so, and the exit is 143.
+        config = self.write_config(
+            "mode: DOWNPOUR batch_size: 8 n_push: 4\n")
+        servers = self.start_shards(config, shards=1, workers=1)
+        script = self.write_script("finish_late.py", SCRIPT_MODEL + r'''
+import os, time
+opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                              named_parameters=model.named_parameters())
+mt.broadcast_parameters(model)
+for _ in range(2):
+    x = torch.randn(8, 4)
+    opt.zero_grad()
+    F.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+    opt.step(samples=8)
+open(sys.argv[1] + "-stepped", "w").close()
+while not os.path.exists(sys.argv[1] + "-go"):
+    time.sleep(0.02)
+mt.finish()
+print("FINISH RETURNED", flush=True)
+''')
+        marks = os.path.join(self.dir, "marks")
+        log_path = os.path.join(self.dir, "worker.log")
+        report_path = os.path.join(self.dir, "worker-0.report")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, script, marks],
+                env=self.script_env(servers, config, 0, 1,
+                                    MONSOON_REPORT_OUT=report_path),
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while not os.path.exists(marks + "-stepped"):
+            self.assertLess(time.time(), deadline, open(log_path).read())
+            self.assertIsNone(proc.poll(), open(log_path).read())
+            time.sleep(0.05)
+        self.servers[0].kill()
+        self.servers[0].wait(timeout=30)
+        open(marks + "-go", "w").close()
+        while "lost a parameter server" not in open(log_path).read():
+            self.assertLess(time.time(), deadline, open(log_path).read())
+            self.assertIsNone(proc.poll(), open(log_path).read())
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        out = open(log_path).read()
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, out)
+        self.assertIn("rank 0 stopped by signal 15 after 2 steps", out)
+        self.assertNotIn("FINISH RETURNED", out)
+        self.assertNotIn("Traceback", out)
+        self.assertIn('outcome: "stopped by signal 15"',
+                      open(report_path).read())
+
     def check_learns(self, base, steps=60, local_lr=0.05):
         config = self.write_config(base)
         results = self.run_workers(config, self.start_shards(config), steps=steps,

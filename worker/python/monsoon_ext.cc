@@ -435,18 +435,20 @@ class Worker {
   // rank as done (the run can end once every rank is). Writes the report
   // (--report_out) either way, with `outcome` ("" for "done") unless
   // something failed. After a signal (the watch's stop), what is still in
-  // flight is given up and errors are the stop's echo: the report says
-  // `outcome`.
-  void Finish(py::buffer params, bool finished, const std::string& outcome) {
+  // flight is given up and errors are the stop's echo: the report then says
+  // `outcome` (or the signal), and Finish returns false.
+  bool Finish(py::buffer params, bool finished, const std::string& outcome) {
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
     absl::Status done = worker_->Finish(p);
     counters_.shard_pushes_during_backward =
         worker_->counters().shard_pushes_during_backward.load();
     absl::Status left = client_->Leave(absl::Seconds(2), finished && done.ok());
-    if (watch_->signal() != 0) {
-      Check(WriteReport(outcome.empty() ? "done" : outcome));
-      return;
+    if (watch_->signal() != 0 && !(done.ok() && left.ok())) {
+      Check(WriteReport(
+          outcome.empty() ? absl::StrCat("stopped by signal ", watch_->signal())
+                          : outcome));
+      return false;
     }
     absl::Status reported = WriteReport(!done.ok()   ? done.ToString()
                                         : !left.ok() ? left.ToString()
@@ -455,6 +457,7 @@ class Worker {
     Check(done);
     Check(left);
     Check(reported);
+    return true;
   }
 
   // The next batch to train of a training set of `examples`

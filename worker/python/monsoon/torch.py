@@ -585,9 +585,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         during it; leave without finishing the run, write the report and
         exit 128 + the signal, as ps_worker does."""
         number = self._stop_signal
-        self._finished = True
-        self._worker.finish(self._params_np, False,
-                            "stopped by signal %d" % number)
+        if not self._finished:
+            self._finished = True
+            self._worker.finish(self._params_np, False,
+                                "stopped by signal %d" % number)
         print("monsoon: rank %d stopped by signal %d after %d steps"
               % (rank(), number, self._worker.steps), file=sys.stderr,
               flush=True)
@@ -598,7 +599,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._finished:
             return
         self._finished = True
-        self._worker.finish(self._params_np, finished)
+        if (not self._worker.finish(self._params_np, finished)
+                and self._watch.signal == _SIGTERM):
+            # Stopped while it finished, its last calls cut short (the
+            # report says so): as after a step.
+            self._stop_signal = _SIGTERM
+            self._stop()
 
     @property
     def steps(self):
