@@ -1,8 +1,9 @@
 // ProcessSupervisor: a run's children stopped in two waves, the servers'
-// clients first.
+// clients first, each with its stop signal.
 #include "tools/process_supervisor.h"
 
 #include <algorithm>
+#include <csignal>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -66,6 +67,35 @@ TEST(ProcessSupervisorTest, StopsTheServersOnlyOnceTheirClientsHaveStopped) {
     EXPECT_FALSE(supervisor.running(id));
     EXPECT_EQ(supervisor.exit_code(id), 0) << supervisor.role(id);
   }
+}
+
+TEST(ProcessSupervisorTest, SendsEachChildItsStopSignal) {
+  ProcessSupervisor supervisor;
+  std::vector<std::string> lines;
+  int up = 0;
+  supervisor.set_line_sink([&](int id, const std::string& line) {
+    if (line == "up") {
+      ++up;
+    } else {
+      lines.push_back(absl::StrCat(supervisor.role(id), ": ", line));
+    }
+  });
+  // Each says which signal came, and exits 0 on either.
+  const std::vector<std::string> argv = {
+      "/bin/sh", "-c",
+      "trap 'echo TERM; exit 0' TERM; trap 'echo INT; exit 0' INT; echo up; "
+      "while :; do sleep 0.02; done"};
+  absl::StatusOr<int> plain = supervisor.Start("plain", argv);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<int> evaluator = supervisor.Start("evaluator", argv);
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status();
+  supervisor.SetStopSignal(*evaluator, SIGINT);
+  ASSERT_TRUE(supervisor.Pump([&] { return up == 2; }, absl::Seconds(30)).ok());
+
+  supervisor.StopAll(absl::Seconds(30));
+
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"evaluator: INT", "plain: TERM"}));
 }
 
 }  // namespace

@@ -862,6 +862,29 @@ class PythonWorkerTest(unittest.TestCase):
                       "it has no accuracy curve", run.stdout)
         self.assertNotIn("training done", run.stdout)
 
+    def test_launch_local_stops_a_failed_runs_evaluator_without_a_last_point(self):
+        # A shard killed and not restarted fails the run: the launcher stops
+        # the script's evaluator with SIGINT, which makes no last evaluation
+        # (its shards are gone), and the workers before the servers.
+        script = self.write_script("launched.py", LAUNCHED)
+        run = subprocess.run(
+            [LAUNCH_LOCAL,
+             "--worker_cmd=%s %s 100000 0.01" % (sys.executable, script),
+             "--mode=downpour", "--servers=2", "--workers=2", "--epochs=1",
+             "--batch_size=8", "--eval_interval_s=0.2", "--metrics_port=0",
+             "--max_restarts=0", "--chaos=kill:server1@1s",
+             "--work_dir=" + os.path.join(self.dir, "run")],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=120)
+        self.assertEqual(run.returncode, 1, run.stdout[-4000:])
+        self.assertIn("server 1 exited with code 137", run.stdout)
+        self.assertIn("[eval] monsoon: SIGINT: the evaluator stops without a "
+                      "last evaluation", run.stdout)
+        self.assertNotIn("(final)", run.stdout)
+        for r in range(2):
+            self.assertIn("[worker %d] monsoon: rank %d stopped by signal 15"
+                          % (r, r), run.stdout)
+
     def test_launch_local_gives_a_script_a_presets_rates_not_its_model(self):
         # --model=lenet brings the preset's weight decay and schedule; its
         # model's own settings (the zero output layer) are not the script's,

@@ -616,6 +616,10 @@ absl::Status ClusterRun::StartEvaluator() {
   absl::StatusOr<int> evaluator = StartClient("eval", argv, {}, script);
   if (!evaluator.ok()) return evaluator.status();
   evaluator_ = *evaluator;
+  // A run stopped before its end (failed, interrupted) needs no last point:
+  // SIGINT stops the evaluator without one. At the end of a run
+  // (StopEvaluatorAndServers), SIGTERM asks for it.
+  sup_.SetStopSignal(evaluator_, SIGINT);
   return absl::OkStatus();
 }
 

@@ -219,7 +219,7 @@ void ProcessSupervisor::StopWave(bool last, absl::Duration grace) {
   bool any = false;
   for (int id = 0; id < size(); ++id) {
     if (children_[id].running && children_[id].stop_last == last) {
-      Signal(id, SIGTERM);
+      Signal(id, children_[id].stop_signal);
       any = true;
     }
   }

@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <csignal>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -61,10 +62,12 @@ class ProcessSupervisor {
   // (the servers, which the others are clients of: stopped first, a worker
   // would ride out their loss and log it).
   void StopAfterTheOthers(int id) { children_[id].stop_last = true; }
-  // SIGTERM to every running child, SIGKILL to those still running after
-  // `grace`; then all are reaped and their output drained. Those marked
-  // StopAfterTheOthers get theirs once the others have stopped (each wave
-  // its own `grace`).
+  // The signal StopAll sends `id` (SIGTERM unless set).
+  void SetStopSignal(int id, int sig) { children_[id].stop_signal = sig; }
+  // Each running child's stop signal (SIGTERM unless SetStopSignal), SIGKILL
+  // to those still running after `grace`; then all are reaped and their
+  // output drained. Those marked StopAfterTheOthers get theirs once the
+  // others have stopped (each wave its own `grace`).
   void StopAll(absl::Duration grace);
 
  private:
@@ -77,6 +80,7 @@ class ProcessSupervisor {
     bool running = false;
     int exit_code = -1;
     bool stop_last = false;  // StopAfterTheOthers
+    int stop_signal = SIGTERM;  // SetStopSignal
   };
   // StopAll's wave: the running children whose stop_last is `last`.
   void StopWave(bool last, absl::Duration grace);

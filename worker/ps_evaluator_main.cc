@@ -5,6 +5,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -83,8 +84,10 @@ monsoon::common::DaemonInfo Info() {
       "Monsoon evaluator: test loss and accuracy of the servers' weights "
       "over time.\n\n  ps_evaluator --servers=ps-0:5000,ps-1:5000 "
       "--config=train.textproto --curve_out=curve.textproto\n\n"
-      "Every flag may also come from MONSOON_<FLAG> in the environment; a "
-      "flag on the command line wins.";
+      "SIGTERM: one last evaluation, then exit. SIGINT: exit at once (the "
+      "launchers stop a failed run's evaluator so). Every flag may also come "
+      "from MONSOON_<FLAG> in the environment; a flag on the command line "
+      "wins.";
   info.main_file = "worker/ps_evaluator_main.cc";
   info.more_flag_files = {"worker/client_flags.cc"};
   return info;
@@ -164,8 +167,9 @@ absl::StatusOr<monsoon::EvalPoint> EvaluateOnce(
   return point;
 }
 
-// Evaluates every --interval_s until a signal (then once more) or, with
-// --until_finished, until every worker has finished; the exit code.
+// Evaluates every --interval_s until a signal (then once more after
+// SIGTERM, not after SIGINT) or, with --until_finished, until every worker
+// has finished; the exit code.
 int EvaluateUntilTheEnd(const TerminationWatcher& termination, PsClient& client,
                         monsoon::worker::CurveEvaluator& evaluator,
                         monsoon::worker::EvaluatorMetrics& eval_metrics,
@@ -177,6 +181,12 @@ int EvaluateUntilTheEnd(const TerminationWatcher& termination, PsClient& client,
   bool run_finished = false;
   while (!last) {
     last = termination.terminated().WaitForNotificationWithTimeout(interval);
+    if (last && termination.signal() == SIGINT) {
+      monsoon::common::Log(
+          "ps_evaluator: SIGINT: stopping without a last "
+          "evaluation");
+      break;
+    }
     // Asked before the evaluation: weights pulled after every shard said
     // so are the final ones (a worker leaves after its last push).
     if (until_finished && !last && monsoon::worker::EveryWorkerFinished(client)) {

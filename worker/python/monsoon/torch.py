@@ -965,9 +965,10 @@ def evaluate_every(model, eval_fn, interval_s=None, bn_batches=None):
     eval_fn(model) -> (test_accuracy, test_loss) and adds a point to the
     run's curve (MONSOON_CURVE_OUT, the text-format monsoon.EvalCurve the C++
     evaluator writes). Returns after a last evaluation once every worker has
-    finished (SIGTERM is then ignored: the script may exit in peace), or on
-    SIGTERM or SIGINT (as the launchers stop the C++ evaluator); returns
-    the curve's points as dicts.
+    finished (SIGTERM is then ignored: the script may exit in peace), after
+    a last evaluation on SIGTERM, or at once on SIGINT (as the C++
+    evaluator: the launchers stop a failed run's evaluator with SIGINT);
+    returns the curve's points as dicts.
 
     A model with BatchNorm needs `bn_batches`: its running statistics are
     buffers, each worker's own, which no shard holds, so the evaluator's
@@ -1010,8 +1011,10 @@ def evaluate_every(model, eval_fn, interval_s=None, bn_batches=None):
     _state["observer"] = observer  # for sparse_pull in eval_fn
     stop = threading.Event()
     signals = {}
+    received = []
 
     def on_signal(number, frame):
+        received.append(number)
         stop.set()
 
     for number in (signal.SIGTERM, signal.SIGINT):
@@ -1021,6 +1024,10 @@ def evaluate_every(model, eval_fn, interval_s=None, bn_batches=None):
         last = False
         while not last:
             last = stop.wait(interval)
+            if last and received[0] == signal.SIGINT:
+                print("monsoon: SIGINT: the evaluator stops without a last "
+                      "evaluation", file=sys.stderr, flush=True)
+                break
             finished = not last and observer.every_worker_finished()
             last = last or finished
             try:
