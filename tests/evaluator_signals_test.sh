@@ -8,20 +8,10 @@ server="$2"
 evaluator="$3"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/evaluator_signals"
 mkdir -p "$dir"
+source "$(dirname "$0")/one_shard.sh"
 
-# A short run for its resolved config.
-"$launch" --servers=1 --workers=1 --epochs=1 --hidden=8 --eval_interval_s=100 \
-  --work_dir="$dir/run" > "$dir/launch.log" 2>&1 || { cat "$dir/launch.log"; exit 1; }
-config="$dir/run/config.textproto"
-
-server_pid=
-trap 'kill $server_pid 2>/dev/null || true' EXIT
-"$server" --listen=127.0.0.1:0 --port_file="$dir/port" --config="$config" \
-  --num_workers=1 > "$dir/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 1 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
-[ -s "$dir/port" ] || { cat "$dir/server.log"; echo "no port file"; exit 1; }
-servers="127.0.0.1:$(cat "$dir/port")"
+short_run_config --workers=1
+start_server 1 "$dir/server.log"
 
 for signal in TERM INT; do
   log="$dir/eval-$signal.log"

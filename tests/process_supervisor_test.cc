@@ -24,6 +24,20 @@ std::vector<std::string> Child(const std::string& on_term) {
                        "; exit 0' TERM; echo up; while :; do sleep 0.02; done")};
 }
 
+// Collects the children's lines as "ROLE: LINE" in `lines`, and counts
+// their "up" lines in `up`.
+void CollectLines(ProcessSupervisor& supervisor,
+                  std::vector<std::string>* lines, int* up) {
+  supervisor.set_line_sink(
+      [&supervisor, lines, up](int id, const std::string& line) {
+        if (line == "up") {
+          ++*up;
+        } else {
+          lines->push_back(absl::StrCat(supervisor.role(id), ": ", line));
+        }
+      });
+}
+
 TEST(ProcessSupervisorTest, StopsTheServersOnlyOnceTheirClientsHaveStopped) {
   absl::StatusOr<std::string> dir = common::MakeTempDir("supervisor");
   ASSERT_TRUE(dir.ok()) << dir.status();
@@ -31,13 +45,7 @@ TEST(ProcessSupervisorTest, StopsTheServersOnlyOnceTheirClientsHaveStopped) {
   ProcessSupervisor supervisor;
   std::vector<std::string> lines;
   int up = 0;
-  supervisor.set_line_sink([&](int id, const std::string& line) {
-    if (line == "up") {
-      ++up;
-    } else {
-      lines.push_back(absl::StrCat(supervisor.role(id), ": ", line));
-    }
-  });
+  CollectLines(supervisor, &lines, &up);
   // The server's file exists until it gets SIGTERM; each client says
   // whether it still did when the client got its own.
   ASSERT_TRUE(std::ofstream(alive).good());
@@ -73,13 +81,7 @@ TEST(ProcessSupervisorTest, SendsEachChildItsStopSignal) {
   ProcessSupervisor supervisor;
   std::vector<std::string> lines;
   int up = 0;
-  supervisor.set_line_sink([&](int id, const std::string& line) {
-    if (line == "up") {
-      ++up;
-    } else {
-      lines.push_back(absl::StrCat(supervisor.role(id), ": ", line));
-    }
-  });
+  CollectLines(supervisor, &lines, &up);
   // Each says which signal came, and exits 0 on either.
   const std::vector<std::string> argv = {
       "/bin/sh", "-c",

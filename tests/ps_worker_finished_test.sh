@@ -9,25 +9,9 @@ server="$2"
 worker="$3"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/finished"
 mkdir -p "$dir"
+source "$(dirname "$0")/one_shard.sh"
 
-# A short run for its resolved config.
-"$launch" --servers=1 --workers=1 --epochs=1 --hidden=8 --eval_interval_s=100 \
-  --work_dir="$dir/run" > "$dir/launch.log" 2>&1 || { cat "$dir/launch.log"; exit 1; }
-config="$dir/run/config.textproto"
-
-# Starts a shard of $config for $1 workers, logging to $2; sets server_pid
-# and servers.
-server_pid=
-trap 'kill $server_pid 2>/dev/null || true' EXIT
-start_server() {
-  rm -f "$dir/port"
-  "$server" --listen=127.0.0.1:0 --port_file="$dir/port" --config="$config" \
-    --num_workers="$1" > "$2" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 1 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
-  [ -s "$dir/port" ] || { cat "$2"; echo "no port file"; exit 1; }
-  servers="127.0.0.1:$(cat "$dir/port")"
-}
+short_run_config --workers=1
 start_server 1 "$dir/server.log"
 
 "$worker" --rank=0 --num_workers=1 --servers="$servers" --config="$config" \
@@ -50,10 +34,7 @@ fi
 # An elastic run: a worker that joins once the data is all trained (a
 # launcher's add as the run ends, a Kubernetes Job's later index) has
 # nothing to train, exits 0 and writes a report of no steps too.
-"$launch" --servers=1 --workers=1:2 --elastic --epochs=1 --hidden=8 \
-  --eval_interval_s=100 --work_dir="$dir/elastic-run" > "$dir/elastic-launch.log" 2>&1 || {
-  cat "$dir/elastic-launch.log"; exit 1; }
-config="$dir/elastic-run/config.textproto"
+short_run_config --workers=1:2 --elastic
 grep -q '^elastic: true' "$config" || { cat "$config"; exit 1; }
 kill $server_pid 2>/dev/null || true
 wait $server_pid 2>/dev/null || true

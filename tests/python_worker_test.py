@@ -481,6 +481,42 @@ class PythonWorkerTest(unittest.TestCase):
             env["MONSOON_NUM_WORKERS"] = str(workers)
         return env
 
+    def launch(self, script, *flags, args="", timeout=300):
+        """Runs launch_local with --worker_cmd `script` (with `args`),
+        `flags`, and its folder under the test's (self.dir/run); the ended
+        process, its output (stdout and stderr) as text."""
+        command = " ".join(filter(None, [sys.executable, script, args]))
+        return subprocess.run(
+            [LAUNCH_LOCAL, "--worker_cmd=" + command, *flags,
+             "--work_dir=" + os.path.join(self.dir, "run")],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=timeout)
+
+    def wait_while_running(self, proc, log_path, ready, deadline):
+        """Waits until ready() is true, failing if `proc` (logging to
+        log_path) exits first or `deadline` passes."""
+        while not ready():
+            log = open(log_path).read()
+            self.assertLess(time.time(), deadline, log)
+            self.assertIsNone(proc.poll(), log)
+            time.sleep(0.05)
+
+    def sigterm_while_riding_out(self, proc, log_path, deadline, then=None):
+        """Kills the test's one shard, calls then(), waits until `proc`
+        rides out the shard's loss, sends it SIGTERM and waits for its
+        exit; its log."""
+        self.servers[0].kill()
+        self.servers[0].wait(timeout=30)
+        if then is not None:
+            then()
+        self.wait_while_running(
+            proc, log_path,
+            lambda: "lost a parameter server" in open(log_path).read(),
+            deadline)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        return open(log_path).read()
+
     def write_config(self, base, model=None, name="run.config"):
         import monsoon.torch as mt
         base_path = os.path.join(self.dir, name + ".base")
@@ -795,14 +831,11 @@ class PythonWorkerTest(unittest.TestCase):
     def test_launch_local_runs_the_script_as_workers_and_evaluator(self):
         script = self.write_script("launched.py", LAUNCHED)
         metrics_path = os.path.join(self.dir, "metrics.json")
-        run = subprocess.run(
-            [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
-             "--mode=downpour", "--servers=2", "--workers=2", "--epochs=1",
-             "--batch_size=8", "--eval_interval_s=0.5", "--metrics_port=0",
-             "--max_restarts=0", "--metrics_out=" + metrics_path,
-             "--work_dir=" + os.path.join(self.dir, "run")],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=300)
+        run = self.launch(
+            script, "--mode=downpour", "--servers=2", "--workers=2",
+            "--epochs=1", "--batch_size=8", "--eval_interval_s=0.5",
+            "--metrics_port=0", "--max_restarts=0",
+            "--metrics_out=" + metrics_path)
         self.assertEqual(run.returncode, 0, run.stdout[-4000:])
         self.assertIn("the script's model: 4 tensors, 58 parameters", run.stdout)
         metrics = json.load(open(metrics_path))
@@ -826,15 +859,10 @@ class PythonWorkerTest(unittest.TestCase):
         # refuse it until the dead one's lease (30 s for a script) ran out,
         # the sync steps of rank 0 waiting meanwhile.
         script = self.write_script("launched.py", LAUNCHED)
-        run = subprocess.run(
-            [LAUNCH_LOCAL,
-             "--worker_cmd=%s %s 300 0.01" % (sys.executable, script),
-             "--mode=sync", "--servers=1", "--workers=2", "--epochs=1",
-             "--batch_size=8", "--eval_interval_s=0.5", "--metrics_port=0",
-             "--chaos=kill:worker1@0.5s",
-             "--work_dir=" + os.path.join(self.dir, "run")],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=300)
+        run = self.launch(
+            script, "--mode=sync", "--servers=1", "--workers=2", "--epochs=1",
+            "--batch_size=8", "--eval_interval_s=0.5", "--metrics_port=0",
+            "--chaos=kill:worker1@0.5s", args="300 0.01")
         self.assertEqual(run.returncode, 0, run.stdout[-4000:])
         self.assertIn("restarted worker 1", run.stdout)
         self.assertEqual(run.stdout.count("rank 1 registered"), 2,
@@ -847,15 +875,12 @@ class PythonWorkerTest(unittest.TestCase):
         # and the launcher ends the run then, saying why, rather than after
         # training without a curve.
         script = self.write_script("launched.py", LAUNCHED)
-        run = subprocess.run(
-            [LAUNCH_LOCAL,
-             "--worker_cmd=%s %s 100000 0.01" % (sys.executable, script),
-             "--evaluator_cmd=%s -c 'raise SystemExit(3)'" % sys.executable,
-             "--mode=downpour", "--servers=1", "--workers=2", "--epochs=1",
-             "--batch_size=8", "--metrics_port=0",
-             "--work_dir=" + os.path.join(self.dir, "run")],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=120)
+        run = self.launch(
+            script,
+            "--evaluator_cmd=%s -c 'raise SystemExit(3)'" % sys.executable,
+            "--mode=downpour", "--servers=1", "--workers=2", "--epochs=1",
+            "--batch_size=8", "--metrics_port=0", args="100000 0.01",
+            timeout=120)
         self.assertEqual(run.returncode, 1, run.stdout[-4000:])
         self.assertIn("eval exited with code 3", run.stdout)
         self.assertIn("the run stops at once, since without its evaluator "
@@ -867,15 +892,11 @@ class PythonWorkerTest(unittest.TestCase):
         # the script's evaluator with SIGINT, which makes no last evaluation
         # (its shards are gone), and the workers before the servers.
         script = self.write_script("launched.py", LAUNCHED)
-        run = subprocess.run(
-            [LAUNCH_LOCAL,
-             "--worker_cmd=%s %s 100000 0.01" % (sys.executable, script),
-             "--mode=downpour", "--servers=2", "--workers=2", "--epochs=1",
-             "--batch_size=8", "--eval_interval_s=0.2", "--metrics_port=0",
-             "--max_restarts=0", "--chaos=kill:server1@1s",
-             "--work_dir=" + os.path.join(self.dir, "run")],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=120)
+        run = self.launch(
+            script, "--mode=downpour", "--servers=2", "--workers=2",
+            "--epochs=1", "--batch_size=8", "--eval_interval_s=0.2",
+            "--metrics_port=0", "--max_restarts=0", "--chaos=kill:server1@1s",
+            args="100000 0.01", timeout=120)
         self.assertEqual(run.returncode, 1, run.stdout[-4000:])
         self.assertIn("server 1 exited with code 137", run.stdout)
         self.assertIn("[eval] monsoon: SIGINT: the evaluator stops without a "
@@ -891,13 +912,10 @@ class PythonWorkerTest(unittest.TestCase):
         # whose model is its own.
         script = self.write_script("launched.py", LAUNCHED)
         work_dir = os.path.join(self.dir, "run")
-        run = subprocess.run(
-            [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
-             "--model=lenet", "--mode=sync", "--servers=1", "--workers=2",
-             "--epochs=1", "--batch_size=8", "--eval_interval_s=0.5",
-             "--metrics_port=0", "--max_restarts=0", "--work_dir=" + work_dir],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=300)
+        run = self.launch(
+            script, "--model=lenet", "--mode=sync", "--servers=1",
+            "--workers=2", "--epochs=1", "--batch_size=8",
+            "--eval_interval_s=0.5", "--metrics_port=0", "--max_restarts=0")
         self.assertEqual(run.returncode, 0, run.stdout[-4000:])
         self.assertIn("the script's model: 4 tensors, 58 parameters", run.stdout)
         config = open(os.path.join(work_dir, "config.textproto")).read()
@@ -908,11 +926,7 @@ class PythonWorkerTest(unittest.TestCase):
 
     def test_launch_local_says_when_the_script_writes_no_layout(self):
         script = self.write_script("nolayout.py", "import monsoon.torch as mt\nmt.init()\n")
-        run = subprocess.run(
-            [LAUNCH_LOCAL, "--worker_cmd=%s %s" % (sys.executable, script),
-             "--metrics_port=0", "--work_dir=" + os.path.join(self.dir, "run")],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=120)
+        run = self.launch(script, "--metrics_port=0", timeout=120)
         self.assertNotEqual(run.returncode, 0)
         self.assertIn("--worker_cmd exited without writing its model's layout",
                       run.stdout)
@@ -924,11 +938,8 @@ class PythonWorkerTest(unittest.TestCase):
         ran = os.path.join(self.dir, "ran")
         script = self.write_script("marks.py", "open(%r, 'w').close()\n" % ran)
         command = "--worker_cmd=%s %s" % (sys.executable, script)
-        launch = subprocess.run(
-            [LAUNCH_LOCAL, command, "--mode=allreduce", "--metrics_port=0",
-             "--work_dir=" + os.path.join(self.dir, "run")],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=120)
+        launch = self.launch(script, "--mode=allreduce", "--metrics_port=0",
+                             timeout=120)
         self.assertNotEqual(launch.returncode, 0)
         self.assertIn("--worker_cmd: mode allreduce is not open to scripts",
                       launch.stdout)
@@ -1254,19 +1265,9 @@ class PythonWorkerTest(unittest.TestCase):
                                     MONSOON_REPORT_OUT=report_path),
                 stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.time() + 120
-        while not os.path.exists(stepped + "-0"):
-            self.assertLess(time.time(), deadline, "the worker took no step")
-            self.assertIsNone(proc.poll(), open(log_path).read())
-            time.sleep(0.05)
-        self.servers[0].kill()
-        self.servers[0].wait(timeout=30)
-        while "lost a parameter server" not in open(log_path).read():
-            self.assertLess(time.time(), deadline, open(log_path).read())
-            self.assertIsNone(proc.poll(), open(log_path).read())
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-        err = open(log_path).read()
+        self.wait_while_running(
+            proc, log_path, lambda: os.path.exists(stepped + "-0"), deadline)
+        err = self.sigterm_while_riding_out(proc, log_path, deadline)
         self.assertEqual(proc.returncode, 128 + signal.SIGTERM, err)
         self.assertIn("rank 0 stopped by signal 15 after", err)
         self.assertNotIn("Traceback", err)
@@ -1311,20 +1312,12 @@ print("FINISH RETURNED", flush=True)
                                     MONSOON_REPORT_OUT=report_path),
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
-        while not os.path.exists(marks + "-stepped"):
-            self.assertLess(time.time(), deadline, open(log_path).read())
-            self.assertIsNone(proc.poll(), open(log_path).read())
-            time.sleep(0.05)
-        self.servers[0].kill()
-        self.servers[0].wait(timeout=30)
-        open(marks + "-go", "w").close()
-        while "lost a parameter server" not in open(log_path).read():
-            self.assertLess(time.time(), deadline, open(log_path).read())
-            self.assertIsNone(proc.poll(), open(log_path).read())
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-        out = open(log_path).read()
+        self.wait_while_running(
+            proc, log_path, lambda: os.path.exists(marks + "-stepped"),
+            deadline)
+        out = self.sigterm_while_riding_out(
+            proc, log_path, deadline,
+            then=lambda: open(marks + "-go", "w").close())
         self.assertEqual(proc.returncode, 128 + signal.SIGTERM, out)
         self.assertIn("rank 0 stopped by signal 15 after 2 steps", out)
         self.assertNotIn("FINISH RETURNED", out)
