@@ -1,9 +1,11 @@
 #include "common/metrics_exporter.h"
 
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <exception>
 #include <fstream>
 #include <sstream>
@@ -240,7 +242,7 @@ MetricsExporter::StartIfListening(
 namespace {
 
 // Opens a TCP connection to `host`:`port` and closes it (whether it is
-// accepted does not matter).
+// accepted does not matter), waiting at most 100 ms for it.
 void Knock(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -252,9 +254,14 @@ void Knock(const std::string& host, int port) {
   }
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd =
-        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+               a->ai_protocol);
     if (fd < 0) continue;
-    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!connected && errno == EINPROGRESS) {
+      pollfd done = {fd, POLLOUT, 0};
+      connected = poll(&done, 1, /*timeout_ms=*/100) == 1;
+    }
     close(fd);
     if (connected) break;
   }
