@@ -1,9 +1,12 @@
 #include "common/termination.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <utility>
 
 namespace monsoon::common {
 namespace {
@@ -24,11 +27,57 @@ void OnSignal(int sig) {
 
 }  // namespace
 
+SignalPipeWatch::SignalPipeWatch(int read_fd, int write_fd,
+                                 std::vector<int> signals)
+    : read_fd_(read_fd), write_fd_(write_fd), signals_(std::move(signals)) {
+  if (read_fd_ < 0) return;
+  thread_ = std::thread([this] { Run(); });
+}
+
+SignalPipeWatch::~SignalPipeWatch() {
+  if (!thread_.joinable()) return;
+  const unsigned char stop = 0;
+  while (::write(write_fd_, &stop, 1) < 0) {
+    if (errno == EAGAIN) {  // a full pipe (a non-blocking end): wait a turn
+      pollfd room = {write_fd_, POLLOUT, 0};
+      ::poll(&room, 1, 10);
+    } else if (errno != EINTR) {
+      break;
+    }
+  }
+  thread_.join();
+}
+
+void SignalPipeWatch::Run() {
+  for (;;) {
+    unsigned char byte = 0;
+    const ssize_t n = ::read(read_fd_, &byte, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {  // a non-blocking end: wait for a byte
+      pollfd ready = {read_fd_, POLLIN, 0};
+      ::poll(&ready, 1, -1);
+      continue;
+    }
+    // Byte 0 comes from the destructor: no signal.
+    if (n != 1 || byte == 0) return;
+    if (!notified_.HasBeenNotified() &&
+        std::find(signals_.begin(), signals_.end(), byte) != signals_.end()) {
+      signal_.store(byte);
+      notified_.Notify();
+    }
+  }
+}
+
 TerminationWatcher::TerminationWatcher() {
   if (::pipe(pipe_) != 0) {
     pipe_[0] = pipe_[1] = -1;
-    return;  // signals keep their default action: the process just exits
+    // Nothing watched: signals keep their default action, the process just
+    // exits.
+    watch_ = std::make_unique<SignalPipeWatch>(-1, -1, std::vector<int>());
+    return;
   }
+  watch_ = std::make_unique<SignalPipeWatch>(pipe_[0], pipe_[1],
+                                             std::vector<int>{SIGTERM, SIGINT});
   g_signal_pipe.store(pipe_[1]);
   struct sigaction action = {};
   action.sa_handler = OnSignal;
@@ -36,30 +85,19 @@ TerminationWatcher::TerminationWatcher() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
-  thread_ = std::thread([this] {
-    unsigned char byte = 0;
-    ssize_t n;
-    do {
-      n = ::read(pipe_[0], &byte, 1);
-    } while (n < 0 && errno == EINTR);
-    // Byte 0 comes from the destructor: no signal.
-    if (n == 1 && byte != 0) {
-      signal_.store(byte);
-      terminated_.Notify();
-    }
-  });
 }
 
 TerminationWatcher::~TerminationWatcher() {
-  if (pipe_[1] < 0) return;
-  ::signal(SIGTERM, SIG_DFL);
-  ::signal(SIGINT, SIG_DFL);
-  g_signal_pipe.store(-1);
-  const unsigned char wake = 0;
-  [[maybe_unused]] ssize_t n = ::write(pipe_[1], &wake, 1);
-  thread_.join();
-  ::close(pipe_[0]);
-  ::close(pipe_[1]);
+  if (pipe_[1] >= 0) {
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    g_signal_pipe.store(-1);
+  }
+  watch_.reset();
+  if (pipe_[1] >= 0) {
+    ::close(pipe_[0]);
+    ::close(pipe_[1]);
+  }
 }
 
 }  // namespace monsoon::common

@@ -6,23 +6,16 @@
 // The flags are ps_worker's (worker/client_flags.h and those below), read
 // from MONSOON_<NAME> variables as the daemons read them, or set by
 // configure(). Every call that waits on the network releases the GIL.
-#include <fcntl.h>
-#include <poll.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,6 +32,7 @@
 #include "common/flag_env.h"
 #include "common/model_layout.h"
 #include "common/process_tuning.h"
+#include "common/termination.h"
 #include "proto/metrics.pb.h"
 #include "worker/client_flags.h"
 #include "worker/evaluator.h"
@@ -244,81 +238,17 @@ void WriteReportOfNoSteps(const std::string& outcome) {
       worker::WorkerCounters(), outcome)));
 }
 
-// Ends a script's waits on the shards when SIGTERM or SIGINT arrives.
-// Python runs a signal's handler only between bytecodes, so a call that
-// waits for minutes (a lost shard ridden out, an elastic worker waiting for
-// data, connecting) would hold a launcher's or Kubernetes' stop off until
-// SIGKILL, and the report with it. Python's own C-level handler writes the
-// number of each signal to the wakeup fd (signal.set_wakeup_fd); a thread
-// here reads the pipe's other end, `fd`, and notifies stop() on the first
-// of `signals` (ps_worker's TerminationWatcher does the same for the C++
-// worker). fd -1: nothing is watched.
-class SignalWatch {
- public:
-  SignalWatch(int fd, std::vector<int> signals)
-      : fd_(fd), signals_(std::move(signals)) {
-    if (fd_ < 0 || signals_.empty()) return;
-    if (pipe2(quit_, O_CLOEXEC) != 0) {
-      throw StatusError(absl::StrCat("pipe: ", std::strerror(errno)));
-    }
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~SignalWatch() {
-    if (!thread_.joinable()) return;
-    const char quit = 0;
-    while (write(quit_[1], &quit, 1) < 0 && errno == EINTR) {
-    }
-    thread_.join();
-    close(quit_[0]);
-    close(quit_[1]);
-  }
-  SignalWatch(const SignalWatch&) = delete;
-  SignalWatch& operator=(const SignalWatch&) = delete;
-
-  const absl::Notification* stop() const { return &stop_; }
-  // The signal that notified stop(); 0 before.
-  int signal() const { return signal_.load(); }
-
- private:
-  void Run() {
-    for (;;) {
-      pollfd fds[2] = {{fd_, POLLIN, 0}, {quit_[0], POLLIN, 0}};
-      if (poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        return;
-      }
-      if (fds[1].revents != 0) return;
-      if ((fds[0].revents & POLLIN) == 0) return;  // closed, or not a pipe
-      unsigned char numbers[64];
-      const ssize_t n = read(fd_, numbers, sizeof numbers);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n <= 0) return;
-      for (ssize_t i = 0; i < n; ++i) {
-        if (stop_.HasBeenNotified() ||
-            std::find(signals_.begin(), signals_.end(), numbers[i]) ==
-                signals_.end()) {
-          continue;
-        }
-        signal_.store(numbers[i]);
-        stop_.Notify();
-      }
-    }
-  }
-
-  const int fd_;
-  const std::vector<int> signals_;
-  int quit_[2] = {-1, -1};
-  absl::Notification stop_;
-  std::atomic<int> signal_{0};
-  std::thread thread_;
-};
-
 // A script's worker: its client of the shards and the mode's steps.
 class Worker {
  public:
   // `watch` (kept alive by the binding as long as this worker) ends its
-  // waits on a signal.
-  explicit Worker(const SignalWatch* watch) : watch_(watch) {
+  // waits on a signal: Python runs a signal's handler only between
+  // bytecodes, so a call that waits for minutes (a lost shard ridden out,
+  // an elastic worker waiting for data, connecting) would hold a launcher's
+  // or Kubernetes' stop off until SIGKILL, and the report with it. The
+  // watch reads the signals' numbers from Python's wakeup fd (see
+  // monsoon/torch.py's _watch_signals).
+  explicit Worker(const common::SignalPipeWatch* watch) : watch_(watch) {
     const TrainingConfig config =
         Check(common::LoadResolvedConfig(absl::GetFlag(FLAGS_config)));
     worker::PsClientOptions options;
@@ -334,7 +264,7 @@ class Worker {
     options.worker_rank = absl::GetFlag(FLAGS_rank);
     options.num_workers = absl::GetFlag(FLAGS_num_workers);
     options.log_every = absl::Seconds(10);
-    options.stop = watch_->stop();
+    options.stop = &watch_->notified();
     int exit_code = 0;
     py::gil_scoped_release release;
     client_ = Check(worker::ConnectWithClientFlags(options, &exit_code));
@@ -343,7 +273,7 @@ class Worker {
     worker_ = Check(worker::ScriptWorker::Create(
         client_.get(), config, options.worker_rank, options.num_workers,
         absl::Seconds(absl::GetFlag(FLAGS_shard_lost_timeout_s)),
-        watch_->stop()));
+        &watch_->notified()));
     mode_ = common::ModeName(config.mode());
     call_timeout_ = absl::Seconds(config.call_timeout_s());
   }
@@ -517,7 +447,7 @@ class Worker {
         absl::ToDoubleSeconds(time));
   }
 
-  const SignalWatch* const watch_;
+  const common::SignalPipeWatch* const watch_;
   std::unique_ptr<worker::PsClient> client_;
   std::unique_ptr<worker::ScriptWorker> worker_;
   std::string mode_;
@@ -607,7 +537,6 @@ PYBIND11_MODULE(_monsoon, m) {
   using monsoon::python::Configure;
   using monsoon::python::FlagValue;
   using monsoon::python::ReadConfig;
-  using monsoon::python::SignalWatch;
   using monsoon::python::StatusError;
   using monsoon::python::Worker;
   using monsoon::python::WriteLayout;
@@ -620,12 +549,14 @@ PYBIND11_MODULE(_monsoon, m) {
         py::arg("outcome"));
   m.def("write_layout", &WriteLayout, py::arg("base"), py::arg("tensors"),
         py::arg("weights"), py::arg("out"));
-  py::class_<SignalWatch>(m, "SignalWatch")
-      .def(py::init<int, std::vector<int>>(), py::arg("fd"), py::arg("signals"))
-      .def_property_readonly("signal", &SignalWatch::signal);
+  py::class_<monsoon::common::SignalPipeWatch>(m, "SignalWatch")
+      .def(py::init<int, int, std::vector<int>>(), py::arg("read_fd"),
+           py::arg("write_fd"), py::arg("signals"))
+      .def_property_readonly("signal",
+                             &monsoon::common::SignalPipeWatch::signal);
   py::class_<Worker>(m, "Worker")
-      .def(py::init<const SignalWatch*>(), py::arg("watch"),
-           py::keep_alive<1, 2>())
+      .def(py::init<const monsoon::common::SignalPipeWatch*>(),
+           py::arg("watch"), py::keep_alive<1, 2>())
       .def("pull", &Worker::Pull, py::arg("params"))
       .def("step", &Worker::Step, py::arg("grads"), py::arg("samples"),
            py::arg("params"))

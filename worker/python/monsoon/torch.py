@@ -538,10 +538,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return call(*args)
         except Error:
             _run_signal_handlers()  # Ctrl-C: KeyboardInterrupt from here
-            if self._watch.signal == _SIGTERM:
-                self._stop_signal = _SIGTERM
-                self._stop()
+            self._stop_if_terminated()
             raise
+
+    def _stop_if_terminated(self):
+        """After SIGTERM came while a call waited on the shards (the watch
+        saw it, and ended the call): stop as after a step."""
+        if self._watch.signal == _SIGTERM:
+            self._stop_signal = _SIGTERM
+            self._stop()
 
     def step(self, closure=None, samples=None):
         """The mode's step on the gradients of the last backward pass.
@@ -599,12 +604,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._finished:
             return
         self._finished = True
-        if (not self._worker.finish(self._params_np, finished)
-                and self._watch.signal == _SIGTERM):
+        if not self._worker.finish(self._params_np, finished):
             # Stopped while it finished, its last calls cut short (the
-            # report says so): as after a step.
-            self._stop_signal = _SIGTERM
-            self._stop()
+            # report says so).
+            self._stop_if_terminated()
 
     @property
     def steps(self):
@@ -742,7 +745,7 @@ def _watch_signals(optimizer):
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             watched.append(signal.SIGINT)
     if not watched:
-        return _monsoon.SignalWatch(-1, [])
+        return _monsoon.SignalWatch(-1, -1, [])
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
@@ -750,13 +753,13 @@ def _watch_signals(optimizer):
         signal.set_wakeup_fd(previous)
         os.close(read_end)
         os.close(write_end)
-        return _monsoon.SignalWatch(-1, [])
+        return _monsoon.SignalWatch(-1, -1, [])
     if not _state.get("wakeup_fork_hook"):
         # A DataLoader's worker processes are forks: a signal to one of them
         # is not the script's.
         _state["wakeup_fork_hook"] = True
         os.register_at_fork(after_in_child=_no_wakeup_fd)
-    return _monsoon.SignalWatch(read_end, watched)
+    return _monsoon.SignalWatch(read_end, write_end, watched)
 
 
 def _run_signal_handlers():
