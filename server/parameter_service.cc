@@ -178,6 +178,19 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::Push(
   return NewPushReactor(context, ForStream(context).streams, response);
 }
 
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+ParameterServiceImpl::Replicate(grpc::CallbackServerContext* context) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) {
+    return FailedReplicate(auth);
+  }
+  return NewReplicateReactor(ForStream(context).streams, &replicate_calls_);
+}
+
+void ParameterServiceImpl::EndReplicateCalls() {
+  replicate_calls_.EndAll(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                       "the backup's process is stopping"));
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
   if (grpc::Status auth = Authenticate(context); !auth.ok()) {

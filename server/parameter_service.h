@@ -26,6 +26,7 @@
 namespace monsoon::server {
 
 // The unary calls typed, the tensor streams raw.
+// clang-format off
 using RawParameterService = ParameterService::WithCallbackMethod_Register<
     ParameterService::WithRawCallbackMethod_Push<
         ParameterService::WithRawCallbackMethod_Pull<
@@ -39,8 +40,10 @@ using RawParameterService = ParameterService::WithCallbackMethod_Register<
                                         ParameterService::WithCallbackMethod_RendezvousSet<
                                             ParameterService::WithCallbackMethod_RendezvousGet<
                                                 ParameterService::WithCallbackMethod_Repair<
-                                                    ParameterService::WithCallbackMethod_TakeData<
-                                                        ParameterService::Service>>>>>>>>>>>>>>;
+                                                    ParameterService::WithRawCallbackMethod_Replicate<
+                                                        ParameterService::WithCallbackMethod_TakeData<
+                                                            ParameterService::Service>>>>>>>>>>>>>>>;
+// clang-format on
 
 // What a shard's service lets clients do.
 struct ServicePolicy {
@@ -128,6 +131,12 @@ class ParameterServiceImpl final : public RawParameterService {
   grpc::ServerUnaryReactor* TakeData(grpc::CallbackServerContext* context,
                                      const TakeDataRequest* request,
                                      TakeDataResponse* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Replicate(
+      grpc::CallbackServerContext* context) override;
+
+  // Ends the Replicate calls open on this service, and refuses new ones:
+  // the process is stopping (a primary keeps its call open for the run).
+  void EndReplicateCalls();
 
  private:
   // One range's core and what its calls share. With --replicas a service
@@ -156,6 +165,7 @@ class ParameterServiceImpl final : public RawParameterService {
   std::unique_ptr<TaskThreads> tasks_;
   std::unique_ptr<Range> own_;
   std::unique_ptr<Range> backup_;  // null without --replicas
+  ReplicateCalls replicate_calls_;
 };
 
 }  // namespace monsoon::server

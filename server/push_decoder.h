@@ -79,6 +79,9 @@ class PushDecoder {
   uint64_t session() const { return data_.session; }
   // Whether the push is one its range's primary forwarded (replica_seq).
   bool forwarded() const { return data_.replica_seq > 0; }
+  // Whether every value of the push is in (Finish would return it): where
+  // pushes follow one another on one call (Replicate), the end of one.
+  bool whole() const { return have_header_ && lo_ == 0 && hi_ == shard_size_; }
 
   // Serialized bytes received so far.
   int64_t wire_bytes() const { return data_.wire_bytes; }

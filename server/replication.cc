@@ -5,7 +5,11 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <deque>
+#include <map>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
@@ -16,6 +20,206 @@
 #include "proto/health.grpc.pb.h"
 
 namespace monsoon::server {
+
+// ParameterService.Replicate from the primary's side: the updates go one
+// after another (each update's chunks together), one write at a time from
+// a queue; each Send waits for its update's ReplicaAck. Once the call ends
+// (the backup gone or stopping, or Cancel), every update waiting on it
+// fails with the call's status. Deletes nothing: it lives while the
+// Replication or a Send holds it, and until gRPC is done with it.
+class Replication::ForwardCall
+    : public grpc::ClientBidiReactor<PushChunk, ReplicaAck> {
+ public:
+  static std::shared_ptr<ForwardCall> Open(ParameterService::Stub* stub,
+                                           const ReplicationOptions& options) {
+    std::shared_ptr<ForwardCall> call(new ForwardCall());
+    call->self_ = call;  // until OnDone
+    if (!options.auth_token.empty()) {
+      call->context_.AddMetadata(common::kAuthMetadataKey,
+                                 common::BearerValue(options.auth_token));
+    }
+    call->context_.AddMetadata(common::kRangeMetadataKey,
+                               absl::StrCat(options.range));
+    stub->async()->Replicate(&call->context_, call.get());
+    // Writes start outside gRPC's reactions (Send): held until the call
+    // ends and no write is in flight (Close), so that none starts on a call
+    // that is done.
+    call->AddHold();
+    call->StartRead(&call->in_);
+    call->StartCall();
+    return call;
+  }
+
+  // Whether a new call is needed: this one ended, or is ending.
+  bool ended() {
+    absl::MutexLock lock(&mu_);
+    return done_ || cancelled_ || closing_;
+  }
+
+  // Sends `chunks` (update `seq`) and waits for its acknowledgement until
+  // `deadline`; at the deadline the call is cancelled.
+  grpc::Status Send(std::vector<PushChunk> chunks, int64_t seq,
+                    absl::Time deadline) {
+    bool write = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_ || cancelled_ || closing_) return Ended();
+      waiting_[seq] = std::nullopt;
+      for (PushChunk& chunk : chunks) queue_.push_back(std::move(chunk));
+      if (!writing_) write = NextLocked();
+    }
+    if (write) StartWrite(&out_);
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto answered = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        auto it = waiting_.find(seq);
+        return done_ || (it != waiting_.end() && it->second.has_value());
+      };
+      while (!answered()) {
+        if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+      }
+      auto it = waiting_.find(seq);
+      if (it != waiting_.end() && it->second.has_value()) {
+        grpc::Status status = *it->second;
+        waiting_.erase(it);
+        return status;
+      }
+      waiting_.erase(seq);
+      if (done_) return Ended();
+      cancel = !cancelled_;
+      cancelled_ = true;
+    }
+    if (cancel) context_.TryCancel();  // without the lock: it may react here
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat("the backup did not acknowledge update ",
+                                     seq, " in time"));
+  }
+
+  // Ends the call and waits (a while) for gRPC to be done with it.
+  void Cancel() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_) return;
+      cancelled_ = true;
+    }
+    context_.TryCancel();
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (!done_) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool write = false;
+    bool release = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) closing_ = true;  // the call is broken
+      if (closing_) {
+        queue_.clear();
+        release = !released_;
+        released_ = true;
+      } else {
+        write = NextLocked();
+      }
+    }
+    if (release) RemoveHold();
+    if (write) StartWrite(&out_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the call is over: OnDone follows once no write is left
+      bool release = false;
+      {
+        absl::MutexLock lock(&mu_);
+        closing_ = true;
+        queue_.clear();
+        release = !writing_ && !released_;
+        if (release) released_ = true;
+      }
+      if (release) RemoveHold();
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = waiting_.find(in_.replica_seq());
+      if (it != waiting_.end()) {
+        it->second = grpc::Status(static_cast<grpc::StatusCode>(in_.code()),
+                                  in_.message());
+        cv_.SignalAll();
+      }
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<ForwardCall> self;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      status_ = status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                           "the backup ended the forwarding "
+                                           "call")
+                            : status;
+      cv_.SignalAll();
+      self = std::move(self_);
+    }
+    // `self` may be the last reference: the call goes with it.
+  }
+
+ private:
+  ForwardCall() = default;
+
+  grpc::Status Ended() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (done_) return status_;
+    if (cancelled_) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the forwarding call was given up");
+    }
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the forwarding call is ending");
+  }
+
+  // Takes the next chunk to write, if any; the caller writes it without
+  // the lock.
+  bool NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (queue_.empty() || closing_) return false;
+    out_ = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    return true;
+  }
+
+  grpc::ClientContext context_;
+  ReplicaAck in_;
+  PushChunk out_;  // the chunk being written (writing_)
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<PushChunk> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // The updates sent and not answered yet: their outcome once it came.
+  std::map<int64_t, std::optional<grpc::Status>> waiting_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // The reads ended (the call is over) or a write failed: nothing more is
+  // written, and the hold goes (released_) once no write is in flight.
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ForwardCall> self_ ABSL_GUARDED_BY(mu_);
+};
+
+Replication::~Replication() {
+  std::shared_ptr<ForwardCall> call;
+  {
+    absl::MutexLock lock(&call_mu_);
+    call = std::move(call_);
+  }
+  if (call != nullptr) call->Cancel();
+}
 
 Replication::Replication(ReplicationOptions options, Role role,
                          int64_t applied)
@@ -486,20 +690,14 @@ void Replication::Abandon(int64_t seq) {
       absl::StrCat("forwarded update ", seq, " was cancelled")));
 }
 
-grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
-                                   int64_t epoch, absl::Duration timeout) {
-  grpc::ClientContext context;
-  PrepareCall(&context, timeout);
-  context.AddMetadata(common::kRangeMetadataKey, absl::StrCat(options_.range));
-  PushResponse response;
-  std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
-      stub_->Push(&context, &response);
+std::vector<PushChunk> Replication::ChunksOf(const PushData& push, int64_t seq,
+                                             int64_t epoch) const {
+  std::vector<PushChunk> chunks;
   const uint64_t n = push.values.size();
   const size_t per_chunk = std::max<size_t>(1, options_.chunk_values);
   uint64_t offset = 0;
-  bool written = true;
   do {
-    PushChunk chunk;
+    PushChunk& chunk = chunks.emplace_back();
     if (offset == 0) {
       PushHeader* h = chunk.mutable_header();
       h->set_worker_rank(push.worker_rank);
@@ -532,10 +730,38 @@ grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
     chunk.set_data(reinterpret_cast<const char*>(push.values.data() + offset),
                    count * sizeof(float));
     offset += count;
-    written = writer->Write(chunk);
-  } while (written && offset < n);
+  } while (offset < n);
+  return chunks;
+}
+
+grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
+                                   int64_t epoch, absl::Duration timeout) {
+  grpc::ClientContext context;
+  PrepareCall(&context, timeout);
+  context.AddMetadata(common::kRangeMetadataKey, absl::StrCat(options_.range));
+  PushResponse response;
+  std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
+      stub_->Push(&context, &response);
+  for (const PushChunk& chunk : ChunksOf(push, seq, epoch)) {
+    if (!writer->Write(chunk)) break;
+  }
   writer->WritesDone();
   return writer->Finish();
+}
+
+grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
+                                     int64_t epoch, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::shared_ptr<ForwardCall> call;
+  {
+    absl::MutexLock lock(&call_mu_);
+    if (call_ == nullptr || call_->ended()) {
+      call_ = ForwardCall::Open(stub_.get(), options_);
+      forward_calls_.fetch_add(1);
+    }
+    call = call_;
+  }
+  return call->Send(ChunksOf(push, seq, epoch), seq, deadline);
 }
 
 void Replication::DegradeLocked(const std::string& why, bool tell_backup) {
@@ -607,7 +833,7 @@ absl::Status Replication::Forward(const PushData& push, int64_t seq) {
   }
   for (int attempt = 1;; ++attempt) {
     const grpc::Status status =
-        SendOnce(push, seq, epoch, options_.forward_timeout);
+        SendOnCall(push, seq, epoch, options_.forward_timeout);
     absl::MutexLock lock(&mu_);
     if (status.ok()) {
       replicated_.fetch_add(1);

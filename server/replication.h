@@ -5,7 +5,9 @@
 //
 // - As PRIMARY, every update the rule applies is forwarded to the backup
 //   (Forward) and acknowledged to the worker only once the backup has
-//   applied it: nothing acknowledged is lost with one copy.
+//   applied it: nothing acknowledged is lost with one copy. The forwards
+//   go one after another on one call kept open for the run
+//   (ParameterService.Replicate), opened again if it ends.
 // - As BACKUP, it applies forwarded updates in the primary's order, each
 //   once (ApplyInOrder), and serves no worker until a worker that lost the
 //   primary asks it to take over (TakeOver), which it does only if the
@@ -89,6 +91,8 @@ class Replication {
                                               int64_t applied);
   static std::unique_ptr<Replication> Backup(ReplicationOptions options,
                                              int64_t applied);
+  // Ends the forwarding call, if one is open.
+  ~Replication();
 
   // At start-up, asks the range's other process where the range stands, so
   // that a process restarted after a failure does not serve a range that
@@ -129,6 +133,9 @@ class Replication {
   int64_t take_overs() const { return take_overs_.load(); }
   // Copies of the range this process made from its peer (Repaired).
   int64_t repairs() const { return repairs_.load(); }
+  // Forwarding calls (Replicate) this primary opened: one for a run whose
+  // backup stays, one more each time the call to it ended.
+  int64_t forward_calls() const { return forward_calls_.load(); }
   // How far the copies are apart, in updates: as primary, those applied up
   // to `version` that the backup has not confirmed yet; as backup, those
   // held for their turn (or for the copy, while it is made); else 0.
@@ -202,9 +209,19 @@ class Replication {
   // `timeout`; false when it does not answer or holds no copy of the range.
   bool AskPeer(ParameterService::Stub* stub, absl::Duration timeout,
                StatsResponse* peer) const;
-  // One attempt to forward update `seq` of `epoch`, within `timeout`.
+  // Update `seq` of `epoch` as the chunks of a forwarded push.
+  std::vector<PushChunk> ChunksOf(const PushData& push, int64_t seq,
+                                  int64_t epoch) const;
+  // One attempt to forward update `seq` of `epoch`, within `timeout`, on a
+  // call of its own (Push).
   grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch,
                         absl::Duration timeout);
+  // The same on the forwarding call (Replicate), opened if none is open.
+  // A forward that times out ends the call: the forwards still on it fail
+  // (CANCELLED) and are sent again on a new one, so that none reaches the
+  // backup twice at once.
+  grpc::Status SendOnCall(const PushData& push, int64_t seq, int64_t epoch,
+                          absl::Duration timeout);
   // The primary goes on without its backup, saying `why`; with
   // `tell_backup`, it tells the backup so once it can be reached
   // (TellBackupItIsDetached).
@@ -234,6 +251,11 @@ class Replication {
   const ReplicationOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ParameterService::Stub> stub_;
+
+  // Primary: the call its forwards go on (one for the run while it works).
+  class ForwardCall;
+  absl::Mutex call_mu_;
+  std::shared_ptr<ForwardCall> call_ ABSL_GUARDED_BY(call_mu_);
 
   mutable absl::Mutex mu_;
   Role role_ ABSL_GUARDED_BY(mu_);
@@ -265,6 +287,7 @@ class Replication {
   std::atomic<int64_t> replicated_{0};
   std::atomic<int64_t> take_overs_{0};
   std::atomic<int64_t> repairs_{0};
+  std::atomic<int64_t> forward_calls_{0};
 };
 
 }  // namespace monsoon::server

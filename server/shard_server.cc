@@ -703,6 +703,9 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (ticker_ != nullptr) ticker_->Stop();
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  // Its primaries' forwarding calls stay open for the run: ended here, not
+  // waited for.
+  service_->EndReplicateCalls();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   server_.reset();

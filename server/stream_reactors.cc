@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -144,8 +147,11 @@ class VersionWait {
 // whole push to the Shard. Shared by Push and PushPull.
 class PushReader {
  public:
-  explicit PushReader(const StreamContext& streams)
+  // `forwarded_only`: the stream carries a range's forwarded updates only
+  // (Replicate), and any other push is refused.
+  explicit PushReader(const StreamContext& streams, bool forwarded_only = false)
       : streams_(streams),
+        forwarded_only_(forwarded_only),
         decoder_(streams.shard->state()->shard(),
                  streams.shard->state()->size(), streams.shard->num_workers(),
                  streams.encoding, streams.bucket_size,
@@ -164,6 +170,13 @@ class PushReader {
       // rank's push slots or buffers while the rest streams in (and again
       // at the end, in case another process took the rank meanwhile).
       session_checked_ = true;
+      if (forwarded_only_ && !decoder_.forwarded()) {
+        status = absl::InvalidArgumentError(
+            "Replicate carries a range's forwarded updates only (replica_seq "
+            "above 0); a worker's push goes to Push or PushPull");
+        streams_.shard->RejectPush(status);
+        return status;
+      }
       return streams_.shard->CheckPushSession(
           decoder_.worker_rank(), decoder_.session(), decoder_.forwarded());
     }
@@ -227,6 +240,11 @@ class PushReader {
 
   std::optional<int64_t> have_version() const { return have_version_; }
   int worker_rank() const { return worker_rank_; }
+  // Whether every value of the push is in (Replicate: one forwarded update
+  // follows another on a call).
+  bool whole() const { return decoder_.whole(); }
+  // The forwarded update's seq, once ApplyThen has it.
+  int64_t forwarded_seq() const { return forwarded_seq_.load(); }
 
   // At the call's end (OnDone): a push whose stream ended short is counted
   // as refused, unless the client cancelled the call.
@@ -238,6 +256,7 @@ class PushReader {
 
  private:
   const StreamContext& streams_;
+  const bool forwarded_only_;
   PushDecoder decoder_;
   PushData push_;  // once whole (ApplyThen)
   std::atomic<int64_t> forwarded_seq_{0};
@@ -510,6 +529,157 @@ class PushPullReactor
   bool slot_held_ = false;
 };
 
+// Replicate: reads forwarded updates one after another, hands each to the
+// Shard once whole (applied in the primary's order, maybe later, from the
+// thread that applies the update before it), and answers each with a
+// ReplicaAck as it ends, one write at a time. Ends once the primary has
+// ended its side and every update is answered, or when End ends it.
+// Deletes itself.
+class ReplicateReactor
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public ReplicateCalls::Call {
+ public:
+  ReplicateReactor(const StreamContext& streams, ReplicateCalls* calls)
+      : streams_(streams),
+        calls_(calls),
+        reader_(std::make_shared<PushReader>(streams, true)) {
+    StartRead(&message_);
+    calls_->Add(this);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the primary ended its side, or the call ended
+      Act(/*reads_done=*/true);
+      return;
+    }
+    absl::Status status = reader_->Add(&message_);
+    if (!status.ok()) return End(ToGrpcStatus(status));
+    if (reader_->whole()) {
+      std::shared_ptr<PushReader> reader =
+          std::exchange(reader_, std::make_shared<PushReader>(streams_, true));
+      {
+        absl::MutexLock lock(&mu_);
+        applying_.insert(reader);
+      }
+      refs_.fetch_add(1);
+      reader->ApplyThen(false,
+                        [this, reader](absl::StatusOr<AppliedPush> applied) {
+                          Acknowledge(reader, applied.status());
+                        });
+    }
+    StartRead(&message_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) EndLocked(Cancelled("replicate: the primary is gone"));
+    }
+    Act(false);
+  }
+
+  void End(const grpc::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      EndLocked(status);
+    }
+    Act(false);
+  }
+
+  void Hold() override { refs_.fetch_add(1); }
+  void Release() override { Unref(); }
+
+  void OnCancel() override { AbandonApplying(); }
+
+  void OnDone() override {
+    calls_->Remove(this);
+    AbandonApplying();
+    Unref();
+  }
+
+ private:
+  // An update's outcome here, to be sent back.
+  void Acknowledge(const std::shared_ptr<PushReader>& reader,
+                   const absl::Status& status) {
+    ReplicaAck ack;
+    ack.set_replica_seq(reader->forwarded_seq());
+    ack.set_code(static_cast<int>(status.code()));
+    ack.set_message(std::string(status.message()));
+    {
+      absl::MutexLock lock(&mu_);
+      applying_.erase(reader);
+      if (!ending_) acks_.push_back(common::SmallMessage(ack));
+    }
+    Act(false);
+    Unref();
+  }
+
+  void EndLocked(const grpc::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ending_) return;
+    ending_ = true;
+    end_status_ = status;
+    acks_.clear();
+  }
+
+  // Starts the next write, or finishes the call once nothing is left to
+  // write: gRPC's calls made without the lock.
+  void Act(bool reads_done) {
+    bool write = false;
+    bool finish = false;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (reads_done) reads_done_ = true;
+      if (finished_ || writing_) return;
+      if (!ending_ && !acks_.empty()) {
+        out_ = std::move(acks_.front());
+        acks_.pop_front();
+        writing_ = write = true;
+      } else if (ending_ || (reads_done_ && applying_.empty())) {
+        finished_ = finish = true;
+        status = ending_ ? end_status_ : grpc::Status::OK;
+      }
+    }
+    if (write) StartWrite(&out_);
+    if (finish) Finish(status);
+  }
+
+  // The updates that wait for their turn are dropped (each then answered
+  // CANCELLED, and not sent back): the primary sends them again.
+  void AbandonApplying() {
+    std::vector<std::shared_ptr<PushReader>> applying;
+    {
+      absl::MutexLock lock(&mu_);
+      applying.assign(applying_.begin(), applying_.end());
+    }
+    for (const auto& reader : applying) reader->Cancel();
+  }
+
+  // Deletes the reactor once gRPC is done with it (OnDone) and no update
+  // of it is still applying.
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  const StreamContext& streams_;
+  ReplicateCalls* const calls_;
+  std::shared_ptr<PushReader> reader_;  // the update being read
+  grpc::ByteBuffer message_;
+  std::atomic<int> refs_{1};  // OnDone's, and one per update applying
+
+  absl::Mutex mu_;
+  std::set<std::shared_ptr<PushReader>> applying_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> acks_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer out_;  // the ack being written (writing_)
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status end_status_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // Answer a call that fails validation at once, reading nothing.
 class FailedPullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
@@ -531,6 +701,50 @@ class FailedPushPullReactor
 };
 
 }  // namespace
+
+void ReplicateCalls::Add(Call* call) {
+  std::optional<grpc::Status> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_.has_value()) {
+      ended = ended_;
+    } else {
+      open_.insert(call);
+    }
+  }
+  if (ended.has_value()) call->End(*ended);
+}
+
+void ReplicateCalls::Remove(Call* call) {
+  absl::MutexLock lock(&mu_);
+  open_.erase(call);
+}
+
+void ReplicateCalls::EndAll(const grpc::Status& status) {
+  // Each call held, so that none is deleted before it is ended, and ended
+  // without the lock (gRPC may run the call's end where it is asked for).
+  std::vector<Call*> open;
+  {
+    absl::MutexLock lock(&mu_);
+    ended_ = status;
+    open.assign(open_.begin(), open_.end());
+    for (Call* call : open) call->Hold();
+  }
+  for (Call* call : open) {
+    call->End(status);
+    call->Release();
+  }
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+NewReplicateReactor(const StreamContext& streams, ReplicateCalls* calls) {
+  return new ReplicateReactor(streams, calls);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* FailedReplicate(
+    const grpc::Status& status) {
+  return new FailedPushPullReactor(status);
+}
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
     grpc::CallbackServerContext* context, const StreamContext& streams,

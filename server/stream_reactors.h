@@ -14,7 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <set>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/service.pb.h"
 #include "server/push_decoder.h"
 #include "server/rank_slots.h"
@@ -53,12 +56,48 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewPushPullReactor(
     grpc::CallbackServerContext* context, const StreamContext& streams);
 
+// The Replicate calls a service has open. A range's primary keeps its call
+// to the backup open for the run, so a service that stops ends them
+// (EndAll) rather than wait for the primaries to. Thread-safe.
+class ReplicateCalls {
+ public:
+  class Call {
+   public:
+    virtual ~Call() = default;
+    // Ends the call with `status` (now, or once its write in flight is
+    // done); the updates it still applies are not acknowledged.
+    virtual void End(const grpc::Status& status) = 0;
+    // Keep the call from being deleted until Release (while End runs
+    // outside the registry's lock).
+    virtual void Hold() = 0;
+    virtual void Release() = 0;
+  };
+  void Add(Call* call);
+  void Remove(Call* call);
+  // Ends every open call, and each one opened from now on.
+  void EndAll(const grpc::Status& status);
+
+ private:
+  absl::Mutex mu_;
+  std::set<Call*> open_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> ended_ ABSL_GUARDED_BY(mu_);
+};
+
+// Replicate: the updates the range's primary forwards, one after another
+// on one call, each applied in the primary's order (Shard::ApplyForwarded)
+// and answered with a ReplicaAck; the call ends when the primary ends it
+// (every update answered) or `calls` ends it.
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+NewReplicateReactor(const StreamContext& streams, ReplicateCalls* calls);
+
 // Calls refused before anything is read: answered `status` at once.
 grpc::ServerReadReactor<grpc::ByteBuffer>* FailedPush(
     const grpc::Status& status);
 grpc::ServerWriteReactor<grpc::ByteBuffer>* FailedPull(
     const grpc::Status& status);
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* FailedPushPull(
+    const grpc::Status& status);
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* FailedReplicate(
     const grpc::Status& status);
 
 }  // namespace monsoon::server

@@ -4,12 +4,16 @@
 // backup take the range over and loses nothing acknowledged; a primary that
 // was given up for dead and comes back is fenced; a backup does not take
 // over from a primary that still answers it.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -966,6 +970,127 @@ TEST(ReplicationTest, OneSyncWorkerEndsBitForBitAsWithoutTheFailure) {
     }
     EXPECT_EQ(differ, 0u) << "of " << clean.size();
   }
+}
+
+// A forwarded update of range 0 (4 values of `value`, rank 0's examples
+// [offset, offset + 4)) as Replicate sends it: one chunk.
+PushChunk Forwarded(int64_t seq, int64_t epoch, int64_t offset, float value) {
+  PushChunk chunk;
+  PushHeader* h = chunk.mutable_header();
+  h->set_worker_rank(0);
+  h->set_shard(0);
+  h->set_length(4);
+  h->set_samples(4);
+  h->set_encoding(ENCODING_FLOAT32);
+  h->set_sample_offset(offset);
+  h->set_replica_seq(seq);
+  h->set_replica_epoch(epoch);
+  const std::vector<float> values(4, value);
+  chunk.set_offset(0);
+  chunk.set_data(values.data(), values.size() * sizeof(float));
+  return chunk;
+}
+
+// A Replicate call to `address` for range 0, as a primary opens one.
+struct ReplicateCall {
+  explicit ReplicateCall(const std::string& address)
+      : stub(ParameterService::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+    context.AddMetadata(common::kRangeMetadataKey, "0");
+    stream = stub->Replicate(&context);
+  }
+  // The next acknowledgement, as (seq, code).
+  std::pair<int64_t, int> Ack() {
+    ReplicaAck ack;
+    if (!stream->Read(&ack)) return {-1, -1};
+    return {ack.replica_seq(), ack.code()};
+  }
+  std::unique_ptr<ParameterService::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<PushChunk, ReplicaAck>> stream;
+};
+
+TEST(ReplicationTest, EveryForwardOfARunGoesOnOneCall) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(pair.Client(config, 0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> ones(8, 1.0f);
+  for (int k = 0; k < 5; ++k) ASSERT_OK((*client)->Push(ones, {k, k}, 4));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(pair.servers[s]->replication()->replicated_updates(), 5) << s;
+    EXPECT_EQ(pair.servers[s]->replication()->forward_calls(), 1) << s;
+    EXPECT_EQ(pair.servers[1 - s]->backup_state()->version(), 5) << s;
+  }
+}
+
+TEST(ReplicationTest, ForwardsOnACallAreAppliedInTheirOrderEachOnce) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  const std::vector<float> before = Values(pair.servers[1]->backup_rule());
+  ReplicateCall call(pair.addresses[1]);  // range 0's backup
+  // Update 2 comes first: it waits for update 1, and both are answered
+  // once 1 is in, in their order.
+  ASSERT_TRUE(call.stream->Write(Forwarded(2, 1, 4, 1.0f)));
+  ASSERT_TRUE(call.stream->Write(Forwarded(1, 1, 0, 1.0f)));
+  EXPECT_EQ(call.Ack(), std::make_pair(int64_t{1}, 0));
+  EXPECT_EQ(call.Ack(), std::make_pair(int64_t{2}, 0));
+  EXPECT_EQ(pair.servers[1]->backup_state()->version(), 2);
+  std::vector<float> expected = before;
+  for (float& w : expected) w -= 2 * 0.5f;
+  EXPECT_THAT(Values(pair.servers[1]->backup_rule()),
+              ElementsAreArray(expected));
+  // Update 2 sent again: answered as applied, not applied again.
+  ASSERT_TRUE(call.stream->Write(Forwarded(2, 1, 4, 1.0f)));
+  EXPECT_EQ(call.Ack(), std::make_pair(int64_t{2}, 0));
+  // From another epoch: its sender is fenced.
+  ASSERT_TRUE(call.stream->Write(Forwarded(3, 2, 8, 1.0f)));
+  EXPECT_EQ(
+      call.Ack(),
+      std::make_pair(int64_t{3},
+                     static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION)));
+  EXPECT_EQ(pair.servers[1]->backup_state()->version(), 2);
+  EXPECT_THAT(Values(pair.servers[1]->backup_rule()),
+              ElementsAreArray(expected));
+  // The primary ends its side: the call ends OK.
+  ASSERT_TRUE(call.stream->WritesDone());
+  EXPECT_EQ(call.Ack(), std::make_pair(int64_t{-1}, -1));
+  EXPECT_TRUE(call.stream->Finish().ok());
+}
+
+TEST(ReplicationTest, AWorkersPushOnTheForwardingCallIsRefused) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  ReplicateCall call(pair.addresses[1]);
+  PushChunk push = Forwarded(1, 1, 0, 1.0f);
+  push.mutable_header()->clear_replica_seq();
+  push.mutable_header()->clear_replica_epoch();
+  call.stream->Write(push);
+  EXPECT_EQ(call.Ack(), std::make_pair(int64_t{-1}, -1));
+  const grpc::Status status = call.stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("forwarded updates only"));
+  EXPECT_EQ(pair.servers[1]->backup_state()->version(), 0);
+}
+
+TEST(ReplicationTest, AStoppingBackupEndsTheCallsForwardedToIt) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  ReplicateCall call(pair.addresses[1]);
+  ASSERT_TRUE(call.stream->Write(Forwarded(1, 1, 0, 1.0f)));
+  EXPECT_EQ(call.Ack(), std::make_pair(int64_t{1}, 0));
+  // The call stays open for the run; a stopping process ends it rather
+  // than wait out its grace for it.
+  pair.servers[1]->Shutdown(absl::Hours(1));
+  EXPECT_EQ(call.Ack(), std::make_pair(int64_t{-1}, -1));
+  const grpc::Status status = call.stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("process is stopping"));
 }
 
 TEST(ReplicationTest, WhatIsNotReplicatedYetIsRefusedWithTheReason) {
