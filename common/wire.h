@@ -56,6 +56,8 @@ inline constexpr char kRangeMetadataKey[] = "monsoon-range";
 inline constexpr char kPushMethod[] = "/monsoon.ParameterService/Push";
 inline constexpr char kPullMethod[] = "/monsoon.ParameterService/Pull";
 inline constexpr char kPushPullMethod[] = "/monsoon.ParameterService/PushPull";
+inline constexpr char kReplicateMethod[] =
+    "/monsoon.ParameterService/Replicate";
 
 // The encoding a resolved config makes workers push.
 PushEncoding PushEncodingFor(const TrainingConfig& resolved);

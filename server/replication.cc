@@ -22,15 +22,16 @@
 namespace monsoon::server {
 
 // ParameterService.Replicate from the primary's side: the updates go one
-// after another (each update's chunks together), one write at a time from
-// a queue; each Send waits for its update's ReplicaAck. Once the call ends
+// after another (each update's chunks together, raw messages that borrow
+// the update's values: common/wire.h), one write at a time from a queue;
+// each Send waits for its update's ReplicaAck. Once the call ends
 // (the backup gone or stopping, or Cancel), every update waiting on it
 // fails with the call's status. Deletes nothing: it lives while the
 // Replication or a Send holds it, and until gRPC is done with it.
 class Replication::ForwardCall
-    : public grpc::ClientBidiReactor<PushChunk, ReplicaAck> {
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  static std::shared_ptr<ForwardCall> Open(ParameterService::Stub* stub,
+  static std::shared_ptr<ForwardCall> Open(grpc::GenericStub* stub,
                                            const ReplicationOptions& options) {
     std::shared_ptr<ForwardCall> call(new ForwardCall());
     call->self_ = call;  // until OnDone
@@ -40,7 +41,8 @@ class Replication::ForwardCall
     }
     call->context_.AddMetadata(common::kRangeMetadataKey,
                                absl::StrCat(options.range));
-    stub->async()->Replicate(&call->context_, call.get());
+    stub->PrepareBidiStreamingCall(&call->context_, common::kReplicateMethod,
+                                   grpc::StubOptions(), call.get());
     // Writes start outside gRPC's reactions (Send): held until the call
     // ends and no write is in flight (Close), so that none starts on a call
     // that is done.
@@ -57,15 +59,16 @@ class Replication::ForwardCall
   }
 
   // Sends `chunks` (update `seq`) and waits for its acknowledgement until
-  // `deadline`; at the deadline the call is cancelled.
-  grpc::Status Send(std::vector<PushChunk> chunks, int64_t seq,
+  // `deadline`; at the deadline the call is cancelled. The chunks' slices
+  // may outlive the call: the caller waits for gRPC to let go of them.
+  grpc::Status Send(std::vector<grpc::ByteBuffer> chunks, int64_t seq,
                     absl::Time deadline) {
     bool write = false;
     {
       absl::MutexLock lock(&mu_);
       if (done_ || cancelled_ || closing_) return Ended();
       waiting_[seq] = std::nullopt;
-      for (PushChunk& chunk : chunks) queue_.push_back(std::move(chunk));
+      for (grpc::ByteBuffer& chunk : chunks) queue_.push_back(std::move(chunk));
       if (!writing_) write = NextLocked();
     }
     if (write) StartWrite(&out_);
@@ -117,6 +120,7 @@ class Replication::ForwardCall
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      out_.Clear();              // lets go of the values it borrowed
       if (!ok) closing_ = true;  // the call is broken
       if (closing_) {
         queue_.clear();
@@ -143,12 +147,15 @@ class Replication::ForwardCall
       if (release) RemoveHold();
       return;
     }
-    {
+    ReplicaAck ack;
+    const bool parsed = common::ParseSmallMessage(in_, &ack).ok();
+    in_.Clear();
+    if (parsed) {
       absl::MutexLock lock(&mu_);
-      auto it = waiting_.find(in_.replica_seq());
+      auto it = waiting_.find(ack.replica_seq());
       if (it != waiting_.end()) {
-        it->second = grpc::Status(static_cast<grpc::StatusCode>(in_.code()),
-                                  in_.message());
+        it->second = grpc::Status(static_cast<grpc::StatusCode>(ack.code()),
+                                  ack.message());
         cv_.SignalAll();
       }
     }
@@ -194,11 +201,11 @@ class Replication::ForwardCall
   }
 
   grpc::ClientContext context_;
-  ReplicaAck in_;
-  PushChunk out_;  // the chunk being written (writing_)
+  grpc::ByteBuffer in_;
+  grpc::ByteBuffer out_;  // the chunk being written (writing_)
   absl::Mutex mu_;
   absl::CondVar cv_;
-  std::deque<PushChunk> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   // The updates sent and not answered yet: their outcome once it came.
   std::map<int64_t, std::optional<grpc::Status>> waiting_ ABSL_GUARDED_BY(mu_);
@@ -239,6 +246,7 @@ Replication::Replication(ReplicationOptions options, Role role,
                                       : grpc::InsecureChannelCredentials(),
       args);
   stub_ = ParameterService::NewStub(channel_);
+  generic_stub_ = std::make_unique<grpc::GenericStub>(channel_);
 }
 
 std::unique_ptr<Replication> Replication::Primary(ReplicationOptions options,
@@ -690,48 +698,34 @@ void Replication::Abandon(int64_t seq) {
       absl::StrCat("forwarded update ", seq, " was cancelled")));
 }
 
-std::vector<PushChunk> Replication::ChunksOf(const PushData& push, int64_t seq,
-                                             int64_t epoch) const {
-  std::vector<PushChunk> chunks;
-  const uint64_t n = push.values.size();
-  const size_t per_chunk = std::max<size_t>(1, options_.chunk_values);
-  uint64_t offset = 0;
-  do {
-    PushChunk& chunk = chunks.emplace_back();
-    if (offset == 0) {
-      PushHeader* h = chunk.mutable_header();
-      h->set_worker_rank(push.worker_rank);
-      h->set_shard(options_.range);
-      h->set_base_version(push.base_version);
-      h->set_length(n);
-      h->set_samples(push.samples);
-      h->set_encoding(ENCODING_FLOAT32);
-      h->set_sample_offset(push.sample_offset);
-      h->set_session(push.session);
-      h->set_repeat(push.repeat);
-      h->set_resume_point(push.resume_point);
-      h->set_replica_seq(seq);
-      h->set_replica_epoch(epoch);
-      if (push.step != nullptr) {
-        h->set_sync_step(true);
-        h->set_step_without_update(push.step->without_update);
-        h->set_step_max_abs(push.step->max_abs);
-        for (const SyncStep::Examples& e : push.step->examples) {
-          StepExamples* out = h->add_step_examples();
-          out->set_rank(e.rank);
-          out->set_offset(e.offset);
-          out->set_samples(e.samples);
-          out->set_kind(e.kind);
-        }
-      }
+PushHeader Replication::HeaderOf(const PushData& push, int64_t seq,
+                                 int64_t epoch) const {
+  PushHeader h;
+  h.set_worker_rank(push.worker_rank);
+  h.set_shard(options_.range);
+  h.set_base_version(push.base_version);
+  h.set_length(push.values.size());
+  h.set_samples(push.samples);
+  h.set_encoding(ENCODING_FLOAT32);
+  h.set_sample_offset(push.sample_offset);
+  h.set_session(push.session);
+  h.set_repeat(push.repeat);
+  h.set_resume_point(push.resume_point);
+  h.set_replica_seq(seq);
+  h.set_replica_epoch(epoch);
+  if (push.step != nullptr) {
+    h.set_sync_step(true);
+    h.set_step_without_update(push.step->without_update);
+    h.set_step_max_abs(push.step->max_abs);
+    for (const SyncStep::Examples& e : push.step->examples) {
+      StepExamples* out = h.add_step_examples();
+      out->set_rank(e.rank);
+      out->set_offset(e.offset);
+      out->set_samples(e.samples);
+      out->set_kind(e.kind);
     }
-    const uint64_t count = std::min<uint64_t>(per_chunk, n - offset);
-    chunk.set_offset(offset);
-    chunk.set_data(reinterpret_cast<const char*>(push.values.data() + offset),
-                   count * sizeof(float));
-    offset += count;
-  } while (offset < n);
-  return chunks;
+  }
+  return h;
 }
 
 grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
@@ -742,9 +736,19 @@ grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
   PushResponse response;
   std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
       stub_->Push(&context, &response);
-  for (const PushChunk& chunk : ChunksOf(push, seq, epoch)) {
+  const uint64_t n = push.values.size();
+  const size_t per_chunk = std::max<size_t>(1, options_.chunk_values);
+  uint64_t offset = 0;
+  do {
+    PushChunk chunk;
+    if (offset == 0) *chunk.mutable_header() = HeaderOf(push, seq, epoch);
+    const uint64_t count = std::min<uint64_t>(per_chunk, n - offset);
+    chunk.set_offset(offset);
+    chunk.set_data(reinterpret_cast<const char*>(push.values.data() + offset),
+                   count * sizeof(float));
+    offset += count;
     if (!writer->Write(chunk)) break;
-  }
+  } while (offset < n);
   writer->WritesDone();
   return writer->Finish();
 }
@@ -756,12 +760,37 @@ grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
   {
     absl::MutexLock lock(&call_mu_);
     if (call_ == nullptr || call_->ended()) {
-      call_ = ForwardCall::Open(stub_.get(), options_);
+      call_ = ForwardCall::Open(generic_stub_.get(), options_);
       forward_calls_.fetch_add(1);
     }
     call = call_;
   }
-  return call->Send(ChunksOf(push, seq, epoch), seq, deadline);
+  // The chunks borrow the values (no copy): gRPC must have let go of them
+  // before this returns, and the caller's push with them.
+  common::BufferLease lease;
+  std::vector<grpc::ByteBuffer> chunks;
+  const PushHeader header = HeaderOf(push, seq, epoch);
+  const uint64_t n = push.values.size();
+  const size_t per_chunk = std::max<size_t>(1, options_.chunk_values);
+  uint64_t offset = 0;
+  do {
+    const uint64_t count = std::min<uint64_t>(per_chunk, n - offset);
+    chunks.push_back(common::PushChunkMessage(
+        offset == 0 ? &header : nullptr, offset,
+        lease.Borrow(push.values.data() + offset, count * sizeof(float)),
+        grpc::Slice()));
+    offset += count;
+  } while (offset < n);
+  const grpc::Status status = call->Send(std::move(chunks), seq, deadline);
+  // Not expected to wait (the call lets go of a chunk once written or
+  // dropped); returning sooner would free values that gRPC still reads.
+  for (int minutes = 1; !lease.AwaitReleased(absl::Minutes(1)); ++minutes) {
+    common::LogWarning(
+        "the forward of update %d of the %s ended %d min ago and gRPC still "
+        "holds its values; waiting for it to let go",
+        seq, Describe(), minutes);
+  }
+  return status;
 }
 
 void Replication::DegradeLocked(const std::string& why, bool tell_backup) {

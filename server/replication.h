@@ -38,6 +38,7 @@
 #define MONSOON_SERVER_REPLICATION_H_
 
 #include <grpcpp/channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 
 #include <atomic>
@@ -209,9 +210,8 @@ class Replication {
   // `timeout`; false when it does not answer or holds no copy of the range.
   bool AskPeer(ParameterService::Stub* stub, absl::Duration timeout,
                StatsResponse* peer) const;
-  // Update `seq` of `epoch` as the chunks of a forwarded push.
-  std::vector<PushChunk> ChunksOf(const PushData& push, int64_t seq,
-                                  int64_t epoch) const;
+  // The header of update `seq` of `epoch` as a forwarded push.
+  PushHeader HeaderOf(const PushData& push, int64_t seq, int64_t epoch) const;
   // One attempt to forward update `seq` of `epoch`, within `timeout`, on a
   // call of its own (Push).
   grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch,
@@ -251,6 +251,7 @@ class Replication {
   const ReplicationOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ParameterService::Stub> stub_;
+  std::unique_ptr<grpc::GenericStub> generic_stub_;  // Replicate's, raw
 
   // Primary: the call its forwards go on (one for the run while it works).
   class ForwardCall;

@@ -271,8 +271,8 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
 }
 
 std::vector<MetricFamily> ReplicaMetrics::Collect() const {
-  std::map<std::string, double> role, epoch, updates, take_overs, repairs,
-      lag;
+  std::map<std::string, double> role, epoch, updates, take_overs, repairs, lag,
+      forward_calls;
   for (const Range& range : ranges_) {
     const std::string label = std::to_string(range.state->shard());
     role[label] = static_cast<double>(range.replication->role_for_stats());
@@ -281,6 +281,8 @@ std::vector<MetricFamily> ReplicaMetrics::Collect() const {
         static_cast<double>(range.replication->replicated_updates());
     take_overs[label] = static_cast<double>(range.replication->take_overs());
     repairs[label] = static_cast<double>(range.replication->repairs());
+    forward_calls[label] =
+        static_cast<double>(range.replication->forward_calls());
     lag[label] = static_cast<double>(
         range.replication->Lag(range.state->version()));
   }
@@ -307,6 +309,12 @@ std::vector<MetricFamily> ReplicaMetrics::Collect() const {
       "Copies of the range this process made from the process serving it "
       "(after a restart), and then followed.",
       "range", repairs));
+  families.push_back(LabeledCounter(
+      "monsoon_replica_forward_calls_total",
+      "Calls this process opened to forward the range's updates to its "
+      "backup (ParameterService.Replicate): one for a run whose backup "
+      "stays, one more each time the call ended.",
+      "range", forward_calls));
   families.push_back(common::LabeledGauge(
       "monsoon_replica_lag_updates",
       "How far the copies are apart, in updates: as primary, those applied "

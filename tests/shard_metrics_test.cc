@@ -307,6 +307,9 @@ TEST(ShardMetricsTest, ReplicasAreServedByRange) {
             (Values{{"0", 0}, {"1", 0}}));
   EXPECT_EQ(by_range("monsoon_replica_repairs_total"),
             (Values{{"0", 0}, {"1", 0}}));
+  // Nothing forwarded yet: no call opened.
+  EXPECT_EQ(by_range("monsoon_replica_forward_calls_total"),
+            (Values{{"0", 0}, {"1", 0}}));
 }
 
 TEST(ShardMetricsTest, NoCheckpointYetIsZero) {
