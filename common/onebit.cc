@@ -253,7 +253,7 @@ void OneBitEncode(absl::Span<const float> gradient, absl::Span<float> residual,
                      scales.size() * sizeof(float));
 }
 
-absl::Status OneBitDecode(const std::string& bits, const std::string& scales,
+absl::Status OneBitDecode(absl::string_view bits, absl::string_view scales,
                           int bucket_size, absl::Span<float> out) {
   const uint64_t n = out.size();
   if (bucket_size < 1) {

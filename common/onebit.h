@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace monsoon::common {
@@ -47,7 +48,7 @@ void OneBitEncode(const float* gradient, float* residual, size_t n,
 // Decodes n = out.size() values. INVALID_ARGUMENT when the byte counts do
 // not match n and bucket_size, or a scale is NaN or Inf; `out` is then
 // unspecified.
-absl::Status OneBitDecode(const std::string& bits, const std::string& scales,
+absl::Status OneBitDecode(absl::string_view bits, absl::string_view scales,
                           int bucket_size, absl::Span<float> out);
 
 }  // namespace monsoon::common

@@ -84,6 +84,12 @@ absl::Status PushDecoder::TakeHeader(const PushHeader& h) {
     data_.step = std::move(step);
   }
   push_encoding_ = h.encoding();
+  if (push_encoding_ == ENCODING_ONEBIT) {
+    const common::PayloadBytes bytes =
+        common::PayloadBytesFor(ENCODING_ONEBIT, shard_size_, bucket_size_);
+    bits_.reserve(bytes.data);
+    scales_.reserve(bytes.scales);
+  }
   values_ = buffers_->Take();
   return absl::OkStatus();
 }
@@ -137,9 +143,13 @@ absl::Status PushDecoder::CheckHeader(const PushHeader& h) const {
     }
   }
   // A primary forwards the values its rule applied: float32.
-  if (h.replica_seq() > 0 && h.encoding() != ENCODING_FLOAT32) {
-    return absl::InvalidArgumentError(
-        "a forwarded (replicated) push must be float32");
+  if (h.replica_seq() > 0 && h.encoding() != ENCODING_FLOAT32 &&
+      h.encoding() != encoding_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a forwarded (replicated) push must be float32 or in this run's "
+        "encoding (",
+        PushEncoding_Name(encoding_), "), not ",
+        PushEncoding_Name(h.encoding())));
   }
   if (h.replica_seq() == 0 && h.encoding() != encoding_) {
     return absl::InvalidArgumentError(
@@ -258,13 +268,18 @@ absl::Status PushDecoder::AddOneBit(
                      bucket_size_, ")"));
   }
   const uint64_t n = std::min<uint64_t>(left, buckets * bucket_size_);
-  bits_.resize(chunk.data.size());
-  chunk.data.CopyTo(bits_.data());
-  scales_.resize(chunk.scales.size());
-  chunk.scales.CopyTo(scales_.data());
-  absl::Status status =
-      common::OneBitDecode(bits_, scales_, bucket_size_,
-                           absl::MakeSpan(values_.get() + hi_, n));
+  // Kept whole, as the push came (PushData::onebit_bits): a primary
+  // forwards them.
+  const size_t bits_at = bits_.size();
+  bits_.resize(bits_at + chunk.data.size());
+  chunk.data.CopyTo(bits_.data() + bits_at);
+  const size_t scales_at = scales_.size();
+  scales_.resize(scales_at + chunk.scales.size());
+  chunk.scales.CopyTo(scales_.data() + scales_at);
+  absl::Status status = common::OneBitDecode(
+      absl::string_view(bits_).substr(bits_at),
+      absl::string_view(scales_).substr(scales_at), bucket_size_,
+      absl::MakeSpan(values_.get() + hi_, n));
   if (!status.ok()) return status;
   if (absl::Status bounded = CheckValues(values_.get() + hi_, n, hi_);
       !bounded.ok()) {
@@ -311,6 +326,11 @@ absl::StatusOr<PushData> PushDecoder::Finish() {
   }
   PushData push = data_;
   push.values = absl::MakeConstSpan(values_.get(), shard_size_);
+  push.encoding = push_encoding_;
+  if (push_encoding_ == ENCODING_ONEBIT) {
+    push.onebit_bits = bits_;
+    push.onebit_scales = scales_;
+  }
   push.buffer = &values_;
   if (limits_.digest) {
     push.digest = digest_by_chunk_

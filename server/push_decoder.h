@@ -136,7 +136,7 @@ class PushDecoder {
   common::DigestSums digest_sums_;
   bool digest_by_chunk_ = true;
   PushData data_;
-  // 1-bit: one chunk's bits and scales, copied out of the message.
+  // 1-bit: the push's bits and scales so far, copied out of the messages.
   std::string bits_;
   std::string scales_;
 };

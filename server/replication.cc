@@ -769,18 +769,31 @@ grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
   // before this returns, and the caller's push with them.
   common::BufferLease lease;
   std::vector<grpc::ByteBuffer> chunks;
-  const PushHeader header = HeaderOf(push, seq, epoch);
-  const uint64_t n = push.values.size();
-  const size_t per_chunk = std::max<size_t>(1, options_.chunk_values);
-  uint64_t offset = 0;
-  do {
-    const uint64_t count = std::min<uint64_t>(per_chunk, n - offset);
+  PushHeader header = HeaderOf(push, seq, epoch);
+  // A 1-bit push goes as it came (it decodes to the same values there),
+  // anything else as the float32 values the rule applied.
+  const bool onebit = push.encoding == ENCODING_ONEBIT &&
+                      options_.onebit_bucket_size > 0 &&
+                      !push.onebit_bits.empty();
+  if (onebit) {
+    header.set_encoding(ENCODING_ONEBIT);
+    header.set_bucket_size(options_.onebit_bucket_size);
+  }
+  const common::ChunkPlan plan(
+      onebit ? ENCODING_ONEBIT : ENCODING_FLOAT32, push.values.size(),
+      options_.onebit_bucket_size,
+      std::max<size_t>(1, options_.chunk_values) * sizeof(float));
+  const char* data = onebit ? push.onebit_bits.data()
+                            : reinterpret_cast<const char*>(push.values.data());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const common::ChunkRange chunk = plan[i];
     chunks.push_back(common::PushChunkMessage(
-        offset == 0 ? &header : nullptr, offset,
-        lease.Borrow(push.values.data() + offset, count * sizeof(float)),
-        grpc::Slice()));
-    offset += count;
-  } while (offset < n);
+        i == 0 ? &header : nullptr, chunk.first_value,
+        lease.Borrow(data + chunk.data_offset, chunk.data_bytes),
+        onebit ? lease.Borrow(push.onebit_scales.data() + chunk.scales_offset,
+                              chunk.scales_bytes)
+               : grpc::Slice()));
+  }
   const grpc::Status status = call->Send(std::move(chunks), seq, deadline);
   // Not expected to wait (the call lets go of a chunk once written or
   // dropped); returning sooner would free values that gRPC still reads.

@@ -67,8 +67,11 @@ struct ReplicationOptions {
   // The other process of the range: the backup's address for a primary,
   // the primary's for a backup.
   std::string peer_address;
-  // How forwarded pushes are chunked (values per chunk).
+  // How forwarded pushes are chunked (float32 values per chunk; a 1-bit
+  // push in as many whole buckets as fit in as many bytes).
   size_t chunk_values = 1 << 16;
+  // The config's onebit_bucket_size: a 1-bit push is forwarded as it came.
+  int onebit_bucket_size = 0;
   // How long a health check of the peer may take before the peer counts as
   // lost (a take-over, or a primary going on without its backup).
   absl::Duration probe_timeout = absl::Milliseconds(500);

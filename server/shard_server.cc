@@ -367,6 +367,7 @@ absl::Status ShardServer::BuildReplicas(const ShardServerOptions& options,
   mine.peer_address = options.servers[(s + 1) % n];
   mine.chunk_values =
       static_cast<size_t>(options.config.chunk_bytes()) / sizeof(float);
+  mine.onebit_bucket_size = options.config.onebit_bucket_size();
   mine.auth_token = options.auth_token;
   mine.credentials = options.peer_credentials;
   ReplicationOptions theirs = mine;

@@ -90,6 +90,14 @@ struct PushData {
   // size() == the shard's size; all finite. Owned by whoever made the push
   // (PushDecoder), valid during Apply.
   absl::Span<const float> values;
+  // The push as its worker encoded it, where that was not float32: for
+  // ENCODING_ONEBIT its packed bits and scales (common/onebit.h, in the
+  // config's buckets), valid as long as `values`, to which they decode. A
+  // range's primary forwards these to its backup rather than the values,
+  // 1/32 of the bytes (server/replication.h). Empty otherwise.
+  PushEncoding encoding = ENCODING_FLOAT32;
+  absl::string_view onebit_bits;
+  absl::string_view onebit_scales;
   // The pooled buffer that holds `values`, if they are in one: a rule may
   // take it over instead of copying them (sync keeps a step's first push as
   // the step's sum). Null when the caller owns the values otherwise.

@@ -505,6 +505,56 @@ TEST_F(OneBitPushDecoderTest, MultiChunkPushDecodes) {
   EXPECT_FLOAT_EQ(push->values[4], -3.0f);
 }
 
+// The push as it came, for a primary to forward: the chunks' bits and
+// scales joined, which decode to the push's values.
+TEST_F(OneBitPushDecoderTest, APushKeepsItsBitsAndScalesWhole) {
+  TestDecoder decoder(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  PushChunk first = Encoded(0, 4);
+  *first.mutable_header() = OneBitHeader();
+  const PushChunk second = Encoded(4, 5);
+  ASSERT_OK(decoder.Add(first));
+  ASSERT_OK(decoder.Add(second));
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_EQ(push->encoding, ENCODING_ONEBIT);
+  EXPECT_EQ(push->onebit_bits, first.data() + second.data());
+  EXPECT_EQ(push->onebit_scales, first.scales() + second.scales());
+  std::vector<float> decoded(kSize);
+  ASSERT_OK(common::OneBitDecode(push->onebit_bits, push->onebit_scales,
+                                 kBucket, absl::MakeSpan(decoded)));
+  EXPECT_EQ(decoded, expected_);
+}
+
+// A range's primary forwards a push as float32 values, or as it came in
+// the run's encoding; no other.
+TEST_F(OneBitPushDecoderTest, AForwardedPushIsFloat32OrInTheRunsEncoding) {
+  PushHeader forwarded = OneBitHeader();
+  forwarded.set_replica_seq(3);
+  forwarded.set_replica_epoch(1);
+  TestDecoder onebit_run(kShard, kSize, kWorkers, ENCODING_ONEBIT, kBucket);
+  PushChunk first = Encoded(0, 4);
+  *first.mutable_header() = forwarded;
+  ASSERT_OK(onebit_run.Add(first));
+  ASSERT_OK(onebit_run.Add(Encoded(4, 5)));
+  absl::StatusOr<PushData> push = onebit_run.Finish();
+  ASSERT_OK(push.status());
+  EXPECT_EQ(push->replica_seq, 3);
+  EXPECT_EQ(push->values, expected_);
+
+  PushHeader as_float32 = Header();
+  as_float32.set_replica_seq(3);
+  as_float32.set_replica_epoch(1);
+  TestDecoder onebit_run_float32(kShard, kSize, kWorkers, ENCODING_ONEBIT,
+                                 kBucket);
+  EXPECT_OK(onebit_run_float32.Add(First({1, 2, 3, 4, 5}, as_float32)));
+
+  TestDecoder float32_run(kShard, kSize, kWorkers);
+  EXPECT_THAT(float32_run.Add(first),
+              StatusIs(kInvalid, HasSubstr("must be float32 or in this run's "
+                                           "encoding (ENCODING_FLOAT32), not "
+                                           "ENCODING_ONEBIT")));
+}
+
 TEST_F(OneBitPushDecoderTest, ChunksMustComeInOrder) {
   // 1-bit chunks hold whole buckets counted from the range's start: only
   // float32 pushes may come back to front.

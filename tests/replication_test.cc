@@ -35,6 +35,7 @@
 #include "tests/worker_hold.h"
 #include "worker/cpu_backend.h"
 #include "worker/dataset.h"
+#include "worker/gradient_pusher.h"
 #include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
@@ -146,20 +147,48 @@ class EveryAsyncMode : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(EveryAsyncMode, ThePrimaryAndItsBackupHoldTheSameWeights) {
   // Hogwild's lock-free shards apply plain SGD; the others Adagrad, whose
-  // accumulators the copies must share too.
+  // accumulators the copies must share too. Onebit's pushes are quantized
+  // as a worker's are (a GradientPusher, its residual carried on), on
+  // ranges of 32 values, so that a forward's bytes tell float32 from 1 bit.
   const std::string mode = GetParam();
+  const bool onebit = mode == "ONEBIT";
   const TrainingConfig config = ResolvedConfig(absl::StrCat(
-      "layer_sizes: [3, 2] mode: ", mode, " optimizer: ",
-      mode == "HOGWILD" ? "SGD" : "ADAGRAD", " learning_rate: 0.1 alpha: 0.5"));
+      onebit ? "layer_sizes: [7, 8] onebit_bucket_size: 16"
+             : "layer_sizes: [3, 2]",
+      " mode: ", mode, " optimizer: ", mode == "HOGWILD" ? "SGD" : "ADAGRAD",
+      " learning_rate: 0.1 alpha: 0.5"));
   ReplicatedPair pair(config);
   ASSERT_EQ(pair.servers.size(), 2u);
   absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
       worker::PsClient::Connect(pair.Client(config, 0));
   ASSERT_TRUE(client.ok()) << client.status();
-  std::vector<float> grads(8);
+  const size_t n = onebit ? 64 : 8;
+  std::unique_ptr<worker::ComputeBackend> cpu = worker::MakeCpuBackend(1);
+  std::unique_ptr<worker::GradientPusher> pusher;
+  float* device = nullptr;
+  if (onebit) {
+    absl::StatusOr<std::unique_ptr<worker::GradientPusher>> made =
+        worker::GradientPusher::Create(cpu.get(), client->get(), config);
+    ASSERT_TRUE(made.ok()) << made.status();
+    pusher = *std::move(made);
+    absl::StatusOr<float*> allocated = cpu->AllocateFloats(n);
+    ASSERT_TRUE(allocated.ok()) << allocated.status();
+    device = *allocated;
+  }
+  std::vector<float> grads(n);
   for (int k = 0; k < 4; ++k) {
-    for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.25f * (i + k) - 1;
-    ASSERT_OK((*client)->Push(grads, {k, k}, 4));
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads[i] = 0.25f * ((i % 8) + k) - 1;
+    }
+    if (onebit) {
+      ASSERT_OK(cpu->CopyToDevice(grads.data(), device, n * sizeof(float)));
+      absl::StatusOr<std::unique_ptr<worker::PendingCall>> push =
+          pusher->Push(device, {k, k}, 4, /*sample_offset=*/4 * k);
+      ASSERT_TRUE(push.ok()) << push.status();
+      ASSERT_OK((*push)->Wait());
+    } else {
+      ASSERT_OK((*client)->Push(grads, {k, k}, 4));
+    }
     EXPECT_EQ(pair.servers[1]->backup_state()->version(), k + 1);
     EXPECT_THAT(Values(pair.servers[1]->backup_rule()),
                 ElementsAreArray(Values(pair.servers[0]->rule())));
@@ -169,10 +198,25 @@ TEST_P(EveryAsyncMode, ThePrimaryAndItsBackupHoldTheSameWeights) {
   // And the optimizer's state: a checkpoint of either copy is the same.
   EXPECT_EQ(pair.servers[1]->backup_rule()->SaveState().optimizer_state,
             pair.servers[0]->rule()->SaveState().optimizer_state);
+  // A 1-bit push is forwarded as it came: each of the 4 forwards of a
+  // range of 32 values took what the worker's push took (2 buckets: 4
+  // bytes of bits and 16 of scales, and the header), under the 128 bytes
+  // of its values as float32; the other modes forward float32.
+  const int64_t forwarded =
+      pair.servers[1]->backup_state()->Stats().bytes_pushed();
+  const int64_t pushed = pair.servers[0]->state()->Stats().bytes_pushed();
+  if (onebit) {
+    EXPECT_EQ(forwarded - pushed, 4 * 2 * 2);  // replica_seq and _epoch
+    EXPECT_LT(forwarded, 4 * 128);
+  } else {
+    EXPECT_GT(forwarded, 4 * 4 * static_cast<int64_t>(sizeof(float)));
+  }
+  if (device != nullptr) cpu->Free(device);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EveryAsyncMode,
-                         ::testing::Values("DOWNPOUR", "HOGWILD", "EASGD"));
+                         ::testing::Values("DOWNPOUR", "HOGWILD", "EASGD",
+                                           "ONEBIT"));
 
 TEST(ReplicationTest, APushIsAcknowledgedOnlyOnceTheBackupAppliedIt) {
   const TrainingConfig config = PlainSgd();
