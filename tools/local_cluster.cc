@@ -140,6 +140,10 @@ struct Daemon {
   absl::Time added_at = absl::InfinitePast();  // started by an add fault
   bool stopped = false;   // SIGSTOPped by a fault
   absl::Time continue_at;
+  // SIGKILLed by a fault and not yet seen gone: a server killed as the last
+  // step ends must be restarted before the final evaluation, even when its
+  // exit is noticed only after the workers'.
+  bool killed = false;
   std::string report;  // a worker's --report_out for the current process
   // A worker's --session for the current process: its launcher draws each
   // process's, so that a process started in place of one that died can
@@ -802,7 +806,9 @@ bool ClusterRun::TrainingDone() {
       if (worker && !daemon.finished) all_done = false;
       // A server killed as the last step ended is restarted before the
       // run goes on to its final evaluation, which needs every shard.
-      if (!worker && daemon.restart_pending) all_done = false;
+      if (!worker && (daemon.restart_pending || daemon.killed)) {
+        all_done = false;
+      }
     }
   }
   return all_done;
@@ -864,6 +870,7 @@ void ClusterRun::InjectFaults(absl::Time now, double t) {
                          " is not running; nothing done"));
     } else if (fault.kind == Fault::Kind::kKill) {
       sup_.Signal(daemon.id, SIGKILL);
+      daemon.killed = true;
       Event(absl::StrCat("kill ", daemon.role, " (SIGKILL)"));
     } else if (fault.kind == Fault::Kind::kRemove) {
       sup_.Signal(daemon.id, SIGTERM);
@@ -885,6 +892,7 @@ void ClusterRun::InjectFaults(absl::Time now, double t) {
 bool ClusterRun::HandleExit(Daemon& daemon, bool worker) {
   const int code = sup_.exit_code(daemon.id);
   daemon.stopped = false;
+  daemon.killed = false;
   if (!worker && options_.replicas > 0 && code != common::kExitConfigError &&
       !LoseServer(daemon)) {
     return false;
