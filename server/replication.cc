@@ -20,6 +20,12 @@
 #include "proto/health.grpc.pb.h"
 
 namespace monsoon::server {
+namespace {
+
+// A forward that takes longer is logged (Replication::SendOnCall).
+constexpr absl::Duration kSlowForward = absl::Milliseconds(200);
+
+}  // namespace
 
 // ParameterService.Replicate from the primary's side: the updates go one
 // after another (each update's chunks together, raw messages that borrow
@@ -794,7 +800,18 @@ grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
                               chunk.scales_bytes)
                : grpc::Slice()));
   }
+  const absl::Time sent = absl::Now();
   const grpc::Status status = call->Send(std::move(chunks), seq, deadline);
+  // A forward holds its push's acknowledgement (in sync, the step's
+  // weights): one that takes long is said, with how it ended.
+  if (const absl::Duration took = absl::Now() - sent; took > kSlowForward) {
+    common::LogWarning(
+        "the forward of update %d of the %s to its backup at %s took %.3f s "
+        "(%s)",
+        seq, Describe(), options_.peer_address, absl::ToDoubleSeconds(took),
+        status.ok() ? std::string("applied there")
+                    : common::ToAbslStatus(status).ToString());
+  }
   // Not expected to wait (the call lets go of a chunk once written or
   // dropped); returning sooner would free values that gRPC still reads.
   for (int minutes = 1; !lease.AwaitReleased(absl::Minutes(1)); ++minutes) {
