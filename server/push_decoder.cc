@@ -84,6 +84,7 @@ absl::Status PushDecoder::TakeHeader(const PushHeader& h) {
     data_.step = std::move(step);
   }
   push_encoding_ = h.encoding();
+  digest_ = limits_.digest && h.replica_seq() == 0;
   if (push_encoding_ == ENCODING_ONEBIT) {
     const common::PayloadBytes bytes =
         common::PayloadBytesFor(ENCODING_ONEBIT, shard_size_, bucket_size_);
@@ -230,7 +231,7 @@ absl::Status PushDecoder::AddFloat32(
 }
 
 void PushDecoder::SumForDigest(uint64_t at, uint64_t n) {
-  if (!limits_.digest || !digest_by_chunk_) return;
+  if (!digest_ || !digest_by_chunk_) return;
   const common::DigestSums sums =
       common::SumsForDigest(values_.get() + at, n);
   constexpr uint64_t kLanes = common::DigestSums::kLanes;
@@ -332,7 +333,7 @@ absl::StatusOr<PushData> PushDecoder::Finish() {
     push.onebit_scales = scales_;
   }
   push.buffer = &values_;
-  if (limits_.digest) {
+  if (digest_) {
     push.digest = digest_by_chunk_
                       ? common::DigestOfSums(digest_sums_)
                       : common::ValuesDigest(values_.get(), shard_size_);

@@ -41,9 +41,10 @@ struct PushLimits {
   // any buffer), or is refused RESOURCE_EXHAUSTED; the decoder gives it back
   // at Finish (the push is whole and goes to the rule) or when destroyed.
   RankSlots* slots = nullptr;
-  // Not a limit: whether Finish gives the push its PushData::digest (summed
-  // chunk by chunk as they land; sync needs it to tell a push sent again
-  // from another).
+  // Not a limit: whether Finish gives a worker's push its PushData::digest
+  // (summed chunk by chunk as they land; sync needs it to tell a push sent
+  // again from another). A forwarded one (replica_seq) needs none: its
+  // seq tells.
   bool digest = false;
 };
 
@@ -121,6 +122,8 @@ class PushDecoder {
   // This push's encoding: the run's, or float32 for a forwarded one
   // (replica_seq).
   PushEncoding push_encoding_ = ENCODING_FLOAT32;
+  // Whether this push gets a digest (limits_.digest, a worker's push).
+  bool digest_ = false;
 
   int slot_rank_ = -1;  // the rank whose slot this push holds
   common::MessageReader reader_;

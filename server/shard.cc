@@ -71,7 +71,7 @@ absl::StatusOr<RepairResponse> Shard::Repair(const RepairRequest& request) {
 void Shard::PublishStep(const std::shared_ptr<const SyncStep>& step) {
   PushData forward;
   forward.base_version = step->version - 1;
-  forward.values = step->mean;
+  forward.values = absl::MakeConstSpan(step->mean.get(), state_->size());
   forward.step = step;
   if (absl::Status forwarded = replication_->Forward(forward, step->version);
       !forwarded.ok()) {

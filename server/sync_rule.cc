@@ -495,8 +495,9 @@ class SyncRule : public UpdateRule {
   // is not in it yet) and publishes the next version.
   // With `pass_over`, the step closes without an update (PassOverOpenStep).
   // Replicated (publish_), the step's averaged gradient is written out
-  // first (the update applies from it, as the backup's will: the same
-  // values, the same weights) and the step is kept in step_ for Publish.
+  // first, over the sum (the update applies from it, as the backup's will:
+  // the same values, the same weights), and the step is kept in step_ for
+  // Publish.
   void CloseStep(const float* last, bool pass_over = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // Closed for the backup count (not for leases that ran out): the live
@@ -519,16 +520,17 @@ class SyncRule : public UpdateRule {
       step_ = std::make_shared<SyncStep>();
       step_->version = weights_->version() + 1;
       step_->max_abs = max_abs;
-      step_->mean.resize(state_->size());
-      float* out = step_->mean.data();
+      // In place: each value of the sum is read before it is written.
+      float* out = sum_.get();
       WithGradient(mean, [out](size_t n, auto grad) {
         for (size_t i = 0; i < n; ++i) out[i] = grad(i);
       });
-      mean = Gradient{absl::MakeConstSpan(step_->mean)};
+      step_->mean = std::move(sum_);
+      mean = Gradient{absl::MakeConstSpan(step_->mean.get(), state_->size())};
     }
     const bool refused = WriteStep(mean, max_abs, pass_over);
     if (step_ != nullptr) step_->without_update = refused;
-    sum_.reset();  // back to the pool
+    sum_.reset();  // back to the pool (replicated: the step has it)
     step_max_abs_ = 0;
     SettleExamples(refused, by_backup, pass_over);
   }

@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
+#include "server/buffer_pool.h"
 #include "server/optimizer.h"
 #include "server/policies/compressed_pulls.h"
 #include "server/shard_state.h"
@@ -47,9 +48,9 @@ namespace monsoon::server {
 // its backup needs to make the same step (UpdateRule::ApplyStep).
 struct SyncStep {
   int64_t version = 0;  // the version the step made
-  // The averaged gradient (at the primary; a forwarded step's arrive as
-  // PushData::values).
-  std::vector<float> mean;
+  // The averaged gradient, the shard's size (at the primary, written over
+  // the step's sum; a forwarded step's arrive as PushData::values).
+  FloatBufferPool::Buffer mean;
   double max_abs = 0;  // the bound on |mean| the overflow checks took
   bool without_update = false;  // refused or passed over: mean not applied
   struct Examples {

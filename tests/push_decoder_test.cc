@@ -130,6 +130,16 @@ TEST(PushDecoderTest, ASyncShardsDecoderGivesThePushItsDigest) {
   absl::StatusOr<PushData> other = plain.Finish();
   ASSERT_OK(other.status());
   EXPECT_EQ(other->digest, 0u);
+  // Nor on an update the range's primary forwarded: its seq tells a repeat.
+  TestDecoder backup(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, limits);
+  PushHeader forwarded = Header();
+  forwarded.set_replica_seq(4);
+  forwarded.set_replica_epoch(1);
+  ASSERT_OK(backup.Add(First({0.5f, -1.25f, 1e-30f, -3e30f, 7.0f}, forwarded)));
+  absl::StatusOr<PushData> from_primary = backup.Finish();
+  ASSERT_OK(from_primary.status());
+  EXPECT_EQ(from_primary->replica_seq, 4);
+  EXPECT_EQ(from_primary->digest, 0u);
 }
 
 TEST(PushDecoderTest, TheDigestSummedChunkByChunkIsTheWholePushs) {
