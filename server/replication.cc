@@ -804,7 +804,9 @@ grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
   const grpc::Status status = call->Send(std::move(chunks), seq, deadline);
   // A forward holds its push's acknowledgement (in sync, the step's
   // weights): one that takes long is said, with how it ended.
-  if (const absl::Duration took = absl::Now() - sent; took > kSlowForward) {
+  const absl::Duration took = absl::Now() - sent;
+  if (status.ok()) forward_seconds_.Observe(absl::ToDoubleSeconds(took));
+  if (took > kSlowForward) {
     common::LogWarning(
         "the forward of update %d of the %s to its backup at %s took %.3f s "
         "(%s)",

@@ -56,6 +56,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/histogram.h"
 #include "proto/service.grpc.pb.h"
 #include "server/update_rule.h"
 
@@ -140,6 +141,12 @@ class Replication {
   // Forwarding calls (Replicate) this primary opened: one for a run whose
   // backup stays, one more each time the call to it ended.
   int64_t forward_calls() const { return forward_calls_.load(); }
+  // Primary: how long each forward the backup applied took, from its send
+  // to the backup's acknowledgement (a worker's push, or in sync the
+  // step's weights, waits that long for it).
+  common::Histogram::Snapshot forward_seconds() const {
+    return forward_seconds_.Read();
+  }
   // How far the copies are apart, in updates: as primary, those applied up
   // to `version` that the backup has not confirmed yet; as backup, those
   // held for their turn (or for the copy, while it is made); else 0.
@@ -292,6 +299,7 @@ class Replication {
   std::atomic<int64_t> take_overs_{0};
   std::atomic<int64_t> repairs_{0};
   std::atomic<int64_t> forward_calls_{0};
+  common::Histogram forward_seconds_;
 };
 
 }  // namespace monsoon::server

@@ -273,6 +273,7 @@ std::vector<MetricFamily> ShardMetrics::Collect() const {
 std::vector<MetricFamily> ReplicaMetrics::Collect() const {
   std::map<std::string, double> role, epoch, updates, take_overs, repairs, lag,
       forward_calls;
+  std::map<std::string, common::Histogram::Snapshot> forward_seconds;
   for (const Range& range : ranges_) {
     const std::string label = std::to_string(range.state->shard());
     role[label] = static_cast<double>(range.replication->role_for_stats());
@@ -283,6 +284,7 @@ std::vector<MetricFamily> ReplicaMetrics::Collect() const {
     repairs[label] = static_cast<double>(range.replication->repairs());
     forward_calls[label] =
         static_cast<double>(range.replication->forward_calls());
+    forward_seconds[label] = range.replication->forward_seconds();
     lag[label] = static_cast<double>(
         range.replication->Lag(range.state->version()));
   }
@@ -315,6 +317,12 @@ std::vector<MetricFamily> ReplicaMetrics::Collect() const {
       "backup (ParameterService.Replicate): one for a run whose backup "
       "stays, one more each time the call ended.",
       "range", forward_calls));
+  families.push_back(common::HistogramFamily(
+      "monsoon_replica_forward_seconds",
+      "As primary: time from sending an update to the range's backup to "
+      "its acknowledgement that it applied it (a worker's push, in sync "
+      "the step's weights, waits that long).",
+      "range", forward_seconds));
   families.push_back(common::LabeledGauge(
       "monsoon_replica_lag_updates",
       "How far the copies are apart, in updates: as primary, those applied "

@@ -264,6 +264,8 @@ TEST(ReplicationTest, APushIsAcknowledgedOnlyOnceTheBackupAppliedIt) {
   // primary's to its backup.
   for (int s = 0; s < 2; ++s) {
     EXPECT_EQ(pair.servers[s]->replication()->forward_calls(), 1) << s;
+    // Each timed, once applied.
+    EXPECT_EQ(pair.servers[s]->replication()->forward_seconds().count, 3u) << s;
   }
 }
 

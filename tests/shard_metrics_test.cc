@@ -310,6 +310,15 @@ TEST(ShardMetricsTest, ReplicasAreServedByRange) {
   // Nothing forwarded yet: no call opened.
   EXPECT_EQ(by_range("monsoon_replica_forward_calls_total"),
             (Values{{"0", 0}, {"1", 0}}));
+  // Nor any forward timed, by range.
+  const prometheus::MetricFamily* forward_seconds =
+      Find(families, "monsoon_replica_forward_seconds");
+  ASSERT_NE(forward_seconds, nullptr);
+  EXPECT_EQ(forward_seconds->type, prometheus::MetricType::Histogram);
+  ASSERT_EQ(forward_seconds->metric.size(), 2u);
+  for (const prometheus::ClientMetric& metric : forward_seconds->metric) {
+    EXPECT_EQ(metric.histogram.sample_count, 0u) << metric.label.at(0).value;
+  }
 }
 
 TEST(ShardMetricsTest, NoCheckpointYetIsZero) {
