@@ -30,8 +30,9 @@ constexpr absl::Duration kSlowForward = absl::Milliseconds(200);
 // ParameterService.Replicate from the primary's side: the updates go one
 // after another (each update's chunks together, raw messages that borrow
 // the update's values: common/wire.h), one write at a time from a queue;
-// each Send waits for its update's ReplicaAck. Once the call ends
-// (the backup gone or stopping, or Cancel), every update waiting on it
+// each Send waits for its update's ReplicaAck, and each SendThen's
+// continuation runs with it, on the thread that read it. Once the call
+// ends (the backup gone or stopping, or Cancel), every update waiting on it
 // fails with the call's status. Deletes nothing: it lives while the
 // Replication or a Send holds it, and until gRPC is done with it.
 class Replication::ForwardCall
@@ -105,6 +106,46 @@ class Replication::ForwardCall
                                      seq, " in time"));
   }
 
+  using Then = std::function<void(grpc::Status)>;
+
+  // Sends `chunks` (update `seq`) without waiting: `then` runs with the
+  // backup's answer, on the thread that reads it, or with the call's end
+  // if it ends first (CancelIfOverdue ends it once `deadline` is past).
+  // False, and `then` dropped, when the call has ended or is ending.
+  bool SendThen(std::vector<grpc::ByteBuffer> chunks, int64_t seq,
+                absl::Time deadline, Then then) {
+    bool write = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_ || cancelled_ || closing_) return false;
+      continued_[seq] = Continued{deadline, std::move(then)};
+      for (grpc::ByteBuffer& chunk : chunks) queue_.push_back(std::move(chunk));
+      if (!writing_) write = NextLocked();
+    }
+    if (write) StartWrite(&out_);
+    return true;
+  }
+
+  // Cancels the call when an update sent by SendThen has waited for its
+  // answer past its deadline: every update still on the call then fails
+  // (CANCELLED) and is sent again on a new one.
+  void CancelIfOverdue(absl::Time now) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_ || cancelled_) return;
+      bool overdue = false;
+      for (const auto& [seq, continued] : continued_) {
+        overdue = overdue || continued.deadline < now;
+      }
+      if (!overdue) return;
+      cancelled_ = true;
+    }
+    common::LogWarning(
+        "an update forwarded to the range's backup was not acknowledged in "
+        "time: the forwarding call is ended and its updates sent again");
+    context_.TryCancel();  // without the lock: it may react here
+  }
+
   // Ends the call and waits (a while) for gRPC to be done with it.
   void Cancel() {
     {
@@ -156,20 +197,29 @@ class Replication::ForwardCall
     ReplicaAck ack;
     const bool parsed = common::ParseSmallMessage(in_, &ack).ok();
     in_.Clear();
+    Then then;
+    grpc::Status answer;
     if (parsed) {
+      answer = grpc::Status(static_cast<grpc::StatusCode>(ack.code()),
+                            ack.message());
       absl::MutexLock lock(&mu_);
-      auto it = waiting_.find(ack.replica_seq());
-      if (it != waiting_.end()) {
-        it->second = grpc::Status(static_cast<grpc::StatusCode>(ack.code()),
-                                  ack.message());
+      if (auto c = continued_.find(ack.replica_seq()); c != continued_.end()) {
+        then = std::move(c->second.then);
+        continued_.erase(c);
+      } else if (auto it = waiting_.find(ack.replica_seq());
+                 it != waiting_.end()) {
+        it->second = answer;
         cv_.SignalAll();
       }
     }
     StartRead(&in_);
+    if (then) then(answer);
   }
 
   void OnDone(const grpc::Status& status) override {
     std::shared_ptr<ForwardCall> self;
+    std::vector<Then> thens;
+    grpc::Status ended;
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
@@ -177,9 +227,15 @@ class Replication::ForwardCall
                                            "the backup ended the forwarding "
                                            "call")
                             : status;
+      ended = status_;
+      for (auto& [seq, continued] : continued_) {
+        thens.push_back(std::move(continued.then));
+      }
+      continued_.clear();
       cv_.SignalAll();
       self = std::move(self_);
     }
+    for (Then& then : thens) then(ended);
     // `self` may be the last reference: the call goes with it.
   }
 
@@ -215,6 +271,12 @@ class Replication::ForwardCall
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   // The updates sent and not answered yet: their outcome once it came.
   std::map<int64_t, std::optional<grpc::Status>> waiting_ ABSL_GUARDED_BY(mu_);
+  // The same for SendThen's: what to run with the answer.
+  struct Continued {
+    absl::Time deadline;
+    Then then;
+  };
+  std::map<int64_t, Continued> continued_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   // The reads ended (the call is over) or a write failed: nothing more is
   // written, and the hold goes (released_) once no write is in flight.
@@ -226,20 +288,28 @@ class Replication::ForwardCall
 };
 
 Replication::~Replication() {
+  stopping_.store(true);
+  if (watchdog_.joinable()) {
+    stop_watchdog_.Notify();
+    watchdog_.join();
+  }
   std::shared_ptr<ForwardCall> call;
   {
     absl::MutexLock lock(&call_mu_);
     call = std::move(call_);
   }
   if (call != nullptr) call->Cancel();
+  // The forwards that failed with it end here (stopping_), each answered.
+  retries_.reset();
 }
 
-Replication::Replication(ReplicationOptions options, Role role,
-                         int64_t applied)
+Replication::Replication(ReplicationOptions options, Role role, int64_t applied)
     : options_(std::move(options)),
       role_(role),
       next_seq_(applied + 1),
-      confirmed_through_(applied) {
+      confirmed_through_(applied),
+      retries_(std::make_unique<TaskThreads>(
+          std::max(1, options_.blocking_threads))) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
   args.SetMaxSendMessageSize(common::kMaxMessageBytes);
@@ -759,18 +829,53 @@ grpc::Status Replication::SendOnce(const PushData& push, int64_t seq,
   return writer->Finish();
 }
 
+std::shared_ptr<Replication::ForwardCall> Replication::OpenCall() {
+  absl::MutexLock lock(&call_mu_);
+  if (call_ == nullptr || call_->ended()) {
+    call_ = ForwardCall::Open(generic_stub_.get(), options_);
+    forward_calls_.fetch_add(1);
+  }
+  if (!watchdog_.joinable()) {
+    // Ends a call whose continued forward (SendThen) is overdue.
+    watchdog_ = std::thread([this] {
+      while (!stop_watchdog_.WaitForNotificationWithTimeout(
+          absl::Milliseconds(100))) {
+        std::shared_ptr<ForwardCall> current;
+        {
+          absl::MutexLock lock(&call_mu_);
+          current = call_;
+        }
+        if (current != nullptr) current->CancelIfOverdue(absl::Now());
+      }
+    });
+  }
+  return call_;
+}
+
+bool Replication::ForwardsOneBit(const PushData& push) const {
+  return push.encoding == ENCODING_ONEBIT && options_.onebit_bucket_size > 0 &&
+         !push.onebit_bits.empty();
+}
+
+void Replication::NoteForward(int64_t seq, absl::Duration took,
+                              const grpc::Status& status) {
+  if (status.ok()) forward_seconds_.Observe(absl::ToDoubleSeconds(took));
+  // A forward holds its push's acknowledgement (in sync, the step's
+  // weights): one that takes long is said, with how it ended.
+  if (took > kSlowForward) {
+    common::LogWarning(
+        "the forward of update %d of the %s to its backup at %s took %.3f s "
+        "(%s)",
+        seq, Describe(), options_.peer_address, absl::ToDoubleSeconds(took),
+        status.ok() ? std::string("applied there")
+                    : common::ToAbslStatus(status).ToString());
+  }
+}
+
 grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
                                      int64_t epoch, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::shared_ptr<ForwardCall> call;
-  {
-    absl::MutexLock lock(&call_mu_);
-    if (call_ == nullptr || call_->ended()) {
-      call_ = ForwardCall::Open(generic_stub_.get(), options_);
-      forward_calls_.fetch_add(1);
-    }
-    call = call_;
-  }
+  std::shared_ptr<ForwardCall> call = OpenCall();
   // The chunks borrow the values (no copy): gRPC must have let go of them
   // before this returns, and the caller's push with them.
   common::BufferLease lease;
@@ -778,9 +883,7 @@ grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
   PushHeader header = HeaderOf(push, seq, epoch);
   // A 1-bit push goes as it came (it decodes to the same values there),
   // anything else as the float32 values the rule applied.
-  const bool onebit = push.encoding == ENCODING_ONEBIT &&
-                      options_.onebit_bucket_size > 0 &&
-                      !push.onebit_bits.empty();
+  const bool onebit = ForwardsOneBit(push);
   if (onebit) {
     header.set_encoding(ENCODING_ONEBIT);
     header.set_bucket_size(options_.onebit_bucket_size);
@@ -802,18 +905,7 @@ grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
   }
   const absl::Time sent = absl::Now();
   const grpc::Status status = call->Send(std::move(chunks), seq, deadline);
-  // A forward holds its push's acknowledgement (in sync, the step's
-  // weights): one that takes long is said, with how it ended.
-  const absl::Duration took = absl::Now() - sent;
-  if (status.ok()) forward_seconds_.Observe(absl::ToDoubleSeconds(took));
-  if (took > kSlowForward) {
-    common::LogWarning(
-        "the forward of update %d of the %s to its backup at %s took %.3f s "
-        "(%s)",
-        seq, Describe(), options_.peer_address, absl::ToDoubleSeconds(took),
-        status.ok() ? std::string("applied there")
-                    : common::ToAbslStatus(status).ToString());
-  }
+  NoteForward(seq, absl::Now() - sent, status);
   // Not expected to wait (the call lets go of a chunk once written or
   // dropped); returning sooner would free values that gRPC still reads.
   for (int minutes = 1; !lease.AwaitReleased(absl::Minutes(1)); ++minutes) {
@@ -892,23 +984,91 @@ absl::Status Replication::Forward(const PushData& push, int64_t seq) {
     if (role_ != Role::kPrimary) return ServingLocked();
     epoch = epoch_;
   }
-  for (int attempt = 1;; ++attempt) {
-    const grpc::Status status =
-        SendOnCall(push, seq, epoch, options_.forward_timeout);
+  return SendUntilDone(push, seq, epoch,
+                       SendOnCall(push, seq, epoch, options_.forward_timeout));
+}
+
+void Replication::ForwardThen(const PushData& push, int64_t seq,
+                              std::shared_ptr<const void> owner,
+                              std::function<void(absl::Status)> done) {
+  int64_t epoch = 0;
+  bool on_call = owner != nullptr && !ForwardsOneBit(push);
+  {
     absl::MutexLock lock(&mu_);
-    if (status.ok()) {
-      replicated_.fetch_add(1);
-      if (role_ == Role::kPrimary) {
-        confirmed_.insert(seq);
-        while (!confirmed_.empty() &&
-               *confirmed_.begin() == confirmed_through_ + 1) {
-          confirmed_.erase(confirmed_.begin());
-          ++confirmed_through_;
-        }
-        confirmed_cv_.SignalAll();
-      }
-      return absl::OkStatus();
+    if (role_ != Role::kPrimary) {
+      on_call = false;
+    } else {
+      epoch = epoch_;
     }
+  }
+  std::shared_ptr<ForwardCall> call;
+  if (on_call) call = OpenCall();
+  // The chunks share the values' owner: gRPC may hold them a little after
+  // the backup answered, when the push is gone.
+  std::vector<grpc::ByteBuffer> chunks;
+  if (on_call) {
+    const PushHeader header = HeaderOf(push, seq, epoch);
+    const common::ChunkPlan plan(
+        ENCODING_FLOAT32, push.values.size(), options_.onebit_bucket_size,
+        std::max<size_t>(1, options_.chunk_values) * sizeof(float));
+    const char* data = reinterpret_cast<const char*>(push.values.data());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const common::ChunkRange chunk = plan[i];
+      chunks.push_back(common::PushChunkMessage(
+          i == 0 ? &header : nullptr, chunk.first_value,
+          common::SharedSlice(data + chunk.data_offset, chunk.data_bytes,
+                              owner),
+          grpc::Slice()));
+    }
+  }
+  const absl::Time sent = absl::Now();
+  auto answered = [this, push, seq, epoch, owner, done,
+                   sent](grpc::Status status) {
+    NoteForward(seq, absl::Now() - sent, status);
+    if (status.ok()) return done(Confirm(seq));
+    // What a failure means (a fenced primary, a backup gone) takes a health
+    // check, and blocks: not on gRPC's thread.
+    retries_->Run([this, push, seq, epoch, owner, done, status] {
+      done(SendUntilDone(push, seq, epoch, status));
+    });
+  };
+  if (on_call && call->SendThen(std::move(chunks), seq,
+                                sent + options_.forward_timeout, answered)) {
+    return;
+  }
+  // Not on the call: a 1-bit push (its bits are the decoder's), a copy that
+  // is not the range's primary, or a call that just ended.
+  retries_->Run([this, push, seq, owner, done] { done(Forward(push, seq)); });
+}
+
+absl::Status Replication::Confirm(int64_t seq) {
+  absl::MutexLock lock(&mu_);
+  replicated_.fetch_add(1);
+  if (role_ == Role::kPrimary) {
+    confirmed_.insert(seq);
+    while (!confirmed_.empty() &&
+           *confirmed_.begin() == confirmed_through_ + 1) {
+      confirmed_.erase(confirmed_.begin());
+      ++confirmed_through_;
+    }
+    confirmed_cv_.SignalAll();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replication::SendUntilDone(const PushData& push, int64_t seq,
+                                        int64_t epoch, grpc::Status status) {
+  for (int attempt = 1;; ++attempt) {
+    if (attempt > 1) {
+      status = SendOnCall(push, seq, epoch, options_.forward_timeout);
+    }
+    if (status.ok()) return Confirm(seq);
+    if (stopping_.load()) {
+      return absl::UnavailableError(
+          "this process is stopping: the update was not acknowledged by the "
+          "range's backup");
+    }
+    absl::MutexLock lock(&mu_);
     if (role_ == Role::kDegraded) return absl::OkStatus();
     if (role_ != Role::kPrimary) return ServingLocked();
     const grpc::StatusCode code = status.error_code();

@@ -48,6 +48,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -55,9 +56,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/histogram.h"
 #include "proto/service.grpc.pb.h"
+#include "server/task_threads.h"
 #include "server/update_rule.h"
 
 namespace monsoon::server {
@@ -83,6 +86,10 @@ struct ReplicationOptions {
   // (more than can be in flight) stops following: the copies started apart.
   // Updates waiting for their turn are bounded by it too.
   int64_t max_ahead = 1024;
+  // Threads for the forwards that block (ForwardThen: a retry after a
+  // failure, or one not sent on the call): enough for every rank's pushes
+  // in flight.
+  int blocking_threads = 4;
   std::string auth_token;  // the run's token, empty: none
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
 };
@@ -198,6 +205,16 @@ class Replication {
   // acknowledge the push) or the backup answers but did not take the
   // update (the worker retries).
   absl::Status Forward(const PushData& push, int64_t seq);
+  // The same without blocking the caller: `done` runs with what Forward
+  // would return, on the thread that reads the backup's answer when the
+  // update goes on the forwarding call and the backup applies it (no thread
+  // between the two), else on one of this primary's blocking threads (a
+  // retry, a 1-bit push, a copy that is not primary). `owner` keeps the
+  // push's values alive, as long as gRPC holds them; null: the caller keeps
+  // them until `done` (the forward then blocks).
+  void ForwardThen(const PushData& push, int64_t seq,
+                   std::shared_ptr<const void> owner,
+                   std::function<void(absl::Status)> done);
 
   // Primary: waits until every update up to `version` has reached the
   // backup (or the backup is gone). A push that the primary answers as a
@@ -208,6 +225,7 @@ class Replication {
   absl::Status AwaitForwarded(int64_t version);
 
  private:
+  class ForwardCall;  // the forwarding call, from the primary's side
   Replication(ReplicationOptions options, Role role, int64_t applied);
   // A call to the peer: its deadline `timeout` from now, and the run's
   // token.
@@ -222,6 +240,21 @@ class Replication {
                StatsResponse* peer) const;
   // The header of update `seq` of `epoch` as a forwarded push.
   PushHeader HeaderOf(const PushData& push, int64_t seq, int64_t epoch) const;
+  // The forwarding call, opened if none is open (and with it the watchdog
+  // that ends a call whose ForwardThen update is overdue).
+  std::shared_ptr<ForwardCall> OpenCall();
+  // Whether `push` goes to the backup as its bits and scales.
+  bool ForwardsOneBit(const PushData& push) const;
+  // A forward's time (forward_seconds) and, when slow, a log line.
+  void NoteForward(int64_t seq, absl::Duration took,
+                   const grpc::Status& status);
+  // The backup has applied update `seq`: counted and confirmed. OK.
+  absl::Status Confirm(int64_t seq);
+  // Forward's outcome, from the first attempt's `status` on: retries (3 in
+  // all) while the backup answers its health check, and what a failure
+  // means (fenced; degraded).
+  absl::Status SendUntilDone(const PushData& push, int64_t seq, int64_t epoch,
+                             grpc::Status status);
   // One attempt to forward update `seq` of `epoch`, within `timeout`, on a
   // call of its own (Push).
   grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch,
@@ -264,7 +297,6 @@ class Replication {
   std::unique_ptr<grpc::GenericStub> generic_stub_;  // Replicate's, raw
 
   // Primary: the call its forwards go on (one for the run while it works).
-  class ForwardCall;
   absl::Mutex call_mu_;
   std::shared_ptr<ForwardCall> call_ ABSL_GUARDED_BY(call_mu_);
 
@@ -300,6 +332,13 @@ class Replication {
   std::atomic<int64_t> repairs_{0};
   std::atomic<int64_t> forward_calls_{0};
   common::Histogram forward_seconds_;
+  // Set by the destructor: a forward that fails from then on is not tried
+  // again.
+  std::atomic<bool> stopping_{false};
+  // Ends a call whose ForwardThen update is overdue (started by OpenCall).
+  absl::Notification stop_watchdog_;
+  std::thread watchdog_;
+  std::unique_ptr<TaskThreads> retries_;  // options_.blocking_threads
 };
 
 }  // namespace monsoon::server

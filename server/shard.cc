@@ -591,6 +591,31 @@ absl::Status Shard::Replicate(const PushData& push,
                                                      ": ", forwarded.message()));
 }
 
+void Shard::ReplicateThen(const PushData& push, const AppliedPush& applied,
+                          std::shared_ptr<const void> owner, TaskThreads* tasks,
+                          std::function<void(absl::Status)> done) {
+  if (replication_ == nullptr || (mode_ == SYNC && !applied.result.duplicate)) {
+    return done(absl::OkStatus());  // see Replicate
+  }
+  if (applied.result.duplicate || owner == nullptr) {
+    // A repeat waits for the forwards before it (AwaitForwarded), blocking.
+    tasks->Run([this, push, applied, done = std::move(done)] {
+      done(Replicate(push, applied));
+    });
+    return;
+  }
+  replication_->ForwardThen(
+      push, applied.result.version, std::move(owner),
+      [this, done = std::move(done)](absl::Status forwarded) {
+        if (!forwarded.ok()) {
+          forwarded = absl::Status(forwarded.code(),
+                                   absl::StrCat("shard ", state_->shard(), ": ",
+                                                forwarded.message()));
+        }
+        done(std::move(forwarded));
+      });
+}
+
 absl::StatusOr<AppliedPush> Shard::ApplyPush(const PushData& push,
                                              bool answer_repeats) {
   if (push.replica_seq > 0) {

@@ -108,6 +108,14 @@ class Shard {
   // for gRPC's threads. UNAVAILABLE when the backup took the range over
   // (this process is fenced) and the push is not to be acknowledged.
   absl::Status Replicate(const PushData& push, const AppliedPush& applied);
+  // The same without blocking: `done` gets Replicate's outcome, on the
+  // thread that reads the backup's answer where it can (a worker's push
+  // forwarded on the forwarding call: Replication::ForwardThen), else from
+  // one of `tasks`. `owner` keeps the push's values alive while gRPC holds
+  // them (null: the caller keeps them until `done`).
+  void ReplicateThen(const PushData& push, const AppliedPush& applied,
+                     std::shared_ptr<const void> owner, TaskThreads* tasks,
+                     std::function<void(absl::Status)> done);
 
   // A push forwarded by the range's primary (PushData::replica_seq), applied
   // in the primary's order (Replication::ApplyInOrder); `done` gets the

@@ -368,6 +368,9 @@ absl::Status ShardServer::BuildReplicas(const ShardServerOptions& options,
   mine.chunk_values =
       static_cast<size_t>(options.config.chunk_bytes()) / sizeof(float);
   mine.onebit_bucket_size = options.config.onebit_bucket_size();
+  // As many as the service's forwarding threads (ParameterServiceImpl).
+  mine.blocking_threads =
+      std::clamp(options.num_workers * options.max_pushes_per_rank, 4, 64);
   mine.auth_token = options.auth_token;
   mine.credentials = options.peer_credentials;
   ReplicationOptions theirs = mine;

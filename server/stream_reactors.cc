@@ -219,15 +219,25 @@ class PushReader {
     if (!applied.ok() || !applied->replicate || streams_.tasks == nullptr) {
       return then(std::move(applied));
     }
-    // The forward to the backup blocks: not on gRPC's threads.
-    streams_.tasks->Run([this, applied = *applied, then = std::move(then)] {
-      absl::Status replicated = streams_.shard->Replicate(push_, applied);
-      if (replicated.ok()) {
-        then(applied);
-      } else {
-        then(replicated);
-      }
-    });
+    // From here on the values belong to the forward, which may outlive
+    // this push in gRPC's hands (a 1-bit push's bits stay the decoder's:
+    // without an owner the forward blocks, not on gRPC's threads).
+    std::shared_ptr<const void> owner;
+    if (push_.buffer != nullptr && *push_.buffer != nullptr &&
+        push_.encoding == ENCODING_FLOAT32) {
+      owner =
+          std::make_shared<FloatBufferPool::Buffer>(std::move(*push_.buffer));
+      push_.buffer = nullptr;
+    }
+    streams_.shard->ReplicateThen(
+        push_, *applied, std::move(owner), streams_.tasks,
+        [applied = *applied, then = std::move(then)](absl::Status replicated) {
+          if (replicated.ok()) {
+            then(applied);
+          } else {
+            then(replicated);
+          }
+        });
   }
 
   // The call was cancelled: a forwarded update that waits for its turn is
