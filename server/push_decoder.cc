@@ -314,6 +314,26 @@ absl::Status PushDecoder::CheckValues(const float* values, uint64_t n,
       "or the optimizer's state"));
 }
 
+std::shared_ptr<const void> PushDecoder::ReleaseStorage(PushData* push) {
+  if (push->buffer != &values_ || values_ == nullptr) return nullptr;
+  struct Storage {
+    FloatBufferPool::Buffer values;
+    std::string bits;
+    std::string scales;
+  };
+  auto storage = std::make_shared<Storage>();
+  storage->values = std::move(values_);
+  storage->bits = std::move(bits_);
+  storage->scales = std::move(scales_);
+  push->buffer = nullptr;
+  push->values = absl::MakeConstSpan(storage->values.get(), shard_size_);
+  if (push->encoding == ENCODING_ONEBIT) {
+    push->onebit_bits = storage->bits;
+    push->onebit_scales = storage->scales;
+  }
+  return storage;
+}
+
 absl::StatusOr<PushData> PushDecoder::Finish() {
   // The push is whole (or never will be): what it holds from here on is the
   // caller's to account for, not the stream's.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -72,6 +73,12 @@ class PushDecoder {
   // long as the decoder, or the rule that takes over their buffer
   // (PushData::buffer). INVALID_ARGUMENT if it is empty or short.
   absl::StatusOr<PushData> Finish();
+
+  // Hands the storage of `push` (what Finish returned: its values' buffer,
+  // and a 1-bit push's bits and scales) to a holder that keeps it as long
+  // as the holder lives, and points `push` at it. Null, and `push`
+  // unchanged, when a rule took the values' buffer (PushData::buffer).
+  std::shared_ptr<const void> ReleaseStorage(PushData* push);
 
   // Whether the header has been read (and with it worker_rank and session
   // of the push Finish returns).

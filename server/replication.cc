@@ -872,13 +872,9 @@ void Replication::NoteForward(int64_t seq, absl::Duration took,
   }
 }
 
-grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
-                                     int64_t epoch, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  std::shared_ptr<ForwardCall> call = OpenCall();
-  // The chunks borrow the values (no copy): gRPC must have let go of them
-  // before this returns, and the caller's push with them.
-  common::BufferLease lease;
+std::vector<grpc::ByteBuffer> Replication::ChunksOf(
+    const PushData& push, int64_t seq, int64_t epoch,
+    const std::function<grpc::Slice(const char*, size_t)>& slice) const {
   std::vector<grpc::ByteBuffer> chunks;
   PushHeader header = HeaderOf(push, seq, epoch);
   // A 1-bit push goes as it came (it decodes to the same values there),
@@ -898,11 +894,24 @@ grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
     const common::ChunkRange chunk = plan[i];
     chunks.push_back(common::PushChunkMessage(
         i == 0 ? &header : nullptr, chunk.first_value,
-        lease.Borrow(data + chunk.data_offset, chunk.data_bytes),
-        onebit ? lease.Borrow(push.onebit_scales.data() + chunk.scales_offset,
-                              chunk.scales_bytes)
+        slice(data + chunk.data_offset, chunk.data_bytes),
+        onebit ? slice(push.onebit_scales.data() + chunk.scales_offset,
+                       chunk.scales_bytes)
                : grpc::Slice()));
   }
+  return chunks;
+}
+
+grpc::Status Replication::SendOnCall(const PushData& push, int64_t seq,
+                                     int64_t epoch, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::shared_ptr<ForwardCall> call = OpenCall();
+  // The chunks borrow the values (no copy): gRPC must have let go of them
+  // before this returns, and the caller's push with them.
+  common::BufferLease lease;
+  std::vector<grpc::ByteBuffer> chunks = ChunksOf(
+      push, seq, epoch,
+      [&lease](const char* data, size_t n) { return lease.Borrow(data, n); });
   const absl::Time sent = absl::Now();
   const grpc::Status status = call->Send(std::move(chunks), seq, deadline);
   NoteForward(seq, absl::Now() - sent, status);
@@ -992,7 +1001,7 @@ void Replication::ForwardThen(const PushData& push, int64_t seq,
                               std::shared_ptr<const void> owner,
                               std::function<void(absl::Status)> done) {
   int64_t epoch = 0;
-  bool on_call = owner != nullptr && !ForwardsOneBit(push);
+  bool on_call = owner != nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (role_ != Role::kPrimary) {
@@ -1007,19 +1016,9 @@ void Replication::ForwardThen(const PushData& push, int64_t seq,
   // the backup answered, when the push is gone.
   std::vector<grpc::ByteBuffer> chunks;
   if (on_call) {
-    const PushHeader header = HeaderOf(push, seq, epoch);
-    const common::ChunkPlan plan(
-        ENCODING_FLOAT32, push.values.size(), options_.onebit_bucket_size,
-        std::max<size_t>(1, options_.chunk_values) * sizeof(float));
-    const char* data = reinterpret_cast<const char*>(push.values.data());
-    for (size_t i = 0; i < plan.size(); ++i) {
-      const common::ChunkRange chunk = plan[i];
-      chunks.push_back(common::PushChunkMessage(
-          i == 0 ? &header : nullptr, chunk.first_value,
-          common::SharedSlice(data + chunk.data_offset, chunk.data_bytes,
-                              owner),
-          grpc::Slice()));
-    }
+    chunks = ChunksOf(push, seq, epoch, [&owner](const char* data, size_t n) {
+      return common::SharedSlice(data, n, owner);
+    });
   }
   const absl::Time sent = absl::Now();
   auto answered = [this, push, seq, epoch, owner, done,
@@ -1036,8 +1035,8 @@ void Replication::ForwardThen(const PushData& push, int64_t seq,
                                 sent + options_.forward_timeout, answered)) {
     return;
   }
-  // Not on the call: a 1-bit push (its bits are the decoder's), a copy that
-  // is not the range's primary, or a call that just ended.
+  // Not on the call: a push without an owner, a copy that is not the
+  // range's primary, or a call that just ended.
   retries_->Run([this, push, seq, owner, done] { done(Forward(push, seq)); });
 }
 

@@ -209,9 +209,9 @@ class Replication {
   // would return, on the thread that reads the backup's answer when the
   // update goes on the forwarding call and the backup applies it (no thread
   // between the two), else on one of this primary's blocking threads (a
-  // retry, a 1-bit push, a copy that is not primary). `owner` keeps the
-  // push's values alive, as long as gRPC holds them; null: the caller keeps
-  // them until `done` (the forward then blocks).
+  // retry, a copy that is not primary). `owner` keeps the push's values
+  // (and a 1-bit push's bits and scales) alive as long as gRPC holds them;
+  // null: the caller keeps them until `done` (the forward then blocks).
   void ForwardThen(const PushData& push, int64_t seq,
                    std::shared_ptr<const void> owner,
                    std::function<void(absl::Status)> done);
@@ -245,6 +245,11 @@ class Replication {
   std::shared_ptr<ForwardCall> OpenCall();
   // Whether `push` goes to the backup as its bits and scales.
   bool ForwardsOneBit(const PushData& push) const;
+  // Update `seq` of `epoch` as the chunks of a forwarded push, their
+  // payload made by `slice` (a borrow, or a share of the values' owner).
+  std::vector<grpc::ByteBuffer> ChunksOf(
+      const PushData& push, int64_t seq, int64_t epoch,
+      const std::function<grpc::Slice(const char*, size_t)>& slice) const;
   // A forward's time (forward_seconds) and, when slow, a log line.
   void NoteForward(int64_t seq, absl::Duration took,
                    const grpc::Status& status);

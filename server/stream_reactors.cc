@@ -220,15 +220,8 @@ class PushReader {
       return then(std::move(applied));
     }
     // From here on the values belong to the forward, which may outlive
-    // this push in gRPC's hands (a 1-bit push's bits stay the decoder's:
-    // without an owner the forward blocks, not on gRPC's threads).
-    std::shared_ptr<const void> owner;
-    if (push_.buffer != nullptr && *push_.buffer != nullptr &&
-        push_.encoding == ENCODING_FLOAT32) {
-      owner =
-          std::make_shared<FloatBufferPool::Buffer>(std::move(*push_.buffer));
-      push_.buffer = nullptr;
-    }
+    // this push in gRPC's hands.
+    std::shared_ptr<const void> owner = decoder_.ReleaseStorage(&push_);
     streams_.shard->ReplicateThen(
         push_, *applied, std::move(owner), streams_.tasks,
         [applied = *applied, then = std::move(then)](absl::Status replicated) {

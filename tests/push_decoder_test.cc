@@ -535,6 +535,46 @@ TEST_F(OneBitPushDecoderTest, APushKeepsItsBitsAndScalesWhole) {
   EXPECT_EQ(decoded, expected_);
 }
 
+// A primary's forward may outlive the push in gRPC's hands: the push's
+// storage, released, is no longer the decoder's (nor its pool's).
+TEST_F(OneBitPushDecoderTest, AReleasedPushOutlivesItsDecoder) {
+  FloatBufferPool pool(kSize);
+  auto decoder = std::make_unique<PushDecoder>(kShard, kSize, kWorkers,
+                                               ENCODING_ONEBIT, kBucket, &pool);
+  PushChunk first = Encoded(0, 4);
+  *first.mutable_header() = OneBitHeader();
+  const PushChunk second = Encoded(4, 5);
+  ASSERT_OK(decoder->Add(common::SmallMessage(first)));
+  ASSERT_OK(decoder->Add(common::SmallMessage(second)));
+  absl::StatusOr<PushData> push = decoder->Finish();
+  ASSERT_OK(push.status());
+  std::shared_ptr<const void> storage = decoder->ReleaseStorage(&*push);
+  ASSERT_NE(storage, nullptr);
+  EXPECT_EQ(push->buffer, nullptr);
+  decoder.reset();
+  // Had the decoder kept the values' buffer, the pool would hand it out
+  // again here, overwritten.
+  FloatBufferPool::Buffer reused = pool.Take();
+  std::fill(reused.get(), reused.get() + kSize, 7.0f);
+  EXPECT_EQ(std::vector<float>(push->values.begin(), push->values.end()),
+            expected_);
+  EXPECT_EQ(push->onebit_bits, first.data() + second.data());
+  EXPECT_EQ(push->onebit_scales, first.scales() + second.scales());
+}
+
+// A rule that took the values' buffer (sync's sum) leaves nothing to
+// release.
+TEST(PushDecoderTest, NothingIsReleasedOnceARuleTookTheValues) {
+  FloatBufferPool pool(kSize);
+  PushDecoder decoder(kShard, kSize, kWorkers, ENCODING_FLOAT32, 512, &pool);
+  ASSERT_OK(decoder.Add(common::SmallMessage(First({1, 2, 3, 4, 5}))));
+  absl::StatusOr<PushData> push = decoder.Finish();
+  ASSERT_OK(push.status());
+  FloatBufferPool::Buffer taken = std::move(*push->buffer);
+  EXPECT_EQ(decoder.ReleaseStorage(&*push), nullptr);
+  EXPECT_EQ(taken[4], 5.0f);
+}
+
 // A range's primary forwards a push as float32 values, or as it came in
 // the run's encoding; no other.
 TEST_F(OneBitPushDecoderTest, AForwardedPushIsFloat32OrInTheRunsEncoding) {
