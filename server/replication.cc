@@ -940,26 +940,41 @@ void Replication::DegradeLocked(const std::string& why, bool tell_backup) {
       Describe(), why);
 }
 
-void Replication::TellBackupItIsDetached(const PushData& push, int64_t seq) {
-  int64_t epoch;
-  {
-    absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
-    if (!detach_pending_ || now < next_detach_) return;
-    next_detach_ = now + absl::Milliseconds(200);
-    epoch = epoch_;
-  }
+void Replication::TellBackupLaterLocked(const PushData& push, int64_t seq) {
+  const absl::Time now = absl::Now();
+  if (!detach_pending_ || detach_sending_ || now < next_detach_) return;
+  next_detach_ = now + absl::Milliseconds(200);
+  detach_sending_ = true;
+  // Sent with values of its own: the push is acknowledged meanwhile, and
+  // its values go with it.
+  auto values = std::make_shared<std::vector<float>>(push.values.begin(),
+                                                     push.values.end());
+  PushData detach = push;
+  detach.values = *values;
+  detach.encoding = ENCODING_FLOAT32;
+  detach.onebit_bits = {};
+  detach.onebit_scales = {};
+  detach.buffer = nullptr;
+  const int64_t epoch = epoch_;
+  retries_->Run([this, detach, values, seq, epoch] {
+    TellBackupItIsDetached(detach, seq, epoch);
+  });
+}
+
+void Replication::TellBackupItIsDetached(const PushData& push, int64_t seq,
+                                         int64_t epoch) {
   // An update far ahead of any the backup expects: it stops following
   // (ApplyInOrder's max_ahead) and will not take the range over.
   const grpc::Status status = SendOnce(push, seq + 2 * options_.max_ahead,
                                        epoch, options_.probe_timeout);
   const grpc::StatusCode code = status.error_code();
+  absl::MutexLock lock(&mu_);
+  detach_sending_ = false;
   if (code == grpc::StatusCode::UNAVAILABLE ||
       code == grpc::StatusCode::DEADLINE_EXCEEDED ||
       code == grpc::StatusCode::CANCELLED) {
     return;  // still out of reach: tried again later
   }
-  absl::MutexLock lock(&mu_);
   if (!detach_pending_) return;
   detach_pending_ = false;
   if (code == grpc::StatusCode::FAILED_PRECONDITION && role_ == Role::kDegraded) {
@@ -983,11 +998,7 @@ absl::Status Replication::Forward(const PushData& push, int64_t seq) {
   {
     absl::MutexLock lock(&mu_);
     if (role_ == Role::kDegraded) {
-      if (detach_pending_) {
-        mu_.Unlock();
-        TellBackupItIsDetached(push, seq);
-        mu_.Lock();
-      }
+      TellBackupLaterLocked(push, seq);
       return absl::OkStatus();
     }
     if (role_ != Role::kPrimary) return ServingLocked();
@@ -1002,14 +1013,20 @@ void Replication::ForwardThen(const PushData& push, int64_t seq,
                               std::function<void(absl::Status)> done) {
   int64_t epoch = 0;
   bool on_call = owner != nullptr;
+  bool degraded = false;
   {
     absl::MutexLock lock(&mu_);
-    if (role_ != Role::kPrimary) {
+    if (role_ == Role::kDegraded) {
+      TellBackupLaterLocked(push, seq);
+      degraded = true;
+    } else if (role_ != Role::kPrimary) {
       on_call = false;
     } else {
       epoch = epoch_;
     }
   }
+  // Acknowledged without a copy (see Forward).
+  if (degraded) return done(absl::OkStatus());
   std::shared_ptr<ForwardCall> call;
   if (on_call) call = OpenCall();
   // The chunks share the values' owner: gRPC may hold them a little after

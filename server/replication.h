@@ -275,9 +275,14 @@ class Replication {
   // (TellBackupItIsDetached).
   void DegradeLocked(const std::string& why, bool tell_backup)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Degraded, with the backup not told yet: at most every 200 ms, sends it
-  // an update far beyond its next one, which makes it stop following.
-  void TellBackupItIsDetached(const PushData& push, int64_t seq);
+  // Degraded, with the backup not told yet: at most every 200 ms, and one
+  // at a time, sends it an update far beyond its next one (a copy of
+  // `push`'s values, `seq` + 2 max_ahead), which makes it stop following;
+  // on one of retries_, so that no push waits for it (a backup that comes
+  // back may take up to the probe timeout to answer).
+  void TellBackupLaterLocked(const PushData& push, int64_t seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TellBackupItIsDetached(const PushData& push, int64_t seq, int64_t epoch);
   std::string Describe() const;
   absl::Status ServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Backup: why forwarded update `seq` of `epoch` is refused (OK: it is
@@ -330,6 +335,7 @@ class Replication {
   // Degraded: whether the backup still has to hear it no longer follows,
   // and when to try next.
   bool detach_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool detach_sending_ ABSL_GUARDED_BY(mu_) = false;  // one in flight
   absl::Time next_detach_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::CondVar confirmed_cv_;
   std::atomic<int64_t> replicated_{0};
