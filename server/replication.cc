@@ -835,8 +835,9 @@ std::shared_ptr<Replication::ForwardCall> Replication::OpenCall() {
     call_ = ForwardCall::Open(generic_stub_.get(), options_);
     forward_calls_.fetch_add(1);
   }
-  if (!watchdog_.joinable()) {
-    // Ends a call whose continued forward (SendThen) is overdue.
+  if (!watchdog_.joinable() && !stopping_.load()) {
+    // Ends a call whose continued forward (SendThen) is overdue (not
+    // started again once the destructor has joined it).
     watchdog_ = std::thread([this] {
       while (!stop_watchdog_.WaitForNotificationWithTimeout(
           absl::Milliseconds(100))) {
@@ -994,6 +995,11 @@ void Replication::TellBackupItIsDetached(const PushData& push, int64_t seq,
 }
 
 absl::Status Replication::Forward(const PushData& push, int64_t seq) {
+  if (stopping_.load()) {
+    return absl::UnavailableError(
+        "this process is stopping: the update was not forwarded to the "
+        "range's backup");
+  }
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
