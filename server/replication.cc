@@ -1034,11 +1034,11 @@ void Replication::ForwardThen(const PushData& push, int64_t seq,
   // Acknowledged without a copy (see Forward).
   if (degraded) return done(absl::OkStatus());
   std::shared_ptr<ForwardCall> call;
-  if (on_call) call = OpenCall();
-  // The chunks share the values' owner: gRPC may hold them a little after
-  // the backup answered, when the push is gone.
   std::vector<grpc::ByteBuffer> chunks;
   if (on_call) {
+    call = OpenCall();
+    // The chunks share the values' owner: gRPC may hold them a little
+    // after the backup answered, when the push is gone.
     chunks = ChunksOf(push, seq, epoch, [&owner](const char* data, size_t n) {
       return common::SharedSlice(data, n, owner);
     });

@@ -50,11 +50,7 @@ absl::StatusOr<RepairResponse> Shard::Repair(const RepairRequest& request) {
         "'s range"));
   }
   absl::StatusOr<int64_t> epoch = replication_->AttachBackup();
-  if (!epoch.ok()) {
-    return absl::Status(epoch.status().code(),
-                        absl::StrCat("shard ", state_->shard(), ": ",
-                                     epoch.status().message()));
-  }
+  if (!epoch.ok()) return OfThisShard(epoch.status());
   // Taken after the forwards began: every update the copy lacks is
   // forwarded (those it has, the backup answers as done).
   const RuleState saved = rule_->SaveState();
@@ -87,10 +83,7 @@ void Shard::PublishStep(const std::shared_ptr<const SyncStep>& step) {
 
 absl::Status Shard::CheckServing() const {
   if (replication_ == nullptr) return absl::OkStatus();
-  absl::Status serving = replication_->CheckServing();
-  if (serving.ok()) return serving;
-  return absl::Status(serving.code(), absl::StrCat("shard ", state_->shard(),
-                                                   ": ", serving.message()));
+  return OfThisShard(replication_->CheckServing());
 }
 
 absl::Status Shard::CheckCaller(uint64_t fingerprint, int shard) const {
@@ -148,10 +141,7 @@ absl::StatusOr<RegisterResponse> Shard::Register(
   if (replication_ != nullptr) {
     absl::Status serving = request.take_over() ? replication_->TakeOver()
                                                : replication_->CheckServing();
-    if (!serving.ok()) {
-      return absl::Status(serving.code(), absl::StrCat("shard ", state_->shard(),
-                                                       ": ", serving.message()));
-    }
+    if (!serving.ok()) return OfThisShard(serving);
   } else if (request.take_over()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", state_->shard(),
@@ -586,9 +576,13 @@ absl::Status Shard::Replicate(const PushData& push,
       applied.result.duplicate
           ? replication_->AwaitForwarded(applied.result.version)
           : replication_->Forward(push, applied.result.version);
-  if (forwarded.ok()) return forwarded;
-  return absl::Status(forwarded.code(), absl::StrCat("shard ", state_->shard(),
-                                                     ": ", forwarded.message()));
+  return OfThisShard(forwarded);
+}
+
+absl::Status Shard::OfThisShard(const absl::Status& status) const {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("shard ", state_->shard(),
+                                                  ": ", status.message()));
 }
 
 void Shard::ReplicateThen(const PushData& push, const AppliedPush& applied,
@@ -606,13 +600,8 @@ void Shard::ReplicateThen(const PushData& push, const AppliedPush& applied,
   }
   replication_->ForwardThen(
       push, applied.result.version, std::move(owner),
-      [this, done = std::move(done)](absl::Status forwarded) {
-        if (!forwarded.ok()) {
-          forwarded = absl::Status(forwarded.code(),
-                                   absl::StrCat("shard ", state_->shard(), ": ",
-                                                forwarded.message()));
-        }
-        done(std::move(forwarded));
+      [this, done = std::move(done)](const absl::Status& forwarded) {
+        done(OfThisShard(forwarded));
       });
 }
 

@@ -116,6 +116,8 @@ class Shard {
   void ReplicateThen(const PushData& push, const AppliedPush& applied,
                      std::shared_ptr<const void> owner, TaskThreads* tasks,
                      std::function<void(absl::Status)> done);
+  // `status` with this shard named in front of its message (OK as it is).
+  absl::Status OfThisShard(const absl::Status& status) const;
 
   // A push forwarded by the range's primary (PushData::replica_seq), applied
   // in the primary's order (Replication::ApplyInOrder); `done` gets the
