@@ -188,6 +188,39 @@ TEST_F(GradientPusherTest, OneBitPushesCarryTheHostCodecsBytesWithOneResidual) {
   EXPECT_NE(weights, initial);
 }
 
+// A step sent again (after a lost shard) goes as it was encoded: the
+// shard that has it answers it as a duplicate, and the residual counts the
+// step once, so the next steps' bits, and the weights they make, are those
+// of a run that sent each step once. Encoded a second time (Push), the
+// residual would have taken the step's error twice.
+TEST_F(GradientPusherTest, AOneBitPushSentAgainIsTheSameBitsAndResidual) {
+  const TrainingConfig config = ResolvedConfig(kOneBit);
+  Cluster once(config), twice(config);
+  ASSERT_NE(once.client, nullptr);
+  ASSERT_NE(twice.client, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> single,
+                       Pusher(once, config));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GradientPusher> repeating,
+                       Pusher(twice, config));
+  ASSERT_OK_AND_ASSIGN(float* device, Device());
+  constexpr int kSteps = 4;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<float> g = Gradient(step);
+    ASSERT_OK(cpu_->CopyToDevice(g.data(), device, 53 * sizeof(float)));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> first,
+                         single->Push(device, {step, step}, 8, 8 * step));
+    ASSERT_OK(first->Wait());
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingCall> pushed,
+                         repeating->Push(device, {step, step}, 8, 8 * step));
+    ASSERT_OK(pushed->Wait());
+    ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<PendingCall> again,
+        repeating->PushAgain(device, {step, step}, 8, 8 * step));
+    ASSERT_OK(again->Wait());
+    EXPECT_EQ(twice.Weights(step + 1), once.Weights(step + 1));
+  }
+}
+
 TEST_F(GradientPusherTest, AccumulatedStepsArePushedAsTheirSumThenCleared) {
   const TrainingConfig config = ResolvedConfig(kFloat32);
   Cluster cluster(config);

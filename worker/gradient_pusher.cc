@@ -126,6 +126,12 @@ absl::StatusOr<ShardPayload> GradientPusher::Prepare(int shard,
   }
   const common::PayloadBytes bytes =
       common::PayloadBytesFor(ENCODING_ONEBIT, range.size(), bucket_size_);
+  if (again_ && encoded_[shard]) {
+    payload.data = Bytes(host_bits_.data() + bits_at_[shard], bytes.data);
+    payload.scales =
+        Bytes(host_scales_.data() + scales_at_[shard], bytes.scales);
+    return payload;
+  }
   uint8_t* bits = device_bits_ + bits_at_[shard];
   float* scales = device_scales_ + scales_at_[shard];
   absl::Status status =
@@ -140,6 +146,7 @@ absl::StatusOr<ShardPayload> GradientPusher::Prepare(int shard,
         scales, host_scales_.data() + scales_at_[shard], bytes.scales);
   }
   if (!status.ok()) return status;
+  encoded_[shard] = true;
   payload.data = Bytes(host_bits_.data() + bits_at_[shard], bytes.data);
   payload.scales = Bytes(host_scales_.data() + scales_at_[shard], bytes.scales);
   return payload;
@@ -165,6 +172,23 @@ absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::Push(
   return (*staged)->Finish();
 }
 
+absl::StatusOr<std::unique_ptr<PendingCall>> GradientPusher::PushAgain(
+    const float* device_grads, const std::vector<int64_t>& base_versions,
+    int64_t samples, int64_t sample_offset, const PullTarget* pull) {
+  if (accumulated_steps_ > 0) {
+    return absl::FailedPreconditionError(
+        "a push sent again takes the last push's gradient, with nothing "
+        "accumulated since");
+  }
+  again_ = true;
+  absl::StatusOr<std::unique_ptr<StagedPush>> staged =
+      Start(device_grads, base_versions, samples, sample_offset, pull);
+  absl::StatusOr<std::unique_ptr<PendingCall>> call =
+      staged.ok() ? (*staged)->Finish() : staged.status();
+  again_ = false;
+  return call;
+}
+
 absl::StatusOr<std::unique_ptr<StagedPush>> GradientPusher::Start(
     const float* device_grads, const std::vector<int64_t>& base_versions,
     int64_t samples, int64_t sample_offset, const PullTarget* pull,
@@ -188,6 +212,10 @@ absl::StatusOr<std::unique_ptr<StagedPush>> GradientPusher::Start(
         absl::StrCat("gRPC still held the previous push's buffers after ",
                      absl::FormatDuration(kReleaseTimeout),
                      ": wait on a push before starting the next"));
+  }
+  if (!again_ ||
+      encoded_.size() != static_cast<size_t>(client_->num_shards())) {
+    encoded_.assign(client_->num_shards(), false);
   }
   return std::unique_ptr<StagedPush>(new StagedPush(
       this, device_grads, borrow, hold_ends,

@@ -135,6 +135,16 @@ class GradientPusher {
       int64_t samples, int64_t sample_offset, const PullTarget* pull = nullptr,
       bool hold_ends = false);
 
+  // The last push again, as it was (a step sent again after a lost shard):
+  // 1-bit payloads are sent as they were encoded, not encoded a second
+  // time, so that the residual counts the step once and every shard gets
+  // the same bits it would have. `device_grads` must still hold the last
+  // push's gradient (a shard whose payload was never prepared is prepared
+  // from it). Only with nothing accumulated.
+  absl::StatusOr<std::unique_ptr<PendingCall>> PushAgain(
+      const float* device_grads, const std::vector<int64_t>& base_versions,
+      int64_t samples, int64_t sample_offset, const PullTarget* pull = nullptr);
+
   // sum += device_grads, on the device, for the next Push.
   absl::Status Accumulate(const float* device_grads);
   // Steps accumulated since the last push.
@@ -148,7 +158,8 @@ class GradientPusher {
   absl::Status MeasureResidual();
   // Shard s's payload from `values` (device memory, the shard's slice): in
   // the host buffers, or where `borrow`, float32 values in host memory
-  // sent from where they are.
+  // sent from where they are. In PushAgain, a 1-bit payload the last push
+  // encoded is sent as it is.
   absl::StatusOr<ShardPayload> Prepare(int shard, const float* values,
                                        bool borrow);
 
@@ -166,6 +177,10 @@ class GradientPusher {
   std::vector<float> host_scales_;
   std::vector<uint64_t> bits_at_;    // shard s's bits begin here, scales
   std::vector<uint64_t> scales_at_;  // (in floats) here
+  // 1-bit: encoded_[s], the host buffers hold shard s's payload of the last
+  // push (Start clears them, Prepare sets them); again_, within PushAgain.
+  std::vector<bool> encoded_;
+  bool again_ = false;
   // 1-bit on the device: the residual of every parameter, and the encoding.
   float* residual_ = nullptr;
   uint8_t* device_bits_ = nullptr;

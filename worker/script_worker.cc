@@ -267,6 +267,9 @@ absl::StatusOr<bool> ScriptWorker::Step(absl::Span<const float> grads,
          staged_params_ != params.data())) {
       Withdraw();  // told otherwise while backward ran
     }
+    // Sent again after a lost shard (the weights pulled in full since), a
+    // 1-bit push goes as it was encoded (GradientPusher::PushAgain).
+    bool again = false;
     auto step = [&]() -> absl::Status {
       PhaseTimer timer(&counters_, Phase::kPushPull);
       if (staged_ != nullptr) {
@@ -276,10 +279,15 @@ absl::StatusOr<bool> ScriptWorker::Step(absl::Span<const float> grads,
         counters_.shard_pushes_during_backward.fetch_add(staged->sent_early());
         absl::Status done = push.ok() ? (*push)->Wait() : push.status();
         if (done.ok()) versions_ = staged_versions_;
+        again = true;
         return done;
       }
       absl::StatusOr<std::unique_ptr<PendingCall>> push =
-          pusher_->Push(grads.data(), versions_, samples, offset, &next);
+          again
+              ? pusher_->PushAgain(grads.data(), versions_, samples, offset,
+                                   &next)
+              : pusher_->Push(grads.data(), versions_, samples, offset, &next);
+      again = true;
       if (!push.ok()) return push.status();
       return (*push)->Wait();
     };

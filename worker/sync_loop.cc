@@ -134,9 +134,14 @@ class SyncLoop : public TrainingLoop {
       // A shard that already holds this push (a worker restarted, or
       // repeating its step after a lost connection) answers it as a
       // duplicate, with the next step's weights all the same (PushPull).
-      absl::StatusOr<std::unique_ptr<PendingCall>> push =
-          pusher.Push(c.model->device_gradients(), *versions,
-                      batches.batch_size(), batches.sample_offset(), &next);
+      // The failed call may have written some shards' answers into
+      // `params` already (under pull_compression, a 1-bit difference added
+      // in place): the answers this time are the weights themselves.
+      PullTarget whole = next;
+      whole.holds_base_versions = false;
+      absl::StatusOr<std::unique_ptr<PendingCall>> push = pusher.PushAgain(
+          c.model->device_gradients(), *versions, batches.batch_size(),
+          batches.sample_offset(), &whole);
       if (!push.ok()) return push.status();
       if (absl::Status status = push_pull(*std::move(push)); !status.ok()) {
         return status;
