@@ -48,6 +48,8 @@ class DownpourRule : public SerialRule {
     if (compensation_ != nullptr) compensation_->Drop(worker_rank);
   }
 
+  void HandOutAppliedGradients() override { hand_out_ = true; }
+
  protected:
   Optimizer* optimizer() override { return optimizer_.get(); }
 
@@ -71,23 +73,34 @@ class DownpourRule : public SerialRule {
   }
 
   void AdvanceBound(double max_abs) override {
-    optimizer_->AdvanceBound(compensation_ != nullptr ? MaxAbs(compensated_)
-                                                      : max_abs);
+    optimizer_->AdvanceBound(compensates_ ? MaxAbs(*compensated_) : max_abs);
+  }
+
+  std::shared_ptr<const std::vector<float>> AppliedGradient() override {
+    if (!compensates_ || !hand_out_) return nullptr;
+    return compensated_;
   }
 
  private:
   // The gradient to apply for `push` on the weights `in`: with delay
   // compensation, the compensated one, computed afresh, or as StaysFinite
-  // left it for the Update of the same push, which sees the same `in`.
+  // left it for the Update of the same push, which sees the same `in`. A
+  // push forwarded by the range's primary is compensated already.
   Gradient GradientOf(const Incoming& push, const float* in, bool fresh) {
     Gradient gradient{push.values};
     gradient.lr_scale = staleness_rate_.Scale(push.staleness);
-    if (compensation_ == nullptr) return gradient;
+    compensates_ = compensation_ != nullptr && !push.forwarded;
+    if (!compensates_) return gradient;
     if (fresh) {
+      // Handed out, each push's gradient is an array of its own (the
+      // backup's forward holds it until sent).
+      if (compensated_ == nullptr || hand_out_) {
+        compensated_ = std::make_shared<std::vector<float>>();
+      }
       compensation_->Compensate(push.worker_rank, push.values, in,
-                                &compensated_);
+                                compensated_.get());
     }
-    gradient.values = compensated_;
+    gradient.values = *compensated_;
     return gradient;
   }
 
@@ -95,10 +108,14 @@ class DownpourRule : public SerialRule {
   const std::unique_ptr<Optimizer> optimizer_;
   const StalenessAwareRate staleness_rate_;
   const std::unique_ptr<DelayCompensation> compensation_;  // null: off
-  std::vector<float> compensated_;
+  std::shared_ptr<std::vector<float>> compensated_;
   // Whether compensated_ holds the push StaysFinite just passed (SerialRule
   // then calls Update for it before any other push).
   bool compensated_ready_ = false;
+  // Whether the push being applied is compensated here.
+  bool compensates_ = false;
+  // HandOutAppliedGradients was called: set before serving.
+  bool hand_out_ = false;
 
   // Thread-safe. Null: float32 pulls.
   const std::unique_ptr<WorkerPullCopies> pull_copies_;

@@ -1,6 +1,7 @@
 #include "server/shard.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,8 @@ Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
       mode_(resolved.mode()),
       sparse_(sparse),
       replication_(replication) {
+  // The backup applies what this copy applied (Shard::ForwardOf).
+  if (replication_ != nullptr) rule_->HandOutAppliedGradients();
   if (replication_ != nullptr && mode_ == SYNC) {
     // A sync step is forwarded once it has closed (the summed update, once
     // per step), on one thread: in order, off gRPC's threads.
@@ -59,6 +62,8 @@ absl::StatusOr<RepairResponse> Shard::Repair(const RepairRequest& request) {
   response.set_range_epoch(*epoch);
   CheckpointOf(saved, *state_, config_)
       .SerializeToString(response.mutable_checkpoint());
+  response.mutable_pull_residual()->Add(saved.pull_residual.begin(),
+                                        saved.pull_residual.end());
   common::Log("shard %d: its range copied at version %d for its backup",
               state_->shard(), saved.version);
   return response;
@@ -575,8 +580,21 @@ absl::Status Shard::Replicate(const PushData& push,
   absl::Status forwarded =
       applied.result.duplicate
           ? replication_->AwaitForwarded(applied.result.version)
-          : replication_->Forward(push, applied.result.version);
+          : replication_->Forward(ForwardOf(push, applied),
+                                  applied.result.version);
   return OfThisShard(forwarded);
+}
+
+PushData Shard::ForwardOf(const PushData& push, const AppliedPush& applied) {
+  if (applied.result.applied_gradient == nullptr) return push;
+  PushData forward = push;
+  forward.values = *applied.result.applied_gradient;
+  forward.encoding = ENCODING_FLOAT32;
+  forward.onebit_bits = {};
+  forward.onebit_scales = {};
+  forward.max_abs = std::numeric_limits<float>::infinity();
+  forward.buffer = nullptr;
+  return forward;
 }
 
 absl::Status Shard::OfThisShard(const absl::Status& status) const {
@@ -598,8 +616,11 @@ void Shard::ReplicateThen(const PushData& push, const AppliedPush& applied,
     });
     return;
   }
+  if (applied.result.applied_gradient != nullptr) {
+    owner = applied.result.applied_gradient;  // what ForwardOf sends
+  }
   replication_->ForwardThen(
-      push, applied.result.version, std::move(owner),
+      ForwardOf(push, applied), applied.result.version, std::move(owner),
       [this, done = std::move(done)](const absl::Status& forwarded) {
         done(OfThisShard(forwarded));
       });

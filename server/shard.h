@@ -118,6 +118,11 @@ class Shard {
                      std::function<void(absl::Status)> done);
   // `status` with this shard named in front of its message (OK as it is).
   absl::Status OfThisShard(const absl::Status& status) const;
+  // What the range's backup is sent of `push`: the push itself, or, where
+  // the rule applied another gradient (delay compensation:
+  // PushResult::applied_gradient), that gradient as float32, valid as long
+  // as `applied`'s.
+  static PushData ForwardOf(const PushData& push, const AppliedPush& applied);
 
   // A push forwarded by the range's primary (PushData::replica_seq), applied
   // in the primary's order (Replication::ApplyInOrder); `done` gets the

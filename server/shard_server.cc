@@ -251,16 +251,6 @@ absl::Status CheckReplicas(const ShardServerOptions& options) {
     default:
       break;
   }
-  if (why == nullptr && c.pull_compression() == COMPRESSION_ONEBIT) {
-    why = "pull_compression (the per-worker copies are not forwarded yet)";
-  }
-  if (why == nullptr && c.delay_compensation() > 0) {
-    why = "delay_compensation (the weights each worker pulled are not "
-          "forwarded yet)";
-  }
-  if (why == nullptr && c.max_staleness() > 0) {
-    why = "max_staleness (the workers' clocks are not forwarded yet)";
-  }
   if (why == nullptr && c.sparse_tables_size() > 0) {
     why = "sparse_tables (row updates are not forwarded yet)";
   }
@@ -604,8 +594,10 @@ void ShardServer::RepairRange(const ShardServerOptions& options,
       !matches.ok()) {
     return replication->RepairFailed(std::string(matches.message()));
   }
-  if (absl::Status restored = rule->RestoreState(SavedStateOf(checkpoint));
-      !restored.ok()) {
+  RuleState copy = SavedStateOf(checkpoint);
+  copy.pull_residual.assign(response.pull_residual().begin(),
+                            response.pull_residual().end());
+  if (absl::Status restored = rule->RestoreState(copy); !restored.ok()) {
     return replication->RepairFailed(std::string(restored.message()));
   }
   // A fenced primary's copy may have been ahead (updates its backup

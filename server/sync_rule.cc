@@ -235,14 +235,30 @@ class SyncRule : public UpdateRule {
   // part of it (see update_rule.h).
   RuleState SaveState() override {
     absl::MutexLock lock(&mu_);
-    return SaveRuleState(*state_, weights_->version(), weights_->values(),
-                         optimizer_.get());
+    RuleState saved = SaveRuleState(*state_, weights_->version(),
+                                    weights_->values(), optimizer_.get());
+    if (step_pulls_ != nullptr) {
+      const absl::Span<const float> residual = step_pulls_->residual();
+      saved.pull_residual.assign(residual.begin(), residual.end());
+    }
+    return saved;
   }
 
   absl::Status RestoreState(const RuleState& saved) override {
     std::vector<ShardState::Waiter> ready;
     {
       absl::MutexLock lock(&mu_);
+      if (!saved.pull_residual.empty() &&
+          (step_pulls_ == nullptr ||
+           saved.pull_residual.size() != step_pulls_->size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the copy carries a compressed pulls' residual of ",
+                         saved.pull_residual.size(), " values; this shard ",
+                         step_pulls_ == nullptr
+                             ? "runs without pull_compression"
+                             : absl::StrCat("keeps ", step_pulls_->size()),
+                         ": the two processes run different configs"));
+      }
       absl::StatusOr<std::shared_ptr<Weights>> restored =
           RestoreWeightsAndOptimizer(saved, state_, optimizer_.get());
       if (!restored.ok()) return restored.status();
@@ -255,8 +271,12 @@ class SyncRule : public UpdateRule {
       for (auto& offsets : dropped_) offsets.clear();
       count_ = 0;
       // The residual is not in checkpoints: error feedback starts again,
-      // and the first pulls are full ones.
-      if (step_pulls_ != nullptr) step_pulls_->Reset();
+      // unless a repair copied it, and the first pulls are full ones.
+      if (step_pulls_ != nullptr && !saved.pull_residual.empty()) {
+        step_pulls_->RestoreResidual(saved.pull_residual);
+      } else if (step_pulls_ != nullptr) {
+        step_pulls_->Reset();
+      }
       ready = state_->AdvanceVersion(weights_->version());
     }
     state_->RunWaiters(std::move(ready));

@@ -22,7 +22,8 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
     // the optimizer's state and the rank's position as they were. The
     // bounds usually guarantee it without the pass.
     const Incoming incoming{push.values, push.worker_rank,
-                            version - push.base_version};
+                            version - push.base_version,
+                            /*forwarded=*/push.replica_seq > 0};
     double step = 0;
     const bool bounded =
         BoundStep(push.max_abs, &step) && weight_bound_.Allows(step);
@@ -44,6 +45,7 @@ absl::StatusOr<PushResult> SerialRule::Apply(const PushData& push) {
         [&](const float* in, float* out) { Update(incoming, in, out); });
     state_->EndApply(began);
     AdvanceBound(push.max_abs);
+    result.applied_gradient = AppliedGradient();
     if (!weight_bound_.Advance(
             bounded ? step : std::numeric_limits<double>::infinity())) {
       weight_bound_.Reset(MaxAbs(weights_->values()));

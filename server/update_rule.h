@@ -114,6 +114,11 @@ struct PushResult {
   // one after its base_version (the push began a later step than its base:
   // see sync_rule.cc, PassOverOpenStep); 0 otherwise.
   int64_t await_version = 0;
+  // The gradient the rule applied, where it is not the push's values
+  // (delay compensation): what a range's primary forwards to its backup,
+  // so that the backup applies what the primary applied without the
+  // worker's last pull, which only the primary saw. Null otherwise.
+  std::shared_ptr<const std::vector<float>> applied_gradient;
 };
 
 // What a checkpoint keeps of a rule.
@@ -125,6 +130,11 @@ struct RuleState {
   // The shard's counters, taken with the weights, so that a checkpoint's
   // examples applied per worker match its weights (see SaveRuleState).
   StatsResponse stats;
+  // Sync with pull_compression: the residual of the steps' 1-bit encoding
+  // (StepPullEncoder), which a range's repair copies so that its two
+  // copies go on quantizing alike. Not in checkpoints (empty: error
+  // feedback starts again).
+  std::vector<float> pull_residual;
 };
 
 class UpdateRule {
@@ -182,6 +192,12 @@ class UpdateRule {
   // serving. Rules that make no steps ignore it.
   virtual void PublishStepsThrough(
       std::function<void(std::shared_ptr<const SyncStep>)> publish) {}
+
+  // Replication: from now on a rule that applies a gradient other than the
+  // one pushed (delay compensation) hands it out with each push's result
+  // (PushResult::applied_gradient), for the range's backup. Call before
+  // serving. The others ignore it.
+  virtual void HandOutAppliedGradients() {}
 
   // Backup: makes the step that the range's primary closed (forwarded, see
   // SyncStep), with `push.values` its averaged gradient. FAILED_PRECONDITION
@@ -294,6 +310,10 @@ class SerialRule : public UpdateRule {
     absl::Span<const float> values;
     int worker_rank = 0;
     int64_t staleness = 0;  // the shard's version minus the push's base
+    // Forwarded by the range's primary (PushData::replica_seq): `values`
+    // are the gradient as the primary applied it
+    // (PushResult::applied_gradient).
+    bool forwarded = false;
   };
   // out = the weights `in` after the push: in place (in == out) or into
   // another array that does not overlap; both have values.size() floats.
@@ -310,6 +330,11 @@ class SerialRule : public UpdateRule {
   virtual bool BoundStep(double max_abs, double* step) = 0;
   // After an Update with such values (see Optimizer::AdvanceBound).
   virtual void AdvanceBound(double max_abs) {}
+  // After an Update: the gradient it applied, where that was not the
+  // push's values (PushResult::applied_gradient); null otherwise.
+  virtual std::shared_ptr<const std::vector<float>> AppliedGradient() {
+    return nullptr;
+  }
 
  private:
   ShardState* const state_;  // constant after construction

@@ -1003,11 +1003,16 @@ std::vector<float> TrainOneSyncWorker(const TrainingConfig& config,
 // range's backup has every step the worker was answered; the worker sends
 // the step that was in flight again as it was (not recomputed on the other
 // shard's newer weights), so the weights come out as without the failure,
-// bit for bit, and so does every step's loss.
-TEST(ReplicationTest, OneSyncWorkerEndsBitForBitAsWithoutTheFailure) {
-  const TrainingConfig config = ResolvedConfig(
+// bit for bit, and so does every step's loss. With 1-bit pushes and pulls
+// too: the copy that takes over has quantized every step as the primary
+// did (the same residual), so the worker's 1-bit pulls go on from it.
+class OneSyncWorker : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(OneSyncWorker, EndsBitForBitAsWithoutTheFailure) {
+  const TrainingConfig config = ResolvedConfig(absl::StrCat(
       "layer_sizes: [20, 16, 10] batch_size: 20 epochs: 20 seed: 3 "
-      "mode: SYNC learning_rate: 0.05 momentum: 0.9");
+      "mode: SYNC learning_rate: 0.05 momentum: 0.9 ",
+      GetParam()));
   worker::WorkerResult clean_result;
   const std::vector<float> clean = TrainOneSyncWorker(config, 0, &clean_result);
   ASSERT_FALSE(clean.empty());
@@ -1026,6 +1031,174 @@ TEST(ReplicationTest, OneSyncWorkerEndsBitForBitAsWithoutTheFailure) {
     }
     EXPECT_EQ(differ, 0u) << "of " << clean.size();
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, OneSyncWorker,
+    ::testing::Values("",
+                      "compression: COMPRESSION_ONEBIT "
+                      "pull_compression: COMPRESSION_ONEBIT "
+                      "onebit_bucket_size: 64",
+                      "pull_compression: COMPRESSION_ONEBIT "
+                      "onebit_bucket_size: 64",
+                      "compression: COMPRESSION_ONEBIT "
+                      "onebit_bucket_size: 64"));
+
+// Sync with 1-bit pulls: each step's update is quantized with a residual
+// that both copies of a range carry (StepPullEncoder), and the step's
+// weights are the quantized ones. A process restarted after a failure gets
+// the residual with its copy (RepairResponse.pull_residual), so that the
+// two copies go on quantizing alike: after the repair and three more steps
+// they hold the same weights and residual, bit for bit.
+TEST(ReplicationTest, SyncCompressedPullsResidualIsCopiedByARepair) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: SYNC optimizer: SGD learning_rate: 0.1 "
+      "momentum: 0.9 pull_compression: COMPRESSION_ONEBIT "
+      "onebit_bucket_size: 2");
+  ReplicatedPair pair(config, {}, /*num_workers=*/1);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  worker::PsClientOptions options = pair.Client(config, 0);
+  options.num_workers = 1;
+  std::vector<std::unique_ptr<worker::PsClient>> clients;
+  ASSERT_OK_AND_ASSIGN(clients.emplace_back(),
+                       worker::PsClient::Connect(options));
+  // Values of several magnitudes in each bucket of 2: the 1-bit encoding
+  // loses something at every step.
+  auto values = [](int64_t k) {
+    std::vector<std::vector<float>> v(1, std::vector<float>(8));
+    for (size_t i = 0; i < 8; ++i) v[0][i] = 0.1f * (i * i + 1) - 0.3f * k;
+    return v;
+  };
+  for (int k = 0; k < 3; ++k) ASSERT_OK(SyncStep(clients, k, values(k)));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  EXPECT_THAT(SyncStep(clients, 3, values(3)),
+              StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_OK(clients[0]->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  ASSERT_OK(
+      SyncStep(clients, 3, values(3), {clients[0]->initial_versions()[0], 3}));
+  ASSERT_OK(SyncStep(clients, 4, values(4),
+                     {pair.servers[0]->state()->version(), 4}));
+
+  ShardServerOptions again = Replicated(config, 1, pair.addresses, pair.ports);
+  again.num_workers = 1;
+  ASSERT_OK_AND_ASSIGN(pair.servers[1], ShardServer::Start(again));
+  ShardServer* zero = pair.servers[0].get();
+  ShardServer* one = pair.servers[1].get();
+  ASSERT_EQ(one->replication()->repairs(), 1);
+  ASSERT_EQ(one->backup_replication()->repairs(), 1);
+  for (int k = 5; k < 8; ++k) ASSERT_OK(SyncStep(clients, k, values(k)));
+  // Range 1 is served by process 0 (its backup copy, which took it over),
+  // range 0 by process 0 too; process 1 holds both backups.
+  const std::vector<std::pair<UpdateRule*, UpdateRule*>> copies = {
+      {zero->rule(), one->backup_rule()}, {zero->backup_rule(), one->rule()}};
+  for (const auto& [primary, backup] : copies) {
+    EXPECT_EQ(primary->SaveState().version, 8);
+    EXPECT_EQ(backup->SaveState().version, 8);
+    EXPECT_THAT(Values(backup), ElementsAreArray(Values(primary)));
+    const std::vector<float> residual = primary->SaveState().pull_residual;
+    ASSERT_EQ(residual.size(), 4u);
+    EXPECT_THAT(backup->SaveState().pull_residual, ElementsAreArray(residual));
+    // Not all zero: the steps' encodings did lose something.
+    EXPECT_NE(residual, std::vector<float>(4, 0.0f));
+  }
+}
+
+// Delay compensation: a worker's stale push is applied as g + lambda * g *
+// g * (w_now - w_pulled), and only the range's primary saw the worker's
+// pull. The primary forwards the gradient it applied, so that the backup's
+// copy is the same, and is what serves the range once its process is lost.
+// Plain SGD at 0.5, lambda 0.5: rank 1's push of ones takes 0.5 off every
+// weight, then rank 0's push of ones, computed before it, is compensated
+// to 1 + 0.5 * (-0.5) = 0.75 and takes 0.375.
+TEST(ReplicationTest, DelayCompensationIsAppliedAlikeOnBothCopies) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0 delay_compensation: 0.5");
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  std::vector<std::unique_ptr<worker::PsClient>> clients =
+      TwoClients(pair, config);
+  ASSERT_EQ(clients.size(), 2u);
+  const std::vector<float> initial0 = Values(pair.servers[0]->rule());
+  const std::vector<float> initial1 = Values(pair.servers[1]->rule());
+  std::vector<float> params(8, 0.0f);
+  std::vector<int64_t> versions;
+  ASSERT_OK(clients[0]->Pull(0, absl::Seconds(10), absl::MakeSpan(params),
+                             &versions));
+  ASSERT_OK(clients[1]->Pull(0, absl::Seconds(10), absl::MakeSpan(params),
+                             &versions));
+  const std::vector<float> ones(8, 1.0f);
+  ASSERT_OK(clients[1]->Push(ones, {0, 0}, 4));
+  ASSERT_OK(clients[0]->Push(ones, {0, 0}, 4));
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE(s);
+    const std::vector<float> primary = Values(pair.servers[s]->rule());
+    const std::vector<float>& initial = s == 0 ? initial0 : initial1;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_FLOAT_EQ(primary[i], initial[i] - 0.5f - 0.375f) << i;
+    }
+    EXPECT_THAT(Values(pair.servers[1 - s]->backup_rule()),
+                ElementsAreArray(primary));
+  }
+  // Process 1 is lost: range 1 goes on from process 0's copy, as it was.
+  const std::vector<float> range1 = Values(pair.servers[1]->rule());
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  ASSERT_OK(clients[0]->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  ASSERT_OK(clients[0]->Pull(0, absl::Seconds(10), absl::MakeSpan(params),
+                             &versions));
+  EXPECT_THAT(std::vector<float>(params.begin() + 4, params.end()),
+              ElementsAreArray(range1));
+}
+
+// Bounded staleness: a worker's clock is the examples a range has applied
+// from it, which its backup applies too, so the bound holds on where the
+// range moves. Rank 0 three steps ahead of rank 1 with max_staleness 1:
+// its pull waits on the copy that took range 1 over, until rank 1 pushes.
+TEST(ReplicationTest, TheStalenessBoundHoldsOnTheCopyThatTookOver) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0 batch_size: 4 max_staleness: 1");
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  std::vector<std::unique_ptr<worker::PsClient>> clients =
+      TwoClients(pair, config);
+  ASSERT_EQ(clients.size(), 2u);
+  const std::vector<float> ones(8, 1.0f);
+  ASSERT_OK(clients[1]->Push(ones, {0, 0}, 4));
+  for (int k = 1; k < 4; ++k) ASSERT_OK(clients[0]->Push(ones, {k, k}, 4));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  for (auto& client : clients) {
+    ASSERT_OK(client->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  }
+  ShardState* taken = pair.servers[0]->backup_state();
+  EXPECT_EQ(taken->version(), 4);
+  std::vector<float> params(8, 0.0f);
+  std::vector<int64_t> versions;
+  absl::Status pulled = absl::UnknownError("not yet");
+  absl::Notification done;
+  std::thread pull([&] {
+    pulled = clients[0]->Pull(0, absl::Seconds(30), absl::MakeSpan(params),
+                              &versions);
+    done.Notify();
+  });
+  // The pull waits on both ranges, range 1's at the copy that took it over.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (taken->NumWaiting() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(taken->NumWaiting(), 1u);
+  EXPECT_THAT(taken->DescribeClockWaits(absl::Now()),
+              ElementsAre("rank 0 at step 3 waits for rank 1 at step 1"));
+  EXPECT_FALSE(done.HasBeenNotified());
+  // Rank 1's next step brings it within 1 of rank 0: the pull goes ahead.
+  ASSERT_OK(clients[1]->Push(ones, {4, 4}, 4));
+  pull.join();
+  ASSERT_OK(pulled);
+  EXPECT_EQ(versions, (std::vector<int64_t>{5, 5}));
+  EXPECT_EQ(taken->NumWaiting(), 0u);
 }
 
 // A forwarded update of range 0 (4 values of `value`, rank 0's examples

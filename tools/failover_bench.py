@@ -53,6 +53,10 @@ def parse_args():
                         help="seeds the choice of server and moment")
     parser.add_argument("--bin_dir", default="bazel-bin",
                         help="where tools/launch_local is")
+    parser.add_argument("--config", default="",
+                        help="a base training config (text-format "
+                        "TrainingConfig) for every run, as launch_local "
+                        "--config: say, max_staleness or pull_compression")
     return parser.parse_args()
 
 
@@ -67,6 +71,8 @@ def run_once(args, mode, replicas, chaos, work_dir):
     ]
     if chaos:
         command.append(f"--chaos={chaos}")
+    if args.config:
+        command.append(f"--config={args.config}")
     with open(os.path.join(work_dir, "log"), "w") as log:
         code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
     if code != 0 or not os.path.exists(metrics):

@@ -46,6 +46,11 @@ void StepPullEncoder::Reset() {
   delta_.reset();
 }
 
+void StepPullEncoder::RestoreResidual(absl::Span<const float> residual) {
+  residual_.assign(residual.begin(), residual.end());
+  delta_.reset();
+}
+
 void WorkerPullCopies::Drop(int rank) {
   absl::MutexLock lock(&mu_);
   views_.erase(rank);

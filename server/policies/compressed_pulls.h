@@ -68,6 +68,15 @@ class StepPullEncoder {
   // checkpoints), and the first pulls are full ones.
   void Reset();
 
+  // The residual: what the encodings so far lost. A range's two copies
+  // (--replicas) quantize each step alike only from the same residual, so
+  // a repair copies it (RuleState::pull_residual).
+  absl::Span<const float> residual() const { return residual_; }
+  // After a repair: error feedback goes on from `residual` (size() values:
+  // check first), and the first pulls are full ones.
+  void RestoreResidual(absl::Span<const float> residual);
+  size_t size() const { return residual_.size(); }
+
  private:
   const int bucket_size_;
   std::vector<float> residual_;
