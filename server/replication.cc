@@ -618,7 +618,8 @@ bool Replication::PeerServes() {
          peer.replica_role() != StatsResponse::BACKUP;
 }
 
-absl::Status Replication::TakeOver() {
+absl::Status Replication::TakeOver(bool* now) {
+  if (now != nullptr) *now = false;
   {
     absl::MutexLock lock(&mu_);
     if (role_ != Role::kBackup) return ServingLocked();
@@ -657,6 +658,7 @@ absl::Status Replication::TakeOver() {
         Describe(), epoch_, options_.peer_address, next_seq_ - 1);
   }
   for (auto& [callback, status] : report) callback(status);
+  if (now != nullptr) *now = true;
   return absl::OkStatus();
 }
 

@@ -180,9 +180,10 @@ class Replication {
   absl::Status CheckServing() const;
 
   // A worker lost the primary and asks this backup to take the range over:
-  // OK if it has (now or before), UNAVAILABLE while the primary still
-  // answers its health check (the worker should retry the primary).
-  absl::Status TakeOver();
+  // OK if it has (now or before; *now, if given, says which), UNAVAILABLE
+  // while the primary still answers its health check (the worker should
+  // retry the primary).
+  absl::Status TakeOver(bool* now = nullptr);
 
   // Backup: applies the forwarded update `seq` of `epoch` by calling
   // `apply` once every update before it has been applied, and each seq

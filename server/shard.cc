@@ -144,9 +144,12 @@ absl::StatusOr<RegisterResponse> Shard::Register(
         "than the shard; run one build of Monsoon for every daemon");
   }
   if (replication_ != nullptr) {
-    absl::Status serving = request.take_over() ? replication_->TakeOver()
-                                               : replication_->CheckServing();
+    bool took_over = false;
+    absl::Status serving = request.take_over()
+                               ? replication_->TakeOver(&took_over)
+                               : replication_->CheckServing();
     if (!serving.ok()) return OfThisShard(serving);
+    if (took_over) AdoptRanks();
   } else if (request.take_over()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", state_->shard(),
@@ -595,6 +598,29 @@ PushData Shard::ForwardOf(const PushData& push, const AppliedPush& applied) {
   forward.max_abs = std::numeric_limits<float>::infinity();
   forward.buffer = nullptr;
   return forward;
+}
+
+void Shard::AdoptRanks() {
+  // This copy has seen no worker's call: every rank would count as live
+  // for good ("still starting"), and a rank whose process died before the
+  // take-over, and that no process comes back for, would hold sync's
+  // barrier and the staleness bound forever. A rank whose examples the
+  // range has applied gets a lease from now instead: its process
+  // registers again within it, or the run goes on without it.
+  std::vector<int> adopted;
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    if (state_->SamplePosition(rank) > 0) {
+      state_->Touch(rank);
+      adopted.push_back(rank);
+    }
+  }
+  if (adopted.empty()) return;
+  common::Log(
+      "shard %d: ranks %s had trained on this range: each counts as live "
+      "for a lease (%s) from the take-over, and as gone after it unless its "
+      "process registers here",
+      state_->shard(), absl::StrJoin(adopted, ","),
+      absl::FormatDuration(state_->lease()));
 }
 
 absl::Status Shard::OfThisShard(const absl::Status& status) const {

@@ -116,6 +116,9 @@ class Shard {
   void ReplicateThen(const PushData& push, const AppliedPush& applied,
                      std::shared_ptr<const void> owner, TaskThreads* tasks,
                      std::function<void(absl::Status)> done);
+  // After this copy took the range over: a lease from now for each rank
+  // the range has applied examples of (see shard.cc).
+  void AdoptRanks();
   // `status` with this shard named in front of its message (OK as it is).
   absl::Status OfThisShard(const absl::Status& status) const;
   // What the range's backup is sent of `push`: the push itself, or, where

@@ -460,6 +460,16 @@ void ShardServer::StartThreads(const ShardServerOptions& options) {
                                           options.log_every,
                                           options.config.max_staleness(),
                                           options.config.mode() != ALLREDUCE);
+  if (backup_replication_ != nullptr) {
+    // The copy of the range this process backs up is ticked too once it
+    // has taken the range over: its leases, waits and barrier.
+    backup_ticker_ = std::make_unique<ShardTicker>(
+        backup_state_.get(), backup_rule_.get(), options.log_every,
+        options.config.max_staleness(), /*log_lapses=*/true,
+        [replication = backup_replication_.get()] {
+          return replication->CheckServing().ok();
+        });
+  }
   if (!checkpoint_path_.empty() &&
       options.checkpoint_interval > absl::ZeroDuration()) {
     ShardServer* raw = this;
@@ -697,6 +707,7 @@ void ShardServer::Shutdown(absl::Duration grace) {
     repairer_.join();
   }
   if (ticker_ != nullptr) ticker_->Stop();
+  if (backup_ticker_ != nullptr) backup_ticker_->Stop();
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
   // Its primaries' forwarding calls stay open for the run: ended here, not

@@ -253,6 +253,8 @@ class ShardServer {
   // Leases, waits past their deadline, progress logs (server/shard_ticker.h);
   // stopped in Shutdown.
   std::unique_ptr<ShardTicker> ticker_;
+  // The same for the range this process backs up, once it serves it.
+  std::unique_ptr<ShardTicker> backup_ticker_;
 
   // The checkpoint's sparse rows of this shard's buckets into its tables.
   absl::Status RestoreSparseTables(const ShardCheckpoint& checkpoint);

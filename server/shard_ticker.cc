@@ -1,6 +1,7 @@
 #include "server/shard_ticker.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_join.h"
@@ -10,12 +11,13 @@ namespace monsoon::server {
 
 ShardTicker::ShardTicker(ShardState* state, UpdateRule* rule,
                          absl::Duration log_every, int max_staleness,
-                         bool log_lapses)
+                         bool log_lapses, std::function<bool()> serving)
     : state_(state),
       rule_(rule),
       log_every_(log_every),
       max_staleness_(max_staleness),
       log_lapses_(log_lapses),
+      serving_(std::move(serving)),
       last_log_(absl::Now()),
       thread_([this] {
         while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
@@ -33,6 +35,7 @@ void ShardTicker::Stop() {
 }
 
 void ShardTicker::Tick(absl::Time now) {
+  if (serving_ != nullptr && !serving_()) return;
   // A rank whose call waits at the barrier (or for the staleness bound) is
   // in touch, however long the others take: its lease does not run out
   // meanwhile (it would count as gone, and in an elastic run lose its data

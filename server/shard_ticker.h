@@ -8,6 +8,7 @@
 #ifndef MONSOON_SERVER_SHARD_TICKER_H_
 #define MONSOON_SERVER_SHARD_TICKER_H_
 
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -25,8 +26,11 @@ class ShardTicker {
   // `max_staleness` names the bound in the log (-1: none). Without
   // `log_lapses` the ranks whose lease ran out are not logged (allreduce:
   // its workers call the shards only to start, and rank 0 to publish).
+  // With `serving`, a tick does nothing while it is false (the backup copy
+  // of a range, which workers call only once it has taken the range over).
   ShardTicker(ShardState* state, UpdateRule* rule, absl::Duration log_every,
-              int max_staleness, bool log_lapses = true);
+              int max_staleness, bool log_lapses = true,
+              std::function<bool()> serving = nullptr);
   ~ShardTicker();
   ShardTicker(const ShardTicker&) = delete;
   ShardTicker& operator=(const ShardTicker&) = delete;
@@ -46,6 +50,7 @@ class ShardTicker {
   const absl::Duration log_every_;
   const int max_staleness_;
   const bool log_lapses_;
+  const std::function<bool()> serving_;  // null: always
 
   // Used by the thread only.
   StatsResponse last_stats_;

@@ -930,6 +930,37 @@ TEST(ReplicationTest, SyncGoesOnFromTheBackupWithEveryAcknowledgedStep) {
   }
 }
 
+// Sync, a worker's process gone for good before its shard's process is
+// lost too: the copy that takes the range over has never seen the rank
+// call, so it gives the rank a lease from the take-over (rather than
+// counting it live for good, as a worker still starting), and the step
+// closes without it once that runs out, as on the other shard.
+TEST(ReplicationTest, ARankThatNeverComesBackIsLetGoByTheCopyThatTookOver) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: SYNC optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0");
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  std::vector<std::unique_ptr<worker::PsClient>> clients =
+      TwoClients(pair, config);
+  ASSERT_EQ(clients.size(), 2u);
+  const std::vector<std::vector<float>> ones(2, std::vector<float>(8, 1.0f));
+  for (int k = 0; k < 3; ++k) ASSERT_OK(SyncStep(clients, k, ones));
+  // Rank 1's process stops calling; then shard 1's process is lost.
+  std::vector<std::unique_ptr<worker::PsClient>> left;
+  left.push_back(std::move(clients[0]));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  ASSERT_OK(left[0]->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  const absl::Time start = absl::Now();
+  ASSERT_OK(SyncStep(left, 3, ones));
+  // Within rank 1's lease (2 s) of its last call or of the take-over.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ShardState* taken = pair.servers[0]->backup_state();
+  EXPECT_EQ(taken->version(), 4);
+  EXPECT_EQ(taken->SamplePosition(0), 16);
+}
+
 // One worker's sync run on two replicated shards, training the blobs for
 // 20 epochs (400 steps); with `kill_at`, shard 1's process is lost (shut
 // down at once) once its range reaches that version. The worker's final
