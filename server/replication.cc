@@ -600,13 +600,41 @@ absl::Status Replication::ForwardClose(const CloseRunRequest& request) {
       status.error_message(), "); close the run again"));
 }
 
+absl::Status Replication::ForwardSessionEnd(const LeaveRequest& request,
+                                            bool finished) {
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (role_ != Role::kPrimary) return absl::OkStatus();
+    epoch = epoch_;
+  }
+  LeaveRequest forwarded = request;
+  forwarded.set_shard(options_.range);
+  forwarded.set_from_primary(true);
+  forwarded.set_replica_epoch(epoch);
+  grpc::ClientContext context;
+  PrepareCall(&context, options_.forward_timeout);
+  LeaveResponse response;
+  const grpc::Status status =
+      finished ? stub_->FinishRank(&context, forwarded, &response)
+               : stub_->Leave(&context, forwarded, &response);
+  if (status.ok() || !PeerAnswers()) return absl::OkStatus();
+  return absl::Status(
+      static_cast<absl::StatusCode>(status.error_code()),
+      absl::StrCat("the backup of the ", Describe(), " at ",
+                   options_.peer_address, " did not take rank ",
+                   request.worker_rank(), finished ? "'s finish" : "'s leave",
+                   ": ", status.error_message()));
+}
+
 absl::Status Replication::AcceptClose(int64_t epoch) const {
   absl::MutexLock lock(&mu_);
   if (role_ != Role::kBackup || epoch != epoch_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("a close of the run forwarded at epoch ", epoch,
-                     " is refused: this process is not the backup of the ",
-                     Describe(), " at that epoch (its epoch is ", epoch_, ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a close of the run (or a rank's end) forwarded at "
+        "epoch ",
+        epoch, " is refused: this process is not the backup of the ",
+        Describe(), " at that epoch (its epoch is ", epoch_, ")"));
   }
   return absl::OkStatus();
 }

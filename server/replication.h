@@ -174,6 +174,15 @@ class Replication {
   absl::Status ForwardClose(const CloseRunRequest& request);
   absl::Status AcceptClose(int64_t epoch) const;
 
+  // A rank's leave or finish (`request`, done here), the same way: the
+  // primary tells the backup (LeaveRequest.from_primary), so that a copy
+  // that takes the range over knows the rank is gone or done (a run whose
+  // worker finished before its range moved can still be closed there).
+  // OK once the backup took it, or when there is none or it does not
+  // answer; otherwise the backup's refusal. The backup checks the epoch
+  // with AcceptClose.
+  absl::Status ForwardSessionEnd(const LeaveRequest& request, bool finished);
+
   // OK when a worker's call (other than a take-over registration) may be
   // served: a primary (degraded or not) or a backup that took over. Else
   // UNAVAILABLE saying where the range is.

@@ -95,6 +95,15 @@ void Sessions::End(int rank, uint64_t session) {
   it->second.left = true;
 }
 
+void Sessions::EndAsPrimaryDid(int rank, uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  Session& held = sessions_[rank];
+  held.id = session;
+  held.last_contact = absl::InfinitePast();
+  held.left = true;
+  held.lapse_reported = false;
+}
+
 bool Sessions::HasLeft(int rank) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(rank);

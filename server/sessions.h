@@ -38,6 +38,9 @@ class Sessions {
   // counts as gone from now on (not Alive), and another session may take
   // the rank at once.
   void End(int rank, uint64_t session);
+  // A range's backup: the primary ended `session` of `rank` (End there).
+  // The rank counts as gone here too, whatever this copy had of it.
+  void EndAsPrimaryDid(int rank, uint64_t session);
   // Whether the rank's last session ended with End.
   bool HasLeft(int rank) const;
   // OK when a call for `rank` carrying `session` may act for the rank: the

@@ -217,6 +217,24 @@ absl::Status Shard::EndSession(const LeaveRequest& request, const char* what) {
         absl::StrCat("worker rank ", request.worker_rank(), " is outside [0, ",
                      num_workers_, "): check --num_workers"));
   }
+  if (request.from_primary()) {
+    // The range's primary ended the session (Replication::ForwardSessionEnd):
+    // this copy, the range's backup, takes it at the primary's epoch.
+    if (replication_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", state_->shard(), ": a rank's ", what,
+          " forwarded by a primary, but this range is not replicated here "
+          "(every ps_server of a run needs the same --replicas)"));
+    }
+    if (absl::Status accepted =
+            replication_->AcceptClose(request.replica_epoch());
+        !accepted.ok()) {
+      return accepted;
+    }
+    state_->EndSessionAsPrimaryDid(request.worker_rank(), request.session());
+    rule_->DropWorker(request.worker_rank());
+    return absl::OkStatus();
+  }
   if (absl::Status serving = CheckServing(); !serving.ok()) return serving;
   // Only the rank's holder (or a worker of a rank this shard has not seen
   // register, as after the shard's restart) may end it or finish it.
@@ -297,8 +315,10 @@ absl::Status Shard::Leave(const LeaveRequest& request) {
   if (absl::Status ended = EndSession(request, "leave"); !ended.ok()) {
     return ended;
   }
+  if (request.from_primary()) return absl::OkStatus();
   common::Log("shard %d: rank %d left (stopping)", state_->shard(),
               request.worker_rank());
+  TellBackupOfSessionEnd(request, /*finished=*/false);
   return absl::OkStatus();
 }
 
@@ -307,9 +327,22 @@ absl::Status Shard::FinishRank(const LeaveRequest& request) {
     return ended;
   }
   const bool last = state_->FinishRank(request.worker_rank());
+  if (request.from_primary()) return absl::OkStatus();
   common::Log("shard %d: rank %d finished its training%s", state_->shard(),
               request.worker_rank(), last ? "; every worker has finished" : "");
+  TellBackupOfSessionEnd(request, /*finished=*/true);
   return absl::OkStatus();
+}
+
+void Shard::TellBackupOfSessionEnd(const LeaveRequest& request, bool finished) {
+  if (replication_ == nullptr) return;
+  // The rank is done here whatever the backup answers: a backup that did
+  // not take it gives the rank a lease if it takes the range over
+  // (AdoptRanks), and a finish it missed holds that copy's close.
+  if (absl::Status told = replication_->ForwardSessionEnd(request, finished);
+      !told.ok()) {
+    common::LogWarning("shard %d: %s", state_->shard(), told.ToString());
+  }
 }
 
 absl::Status Shard::CloseRun(const CloseRunRequest& request) {

@@ -116,6 +116,9 @@ class Shard {
   void ReplicateThen(const PushData& push, const AppliedPush& applied,
                      std::shared_ptr<const void> owner, TaskThreads* tasks,
                      std::function<void(absl::Status)> done);
+  // Replicated: tells the range's backup that the rank left or finished
+  // here (Replication::ForwardSessionEnd); a refusal is logged.
+  void TellBackupOfSessionEnd(const LeaveRequest& request, bool finished);
   // After this copy took the range over: a lease from now for each rank
   // the range has applied examples of (see shard.cc).
   void AdoptRanks();

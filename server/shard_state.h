@@ -189,6 +189,9 @@ class ShardState {
   // member back until it caught up.
   absl::Status OpenSession(int rank, uint64_t session, uint64_t replaces = 0);
   void EndSession(int rank, uint64_t session) { sessions_.End(rank, session); }
+  void EndSessionAsPrimaryDid(int rank, uint64_t session) {
+    sessions_.EndAsPrimaryDid(rank, session);
+  }
   bool HasLeft(int rank) const { return sessions_.HasLeft(rank); }
   absl::Status CheckSession(int rank, uint64_t session) const {
     return sessions_.Check(rank, session);

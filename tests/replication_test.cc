@@ -961,6 +961,41 @@ TEST(ReplicationTest, ARankThatNeverComesBackIsLetGoByTheCopyThatTookOver) {
   EXPECT_EQ(taken->SamplePosition(0), 16);
 }
 
+// A worker that finished before its range moved: the range's primary
+// tells the backup of each finish (and leave), so that the copy that
+// takes over knows the rank is done, and the run closes once the other
+// worker finishes there too.
+TEST(ReplicationTest, AFinishBeforeTheRangeMovedCountsOnTheCopyThatTookOver) {
+  const TrainingConfig config = PlainSgd();
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  std::vector<std::unique_ptr<worker::PsClient>> clients =
+      TwoClients(pair, config);
+  ASSERT_EQ(clients.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::PsClient> finisher,
+                       worker::PsClient::Connect(pair.Client(config, -1)));
+  const std::vector<float> ones(8, 1.0f);
+  ASSERT_OK(clients[0]->Push(ones, {0, 0}, 4));
+  ASSERT_OK(clients[1]->Push(ones, {1, 1}, 4));
+  ASSERT_OK(clients[0]->Leave(absl::Seconds(5), /*finished=*/true));
+  // Range 1's backup (in process 0) has it before process 1 is lost.
+  EXPECT_TRUE(pair.servers[0]->backup_state()->HasLeft(0));
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  ASSERT_OK(clients[1]->Reconnect(absl::Seconds(10), absl::Seconds(5)));
+  ASSERT_OK(clients[1]->Push(ones, {2, 2}, 4));
+  ASSERT_OK(clients[1]->Leave(absl::Seconds(5), /*finished=*/true));
+  // Process 1 comes back (as the launchers restart it) and copies both
+  // ranges; the finisher's close of range 1 goes to process 0.
+  ASSERT_OK_AND_ASSIGN(
+      pair.servers[1],
+      ShardServer::Start(Replicated(config, 1, pair.addresses, pair.ports)));
+  ASSERT_OK(finisher->CloseRun(absl::Seconds(5)));
+  EXPECT_TRUE(pair.servers[0]->backup_state()->run_closed().HasBeenNotified());
+  EXPECT_TRUE(pair.servers[0]->RunClosedEverywhereServed());
+  EXPECT_TRUE(pair.servers[1]->RunClosedEverywhereServed());
+}
+
 // One worker's sync run on two replicated shards, training the blobs for
 // 20 epochs (400 steps); with `kill_at`, shard 1's process is lost (shut
 // down at once) once its range reaches that version. The worker's final
