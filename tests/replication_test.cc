@@ -1176,11 +1176,17 @@ TEST(ReplicationTest, SyncCompressedPullsResidualIsCopiedByARepair) {
 // copy is the same, and is what serves the range once its process is lost.
 // Plain SGD at 0.5, lambda 0.5: rank 1's push of ones takes 0.5 off every
 // weight, then rank 0's push of ones, computed before it, is compensated
-// to 1 + 0.5 * (-0.5) = 0.75 and takes 0.375.
-TEST(ReplicationTest, DelayCompensationIsAppliedAlikeOnBothCopies) {
+// to 1 + 0.5 * (-0.5) = 0.75 and takes 0.375. In onebit too, whose push
+// of ones decodes to ones: the primary forwards the compensated gradient
+// as float32, not the push's bits.
+class DelayCompensated : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DelayCompensated, IsAppliedAlikeOnBothCopies) {
+  const bool onebit = std::string(GetParam()) == "ONEBIT";
   const TrainingConfig config = ResolvedConfig(
-      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
-      "momentum: 0 delay_compensation: 0.5");
+      absl::StrCat("layer_sizes: [3, 2] mode: ", GetParam(),
+                   " optimizer: SGD learning_rate: 0.5 momentum: 0 "
+                   "delay_compensation: 0.5"));
   ReplicatedPair pair(config);
   ASSERT_EQ(pair.servers.size(), 2u);
   std::vector<std::unique_ptr<worker::PsClient>> clients =
@@ -1195,8 +1201,25 @@ TEST(ReplicationTest, DelayCompensationIsAppliedAlikeOnBothCopies) {
   ASSERT_OK(clients[1]->Pull(0, absl::Seconds(10), absl::MakeSpan(params),
                              &versions));
   const std::vector<float> ones(8, 1.0f);
-  ASSERT_OK(clients[1]->Push(ones, {0, 0}, 4));
-  ASSERT_OK(clients[0]->Push(ones, {0, 0}, 4));
+  std::unique_ptr<worker::ComputeBackend> cpu = worker::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(float* device, cpu->AllocateFloats(8));
+  ASSERT_OK(cpu->CopyToDevice(ones.data(), device, 8 * sizeof(float)));
+  std::vector<std::unique_ptr<worker::GradientPusher>> pushers;
+  for (auto& client : clients) {
+    ASSERT_OK_AND_ASSIGN(
+        pushers.emplace_back(),
+        worker::GradientPusher::Create(cpu.get(), client.get(), config));
+  }
+  // A push of ones from version 0, as the mode's workers push it.
+  auto push = [&](int rank) -> absl::Status {
+    if (!onebit) return clients[rank]->Push(ones, {0, 0}, 4);
+    absl::StatusOr<std::unique_ptr<worker::PendingCall>> call =
+        pushers[rank]->Push(device, {0, 0}, 4, /*sample_offset=*/0);
+    return call.ok() ? (*call)->Wait() : call.status();
+  };
+  ASSERT_OK(push(1));
+  ASSERT_OK(push(0));
+  cpu->Free(device);
   for (int s = 0; s < 2; ++s) {
     SCOPED_TRACE(s);
     const std::vector<float> primary = Values(pair.servers[s]->rule());
@@ -1217,6 +1240,9 @@ TEST(ReplicationTest, DelayCompensationIsAppliedAlikeOnBothCopies) {
   EXPECT_THAT(std::vector<float>(params.begin() + 4, params.end()),
               ElementsAreArray(range1));
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, DelayCompensated,
+                         ::testing::Values("DOWNPOUR", "ONEBIT"));
 
 // Bounded staleness: a worker's clock is the examples a range has applied
 // from it, which its backup applies too, so the bound holds on where the
