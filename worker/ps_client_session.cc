@@ -314,7 +314,8 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
     request.set_shard(s);
     CloseRunResponse response;
     // A replicated range taken over while this client made no call that
-    // would have followed it: the process here holds only its backup. The
+    // would have followed it: the process here holds only its backup, or
+    // is gone. The
     // copy that serves it closes the run (it checks that every worker
     // finished) and forwards the close to this one, whose process then
     // stops; this client does not call it.
@@ -324,8 +325,14 @@ absl::Status PsClient::CloseRun(absl::Duration timeout) {
     grpc::ClientContext stats_context;
     shards_[s].Prepare(&stats_context);
     stats_context.set_deadline(context->deadline());
-    if (shards_[s].stub->Stats(&stats_context, asked, &here).ok() &&
-        OnlyBacksUp(here)) {
+    const grpc::Status asked_here =
+        shards_[s].stub->Stats(&stats_context, asked, &here);
+    // Or the process is gone, and was not started again: the copy that
+    // took its range over closes it (a copy that does not serve the range
+    // answers UNAVAILABLE, saying where it is).
+    const bool gone = replicas_ > 0 &&
+                      asked_here.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if ((asked_here.ok() && OnlyBacksUp(here)) || gone) {
       Shard other = OtherProcessOf(s);
       grpc::ClientContext first;
       other.Prepare(&first);
