@@ -568,17 +568,19 @@ bool Replication::AskPeer(ParameterService::Stub* stub, absl::Duration timeout,
          peer->shard() == options_.range;
 }
 
+std::optional<int64_t> Replication::EpochIfPrimary() const {
+  absl::MutexLock lock(&mu_);
+  if (role_ != Role::kPrimary) return std::nullopt;
+  return epoch_;
+}
+
 absl::Status Replication::ForwardClose(const CloseRunRequest& request) {
-  int64_t epoch;
-  {
-    absl::MutexLock lock(&mu_);
-    if (role_ != Role::kPrimary) return absl::OkStatus();
-    epoch = epoch_;
-  }
+  const std::optional<int64_t> epoch = EpochIfPrimary();
+  if (!epoch.has_value()) return absl::OkStatus();  // no backup that follows
   CloseRunRequest forwarded = request;
   forwarded.set_shard(options_.range);
   forwarded.set_from_primary(true);
-  forwarded.set_replica_epoch(epoch);
+  forwarded.set_replica_epoch(*epoch);
   grpc::Status status;
   for (int attempt = 1; attempt <= 3; ++attempt) {
     grpc::ClientContext context;
@@ -602,16 +604,12 @@ absl::Status Replication::ForwardClose(const CloseRunRequest& request) {
 
 absl::Status Replication::ForwardSessionEnd(const LeaveRequest& request,
                                             bool finished) {
-  int64_t epoch;
-  {
-    absl::MutexLock lock(&mu_);
-    if (role_ != Role::kPrimary) return absl::OkStatus();
-    epoch = epoch_;
-  }
+  const std::optional<int64_t> epoch = EpochIfPrimary();
+  if (!epoch.has_value()) return absl::OkStatus();  // no backup that follows
   LeaveRequest forwarded = request;
   forwarded.set_shard(options_.range);
   forwarded.set_from_primary(true);
-  forwarded.set_replica_epoch(epoch);
+  forwarded.set_replica_epoch(*epoch);
   grpc::ClientContext context;
   PrepareCall(&context, options_.forward_timeout);
   LeaveResponse response;
@@ -627,7 +625,7 @@ absl::Status Replication::ForwardSessionEnd(const LeaveRequest& request,
                    ": ", status.error_message()));
 }
 
-absl::Status Replication::AcceptClose(int64_t epoch) const {
+absl::Status Replication::AcceptFromPrimary(int64_t epoch) const {
   absl::MutexLock lock(&mu_);
   if (role_ != Role::kBackup || epoch != epoch_) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -46,6 +46,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -168,11 +169,12 @@ class Replication {
   //   or when there is none (DEGRADED) or it does not answer (gone);
   //   UNAVAILABLE when it answers but did not take it (the finisher calls
   //   CloseRun again: closing is idempotent).
-  // - Backup: AcceptClose says whether a close forwarded at `epoch` comes
-  //   from the range's primary: FAILED_PRECONDITION unless this copy is
-  //   the range's backup at that epoch.
+  // - Backup: AcceptFromPrimary says whether a close (or a rank's end,
+  //   below) forwarded at `epoch` comes from the range's primary:
+  //   FAILED_PRECONDITION unless this copy is the range's backup at that
+  //   epoch.
   absl::Status ForwardClose(const CloseRunRequest& request);
-  absl::Status AcceptClose(int64_t epoch) const;
+  absl::Status AcceptFromPrimary(int64_t epoch) const;
 
   // A rank's leave or finish (`request`, done here), the same way: the
   // primary tells the backup (LeaveRequest.from_primary), so that a copy
@@ -180,7 +182,7 @@ class Replication {
   // worker finished before its range moved can still be closed there).
   // OK once the backup took it, or when there is none or it does not
   // answer; otherwise the backup's refusal. The backup checks the epoch
-  // with AcceptClose.
+  // with AcceptFromPrimary.
   absl::Status ForwardSessionEnd(const LeaveRequest& request, bool finished);
 
   // OK when a worker's call (other than a take-over registration) may be
@@ -244,6 +246,9 @@ class Replication {
   bool PeerAnswers();
   // Backup: whether the primary answers and serves the range (not fenced).
   bool PeerServes();
+  // The range's epoch while this copy is its primary with a backup that
+  // follows; nullopt otherwise (nothing to forward to).
+  std::optional<int64_t> EpochIfPrimary() const;
   // The peer's counters of this range (Stats) through `stub`, within
   // `timeout`; false when it does not answer or holds no copy of the range.
   bool AskPeer(ParameterService::Stub* stub, absl::Duration timeout,

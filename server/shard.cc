@@ -220,14 +220,8 @@ absl::Status Shard::EndSession(const LeaveRequest& request, const char* what) {
   if (request.from_primary()) {
     // The range's primary ended the session (Replication::ForwardSessionEnd):
     // this copy, the range's backup, takes it at the primary's epoch.
-    if (replication_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", state_->shard(), ": a rank's ", what,
-          " forwarded by a primary, but this range is not replicated here "
-          "(every ps_server of a run needs the same --replicas)"));
-    }
-    if (absl::Status accepted =
-            replication_->AcceptClose(request.replica_epoch());
+    if (absl::Status accepted = AcceptFromPrimary(
+            request.replica_epoch(), absl::StrCat("a rank's ", what));
         !accepted.ok()) {
       return accepted;
     }
@@ -355,15 +349,8 @@ absl::Status Shard::CloseRun(const CloseRunRequest& request) {
   // the primary saw every worker finish; this copy, the range's backup,
   // ends too, so that its process saves its final checkpoint and stops.
   if (request.from_primary()) {
-    if (replication_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", state_->shard(),
-          ": a close forwarded by a primary, but this range is not "
-          "replicated here (every ps_server of a run needs the same "
-          "--replicas)"));
-    }
     if (absl::Status accepted =
-            replication_->AcceptClose(request.replica_epoch());
+            AcceptFromPrimary(request.replica_epoch(), "a close");
         !accepted.ok()) {
       return accepted;
     }
@@ -654,6 +641,17 @@ void Shard::AdoptRanks() {
       "process registers here",
       state_->shard(), absl::StrJoin(adopted, ","),
       absl::FormatDuration(state_->lease()));
+}
+
+absl::Status Shard::AcceptFromPrimary(int64_t epoch,
+                                      const std::string& what) const {
+  if (replication_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", state_->shard(), ": ", what,
+        " forwarded by a primary, but this range is not replicated here "
+        "(every ps_server of a run needs the same --replicas)"));
+  }
+  return replication_->AcceptFromPrimary(epoch);
 }
 
 absl::Status Shard::OfThisShard(const absl::Status& status) const {

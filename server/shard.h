@@ -122,6 +122,11 @@ class Shard {
   // After this copy took the range over: a lease from now for each rank
   // the range has applied examples of (see shard.cc).
   void AdoptRanks();
+  // OK when `what` (a close, a rank's end), forwarded by the range's
+  // primary at `epoch`, is this copy's to take: it is the range's backup
+  // at that epoch (Replication::AcceptFromPrimary). FAILED_PRECONDITION
+  // otherwise, and where this range is not replicated.
+  absl::Status AcceptFromPrimary(int64_t epoch, const std::string& what) const;
   // `status` with this shard named in front of its message (OK as it is).
   absl::Status OfThisShard(const absl::Status& status) const;
   // What the range's backup is sent of `push`: the push itself, or, where
