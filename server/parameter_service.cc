@@ -285,6 +285,21 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePush(
     grpc::CallbackServerContext* context, const SparsePushRequest* request,
     SparsePushResponse* response) {
   grpc::Status status = Authenticate(context);
+  if (status.ok() && tasks_ != nullptr && !request->from_primary()) {
+    // Replicated: the push waits for the range's backup to apply it, which
+    // takes one of gRPC's threads in the backup's process: not on one of
+    // gRPC's here (two processes forwarding to each other would hold them
+    // all).
+    Range& range = For(request->caller().shard());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    tasks_->Run([&range, request, response, reactor] {
+      absl::StatusOr<SparsePushResponse> applied =
+          range.shard.SparsePush(*request);
+      if (applied.ok()) *response = *std::move(applied);
+      reactor->Finish(ToGrpcStatus(applied.status()));
+    });
+    return reactor;
+  }
   if (status.ok()) {
     absl::StatusOr<SparsePushResponse> applied = For(request->caller().shard()).shard.SparsePush(*request);
     status = ToGrpcStatus(applied.status());

@@ -337,7 +337,7 @@ std::unique_ptr<Replication> Replication::Backup(ReplicationOptions options,
       new Replication(std::move(options), Role::kBackup, applied));
 }
 
-void Replication::CheckAtStart(int64_t version) {
+void Replication::CheckAtStart(int64_t version, int64_t row_pushes) {
   // On a channel of its own: a peer that is not up yet would leave the
   // forwards' channel backing off its reconnection.
   grpc::ChannelArguments args;
@@ -350,9 +350,11 @@ void Replication::CheckAtStart(int64_t version) {
   StatsResponse peer;
   if (!AskPeer(stub.get(), absl::Seconds(1), &peer)) return;
   absl::MutexLock lock(&mu_);
+  // Row pushes move no version: the copies' counts of them are compared too.
+  const bool peer_ahead =
+      peer.version() > version || peer.row_pushes() > row_pushes;
   if (role_ == Role::kPrimary &&
-      (peer.replica_role() == StatsResponse::DEGRADED ||
-       peer.version() > version)) {
+      (peer.replica_role() == StatsResponse::DEGRADED || peer_ahead)) {
     // Taken over, or about to be: the backup holds updates this process
     // lost with its restart.
     role_ = Role::kFenced;
@@ -364,13 +366,14 @@ void Replication::CheckAtStart(int64_t version) {
         "it copies the range back from there and becomes its backup",
         Describe(), options_.peer_address, peer.version(), peer.range_epoch(),
         version);
-  } else if (role_ == Role::kBackup && peer.version() > version) {
+  } else if (role_ == Role::kBackup && peer_ahead) {
     diverged_ = true;
     common::LogWarning(
-        "the primary of the %s at %s is at version %d and this backup starts "
-        "at %d: the run went on without this process; it copies the range "
-        "again before it follows",
-        Describe(), options_.peer_address, peer.version(), version);
+        "the primary of the %s at %s is at version %d (%d row pushes) and "
+        "this backup starts at %d (%d): the run went on without this "
+        "process; it copies the range again before it follows",
+        Describe(), options_.peer_address, peer.version(), peer.row_pushes(),
+        version, row_pushes);
   }
 }
 
@@ -406,7 +409,8 @@ void Replication::Repaired(int64_t version, int64_t epoch) {
       Waiting held = std::move(waiting_.begin()->second);
       const int64_t seq = waiting_.begin()->first;
       waiting_.erase(waiting_.begin());
-      absl::Status status = RefuseLocked(seq, held.epoch);
+      absl::Status status =
+          RefuseLocked(absl::StrCat("update ", seq), held.epoch);
       report.emplace_back(std::move(held.done), std::move(status));
     }
     ApplyWaitingLocked(&report);
@@ -711,7 +715,7 @@ void Replication::ApplyInOrder(int64_t seq, int64_t epoch,
       FailWaitingLocked(&report);
     }
     absl::Status refused;
-    if (!hold) refused = RefuseLocked(seq, epoch);
+    if (!hold) refused = RefuseLocked(absl::StrCat("update ", seq), epoch);
     if (!refused.ok()) {
       report.emplace_back(std::move(done), std::move(refused));
     } else if (!hold && seq < next_seq_) {
@@ -735,7 +739,8 @@ void Replication::ApplyInOrder(int64_t seq, int64_t epoch,
   for (auto& [callback, status] : report) callback(status);
 }
 
-absl::Status Replication::RefuseLocked(int64_t seq, int64_t epoch) const {
+absl::Status Replication::RefuseLocked(const std::string& what,
+                                       int64_t epoch) const {
   if (diverged_) {
     return absl::DataLossError(absl::StrCat(
         "the backup of the ", Describe(),
@@ -743,7 +748,7 @@ absl::Status Replication::RefuseLocked(int64_t seq, int64_t epoch) const {
   }
   if (role_ != Role::kBackup || epoch != epoch_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "update ", seq, " of epoch ", epoch, " refused: this process took the ",
+        what, " of epoch ", epoch, " refused: this process took the ",
         Describe(), " over at epoch ", epoch_,
         "; the process that forwarded it is fenced and must not acknowledge "
         "it"));
@@ -772,7 +777,8 @@ void Replication::ApplyWaitingLocked(
     Waiting next = std::move(waiting_.begin()->second);
     const int64_t seq = waiting_.begin()->first;
     waiting_.erase(waiting_.begin());
-    absl::Status status = RefuseLocked(seq, next.epoch);
+    absl::Status status =
+        RefuseLocked(absl::StrCat("update ", seq), next.epoch);
     if (status.ok()) status = ApplyLocked(seq, next.apply);
     report->emplace_back(std::move(next.done), std::move(status));
   }
@@ -783,8 +789,9 @@ void Replication::FailWaitingLocked(
     std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>*
         report) {
   for (auto& [seq, waiting] : waiting_) {
-    report->emplace_back(std::move(waiting.done),
-                         RefuseLocked(seq, waiting.epoch));
+    report->emplace_back(
+        std::move(waiting.done),
+        RefuseLocked(absl::StrCat("update ", seq), waiting.epoch));
   }
   waiting_.clear();
 }
@@ -1113,51 +1120,114 @@ absl::Status Replication::SendUntilDone(const PushData& push, int64_t seq,
       status = SendOnCall(push, seq, epoch, options_.forward_timeout);
     }
     if (status.ok()) return Confirm(seq);
-    if (stopping_.load()) {
-      return absl::UnavailableError(
-          "this process is stopping: the update was not acknowledged by the "
-          "range's backup");
-    }
-    absl::MutexLock lock(&mu_);
-    if (role_ == Role::kDegraded) return absl::OkStatus();
-    if (role_ != Role::kPrimary) return ServingLocked();
-    const grpc::StatusCode code = status.error_code();
-    if (code == grpc::StatusCode::FAILED_PRECONDITION) {
-      role_ = Role::kFenced;
-      confirmed_cv_.SignalAll();
-      common::LogWarning(
-          "the %s was taken over by its backup at %s (%s): this process "
-          "stops serving it",
-          Describe(), options_.peer_address, status.error_message());
-      return ServingLocked();
-    }
-    const bool transient = code == grpc::StatusCode::UNAVAILABLE ||
-                           code == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                           code == grpc::StatusCode::CANCELLED ||
-                           code == grpc::StatusCode::RESOURCE_EXHAUSTED;
-    if (!transient) {
-      DegradeLocked(absl::StrCat("its backup at ", options_.peer_address,
-                                 " refused update ", seq, " (",
-                                 status.error_message(), ")"),
-                    /*tell_backup=*/code != grpc::StatusCode::DATA_LOSS);
-      return absl::OkStatus();
-    }
-    // Is the backup gone, or only this update late? Asked without the lock.
-    mu_.Unlock();
-    const bool answers = PeerAnswers();
-    mu_.Lock();
-    if (role_ == Role::kDegraded) return absl::OkStatus();
-    if (role_ != Role::kPrimary) return ServingLocked();
-    if (!answers || attempt >= 3) {
-      DegradeLocked(absl::StrCat(
-                        "its backup at ", options_.peer_address,
-                        answers ? " answers but did not take update "
-                                : " does not answer after update ",
-                        seq, " (", status.error_message(), ")"),
-                    /*tell_backup=*/true);
-      return absl::OkStatus();
+    if (std::optional<absl::Status> outcome =
+            AfterFailedAttempt(status, attempt, absl::StrCat("update ", seq));
+        outcome.has_value()) {
+      return *outcome;
     }
   }
+}
+
+std::optional<absl::Status> Replication::AfterFailedAttempt(
+    const grpc::Status& status, int attempt, const std::string& what) {
+  if (stopping_.load()) {
+    return absl::UnavailableError(
+        absl::StrCat("this process is stopping: ", what,
+                     " was not acknowledged by the range's backup"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (role_ == Role::kDegraded) return absl::OkStatus();
+  if (role_ != Role::kPrimary) return ServingLocked();
+  const grpc::StatusCode code = status.error_code();
+  if (code == grpc::StatusCode::FAILED_PRECONDITION) {
+    role_ = Role::kFenced;
+    confirmed_cv_.SignalAll();
+    common::LogWarning(
+        "the %s was taken over by its backup at %s (%s): this process "
+        "stops serving it",
+        Describe(), options_.peer_address, status.error_message());
+    return ServingLocked();
+  }
+  const bool transient = code == grpc::StatusCode::UNAVAILABLE ||
+                         code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                         code == grpc::StatusCode::CANCELLED ||
+                         code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  if (!transient) {
+    DegradeLocked(
+        absl::StrCat("its backup at ", options_.peer_address, " refused ", what,
+                     " (", status.error_message(), ")"),
+        /*tell_backup=*/code != grpc::StatusCode::DATA_LOSS);
+    return absl::OkStatus();
+  }
+  // Is the backup gone, or only this update late? Asked without the lock.
+  mu_.Unlock();
+  const bool answers = PeerAnswers();
+  mu_.Lock();
+  if (role_ == Role::kDegraded) return absl::OkStatus();
+  if (role_ != Role::kPrimary) return ServingLocked();
+  if (!answers || attempt >= 3) {
+    DegradeLocked(absl::StrCat("its backup at ", options_.peer_address,
+                               answers ? " answers but did not take "
+                                       : " does not answer after ",
+                               what, " (", status.error_message(), ")"),
+                  /*tell_backup=*/true);
+    return absl::OkStatus();
+  }
+  return std::nullopt;
+}
+
+absl::Status Replication::ForwardRows(const SparsePushRequest& request,
+                                      int64_t seq, int64_t step) {
+  const std::optional<int64_t> epoch = EpochIfPrimary();
+  if (!epoch.has_value()) {
+    // Degraded: no backup that follows. Fenced since the push's checks: it
+    // is not to be acknowledged.
+    absl::MutexLock lock(&mu_);
+    return ServingLocked();
+  }
+  SparsePushRequest forwarded = request;
+  forwarded.mutable_caller()->set_shard(options_.range);
+  forwarded.set_from_primary(true);
+  forwarded.set_replica_epoch(*epoch);
+  forwarded.set_replica_seq(seq);
+  forwarded.set_step(step);
+  const std::string what = absl::StrCat("row push ", seq);
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext context;
+    PrepareCall(&context, options_.forward_timeout);
+    SparsePushResponse response;
+    const absl::Time began = absl::Now();
+    const grpc::Status status =
+        stub_->SparsePush(&context, forwarded, &response);
+    if (status.ok()) {
+      forward_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - began));
+      replicated_row_pushes_.fetch_add(1);
+      return absl::OkStatus();
+    }
+    if (std::optional<absl::Status> outcome =
+            AfterFailedAttempt(status, attempt, what);
+        outcome.has_value()) {
+      return *outcome;
+    }
+  }
+}
+
+absl::Status Replication::AcceptRowsFromPrimary(int64_t epoch) const {
+  absl::MutexLock lock(&mu_);
+  // Being repaired, the range's tables hold every forward until the copy
+  // is in (ShardSparseTables::BeginRepair).
+  if (repairing_ && role_ == Role::kBackup) return absl::OkStatus();
+  return RefuseLocked("a row push", epoch);
+}
+
+void Replication::RowsDiverged(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (role_ != Role::kBackup || diverged_) return;
+  diverged_ = true;
+  common::LogWarning(
+      "the backup of the %s stops following its primary: %s; it copies the "
+      "range again once it can",
+      Describe(), why);
 }
 
 absl::Status Replication::AwaitForwarded(int64_t version) {

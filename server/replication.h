@@ -116,7 +116,9 @@ class Replication {
   // logged, and the copy is then made again (NeedsRepair; ShardServer
   // copies it through ParameterService.Repair). A peer that does not
   // answer (the run is starting) changes nothing.
-  void CheckAtStart(int64_t version);
+  // `row_pushes`: the sparse tables' (ShardSparseTables::row_pushes),
+  // compared as the version is.
+  void CheckAtStart(int64_t version, int64_t row_pushes = 0);
 
   // Repair (a process restarted after the run went on without it; see
   // ParameterService.Repair). Whether this copy of the range is to be
@@ -184,6 +186,28 @@ class Replication {
   // answer; otherwise the backup's refusal. The backup checks the epoch
   // with AcceptFromPrimary.
   absl::Status ForwardSessionEnd(const LeaveRequest& request, bool finished);
+
+  // Row pushes of sparse tables (ShardSparseTables), replicated as the
+  // range's other updates are:
+  // - Primary: ForwardRows sends row push `seq` (`request`, applied here
+  //   at version `step`) to the backup and waits until it is applied there,
+  //   retrying as Forward does, with Forward's outcomes. The primary
+  //   forwards them one at a time, in the order it applied them.
+  // - Backup: AcceptRowsFromPrimary says whether a row push forwarded at
+  //   `epoch` is to be taken (as ApplyInOrder refuses an update: DATA_LOSS
+  //   once the copies differ, FAILED_PRECONDITION for another epoch or once
+  //   taken over); any epoch while the copy is repaired (the tables hold
+  //   it). RowsDiverged: a row push could not be applied here, so the
+  //   copies differ: this backup neither follows nor takes over until it
+  //   is repaired.
+  absl::Status ForwardRows(const SparsePushRequest& request, int64_t seq,
+                           int64_t step);
+  absl::Status AcceptRowsFromPrimary(int64_t epoch) const;
+  void RowsDiverged(const std::string& why);
+  // Row pushes this primary forwarded and its backup applied.
+  int64_t replicated_row_pushes() const {
+    return replicated_row_pushes_.load();
+  }
 
   // OK when a worker's call (other than a take-over registration) may be
   // served: a primary (degraded or not) or a backup that took over. Else
@@ -275,6 +299,14 @@ class Replication {
   // means (fenced; degraded).
   absl::Status SendUntilDone(const PushData& push, int64_t seq, int64_t epoch,
                              grpc::Status status);
+  // What a failed attempt (`attempt` of them so far) to forward `what`
+  // ("update 7") means: nullopt to send it again (the backup answers its
+  // health check, fewer than 3 attempts); OK when the primary goes on
+  // without its backup (it is gone, or refused the update: DEGRADED);
+  // UNAVAILABLE when this primary was fenced or is stopping.
+  std::optional<absl::Status> AfterFailedAttempt(const grpc::Status& status,
+                                                 int attempt,
+                                                 const std::string& what);
   // One attempt to forward update `seq` of `epoch`, within `timeout`, on a
   // call of its own (Push).
   grpc::Status SendOnce(const PushData& push, int64_t seq, int64_t epoch,
@@ -300,9 +332,9 @@ class Replication {
   void TellBackupItIsDetached(const PushData& push, int64_t seq, int64_t epoch);
   std::string Describe() const;
   absl::Status ServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Backup: why forwarded update `seq` of `epoch` is refused (OK: it is
-  // not); applying it; failing every update that waits for its turn.
-  absl::Status RefuseLocked(int64_t seq, int64_t epoch) const
+  // Backup: why forwarded `what` ("update 7") of `epoch` is refused (OK: it
+  // is not); applying it; failing every update that waits for its turn.
+  absl::Status RefuseLocked(const std::string& what, int64_t epoch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyLocked(int64_t seq,
                            const std::function<absl::Status()>& apply)
@@ -354,6 +386,7 @@ class Replication {
   absl::Time next_detach_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::CondVar confirmed_cv_;
   std::atomic<int64_t> replicated_{0};
+  std::atomic<int64_t> replicated_row_pushes_{0};
   std::atomic<int64_t> take_overs_{0};
   std::atomic<int64_t> repairs_{0};
   std::atomic<int64_t> forward_calls_{0};

@@ -60,8 +60,11 @@ absl::StatusOr<RepairResponse> Shard::Repair(const RepairRequest& request) {
   replication_->CopiedAt(saved.version);
   RepairResponse response;
   response.set_range_epoch(*epoch);
-  CheckpointOf(saved, *state_, config_)
-      .SerializeToString(response.mutable_checkpoint());
+  ShardCheckpoint copy = CheckpointOf(saved, *state_, config_);
+  // The rows after the weights, as a checkpoint takes them: a row push
+  // applied meanwhile is in the copy or, after it, forwarded.
+  if (sparse_ != nullptr) sparse_->SaveTo(&copy);
+  copy.SerializeToString(response.mutable_checkpoint());
   response.mutable_pull_residual()->Add(saved.pull_residual.begin(),
                                         saved.pull_residual.end());
   common::Log("shard %d: its range copied at version %d for its backup",
@@ -510,6 +513,7 @@ StatsResponse Shard::Stats() const {
     stats.set_take_overs(replication_->take_overs());
   }
   if (sparse_ != nullptr) {
+    stats.set_row_pushes(sparse_->row_pushes());
     for (const auto& table : sparse_->tables()) {
       const SparseTableStats table_stats = table->stats();
       (*stats.mutable_sparse_rows())[table->config().name()] = table_stats.rows;
@@ -537,17 +541,50 @@ absl::StatusOr<SparsePullResponse> Shard::SparsePull(
 
 absl::StatusOr<SparsePushResponse> Shard::SparsePush(
     const SparsePushRequest& request) {
+  if (request.from_primary()) return SparsePushFromPrimary(request);
   if (absl::Status s = CheckSparseCaller(request.caller(), /*push=*/true);
       !s.ok()) {
     return s;
   }
+  ShardSparseTables::Forward forward;
+  if (replication_ != nullptr) {
+    forward = [this, &request](int64_t seq, int64_t step) {
+      return OfThisShard(replication_->ForwardRows(request, seq, step));
+    };
+  }
   absl::StatusOr<SparsePushResponse> response =
-      sparse_->Push(request, learning_rate_, state_->version());
+      sparse_->Push(request, learning_rate_, state_->version(), forward);
   if (response.ok()) {
     state_->RecordSparsePushBytes(
         static_cast<int64_t>(request.ByteSizeLong()));
   }
   return response;
+}
+
+absl::StatusOr<SparsePushResponse> Shard::SparsePushFromPrimary(
+    const SparsePushRequest& request) {
+  if (absl::Status s = CheckCaller(request.caller().config_fingerprint(),
+                                   request.caller().shard());
+      !s.ok()) {
+    return s;
+  }
+  if (replication_ == nullptr || sparse_ == nullptr || sparse_->empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a row push forwarded by a primary, but this process holds no "
+        "replicated copy of shard ",
+        state_->shard(), "'s tables"));
+  }
+  if (absl::Status accepted =
+          replication_->AcceptRowsFromPrimary(request.replica_epoch());
+      !accepted.ok()) {
+    return accepted;
+  }
+  absl::Status applied = sparse_->ApplyForwarded(request);
+  if (applied.code() == absl::StatusCode::kDataLoss) {
+    replication_->RowsDiverged(std::string(applied.message()));
+  }
+  if (!applied.ok()) return applied;
+  return SparsePushResponse();
 }
 
 void Shard::RejectPush(const absl::Status& status) {

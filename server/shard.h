@@ -169,10 +169,18 @@ class Shard {
   // shard checked as for Leave, and a worker rank's session (a push also
   // renews its lease; pulls of rank -1, an evaluator, need none). A push
   // applies at the run's learning rate, marking its rows with the shard's
-  // version. FAILED_PRECONDITION when the run has no sparse tables.
+  // version, once (a numbered push sent again is answered as a repeat).
+  // Replicated, it is answered only once the range's backup has applied it
+  // too (Replication::ForwardRows). FAILED_PRECONDITION when the run has
+  // no sparse tables.
   absl::StatusOr<SparsePullResponse> SparsePull(
       const SparsePullRequest& request);
   absl::StatusOr<SparsePushResponse> SparsePush(
+      const SparsePushRequest& request);
+  // A row push the range's primary forwarded (from_primary): applied in
+  // the primary's order (ShardSparseTables::ApplyForwarded), refused as
+  // Replication::AcceptRowsFromPrimary says.
+  absl::StatusOr<SparsePushResponse> SparsePushFromPrimary(
       const SparsePushRequest& request);
 
   // All-reduce's rendezvous (Rendezvous): the caller checked as for a

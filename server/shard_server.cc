@@ -251,9 +251,6 @@ absl::Status CheckReplicas(const ShardServerOptions& options) {
     default:
       break;
   }
-  if (why == nullptr && c.sparse_tables_size() > 0) {
-    why = "sparse_tables (row updates are not forwarded yet)";
-  }
   if (why == nullptr && c.elastic()) {
     why = "elastic (shard 0's data queue is not forwarded yet)";
   }
@@ -302,19 +299,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     // A process restarted after a failure: its ranges may have moved on,
     // and are copied back from where they went.
     const int n = options.num_shards;
-    server->replication_->CheckAtStart(server->state_->version());
+    server->replication_->CheckAtStart(server->state_->version(),
+                                       server->sparse_->row_pushes());
     server->backup_replication_->CheckAtStart(
-        server->backup_state_->version());
+        server->backup_state_->version(), server->backup_sparse_->row_pushes());
     if (server->replication_->NeedsRepair()) {
       server->RepairRange(options, server->state_.get(), server->rule_.get(),
-                          server->replication_.get(),
+                          server->sparse_.get(), server->replication_.get(),
                           options.servers[(options.shard + 1) % n]);
     }
     if (server->backup_replication_->NeedsRepair()) {
-      server->RepairRange(options, server->backup_state_.get(),
-                          server->backup_rule_.get(),
-                          server->backup_replication_.get(),
-                          options.servers[(options.shard + n - 1) % n]);
+      server->RepairRange(
+          options, server->backup_state_.get(), server->backup_rule_.get(),
+          server->backup_sparse_.get(), server->backup_replication_.get(),
+          options.servers[(options.shard + n - 1) % n]);
     }
   }
   auto* health = server->server_->GetHealthCheckService();
@@ -330,9 +328,12 @@ absl::Status ShardServer::BuildCore(const ShardServerOptions& options,
       !core.ok()) {
     return core;
   }
+  // With replicas the process holds a second range's tables, its
+  // neighbour's backup: each gets half the memory.
   absl::StatusOr<std::unique_ptr<ShardSparseTables>> sparse =
       ShardSparseTables::Create(options.config, options.shard,
-                                options.num_shards);
+                                options.num_shards, /*memory_bytes=*/0,
+                                /*copies=*/options.replicas > 0 ? 2 : 1);
   if (!sparse.ok()) return sparse.status();
   sparse_ = *std::move(sparse);
   config_ = options.config;
@@ -351,6 +352,11 @@ absl::Status ShardServer::BuildReplicas(const ShardServerOptions& options,
       !core.ok()) {
     return core;
   }
+  absl::StatusOr<std::unique_ptr<ShardSparseTables>> sparse =
+      ShardSparseTables::Create(options.config, previous, n,
+                                /*memory_bytes=*/0, /*copies=*/2);
+  if (!sparse.ok()) return sparse.status();
+  backup_sparse_ = *std::move(sparse);
   ReplicationOptions mine;
   mine.range = s;
   mine.num_shards = n;
@@ -396,9 +402,8 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   if (replication_ != nullptr) {
     service_ = std::make_unique<ParameterServiceImpl>(
         options.config, options.num_workers,
-        RangeCore{state_.get(), rule_.get(), sparse_.get(),
-                  replication_.get()},
-        RangeCore{backup_state_.get(), backup_rule_.get(), nullptr,
+        RangeCore{state_.get(), rule_.get(), sparse_.get(), replication_.get()},
+        RangeCore{backup_state_.get(), backup_rule_.get(), backup_sparse_.get(),
                   backup_replication_.get()},
         policy);
   } else {
@@ -488,21 +493,24 @@ void ShardServer::RepairWhileRunning(const ShardServerOptions& options) {
   struct Copy {
     ShardState* state;
     UpdateRule* rule;
+    ShardSparseTables* sparse;
     Replication* replication;
     std::string peer;
     absl::Duration backoff = absl::Seconds(1);
     absl::Time next_try = absl::InfinitePast();
   };
   Copy copies[] = {
-      {state_.get(), rule_.get(), replication_.get(),
+      {state_.get(), rule_.get(), sparse_.get(), replication_.get(),
        options.servers[(options.shard + 1) % n]},
-      {backup_state_.get(), backup_rule_.get(), backup_replication_.get(),
+      {backup_state_.get(), backup_rule_.get(), backup_sparse_.get(),
+       backup_replication_.get(),
        options.servers[(options.shard + n - 1) % n]}};
   while (!stop_repairs_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
     for (Copy& copy : copies) {
       const absl::Time now = absl::Now();
       if (!copy.replication->NeedsRepair() || now < copy.next_try) continue;
-      RepairRange(options, copy.state, copy.rule, copy.replication, copy.peer);
+      RepairRange(options, copy.state, copy.rule, copy.sparse, copy.replication,
+                  copy.peer);
       if (copy.replication->NeedsRepair()) {
         copy.next_try = absl::Now() + copy.backoff;
         copy.backoff = std::min(copy.backoff * 2, absl::Seconds(30));
@@ -554,6 +562,9 @@ absl::Status ShardServer::Resume() {
   if (absl::Status rows = RestoreSparseTables(checkpoint); !rows.ok()) {
     return rows;
   }
+  // Which row pushes it applied, so that one sent again is not applied
+  // twice (a checkpoint of another shard count saw other ids: none).
+  if (!resharded_) sparse_->RestoreMarks(checkpoint);
   state_->RestoreStats(checkpoint.stats());
   if (absl::Status queue = state_->RestoreDataQueue(checkpoint.stats());
       !queue.ok()) {
@@ -566,9 +577,16 @@ absl::Status ShardServer::Resume() {
 
 void ShardServer::RepairRange(const ShardServerOptions& options,
                               ShardState* state, UpdateRule* rule,
+                              ShardSparseTables* sparse,
                               Replication* replication,
                               const std::string& peer) {
   replication->BeginRepair();
+  sparse->BeginRepair();
+  // Each way out: the copy made, or given up (its held row pushes dropped).
+  auto failed = [replication, sparse](const std::string& why) {
+    sparse->EndRepair();
+    replication->RepairFailed(why);
+  };
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // a whole range's state
   common::SetUnixSocketBuffers(&args);
@@ -591,29 +609,32 @@ void ShardServer::RepairRange(const ShardServerOptions& options,
   RepairResponse response;
   const grpc::Status status = stub->Repair(&context, request, &response);
   if (!status.ok()) {
-    return replication->RepairFailed(
-        common::ToAbslStatus(status).ToString());
+    return failed(common::ToAbslStatus(status).ToString());
   }
   ShardCheckpoint checkpoint;
   if (!checkpoint.ParseFromString(response.checkpoint())) {
-    return replication->RepairFailed("the copy does not parse");
+    return failed("the copy does not parse");
   }
   if (absl::Status matches = CheckCheckpointMatches(
           checkpoint, config_fingerprint_, state->shard(), state->num_shards(),
           state->size(), &config_);
       !matches.ok()) {
-    return replication->RepairFailed(std::string(matches.message()));
+    return failed(std::string(matches.message()));
   }
   RuleState copy = SavedStateOf(checkpoint);
   copy.pull_residual.assign(response.pull_residual().begin(),
                             response.pull_residual().end());
   if (absl::Status restored = rule->RestoreState(copy); !restored.ok()) {
-    return replication->RepairFailed(std::string(restored.message()));
+    return failed(std::string(restored.message()));
   }
   // A fenced primary's copy may have been ahead (updates its backup
   // refused): the version goes back with it.
   state->ResetVersion(checkpoint.version());
   state->RestoreStats(checkpoint.stats());
+  // The rows, and the row pushes forwarded while the copy was made.
+  if (absl::Status rows = sparse->RestoreCopy(checkpoint); !rows.ok()) {
+    return failed(absl::StrCat("its sparse tables: ", rows.message()));
+  }
   replication->Repaired(checkpoint.version(), response.range_epoch());
 }
 
@@ -672,10 +693,7 @@ absl::Status ShardServer::WriteCheckpointLocked(int64_t* version) {
   ShardCheckpoint checkpoint = CheckpointOf(saved, *state_, config_);
   // The rows as they are now: pushes that arrive while the weights above
   // are written may be in them or not, as with an asynchronous push.
-  for (const auto& table : sparse_->tables()) {
-    table->Snapshot(sparse_->buckets())
-        .SerializeToString(checkpoint.add_sparse_tables());
-  }
+  sparse_->SaveTo(&checkpoint);
   return WriteCheckpoint(checkpoint_path_, checkpoint);
 }
 

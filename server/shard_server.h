@@ -145,8 +145,12 @@ class ShardServer {
   UpdateRule* backup_rule() { return backup_rule_.get(); }
   Replication* replication() { return replication_.get(); }
   Replication* backup_replication() { return backup_replication_.get(); }
-  // The shard's sparse tables (empty when the run has none).
+  // The shard's sparse tables (empty when the run has none), and with
+  // replicas the backup's of the previous shard's range.
   const ShardSparseTables* sparse_tables() const { return sparse_.get(); }
+  const ShardSparseTables* backup_sparse_tables() const {
+    return backup_sparse_.get();
+  }
   // The version the shard resumed from, or -1 when it started afresh.
   int64_t resumed_version() const { return resumed_version_; }
   // Whether it resumed from the checkpoints of another shard count.
@@ -206,8 +210,8 @@ class ShardServer {
   // (ParameterService.Repair), and this process becomes its backup. A copy
   // that cannot be made is logged; the range then runs without a backup.
   void RepairRange(const ShardServerOptions& options, ShardState* state,
-                   UpdateRule* rule, Replication* replication,
-                   const std::string& peer);
+                   UpdateRule* rule, ShardSparseTables* sparse,
+                   Replication* replication, const std::string& peer);
   // The repairer's body: every second, a range whose copy here stopped
   // following (a backup its primary went on without, after a partition; a
   // primary fenced after it was frozen) is copied again (RepairRange), with
@@ -235,6 +239,7 @@ class ShardServer {
   // With replicas: the backup's core, and each range's replication.
   std::unique_ptr<ShardState> backup_state_;
   std::unique_ptr<UpdateRule> backup_rule_;
+  std::unique_ptr<ShardSparseTables> backup_sparse_;
   std::unique_ptr<Replication> replication_;
   std::unique_ptr<Replication> backup_replication_;
   std::unique_ptr<ParameterServiceImpl> service_;

@@ -1,5 +1,6 @@
 #include "server/shard_sparse_tables.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -13,7 +14,7 @@ namespace monsoon::server {
 
 absl::StatusOr<std::unique_ptr<ShardSparseTables>> ShardSparseTables::Create(
     const TrainingConfig& resolved, int shard, int num_shards,
-    uint64_t memory_bytes) {
+    uint64_t memory_bytes, int copies) {
   const uint32_t buckets = resolved.sparse_buckets();
   if (resolved.sparse_tables_size() > 0 &&
       buckets < static_cast<uint32_t>(num_shards)) {
@@ -22,6 +23,7 @@ absl::StatusOr<std::unique_ptr<ShardSparseTables>> ShardSparseTables::Create(
         " shards: every shard needs a bucket of rows"));
   }
   if (memory_bytes == 0) memory_bytes = common::MemoryLimitBytes();
+  memory_bytes /= static_cast<uint64_t>(std::max(copies, 1));
   uint64_t total = 0;
   std::vector<std::string> shares;
   for (const SparseTableConfig& config : resolved.sparse_tables()) {
@@ -39,7 +41,11 @@ absl::StatusOr<std::unique_ptr<ShardSparseTables>> ShardSparseTables::Create(
         "the sparse tables would take up to ", total >> 20,
         " MiB on this shard once full (", absl::StrJoin(shares, ", "),
         "), more than the ", memory_bytes >> 20,
-        " MiB of memory this process may use; the kernel would kill the "
+        " MiB of memory this process may use",
+        copies > 1 ? absl::StrCat(" for each of the ", copies,
+                                  " ranges it holds with --replicas")
+                   : std::string(),
+        "; the kernel would kill the "
         "shard as they fill. Lower max_rows (the most rows one shard holds "
         "of a table; at_max_rows: EVICT_LEAST_RECENT trains on within it; more "
         "shards hold fewer rows each), or give the shard more memory"));
@@ -51,16 +57,17 @@ absl::StatusOr<std::unique_ptr<ShardSparseTables>> ShardSparseTables::Create(
     if (!table.ok()) return table.status();
     tables.push_back(*std::move(table));
   }
-  return std::unique_ptr<ShardSparseTables>(
-      new ShardSparseTables(shard, num_shards, buckets, std::move(tables)));
+  return std::unique_ptr<ShardSparseTables>(new ShardSparseTables(
+      shard, num_shards, buckets, resolved.learning_rate(), std::move(tables)));
 }
 
 ShardSparseTables::ShardSparseTables(
-    int shard, int num_shards, uint32_t buckets,
+    int shard, int num_shards, uint32_t buckets, float run_learning_rate,
     std::vector<std::unique_ptr<SparseTable>> tables)
     : shard_(shard),
       num_shards_(num_shards),
       buckets_(buckets),
+      run_learning_rate_(run_learning_rate),
       tables_(std::move(tables)) {}
 
 absl::StatusOr<SparseTable*> ShardSparseTables::Find(
@@ -114,6 +121,154 @@ absl::StatusOr<SparsePullResponse> ShardSparseTables::Pull(
 }
 
 absl::StatusOr<SparsePushResponse> ShardSparseTables::Push(
+    const SparsePushRequest& request, float learning_rate, int64_t step,
+    const Forward& forward) {
+  absl::MutexLock lock(&push_mu_);
+  if (AppliedLocked(request)) {
+    SparsePushResponse repeat;
+    repeat.set_repeat(true);
+    return repeat;
+  }
+  absl::StatusOr<SparsePushResponse> response =
+      ApplyLocked(request, learning_rate, step);
+  if (!response.ok()) return response;
+  ++row_pushes_;
+  if (forward != nullptr) {
+    if (absl::Status forwarded = forward(row_pushes_, step); !forwarded.ok()) {
+      return forwarded;
+    }
+  }
+  MarkLocked(request);
+  return response;
+}
+
+bool ShardSparseTables::AppliedLocked(const SparsePushRequest& request) const {
+  if (request.seq() == 0) return false;
+  auto mark = marks_.find(request.caller().worker_rank());
+  return mark != marks_.end() &&
+         mark->second.session == request.caller().session() &&
+         request.seq() <= mark->second.seq;
+}
+
+void ShardSparseTables::MarkLocked(const SparsePushRequest& request) {
+  if (request.seq() == 0) return;
+  marks_[request.caller().worker_rank()] = {request.caller().session(),
+                                            request.seq()};
+}
+
+absl::Status ShardSparseTables::ApplyForwarded(
+    const SparsePushRequest& request) {
+  absl::MutexLock lock(&push_mu_);
+  if (holding_) {
+    held_.push_back(request);
+    return absl::OkStatus();
+  }
+  return ApplyForwardedLocked(request);
+}
+
+absl::Status ShardSparseTables::ApplyForwardedLocked(
+    const SparsePushRequest& request) {
+  const int64_t seq = request.replica_seq();
+  if (seq <= row_pushes_) return absl::OkStatus();  // sent again
+  if (seq != row_pushes_ + 1) {
+    return absl::DataLossError(absl::StrCat(
+        "shard ", shard_, "'s backup has applied ", row_pushes_,
+        " row pushes and was forwarded row push ", seq, ": the copies differ"));
+  }
+  absl::StatusOr<SparsePushResponse> applied =
+      ApplyLocked(request, run_learning_rate_, request.step());
+  if (!applied.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("shard ", shard_, "'s backup could not apply row push ",
+                     seq, " that its primary applied (",
+                     applied.status().ToString(), "): the copies differ"));
+  }
+  row_pushes_ = seq;
+  MarkLocked(request);
+  return absl::OkStatus();
+}
+
+void ShardSparseTables::BeginRepair() {
+  absl::MutexLock lock(&push_mu_);
+  holding_ = true;
+  held_.clear();
+}
+
+void ShardSparseTables::EndRepair() {
+  absl::MutexLock lock(&push_mu_);
+  holding_ = false;
+  held_.clear();
+}
+
+absl::Status ShardSparseTables::RestoreCopy(const ShardCheckpoint& copy) {
+  absl::MutexLock lock(&push_mu_);
+  holding_ = false;
+  std::vector<SparsePushRequest> held = std::move(held_);
+  held_.clear();
+  for (const auto& table : tables_) table->Clear();
+  const common::BucketRange mine =
+      common::BucketsOfShard(shard_, buckets_, num_shards_);
+  for (const std::string& bytes : copy.sparse_tables()) {
+    SparseTableSnapshot snapshot;
+    if (!snapshot.ParseFromString(bytes)) {
+      return absl::DataLossError("a sparse table's rows do not parse");
+    }
+    absl::StatusOr<SparseTable*> table = Find(snapshot.config().name());
+    if (!table.ok()) return table.status();
+    absl::StatusOr<int64_t> restored =
+        (*table)->Restore(snapshot, mine.first, mine.last, buckets_);
+    if (!restored.ok()) return restored.status();
+  }
+  row_pushes_ = copy.row_pushes();
+  marks_.clear();
+  for (const RowPushMark& mark : copy.row_push_marks()) {
+    marks_[mark.rank()] = {mark.session(), mark.seq()};
+  }
+  std::sort(held.begin(), held.end(),
+            [](const SparsePushRequest& a, const SparsePushRequest& b) {
+              return a.replica_seq() < b.replica_seq();
+            });
+  for (const SparsePushRequest& request : held) {
+    if (absl::Status applied = ApplyForwardedLocked(request); !applied.ok()) {
+      return applied;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ShardSparseTables::SaveTo(ShardCheckpoint* checkpoint) const {
+  absl::MutexLock lock(&push_mu_);
+  for (const auto& table : tables_) {
+    table->Snapshot(buckets_).SerializeToString(
+        checkpoint->add_sparse_tables());
+  }
+  checkpoint->set_row_pushes(row_pushes_);
+  std::vector<std::pair<int, Mark>> marks(marks_.begin(), marks_.end());
+  std::sort(marks.begin(), marks.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [rank, mark] : marks) {
+    RowPushMark* saved = checkpoint->add_row_push_marks();
+    saved->set_rank(rank);
+    saved->set_session(mark.session);
+    saved->set_seq(mark.seq);
+  }
+}
+
+void ShardSparseTables::RestoreMarks(const ShardCheckpoint& checkpoint) {
+  absl::MutexLock lock(&push_mu_);
+  row_pushes_ = checkpoint.row_pushes();
+  marks_.clear();
+  for (const RowPushMark& mark : checkpoint.row_push_marks()) {
+    marks_[mark.rank()] = {mark.session(), mark.seq()};
+  }
+}
+
+int64_t ShardSparseTables::row_pushes() const {
+  absl::MutexLock lock(&push_mu_);
+  return row_pushes_;
+}
+
+absl::StatusOr<SparsePushResponse> ShardSparseTables::ApplyLocked(
     const SparsePushRequest& request, float learning_rate, int64_t step) {
   absl::StatusOr<SparseTable*> table = Find(request.table());
   if (!table.ok()) return table.status();

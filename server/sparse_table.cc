@@ -186,18 +186,23 @@ void SparseTable::EvictSlot(uint32_t slot) {
 
 int64_t SparseTable::EvictLeastRecent(
     int64_t needed, const absl::flat_hash_set<uint64_t>& keep) {
-  std::vector<std::pair<int64_t, uint32_t>> candidates;  // (last push, slot)
+  // (last push, id): rows last pushed at the same step go by id, not by
+  // slot, so that two copies of the table whose slots differ (a backup
+  // restored from a copy) evict the same rows.
+  std::vector<std::pair<int64_t, uint64_t>> candidates;
   candidates.reserve(index_.size());
   for (const auto& [id, slot] : index_) {
     if (!keep.contains(id)) {
-      candidates.emplace_back(slots_[slot].last_pushed, slot);
+      candidates.emplace_back(slots_[slot].last_pushed, id);
     }
   }
   const int64_t count = std::min<int64_t>(
       candidates.size(), std::max<int64_t>(needed, config_.max_rows() / 10));
   std::nth_element(candidates.begin(), candidates.begin() + count,
                    candidates.end());
-  for (int64_t i = 0; i < count; ++i) EvictSlot(candidates[i].second);
+  for (int64_t i = 0; i < count; ++i) {
+    EvictSlot(index_.at(candidates[i].second));
+  }
   return count;
 }
 
@@ -338,6 +343,14 @@ SparseTableStats SparseTable::stats() const {
       (index_.capacity() + pending_.capacity()) *
           (sizeof(uint64_t) + sizeof(uint32_t) + 1));
   return stats;
+}
+
+void SparseTable::Clear() {
+  absl::MutexLock lock(&mu_);
+  slots_.clear();
+  free_.clear();
+  index_.clear();
+  pending_.clear();
 }
 
 SparseTableSnapshot SparseTable::Snapshot(uint32_t buckets) const {

@@ -118,6 +118,9 @@ class SparseTable {
   absl::StatusOr<int64_t> Restore(const SparseTableSnapshot& snapshot,
                                   uint32_t first_bucket, uint32_t last_bucket,
                                   uint32_t buckets);
+  // Drops every row and admission count (a copy about to be restored over;
+  // the counters stay).
+  void Clear();
 
  private:
   SparseTable(const SparseTableConfig& config, uint64_t seed, float* slab,

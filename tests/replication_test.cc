@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/model_layout.h"
+#include "common/sparse_ids.h"
 #include "common/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -1392,6 +1393,109 @@ TEST(ReplicationTest, AStoppingBackupEndsTheCallsForwardedToIt) {
   const grpc::Status status = call.stream->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(status.error_message(), HasSubstr("process is stopping"));
+}
+
+// A table's rows, its optimizer state and admission counts, as bytes.
+std::string RowsOf(const ShardSparseTables* tables) {
+  return tables->tables()[0]->Snapshot(tables->buckets()).SerializeAsString();
+}
+
+// Sparse tables: a row push is applied on the range's backup before it is
+// acknowledged, with the rank's number, so that the copy that takes the
+// range over holds every acknowledged push and answers one sent again as a
+// repeat; the process that comes back copies the rows (and what was
+// pushed meanwhile) and follows again.
+TEST(ReplicationTest, RowPushesReachTheBackupAndATakeOverAndARepairKeepThem) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0 sparse_buckets: 64 sparse_tables { name: 'emb' dim: 2 "
+      "optimizer: SPARSE_ROWWISE_ADAGRAD max_rows: 100 }");
+  ReplicatedPair pair(config);
+  ASSERT_EQ(pair.servers.size(), 2u);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(pair.Client(config, 0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  // An id of each range.
+  uint64_t ids[2] = {0, 0};
+  for (int range = 0; range < 2; ++range) {
+    while (common::ShardOfId(ids[range], 64, 2) != range) ++ids[range];
+  }
+  const std::vector<uint64_t> both = {ids[0], ids[1]};
+  const std::vector<float> grads = {1, -1, 0.5f, 2};
+  auto copies_agree = [&](int pushes) {
+    for (int range = 0; range < 2; ++range) {
+      const ShardSparseTables* primary = pair.servers[range]->sparse_tables();
+      const ShardSparseTables* backup =
+          pair.servers[(range + 1) % 2]->backup_sparse_tables();
+      EXPECT_EQ(primary->row_pushes(), pushes) << "range " << range;
+      EXPECT_EQ(backup->row_pushes(), pushes) << "range " << range;
+      EXPECT_EQ(RowsOf(primary), RowsOf(backup)) << "range " << range;
+    }
+  };
+  uint64_t last_seq = 0;
+  for (int k = 1; k <= 3; ++k) {
+    last_seq = (*client)->NextRowPushSeq();
+    ASSERT_OK((*client)->SparsePush("emb", both, grads, absl::Seconds(10),
+                                    nullptr, nullptr, last_seq));
+    copies_agree(k);
+  }
+  std::vector<float> before(4);
+  ASSERT_OK((*client)->SparsePull("emb", both, absl::MakeSpan(before),
+                                  absl::Seconds(10)));
+
+  // Process 1 dies: the last push, sent again as if its answer had been
+  // lost, is a repeat on the copy that takes range 1 over.
+  pair.servers[1]->Shutdown(absl::ZeroDuration());
+  pair.servers[1].reset();
+  int ride_outs = 0;
+  const worker::PsClient::RideOut ride_out = [&](const absl::Status& lost) {
+    ++ride_outs;
+    EXPECT_THAT(lost, StatusIs(absl::StatusCode::kUnavailable));
+    return (*client)->Reconnect(absl::Seconds(10), absl::Seconds(5));
+  };
+  SparsePushResponse answer;
+  ASSERT_OK((*client)->SparsePush("emb", both, grads, absl::Seconds(10),
+                                  &answer, ride_out, last_seq));
+  EXPECT_EQ(ride_outs, 1);
+  EXPECT_TRUE(answer.repeat());
+  EXPECT_EQ(answer.updated(), 0);
+  std::vector<float> after(4);
+  ASSERT_OK((*client)->SparsePull("emb", both, absl::MakeSpan(after),
+                                  absl::Seconds(10), ride_out));
+  EXPECT_THAT(after, ElementsAreArray(before));
+  EXPECT_EQ(pair.servers[0]->backup_replication()->role(),
+            Replication::Role::kDegraded);
+  // Two more, applied where each range is served now.
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_OK((*client)->SparsePush("emb", both, grads, absl::Seconds(10),
+                                    &answer, ride_out));
+    EXPECT_EQ(answer.updated(), 2);
+  }
+  EXPECT_EQ(pair.servers[0]->sparse_tables()->row_pushes(), 5);
+  EXPECT_EQ(pair.servers[0]->backup_sparse_tables()->row_pushes(), 5);
+
+  // Process 1 comes back: both its copies are repaired, rows included.
+  absl::StatusOr<std::unique_ptr<ShardServer>> back =
+      ShardServer::Start(Replicated(config, 1, pair.addresses, pair.ports));
+  ASSERT_TRUE(back.ok()) << back.status();
+  pair.servers[1] = *std::move(back);
+  EXPECT_EQ(pair.servers[1]->backup_replication()->repairs(), 1);
+  EXPECT_EQ(pair.servers[1]->replication()->repairs(), 1);
+  // Range 1 is served by process 0 still, its copy back home.
+  EXPECT_EQ(RowsOf(pair.servers[1]->sparse_tables()),
+            RowsOf(pair.servers[0]->backup_sparse_tables()));
+  EXPECT_EQ(RowsOf(pair.servers[1]->backup_sparse_tables()),
+            RowsOf(pair.servers[0]->sparse_tables()));
+  ASSERT_OK((*client)->SparsePush("emb", both, grads, absl::Seconds(10),
+                                  &answer, ride_out));
+  EXPECT_EQ(answer.updated(), 2);
+  EXPECT_EQ(pair.servers[1]->sparse_tables()->row_pushes(), 6);
+  EXPECT_EQ(pair.servers[1]->backup_sparse_tables()->row_pushes(), 6);
+  EXPECT_EQ(RowsOf(pair.servers[1]->sparse_tables()),
+            RowsOf(pair.servers[0]->backup_sparse_tables()));
+  EXPECT_EQ(RowsOf(pair.servers[1]->backup_sparse_tables()),
+            RowsOf(pair.servers[0]->sparse_tables()));
+  EXPECT_EQ(ride_outs, 1);
 }
 
 TEST(ReplicationTest, WhatIsNotReplicatedYetIsRefusedWithTheReason) {

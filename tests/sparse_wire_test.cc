@@ -91,6 +91,103 @@ TEST(SparseWireTest, ANonFinitePushIsRefusedWithNothingApplied) {
             (std::vector<float>{-0.5f, -0.5f, 0, 0}));
 }
 
+// A push sent again with its number (its answer lost, say) is answered as a
+// repeat and applied once; the next number is applied.
+TEST(SparseWireTest, APushSentAgainWithItsNumberIsAppliedOnce) {
+  const TrainingConfig config = ResolvedConfig(kConfig);
+  testutil::LocalCluster cluster(config, 2, 1);
+  ASSERT_NE(cluster.client, nullptr);
+  worker::PsClient& client = *cluster.client;
+  const uint64_t seq = client.NextRowPushSeq();
+  SparsePushResponse answer;
+  ASSERT_THAT(client.SparsePush("emb", {1, 1000000}, {1, 1, 2, 2}, kTimeout,
+                                &answer, nullptr, seq),
+              IsOk());
+  EXPECT_EQ(answer.updated(), 2);
+  EXPECT_FALSE(answer.repeat());
+  ASSERT_THAT(client.SparsePush("emb", {1, 1000000}, {1, 1, 2, 2}, kTimeout,
+                                &answer, nullptr, seq),
+              IsOk());
+  EXPECT_EQ(answer.updated(), 0);
+  EXPECT_TRUE(answer.repeat());
+  EXPECT_EQ(Pull(client, {1, 1000000}),
+            (std::vector<float>{-0.5f, -0.5f, -1, -1}));
+  ASSERT_THAT(
+      client.SparsePush("emb", {1, 1000000}, {1, 1, 2, 2}, kTimeout, &answer),
+      IsOk());
+  EXPECT_EQ(answer.updated(), 2);
+  EXPECT_EQ(Pull(client, {1, 1000000}), (std::vector<float>{-1, -1, -2, -2}));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(cluster.servers[s]->sparse_tables()->row_pushes(), 2) << s;
+  }
+}
+
+// A shard lost in the middle of a row push: the part it did not answer is
+// sent again once it is back (its checkpoint restored, which remembers the
+// pushes in it), the other shard's part is not; sent again whole, the push
+// is a repeat on both.
+TEST(SparseWireTest, APushThatLostAShardIsSentThereAgainAndAppliedOnce) {
+  const TrainingConfig config = ResolvedConfig(kConfig);
+  const std::string dir = testutil::FreshDir("rows_ride_out");
+  const std::vector<int> ports = {testutil::FreePort(), testutil::FreePort()};
+  auto start = [&](int s) {
+    server::ShardServerOptions options;
+    options.config = config;
+    options.shard = s;
+    options.num_shards = 2;
+    options.num_workers = 1;
+    options.listen_address = absl::StrCat("127.0.0.1:", ports[s]);
+    options.lease = testutil::kTestLease;
+    options.checkpoint_dir = dir;
+    absl::StatusOr<std::unique_ptr<server::ShardServer>> server =
+        server::ShardServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  };
+  std::vector<std::unique_ptr<server::ShardServer>> servers;
+  servers.push_back(start(0));
+  servers.push_back(start(1));
+  ASSERT_NE(servers[0], nullptr);
+  ASSERT_NE(servers[1], nullptr);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> connected =
+      worker::PsClient::Connect(testutil::ClientOptions(servers, config));
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  worker::PsClient& client = **connected;
+  const int lost = common::ShardOfId(1000000, 64, 2);
+  ASSERT_THAT(client.SparsePush("emb", {1, 1000000}, {1, 1, 2, 2}, kTimeout),
+              IsOk());
+  ASSERT_THAT(servers[lost]->SaveCheckpoint(nullptr), IsOk());
+  servers[lost]->Shutdown(absl::ZeroDuration());
+  servers[lost].reset();
+
+  int ride_outs = 0;
+  const worker::PsClient::RideOut ride_out = [&](const absl::Status& why) {
+    ++ride_outs;
+    EXPECT_THAT(why, StatusIs(absl::StatusCode::kUnavailable,
+                              HasSubstr(absl::StrCat("shard ", lost))));
+    servers[lost] = start(lost);
+    return client.Reconnect(kTimeout, absl::Seconds(5));
+  };
+  const uint64_t seq = client.NextRowPushSeq();
+  SparsePushResponse answer;
+  ASSERT_THAT(client.SparsePush("emb", {1, 1000000}, {1, 1, 2, 2}, kTimeout,
+                                &answer, ride_out, seq),
+              IsOk());
+  EXPECT_EQ(ride_outs, 1);
+  EXPECT_EQ(answer.updated(), 2);
+  EXPECT_EQ(Pull(client, {1, 1000000}), (std::vector<float>{-1, -1, -2, -2}));
+  ASSERT_THAT(client.SparsePush("emb", {1, 1000000}, {1, 1, 2, 2}, kTimeout,
+                                &answer, ride_out, seq),
+              IsOk());
+  EXPECT_TRUE(answer.repeat());
+  EXPECT_EQ(answer.updated(), 0);
+  EXPECT_EQ(Pull(client, {1, 1000000}), (std::vector<float>{-1, -1, -2, -2}));
+  EXPECT_EQ(ride_outs, 1);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(servers[s]->sparse_tables()->row_pushes(), 2) << s;
+  }
+}
+
 // The service as a client that skips PsClient's routing would use it.
 class RawCallTest : public ::testing::Test {
  protected:

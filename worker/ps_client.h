@@ -202,6 +202,15 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // backup (or was fenced), the range's other process is asked.
   absl::StatusOr<std::vector<StatsResponse>> Stats(absl::Duration timeout);
 
+  // What a sparse call does when a shard's part of it failed: called with
+  // that shard's error (named), it waits for the shard to come back
+  // (ScriptWorker::RideOut: a reconnection, a take-over with replicas) and
+  // returns OK, and the shards that failed are asked again; or it returns
+  // the error that ends the call. Null: the call ends with the first error.
+  using RideOut = std::function<absl::Status(const absl::Status& lost)>;
+  // The most times one sparse call rides out a lost shard.
+  static constexpr int kMaxRideOutsPerCall = 8;
+
   // Sparse tables (TrainingConfig.sparse_tables): the rows of `ids` of
   // table `table` into `out` (dim values per id, in order; repeats are
   // asked once), each id asked of the shard that owns its bucket, the
@@ -209,15 +218,23 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // INVALID_ARGUMENT when `out` has another size; a shard's error, naming
   // it.
   absl::Status SparsePull(const std::string& table,
-                          absl::Span<const uint64_t> ids,
-                          absl::Span<float> out, absl::Duration timeout);
+                          absl::Span<const uint64_t> ids, absl::Span<float> out,
+                          absl::Duration timeout,
+                          const RideOut& ride_out = nullptr);
   // Row gradients `grads` (dim values per id) of `ids`, repeats summed,
   // each to the shard of its bucket, the shards at once; each shard's
-  // answer summed into *result (if not null). The errors of SparsePull.
+  // answer summed into *result (if not null). The push is numbered
+  // (SparsePushRequest.seq; `seq` 0: NextRowPushSeq()): asked again after a
+  // lost shard, or sent again with the same `seq`, a shard that had
+  // applied it answers it as a repeat and applies nothing. The errors of
+  // SparsePull.
   absl::Status SparsePush(const std::string& table,
                           absl::Span<const uint64_t> ids,
                           absl::Span<const float> grads, absl::Duration timeout,
-                          SparsePushResponse* result = nullptr);
+                          SparsePushResponse* result = nullptr,
+                          const RideOut& ride_out = nullptr, uint64_t seq = 0);
+  // A number for the next row push of this client's session.
+  uint64_t NextRowPushSeq() { return row_push_seq_.fetch_add(1) + 1; }
 
   // The all-reduce ring's rendezvous (RingRendezvous, mode ALLREDUCE): keys
   // on shard 0, each call within 10 s; a shard's refusal names the shard.
@@ -263,6 +280,16 @@ class PsClient : public ParameterClient, public RingRendezvous {
   template <typename Request, typename Response, typename Method>
   absl::Status CallRendezvous(Method method, Request* request,
                               Response* response, const std::string& what);
+  // Sends requests[s] (those with ids) to the shards through `start`, all
+  // at once, within `timeout` each time; a shard whose part failed is
+  // asked again after `ride_out` (see RideOut). On return every shard that
+  // answered has its response in (*responses)[s]; the first error that
+  // ended the call, naming its shard.
+  template <typename Request, typename Response, typename Start>
+  absl::Status CallShardsRidingOut(std::vector<Request> requests,
+                                   std::vector<Response>* responses,
+                                   absl::Duration timeout,
+                                   const RideOut& ride_out, const Start& start);
   // The dim of `table`: NOT_FOUND when the run has no such table.
   absl::StatusOr<int> SparseDim(const std::string& table) const;
   // One request per shard for `table` (the caller's run, shard, rank and
@@ -348,6 +375,7 @@ class PsClient : public ParameterClient, public RingRendezvous {
       ABSL_GUARDED_BY(ledger_mu_);
   ReplicaLedger ledger_ ABSL_GUARDED_BY(ledger_mu_);
   std::atomic<int64_t> bytes_pushed_{0};
+  std::atomic<uint64_t> row_push_seq_{0};  // the last NextRowPushSeq
   std::atomic<int64_t> bytes_pulled_{0};
 };
 

@@ -78,10 +78,36 @@ absl::StatusOr<int> PsClient::SparseDim(const std::string& table) const {
       "no sparse table '", table, "' in this run's config (sparse_tables)"));
 }
 
+template <typename Request, typename Response, typename Start>
+absl::Status PsClient::CallShardsRidingOut(std::vector<Request> requests,
+                                           std::vector<Response>* responses,
+                                           absl::Duration timeout,
+                                           const RideOut& ride_out,
+                                           const Start& start) {
+  const int n = num_shards();
+  for (int ride_outs = 0;; ++ride_outs) {
+    // Shards may have moved (a take-over) since the last try.
+    const std::vector<grpc::Status> statuses =
+        CallShards(shards_, requests, responses, absl::Now() + timeout, start);
+    absl::Status first;
+    for (int s = 0; s < n; ++s) {
+      if (statuses[s].ok()) {
+        requests[s].clear_ids();  // answered: not asked again
+      } else if (first.ok()) {
+        first =
+            Annotate(common::ToAbslStatus(statuses[s]), s, shards_[s].address);
+      }
+    }
+    if (first.ok()) return first;
+    if (ride_out == nullptr || ride_outs >= kMaxRideOutsPerCall) return first;
+    if (absl::Status back = ride_out(first); !back.ok()) return back;
+  }
+}
+
 absl::Status PsClient::SparsePull(const std::string& table,
                                   absl::Span<const uint64_t> ids,
-                                  absl::Span<float> out,
-                                  absl::Duration timeout) {
+                                  absl::Span<float> out, absl::Duration timeout,
+                                  const RideOut& ride_out) {
   absl::StatusOr<int> dim = SparseDim(table);
   if (!dim.ok()) return dim.status();
   if (out.size() != ids.size() * static_cast<size_t>(*dim)) {
@@ -99,21 +125,20 @@ absl::Status PsClient::SparsePull(const std::string& table,
         .push_back(static_cast<uint32_t>(u));
   }
   std::vector<SparsePullResponse> responses(n);
-  const std::vector<grpc::Status> statuses = CallShards(
-      shards_, requests, &responses, absl::Now() + timeout,
-      [this](int s, grpc::ClientContext* context,
-             const SparsePullRequest* request, SparsePullResponse* response,
-             std::function<void(grpc::Status)> done) {
-        shards_[s].stub->async()->SparsePull(context, request, response,
-                                             std::move(done));
-      });
+  if (absl::Status called = CallShardsRidingOut(
+          std::move(requests), &responses, timeout, ride_out,
+          [this](int s, grpc::ClientContext* context,
+                 const SparsePullRequest* request, SparsePullResponse* response,
+                 std::function<void(grpc::Status)> done) {
+            shards_[s].stub->async()->SparsePull(context, request, response,
+                                                 std::move(done));
+          });
+      !called.ok()) {
+    return called;
+  }
   std::vector<float> rows(unique.ids.size() * *dim);
   const size_t row_bytes = *dim * sizeof(float);
   for (int s = 0; s < n; ++s) {
-    if (!statuses[s].ok()) {
-      return Annotate(common::ToAbslStatus(statuses[s]), s,
-                      shards_[s].address);
-    }
     const std::string& values = responses[s].values();
     if (values.size() != positions[s].size() * row_bytes) {
       return Annotate(
@@ -137,7 +162,8 @@ absl::Status PsClient::SparsePush(const std::string& table,
                                   absl::Span<const uint64_t> ids,
                                   absl::Span<const float> grads,
                                   absl::Duration timeout,
-                                  SparsePushResponse* result) {
+                                  SparsePushResponse* result,
+                                  const RideOut& ride_out, uint64_t seq) {
   absl::StatusOr<int> dim = SparseDim(table);
   if (!dim.ok()) return dim.status();
   if (grads.size() != ids.size() * static_cast<size_t>(*dim)) {
@@ -154,6 +180,7 @@ absl::Status PsClient::SparsePush(const std::string& table,
           " holds ", grads[i], "; nothing was sent"));
     }
   }
+  if (seq == 0) seq = NextRowPushSeq();
   const UniqueIds unique = Deduplicate(ids);
   const std::vector<float> sums = SumRepeats(unique, grads, *dim);
   const int n = num_shards();
@@ -163,12 +190,13 @@ absl::Status PsClient::SparsePush(const std::string& table,
         request->mutable_grads()->append(
             reinterpret_cast<const char*>(sums.data() + u * *dim), row_bytes);
       });
-  for (const SparsePushRequest& request : requests) {
+  for (SparsePushRequest& request : requests) {
+    request.set_seq(seq);
     bytes_pushed_ += static_cast<int64_t>(request.ByteSizeLong());
   }
   std::vector<SparsePushResponse> responses(n);
-  const std::vector<grpc::Status> statuses = CallShards(
-      shards_, requests, &responses, absl::Now() + timeout,
+  const absl::Status called = CallShardsRidingOut(
+      std::move(requests), &responses, timeout, ride_out,
       [this](int s, grpc::ClientContext* context,
              const SparsePushRequest* request, SparsePushResponse* response,
              std::function<void(grpc::Status)> done) {
@@ -176,22 +204,15 @@ absl::Status PsClient::SparsePush(const std::string& table,
                                              std::move(done));
       });
   SparsePushResponse total;
-  absl::Status first;
   for (int s = 0; s < n; ++s) {
-    if (!statuses[s].ok()) {
-      if (first.ok()) {
-        first = Annotate(common::ToAbslStatus(statuses[s]), s,
-                         shards_[s].address);
-      }
-      continue;
-    }
     total.set_updated(total.updated() + responses[s].updated());
     total.set_created(total.created() + responses[s].created());
     total.set_not_admitted(total.not_admitted() + responses[s].not_admitted());
     total.set_evicted(total.evicted() + responses[s].evicted());
+    if (responses[s].repeat()) total.set_repeat(true);
   }
   if (result != nullptr) *result = total;
-  return first;
+  return called;
 }
 
 }  // namespace monsoon::worker

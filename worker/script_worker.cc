@@ -243,6 +243,11 @@ absl::Status ScriptWorker::Pull(absl::Span<float> params) {
   return RidingOut(context_, pull, pull);
 }
 
+absl::Status ScriptWorker::RideOut(const absl::Status& lost) {
+  if (!ShardLost(context_, lost)) return lost;
+  return worker::RideOut(context_, lost);
+}
+
 absl::StatusOr<bool> ScriptWorker::Step(absl::Span<const float> grads,
                                         int64_t samples,
                                         absl::Span<float> params) {

@@ -62,6 +62,13 @@ class ScriptWorker {
 
   // The shards' current weights into `params` (num_params() values).
   absl::Status Pull(absl::Span<float> params);
+  // For a call of its own on the client (a sparse table's rows,
+  // PsClient::RideOut) that lost a shard: waits for the shard as a step
+  // does (RideOut: up to shard_lost_timeout, a take-over with replicas),
+  // then OK, to ask it again; an error that is not a lost shard, as it is.
+  // Not while another thread is in a call of this worker (one thread
+  // reconnects at a time).
+  absl::Status RideOut(const absl::Status& lost);
   // See the file comment. `samples`: the examples the gradient sums over.
   absl::StatusOr<bool> Step(absl::Span<const float> grads, int64_t samples,
                             absl::Span<float> params);

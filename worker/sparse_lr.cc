@@ -50,13 +50,14 @@ absl::Status PullAndPredict(PsClient* client, const SparseExamples& set,
                             size_t first, size_t last,
                             absl::Span<const float> dense,
                             absl::Duration timeout, std::vector<float>* rows,
-                            std::vector<float>* p) {
+                            std::vector<float>* p,
+                            const PsClient::RideOut& ride_out = nullptr) {
   const size_t begin = set.starts[first], end = set.starts[last];
   rows->resize(end - begin);
   if (absl::Status s = client->SparsePull(
           common::kSparseLrTable,
           absl::MakeConstSpan(set.ids).subspan(begin, end - begin),
-          absl::MakeSpan(*rows), timeout);
+          absl::MakeSpan(*rows), timeout, ride_out);
       !s.ok()) {
     return s;
   }
@@ -122,36 +123,50 @@ class BatchReader {
 };
 
 // A step's row push sent on its own thread (sparse_rows_async), at most one
-// in flight: the next waits for it.
+// in flight: the next waits for it. A push that lost a shard is ridden out
+// on the caller's thread (one thread reconnects) and sent again, with the
+// same number, where it failed.
 class RowPushInFlight {
  public:
-  ~RowPushInFlight() { Wait().IgnoreError(); }
+  RowPushInFlight(PsClient* client, absl::Duration timeout,
+                  PsClient::RideOut ride_out)
+      : client_(client), timeout_(timeout), ride_out_(std::move(ride_out)) {}
+  ~RowPushInFlight() {
+    if (thread_.joinable()) thread_.join();
+  }
 
   // The push in flight's outcome (OK when there is none).
   absl::Status Wait() {
     if (!thread_.joinable()) return absl::OkStatus();
     thread_.join();
-    return status_;
+    if (status_.ok()) return status_;
+    if (absl::Status back = ride_out_(status_); !back.ok()) return back;
+    return client_->SparsePush(common::kSparseLrTable, ids_, grads_, timeout_,
+                               nullptr, ride_out_, seq_);
   }
 
   // Waits for the push in flight (its error ends here), then sends this
   // one.
-  absl::Status Start(PsClient* client, std::vector<uint64_t> ids,
-                     std::vector<float> grads, absl::Duration timeout) {
+  absl::Status Start(std::vector<uint64_t> ids, std::vector<float> grads) {
     if (absl::Status s = Wait(); !s.ok()) return s;
     ids_ = std::move(ids);
     grads_ = std::move(grads);
-    thread_ = std::thread([this, client, timeout] {
-      status_ = client->SparsePush(common::kSparseLrTable, ids_, grads_,
-                                   timeout);
+    seq_ = client_->NextRowPushSeq();
+    thread_ = std::thread([this] {
+      status_ = client_->SparsePush(common::kSparseLrTable, ids_, grads_,
+                                    timeout_, nullptr, nullptr, seq_);
     });
     return absl::OkStatus();
   }
 
  private:
+  PsClient* const client_;
+  const absl::Duration timeout_;
+  const PsClient::RideOut ride_out_;
   std::thread thread_;
   std::vector<uint64_t> ids_;
   std::vector<float> grads_;
+  uint64_t seq_ = 0;
   absl::Status status_;  // written by thread_, read after joining it
 };
 
@@ -210,7 +225,11 @@ absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
                      batch_size);
   SparseExamples batch;
   std::vector<float> rows, p, grads;
-  RowPushInFlight rows_in_flight;  // sparse_rows_async
+  // A lost shard is waited for as the dense part's steps wait for it.
+  const PsClient::RideOut ride_out = [dense](const absl::Status& lost) {
+    return dense->RideOut(lost);
+  };
+  RowPushInFlight rows_in_flight(client, timeout, ride_out);  // async rows
   for (int epoch = 0; epoch < config.epochs(); ++epoch) {
     if (absl::Status s = reader.StartEpoch(); !s.ok()) return s;
     const float scale = LearningRateScale(config, epoch) /
@@ -234,8 +253,9 @@ absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
       compute.Pause();
       {
         PhaseTimer pull(counters, Phase::kPull);
-        if (absl::Status s = PullAndPredict(client, batch, 0, batch.size(),
-                                            params, timeout, &rows, &p);
+        if (absl::Status s =
+                PullAndPredict(client, batch, 0, batch.size(), params, timeout,
+                               &rows, &p, ride_out);
             !s.ok()) {
           return s;
         }
@@ -266,10 +286,9 @@ absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
         PhaseTimer push(counters, Phase::kPush);
         absl::Status pushed =
             config.sparse_rows_async()
-                ? rows_in_flight.Start(client, batch.ids, std::move(grads),
-                                       timeout)
+                ? rows_in_flight.Start(batch.ids, std::move(grads))
                 : client->SparsePush(common::kSparseLrTable, batch.ids, grads,
-                                     timeout);
+                                     timeout, nullptr, ride_out);
         if (!pushed.ok()) return pushed;
       }
       absl::StatusOr<bool> replaced =

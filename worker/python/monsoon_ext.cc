@@ -278,6 +278,11 @@ class Worker {
     call_timeout_ = absl::Seconds(config.call_timeout_s());
   }
 
+  // A sparse call that lost a shard waits for it as a step does.
+  worker::PsClient::RideOut RideOut() {
+    return [this](const absl::Status& lost) { return worker_->RideOut(lost); };
+  }
+
   void Pull(py::buffer params) {
     absl::Span<float> p = FloatSpan(params, "params");
     py::gil_scoped_release release;
@@ -289,7 +294,7 @@ class Worker {
     absl::Span<const uint64_t> i = IdSpan(ids);
     absl::Span<float> o = FloatSpan(out, "out");
     py::gil_scoped_release release;
-    Check(client_->SparsePull(table, i, o, call_timeout_));
+    Check(client_->SparsePull(table, i, o, call_timeout_, RideOut()));
   }
   // Row gradients of `ids` (float32, dim values per id), repeats summed.
   py::dict SparsePush(const std::string& table, py::buffer ids,
@@ -299,7 +304,8 @@ class Worker {
     SparsePushResponse response;
     {
       py::gil_scoped_release release;
-      Check(client_->SparsePush(table, i, g, call_timeout_, &response));
+      Check(client_->SparsePush(table, i, g, call_timeout_, &response,
+                                RideOut()));
     }
     py::dict out;
     out["updated"] = response.updated();
