@@ -296,6 +296,13 @@ std::string MetricsJson(const RunMetrics& run) {
                       "}");
     }
     json += "},\n";
+    // Row pushes each range applied (its copies agree on the count): with
+    // every push applied once, the workers' steps that touched the range.
+    json += "  \"row_pushes\": [";
+    for (size_t s = 0; s < run.shard_stats.size(); ++s) {
+      absl::StrAppend(&json, s == 0 ? "" : ", ", run.shard_stats[s].row_pushes());
+    }
+    json += "],\n";
   }
   absl::StrAppend(
       &json, "  \"network\": {\"layers\": ", JsonQuoted(layout.Describe()),

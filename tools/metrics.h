@@ -141,7 +141,7 @@ std::string ConfigJson(const TrainingConfig& config);
 // stale), step_phases {PHASE: {seconds, count, mean_ms}, ...} (summed over
 // the workers' reports, mean_ms = 1000 * seconds / count; {} when no report
 // has phases), with sparse tables sparse_tables {TABLE: {rows, row_updates}}
-// (summed over the shards), network {layers (ModelLayout::Describe), input_shape,
+// (summed over the shards) and row_pushes [per shard], network {layers (ModelLayout::Describe), input_shape,
 // parameters, forward_flops_per_example}, config {the whole resolved config:
 // ConfigJson}, curve [{time_s, samples, test_accuracy, test_loss,
 // (SPARSE_LR: test_auc,) bytes_pushed, bytes_pulled}, ...].
