@@ -219,11 +219,7 @@ absl::Status ShardSparseTables::RestoreCopy(const ShardCheckpoint& copy) {
         (*table)->Restore(snapshot, mine.first, mine.last, buckets_);
     if (!restored.ok()) return restored.status();
   }
-  row_pushes_ = copy.row_pushes();
-  marks_.clear();
-  for (const RowPushMark& mark : copy.row_push_marks()) {
-    marks_[mark.rank()] = {mark.session(), mark.seq()};
-  }
+  RestoreMarksLocked(copy);
   std::sort(held.begin(), held.end(),
             [](const SparsePushRequest& a, const SparsePushRequest& b) {
               return a.replica_seq() < b.replica_seq();
@@ -256,6 +252,10 @@ void ShardSparseTables::SaveTo(ShardCheckpoint* checkpoint) const {
 
 void ShardSparseTables::RestoreMarks(const ShardCheckpoint& checkpoint) {
   absl::MutexLock lock(&push_mu_);
+  RestoreMarksLocked(checkpoint);
+}
+
+void ShardSparseTables::RestoreMarksLocked(const ShardCheckpoint& checkpoint) {
   row_pushes_ = checkpoint.row_pushes();
   marks_.clear();
   for (const RowPushMark& mark : checkpoint.row_push_marks()) {

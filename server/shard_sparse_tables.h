@@ -134,6 +134,8 @@ class ShardSparseTables {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   void MarkLocked(const SparsePushRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  void RestoreMarksLocked(const ShardCheckpoint& checkpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
 
   // Constant after construction.
   const int shard_;
