@@ -834,8 +834,9 @@ def sparse_pull(table, ids):
 def sparse_push(table, ids, grads):
     """Row gradients `grads` (float32, shape ids.shape + (dim,)) of `ids` to
     the shards, repeats summed, applied at once with the table's optimizer
-    and the run's learning rate. Returns what the shards did: updated,
-    created, not_admitted, evicted."""
+    and the run's learning rate, once even when a lost shard makes it go
+    again. Returns what the shards did: updated, created, not_admitted,
+    evicted."""
     if is_evaluator():
         raise RuntimeError("monsoon.torch.sparse_push in the evaluator: only "
                            "workers push")
