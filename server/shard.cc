@@ -24,7 +24,6 @@ Shard::Shard(const TrainingConfig& resolved, int num_workers, ShardState* state,
       state_(state),
       rule_(rule),
       max_wait_(max_wait),
-      learning_rate_(resolved.learning_rate()),
       mode_(resolved.mode()),
       sparse_(sparse),
       replication_(replication) {
@@ -553,7 +552,7 @@ absl::StatusOr<SparsePushResponse> Shard::SparsePush(
     };
   }
   absl::StatusOr<SparsePushResponse> response =
-      sparse_->Push(request, learning_rate_, state_->version(), forward);
+      sparse_->Push(request, state_->version(), forward);
   if (response.ok()) {
     state_->RecordSparsePushBytes(
         static_cast<int64_t>(request.ByteSizeLong()));

@@ -240,7 +240,6 @@ class Shard {
   ShardState* const state_;
   UpdateRule* const rule_;
   const absl::Duration max_wait_;
-  const float learning_rate_;
   const Mode mode_;
   ShardSparseTables* const sparse_;
   Replication* const replication_;  // null: not replicated

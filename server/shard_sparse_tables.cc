@@ -121,16 +121,14 @@ absl::StatusOr<SparsePullResponse> ShardSparseTables::Pull(
 }
 
 absl::StatusOr<SparsePushResponse> ShardSparseTables::Push(
-    const SparsePushRequest& request, float learning_rate, int64_t step,
-    const Forward& forward) {
+    const SparsePushRequest& request, int64_t step, const Forward& forward) {
   absl::MutexLock lock(&push_mu_);
   if (AppliedLocked(request)) {
     SparsePushResponse repeat;
     repeat.set_repeat(true);
     return repeat;
   }
-  absl::StatusOr<SparsePushResponse> response =
-      ApplyLocked(request, learning_rate, step);
+  absl::StatusOr<SparsePushResponse> response = ApplyLocked(request, step);
   if (!response.ok()) return response;
   ++row_pushes_;
   if (forward != nullptr) {
@@ -176,7 +174,7 @@ absl::Status ShardSparseTables::ApplyForwardedLocked(
         " row pushes and was forwarded row push ", seq, ": the copies differ"));
   }
   absl::StatusOr<SparsePushResponse> applied =
-      ApplyLocked(request, run_learning_rate_, request.step());
+      ApplyLocked(request, request.step());
   if (!applied.ok()) {
     return absl::DataLossError(
         absl::StrCat("shard ", shard_, "'s backup could not apply row push ",
@@ -269,7 +267,7 @@ int64_t ShardSparseTables::row_pushes() const {
 }
 
 absl::StatusOr<SparsePushResponse> ShardSparseTables::ApplyLocked(
-    const SparsePushRequest& request, float learning_rate, int64_t step) {
+    const SparsePushRequest& request, int64_t step) {
   absl::StatusOr<SparseTable*> table = Find(request.table());
   if (!table.ok()) return table.status();
   const absl::Span<const uint64_t> ids(request.ids().data(),
@@ -286,7 +284,7 @@ absl::StatusOr<SparsePushResponse> ShardSparseTables::ApplyLocked(
   std::vector<float> grads(ids.size() * (*table)->dim());
   std::memcpy(grads.data(), request.grads().data(), want);
   absl::StatusOr<SparsePushResult> result =
-      (*table)->Push(ids, grads, learning_rate, step);
+      (*table)->Push(ids, grads, run_learning_rate_, step);
   if (!result.ok()) return result.status();
   SparsePushResponse response;
   response.set_updated(result->updated);

@@ -74,17 +74,17 @@ class ShardSparseTables {
   // waits for it. Its error is the push's answer.
   using Forward = std::function<absl::Status(int64_t seq, int64_t step)>;
 
-  // The rows of a pull; a push applied at `learning_rate`, `step` marking
-  // its rows (the shard's version). A numbered push (request.seq) this
-  // shard applied already in the caller's session is answered with
-  // `repeat` set and nothing applied. With `forward`, each push applied is
-  // forwarded before it is answered. The errors of Find, CheckIdsAreMine
-  // and SparseTable::Push; INVALID_ARGUMENT for gradients of the wrong
-  // size; the forward's.
+  // The rows of a pull; a push applied at the run's learning rate (or the
+  // table's own), `step` marking its rows (the shard's version). A numbered
+  // push (request.seq) this shard applied already in the caller's session is
+  // answered with `repeat` set and nothing applied. With `forward`, each push
+  // applied is forwarded before it is answered. The errors of Find,
+  // CheckIdsAreMine and SparseTable::Push; INVALID_ARGUMENT for gradients of
+  // the wrong size; the forward's.
   absl::StatusOr<SparsePullResponse> Pull(
       const SparsePullRequest& request) const;
   absl::StatusOr<SparsePushResponse> Push(const SparsePushRequest& request,
-                                          float learning_rate, int64_t step,
+                                          int64_t step,
                                           const Forward& forward = nullptr);
 
   // Backup: a push the range's primary forwarded (request.from_primary) as
@@ -94,8 +94,6 @@ class ShardSparseTables {
   // here. While a copy of the range is made (BeginRepair) forwards are held
   // and answered OK: they are in this process, and RestoreCopy applies
   // those the copy lacks.
-  // Applied at the run's learning rate (the primary's, whose config is
-  // this one's).
   absl::Status ApplyForwarded(const SparsePushRequest& request);
 
   // Repair of a backup (Replication::BeginRepair): forwards are held from
@@ -124,7 +122,7 @@ class ShardSparseTables {
 
   // Applies `request` at `step` (the checks and the tables' push).
   absl::StatusOr<SparsePushResponse> ApplyLocked(
-      const SparsePushRequest& request, float learning_rate, int64_t step)
+      const SparsePushRequest& request, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // ApplyForwarded's part once it is not held.
   absl::Status ApplyForwardedLocked(const SparsePushRequest& request)
@@ -141,7 +139,8 @@ class ShardSparseTables {
   const int shard_;
   const int num_shards_;
   const uint32_t buckets_;
-  const float run_learning_rate_;  // TrainingConfig.learning_rate
+  // TrainingConfig.learning_rate, the same on every copy of a range.
+  const float run_learning_rate_;
   const std::vector<std::unique_ptr<SparseTable>> tables_;
 
   mutable absl::Mutex push_mu_;
