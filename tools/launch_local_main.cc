@@ -82,7 +82,7 @@ ABSL_FLAG(int, replicas, 0,
           "(ps_server --replicas), which takes the range over when the server "
           "dies: a killed server loses no acknowledged update; restarted, it "
           "copies its ranges back and is their backup. Every mode but "
-          "allreduce, every option but sparse tables and elastic runs; 0: "
+          "allreduce, every option but elastic runs (sparse tables too); 0: "
           "none, a dead server restarts from its checkpoint.");
 ABSL_FLAG(bool, unix_sockets, false,
           "The servers listen on Unix domain sockets (ps_server "
