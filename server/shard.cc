@@ -518,6 +518,8 @@ StatsResponse Shard::Stats() const {
       (*stats.mutable_sparse_rows())[table->config().name()] = table_stats.rows;
       (*stats.mutable_sparse_row_updates())[table->config().name()] =
           table_stats.row_updates;
+      (*stats.mutable_sparse_rows_evicted())[table->config().name()] =
+          table_stats.evicted;
     }
   }
   return stats;

@@ -312,13 +312,26 @@ absl::StatusOr<SparsePushResult> SparseTable::Push(
   stats_.row_updates += result.updated;
   stats_.created += result.created;
   stats_.not_admitted += result.not_admitted;
+  // After the apply: this push's rows were pushed at `step`, and stay.
+  if (config_.evict_unseen_steps() > 0 && step - swept_at_ >= SweepEvery()) {
+    result.evicted += EvictUnseenLocked(step);
+  }
   return result;
 }
 
+int64_t SparseTable::SweepEvery() const {
+  return std::max<int64_t>(1, config_.evict_unseen_steps() / 10);
+}
+
 int64_t SparseTable::EvictUnseen(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  return EvictUnseenLocked(step);
+}
+
+int64_t SparseTable::EvictUnseenLocked(int64_t step) {
   const int64_t unseen = config_.evict_unseen_steps();
   if (unseen <= 0) return 0;
-  absl::MutexLock lock(&mu_);
+  swept_at_ = std::max(swept_at_, step);
   std::vector<uint32_t> old;
   for (const auto& [id, slot] : index_) {
     if (slots_[slot].last_pushed < step - unseen) old.push_back(slot);
@@ -351,6 +364,7 @@ void SparseTable::Clear() {
   free_.clear();
   index_.clear();
   pending_.clear();
+  swept_at_ = 0;
 }
 
 SparseTableSnapshot SparseTable::Snapshot(uint32_t buckets) const {
@@ -358,6 +372,7 @@ SparseTableSnapshot SparseTable::Snapshot(uint32_t buckets) const {
   SparseTableSnapshot snapshot;
   *snapshot.mutable_config() = config_;
   snapshot.set_buckets(buckets);
+  snapshot.set_swept_at(swept_at_);
   std::string* rows = snapshot.mutable_rows();
   rows->reserve(index_.size() * stride_ * sizeof(float));
   // In slot order: the same table always writes the same bytes.
@@ -463,6 +478,8 @@ absl::StatusOr<int64_t> SparseTable::Restore(
       pending_[id] = std::max(pending_[id], snapshot.pending_counts(i));
     }
   }
+  // Several shards' snapshots (another shard count): the latest sweep.
+  swept_at_ = std::max(swept_at_, snapshot.swept_at());
   return static_cast<int64_t>(mine.size());
 }
 

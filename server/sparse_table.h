@@ -51,7 +51,7 @@ struct SparsePushResult {
   int64_t updated = 0;       // rows updated (created ones included)
   int64_t created = 0;       // rows created by this push
   int64_t not_admitted = 0;  // gradients dropped: id not admitted yet
-  int64_t evicted = 0;       // rows evicted to make room
+  int64_t evicted = 0;       // rows evicted: to make room, or unseen
 };
 
 class SparseTable {
@@ -81,8 +81,10 @@ class SparseTable {
 
   // Applies one push: `grads` holds a row gradient (dim() values) per id, in
   // order; the ids are distinct (a worker sums a batch's repeats). `step`
-  // (the shard's version) marks the rows pushed, for eviction by age. The
-  // rows move at the table's learning_rate, else `run_learning_rate`.
+  // (the shard's version) marks the rows pushed, for eviction by age: with
+  // evict_unseen_steps, a push whose step is SweepEvery() past the last
+  // sweep's evicts the rows then unseen (EvictUnseen). The rows move at the
+  // table's learning_rate, else `run_learning_rate`.
   // INVALID_ARGUMENT for sizes that disagree, a repeated id, a non-finite
   // gradient or learning rate; RESOURCE_EXHAUSTED when the rows it would
   // create do not fit under max_rows (REFUSE), or are more than max_rows.
@@ -93,8 +95,14 @@ class SparseTable {
                                         int64_t step);
 
   // Evicts the rows last pushed before `step` - evict_unseen_steps (none
-  // when that is 0); returns how many.
+  // when that is 0); returns how many. Push calls it every SweepEvery()
+  // steps; the step of the last sweep is in snapshots, so that two copies
+  // of the table given the same pushes sweep at the same steps.
   int64_t EvictUnseen(int64_t step);
+  // Steps between two sweeps for unseen rows: a tenth of
+  // evict_unseen_steps, at least 1 (so a row goes at most a tenth later
+  // than its age allows, and a sweep's pass over the rows is spread).
+  int64_t SweepEvery() const;
 
   // Whether `id` has a row.
   bool Contains(uint64_t id) const;
@@ -141,6 +149,7 @@ class SparseTable {
                            const absl::flat_hash_set<uint64_t>& keep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EvictSlot(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t EvictUnseenLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRow(float* row, const float* grad, float learning_rate) const;
 
   // Constant after construction.
@@ -161,6 +170,8 @@ class SparseTable {
   // at most max_rows entries: when full it starts again.
   absl::flat_hash_map<uint64_t, uint32_t> pending_ ABSL_GUARDED_BY(mu_);
   SparseTableStats stats_ ABSL_GUARDED_BY(mu_);
+  // The step of the last sweep for unseen rows.
+  int64_t swept_at_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace monsoon::server

@@ -260,6 +260,62 @@ TEST(SparseTableTest, RowsUnseenForTooLongAreEvicted) {
   EXPECT_EQ(table->EvictUnseen(6), 1);
 }
 
+TEST(SparseTableTest, PushesSweepOutRowsUnseenForTooLongEveryTenthOfIt) {
+  auto table = Make(
+      "name: 't' dim: 1 max_rows: 10 optimizer: SPARSE_SGD "
+      "evict_unseen_steps: 20");
+  EXPECT_EQ(table->SweepEvery(), 2);
+  auto push = [&](uint64_t id, int64_t step) {
+    absl::StatusOr<SparsePushResult> result =
+        table->Push({id}, {1.0f}, 1.0f, step);
+    EXPECT_THAT(result, IsOk());
+    return result.ok() ? result->evicted : -1;
+  };
+  EXPECT_EQ(push(1, 1), 0);   // no sweep: 1 step since 0
+  EXPECT_EQ(push(2, 5), 0);   // a sweep at 5: nothing before -15
+  EXPECT_EQ(push(3, 22), 1);  // a sweep at 22: row 1 (1 < 2)
+  EXPECT_FALSE(table->Contains(1));
+  EXPECT_EQ(push(4, 23), 0);  // no sweep: row 2 (5 < 3) is not seen yet
+  EXPECT_TRUE(table->Contains(2));
+  EXPECT_EQ(push(2, 24), 0);  // a sweep at 24; row 2 pushed again stays
+  EXPECT_TRUE(table->Contains(2));
+  EXPECT_EQ(push(4, 50), 2);  // a sweep at 50: rows 2 (24) and 3 (22)
+  EXPECT_FALSE(table->Contains(2));
+  EXPECT_FALSE(table->Contains(3));
+  EXPECT_TRUE(table->Contains(4));
+  EXPECT_EQ(table->stats().evicted, 3);
+  EXPECT_EQ(table->stats().rows, 1);
+}
+
+TEST(SparseTableTest, ACopyRestoredFromASnapshotSweepsWhenTheOriginalDoes) {
+  const std::string config =
+      "name: 't' dim: 1 max_rows: 10 optimizer: SPARSE_SGD "
+      "evict_unseen_steps: 20";
+  auto original = Make(config);
+  ASSERT_THAT(original->Push({1}, {1.0f}, 1.0f, 2), IsOk());
+  ASSERT_THAT(original->Push({2}, {1.0f}, 1.0f, 22), IsOk());  // swept at 22
+  auto copy = Make(config);
+  ASSERT_THAT(copy->Restore(original->Snapshot(16), 0, 16, 16), IsOk());
+  // 23 is 1 step after the original's sweep: no sweep, and row 1 (2 < 3)
+  // stays in both. A copy that swept would drop it.
+  for (SparseTable* table : {original.get(), copy.get()}) {
+    absl::StatusOr<SparsePushResult> result =
+        table->Push({3}, {1.0f}, 1.0f, 23);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_EQ(result->evicted, 0);
+    EXPECT_TRUE(table->Contains(1));
+  }
+  EXPECT_EQ(copy->Snapshot(16).SerializeAsString(),
+            original->Snapshot(16).SerializeAsString());
+  for (SparseTable* table : {original.get(), copy.get()}) {
+    absl::StatusOr<SparsePushResult> result =
+        table->Push({3}, {1.0f}, 1.0f, 24);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_EQ(result->evicted, 1);
+    EXPECT_FALSE(table->Contains(1));
+  }
+}
+
 TEST(SparseTableTest, AnIdGetsARowOnItsMinCountthPush) {
   auto table = Make(
       "name: 't' dim: 1 max_rows: 10 optimizer: SPARSE_SGD "

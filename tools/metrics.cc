@@ -279,21 +279,23 @@ std::string MetricsJson(const RunMetrics& run) {
   }
   json += "},\n";
   if (!c.sparse_tables().empty()) {
-    // Each table's rows and row updates, summed over the shards (each row
-    // lives on one shard).
+    // Each table's rows, row updates and rows evicted, summed over the
+    // shards (each row lives on one shard).
     json += "  \"sparse_tables\": {";
     for (int t = 0; t < c.sparse_tables_size(); ++t) {
       const std::string& name = c.sparse_tables(t).name();
-      int64_t rows = 0, updates = 0;
+      int64_t rows = 0, updates = 0, evicted = 0;
       for (const StatsResponse& shard : run.shard_stats) {
         const auto r = shard.sparse_rows().find(name);
         if (r != shard.sparse_rows().end()) rows += r->second;
         const auto u = shard.sparse_row_updates().find(name);
         if (u != shard.sparse_row_updates().end()) updates += u->second;
+        const auto e = shard.sparse_rows_evicted().find(name);
+        if (e != shard.sparse_rows_evicted().end()) evicted += e->second;
       }
       absl::StrAppend(&json, t == 0 ? "" : ", ", JsonQuoted(name),
                       ": {\"rows\": ", rows, ", \"row_updates\": ", updates,
-                      "}");
+                      ", \"rows_evicted\": ", evicted, "}");
     }
     json += "},\n";
     // Row pushes each range applied (its copies agree on the count): with
