@@ -99,6 +99,30 @@ TEST(ScriptWorkerTest, SyncRepeatsTheStepAfterALostShard) {
   EXPECT_EQ(f.client.reconnects(), 1);
 }
 
+TEST(ScriptWorkerTest, ARideOutSettlesTheCallersOtherCallsBeforeReconnecting) {
+  Fixture f("mode: SYNC learning_rate: 0.5 momentum: 0");
+  ASSERT_OK(f.worker->Pull(absl::MakeSpan(f.params)));
+  // The reconnections each settle saw: all before the ride-out's own.
+  std::vector<int> reconnects_when_settled;
+  f.worker->SetBeforeRideOut([&] {
+    reconnects_when_settled.push_back(f.client.reconnects());
+  });
+  f.client.FailNextPushes({absl::UnavailableError("shard 1 restarted")});
+  const std::vector<float> grads = {2, 2, 2, 2};
+  ASSERT_OK(f.worker->Step(grads, 8, absl::MakeSpan(f.params)).status());
+  EXPECT_THAT(reconnects_when_settled, ElementsAre(0));
+  ASSERT_OK(f.worker->RideOut(absl::UnavailableError("a row call's shard")));
+  EXPECT_THAT(reconnects_when_settled, ElementsAre(0, 1));
+  EXPECT_EQ(f.client.reconnects(), 2);
+  // An error that is not a lost shard is no ride-out.
+  EXPECT_THAT(f.worker->RideOut(absl::InvalidArgumentError("bad ids")),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  f.worker->SetBeforeRideOut(nullptr);
+  ASSERT_OK(f.worker->RideOut(absl::UnavailableError("again")));
+  EXPECT_THAT(reconnects_when_settled, ElementsAre(0, 1));
+  EXPECT_EQ(f.client.reconnects(), 3);
+}
+
 TEST(ScriptWorkerTest, DownpourSumsNPushStepsAndPullsEveryNFetch) {
   Fixture f("mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 n_push: 3 "
             "n_fetch: 2");

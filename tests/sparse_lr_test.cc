@@ -72,6 +72,10 @@ TEST(SparseLrTest, AStepMovesDenseWeightsAndRowsByTheGradient) {
   ASSERT_THAT(trained, IsOk());
   EXPECT_EQ(trained->steps, 1);
   EXPECT_EQ(trained->samples, 2);
+  // The step's end, and the gap up to it (the report's max_step_gap_s).
+  EXPECT_EQ(trained->first_step_end, trained->last_step);
+  EXPECT_GT(trained->max_step_gap, absl::ZeroDuration());
+  EXPECT_LE(trained->max_step_gap, trained->elapsed);
   // Dense: the bias's gradient is -0.25 + 0.25 = 0; id 0's is -0.25, so
   // it moves by 0.5 * 0.25 (sync's SGD without momentum).
   const std::vector<float> dense = cluster.Weights(1);

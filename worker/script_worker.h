@@ -69,6 +69,12 @@ class ScriptWorker {
   // Not while another thread is in a call of this worker (one thread
   // reconnects at a time).
   absl::Status RideOut(const absl::Status& lost);
+  // Calls of the caller's own on the client from another thread (a row
+  // push in flight): `settle` ends them, and every ride-out (this worker's
+  // steps' and RideOut's) runs it before it reconnects. Null: none.
+  void SetBeforeRideOut(std::function<void()> settle) {
+    context_.before_ride_out = std::move(settle);
+  }
   // See the file comment. `samples`: the examples the gradient sums over.
   absl::StatusOr<bool> Step(absl::Span<const float> grads, int64_t samples,
                             absl::Span<float> params);

@@ -125,20 +125,36 @@ class BatchReader {
 // A step's row push sent on its own thread (sparse_rows_async), at most one
 // in flight: the next waits for it. A push that lost a shard is ridden out
 // on the caller's thread (one thread reconnects) and sent again, with the
-// same number, where it failed.
+// same number, where it failed. A ride-out of the dense part's first ends
+// the push in flight (Settle): a reconnection may move a range's
+// connection to its backup, which the push's thread reads.
 class RowPushInFlight {
  public:
-  RowPushInFlight(PsClient* client, absl::Duration timeout,
+  // While it lives, `dense`'s ride-outs settle the push in flight first.
+  RowPushInFlight(PsClient* client, ScriptWorker* dense, absl::Duration timeout,
                   PsClient::RideOut ride_out)
-      : client_(client), timeout_(timeout), ride_out_(std::move(ride_out)) {}
+      : client_(client),
+        dense_(dense),
+        timeout_(timeout),
+        ride_out_(std::move(ride_out)) {
+    dense_->SetBeforeRideOut([this] { Settle(); });
+  }
   ~RowPushInFlight() {
+    Settle();
+    dense_->SetBeforeRideOut(nullptr);
+  }
+
+  // Waits for the push in flight to end; its outcome is Wait's.
+  void Settle() {
     if (thread_.joinable()) thread_.join();
   }
 
-  // The push in flight's outcome (OK when there is none).
+  // The push in flight's outcome (OK when there is none), sent again where
+  // it lost a shard.
   absl::Status Wait() {
-    if (!thread_.joinable()) return absl::OkStatus();
-    thread_.join();
+    if (!started_) return absl::OkStatus();
+    Settle();
+    started_ = false;
     if (status_.ok()) return status_;
     if (absl::Status back = ride_out_(status_); !back.ok()) return back;
     return client_->SparsePush(common::kSparseLrTable, ids_, grads_, timeout_,
@@ -152,6 +168,7 @@ class RowPushInFlight {
     ids_ = std::move(ids);
     grads_ = std::move(grads);
     seq_ = client_->NextRowPushSeq();
+    started_ = true;
     thread_ = std::thread([this] {
       status_ = client_->SparsePush(common::kSparseLrTable, ids_, grads_,
                                     timeout_, nullptr, nullptr, seq_);
@@ -161,9 +178,11 @@ class RowPushInFlight {
 
  private:
   PsClient* const client_;
+  ScriptWorker* const dense_;
   const absl::Duration timeout_;
   const PsClient::RideOut ride_out_;
   std::thread thread_;
+  bool started_ = false;  // a push whose outcome Wait has not taken
   std::vector<uint64_t> ids_;
   std::vector<float> grads_;
   uint64_t seq_ = 0;
@@ -229,7 +248,7 @@ absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
   const PsClient::RideOut ride_out = [dense](const absl::Status& lost) {
     return dense->RideOut(lost);
   };
-  RowPushInFlight rows_in_flight(client, timeout, ride_out);  // async rows
+  RowPushInFlight rows_in_flight(client, dense, timeout, ride_out);
   for (int epoch = 0; epoch < config.epochs(); ++epoch) {
     if (absl::Status s = reader.StartEpoch(); !s.ok()) return s;
     const float scale = LearningRateScale(config, epoch) /
@@ -307,6 +326,10 @@ absl::StatusOr<WorkerResult> TrainSparseLr(PsClient* client,
       const absl::Time now = absl::Now();
       batch_loss /= static_cast<double>(batch.size());
       loss_sum += batch_loss;
+      if (progress->steps == 0) progress->first_step_end = now;
+      progress->max_step_gap =
+          std::max(progress->max_step_gap,
+                   now - (progress->steps == 0 ? start : progress->last_step));
       ++progress->steps;
       progress->samples += batch_size;
       progress->last_loss = batch_loss;

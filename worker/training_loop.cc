@@ -195,6 +195,7 @@ absl::Status RideOut(const WorkerContext& c, const absl::Status& lost) {
       "worker %d: lost a parameter server (%s); waiting up to %.0f s for it "
       "to come back",
       c.rank, lost.ToString(), absl::ToDoubleSeconds(c.shard_lost_timeout));
+  if (c.before_ride_out) c.before_ride_out();
   const absl::Time start = absl::Now();
   absl::Status back = c.client->Reconnect(c.shard_lost_timeout,
                                           c.log_interval > absl::ZeroDuration()

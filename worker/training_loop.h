@@ -97,6 +97,11 @@ struct WorkerContext {
   // allreduce only: how often rank 0 publishes the weights to the shards
   // (the evaluator sees nothing newer).
   absl::Duration publish_every = absl::Seconds(1);
+  // If set, called by RideOut before it reconnects: it must end the calls
+  // that other threads of the caller have in flight on `client` (a
+  // reconnection may move a range's connection to its backup, which a call
+  // in flight reads). sparse_lr's row push in flight (sparse_rows_async).
+  std::function<void()> before_ride_out;
 };
 
 // Whether a failed call lost a shard that may come back: UNAVAILABLE (it
@@ -106,7 +111,8 @@ struct WorkerContext {
 // the shard as it shut down (not by this worker's own stop).
 bool ShardLost(const WorkerContext& context, const absl::Status& status);
 
-// Waits for a lost shard: logs it, then reconnects to every shard
+// Waits for a lost shard: logs it, runs the context's before_ride_out,
+// then reconnects to every shard
 // (ParameterClient::Reconnect) for up to the context's shard_lost_timeout,
 // logging while it waits. OK once every shard answers again: the loop then
 // pulls afresh and repeats its step (a push the shards already applied is
