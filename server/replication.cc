@@ -976,11 +976,20 @@ void Replication::DegradeLocked(const std::string& why, bool tell_backup) {
       Describe(), why);
 }
 
-void Replication::TellBackupLaterLocked(const PushData& push, int64_t seq) {
-  const absl::Time now = absl::Now();
-  if (!detach_pending_ || detach_sending_ || now < next_detach_) return;
-  next_detach_ = now + absl::Milliseconds(200);
+bool Replication::DetachDueLocked() const {
+  return detach_pending_ && !detach_sending_ && absl::Now() >= next_detach_;
+}
+
+void Replication::TellBackupLaterLocked(std::function<grpc::Status()> send) {
+  if (!DetachDueLocked()) return;
+  next_detach_ = absl::Now() + absl::Milliseconds(200);
   detach_sending_ = true;
+  retries_->Run(
+      [this, send = std::move(send)] { TellBackupItIsDetached(send()); });
+}
+
+void Replication::TellBackupLaterLocked(const PushData& push, int64_t seq) {
+  if (!DetachDueLocked()) return;  // before the values' copy
   // Sent with values of its own: the push is acknowledged meanwhile, and
   // its values go with it.
   auto values = std::make_shared<std::vector<float>>(push.values.begin(),
@@ -992,17 +1001,34 @@ void Replication::TellBackupLaterLocked(const PushData& push, int64_t seq) {
   detach.onebit_scales = {};
   detach.buffer = nullptr;
   const int64_t epoch = epoch_;
-  retries_->Run([this, detach, values, seq, epoch] {
-    TellBackupItIsDetached(detach, seq, epoch);
+  // An update far ahead of any the backup expects: it stops following
+  // (ApplyInOrder's max_ahead) and will not take the range over.
+  TellBackupLaterLocked([this, detach, values, seq, epoch] {
+    return SendOnce(detach, seq + 2 * options_.max_ahead, epoch,
+                    options_.probe_timeout);
   });
 }
 
-void Replication::TellBackupItIsDetached(const PushData& push, int64_t seq,
-                                         int64_t epoch) {
-  // An update far ahead of any the backup expects: it stops following
-  // (ApplyInOrder's max_ahead) and will not take the range over.
-  const grpc::Status status = SendOnce(push, seq + 2 * options_.max_ahead,
-                                       epoch, options_.probe_timeout);
+void Replication::TellBackupRowsLaterLocked(const SparsePushRequest& request,
+                                            int64_t seq) {
+  if (!DetachDueLocked()) return;
+  // A row push far ahead of the backup's count: it cannot apply it, stops
+  // following (RowsDiverged) and will not take the range over. A range
+  // whose workers push only rows would otherwise never tell it.
+  auto notice = std::make_shared<SparsePushRequest>(request);
+  notice->mutable_caller()->set_shard(options_.range);
+  notice->set_from_primary(true);
+  notice->set_replica_epoch(epoch_);
+  notice->set_replica_seq(seq + 2 * options_.max_ahead);
+  TellBackupLaterLocked([this, notice] {
+    grpc::ClientContext context;
+    PrepareCall(&context, options_.probe_timeout);
+    SparsePushResponse response;
+    return stub_->SparsePush(&context, *notice, &response);
+  });
+}
+
+void Replication::TellBackupItIsDetached(const grpc::Status& status) {
   const grpc::StatusCode code = status.error_code();
   absl::MutexLock lock(&mu_);
   detach_sending_ = false;
@@ -1180,9 +1206,10 @@ absl::Status Replication::ForwardRows(const SparsePushRequest& request,
                                       int64_t seq, int64_t step) {
   const std::optional<int64_t> epoch = EpochIfPrimary();
   if (!epoch.has_value()) {
-    // Degraded: no backup that follows. Fenced since the push's checks: it
-    // is not to be acknowledged.
+    // Degraded: no backup that follows (told so, if it was not). Fenced
+    // since the push's checks: it is not to be acknowledged.
     absl::MutexLock lock(&mu_);
+    if (role_ == Role::kDegraded) TellBackupRowsLaterLocked(request, seq);
     return ServingLocked();
   }
   SparsePushRequest forwarded = request;

@@ -323,13 +323,21 @@ class Replication {
   void DegradeLocked(const std::string& why, bool tell_backup)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Degraded, with the backup not told yet: at most every 200 ms, and one
-  // at a time, sends it an update far beyond its next one (a copy of
-  // `push`'s values, `seq` + 2 max_ahead), which makes it stop following;
-  // on one of retries_, so that no push waits for it (a backup that comes
-  // back may take up to the probe timeout to answer).
+  // at a time, runs `send`, which sends the backup an update far beyond its
+  // next one (seq + 2 max_ahead: an update's copy, TellBackupLaterLocked,
+  // or a row push's, TellBackupRowsLaterLocked) and makes it stop
+  // following; on one of retries_, so that no push waits for it (a backup
+  // that comes back may take up to the probe timeout to answer).
+  void TellBackupLaterLocked(std::function<grpc::Status()> send)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TellBackupLaterLocked(const PushData& push, int64_t seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TellBackupItIsDetached(const PushData& push, int64_t seq, int64_t epoch);
+  void TellBackupRowsLaterLocked(const SparsePushRequest& request, int64_t seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a notice is to be sent now.
+  bool DetachDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the backup answered the notice `send` sent.
+  void TellBackupItIsDetached(const grpc::Status& status);
   std::string Describe() const;
   absl::Status ServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Backup: why forwarded `what` ("update 7") of `epoch` is refused (OK: it

@@ -1498,6 +1498,83 @@ TEST(ReplicationTest, RowPushesReachTheBackupAndATakeOverAndARepairKeepThem) {
   EXPECT_EQ(ride_outs, 1);
 }
 
+// A primary that went on without its backup tells it so also when only rows
+// are pushed: else the backup, partitioned away and back, would go on
+// believing it follows, would never be repaired, and would take the range
+// over with rows older than those acknowledged.
+TEST(ReplicationTest, APartitionHealsIntoProtectionAgainWhenOnlyRowsArePushed) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
+      "momentum: 0 sparse_buckets: 64 sparse_tables { name: 'emb' dim: 2 "
+      "optimizer: SPARSE_SGD max_rows: 100 }");
+  std::vector<int> ports = {FreePort(), FreePort()};
+  testutil::TcpProxy to_backup(ports[1]);
+  ASSERT_NE(to_backup.port(), 0);
+  const std::vector<std::string> direct = {
+      absl::StrCat("127.0.0.1:", ports[0]),
+      absl::StrCat("127.0.0.1:", ports[1])};
+  std::vector<std::unique_ptr<ShardServer>> servers =
+      StartBehind(config, ports, [&](int s) {
+        std::vector<std::string> peers = direct;
+        if (s == 0) peers[1] = to_backup.address();
+        return peers;
+      });
+  ASSERT_EQ(servers.size(), 2u);
+  worker::PsClientOptions options;
+  options.server_addresses = direct;
+  options.config = config;
+  options.worker_rank = 0;
+  options.num_workers = 2;
+  options.connect_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      worker::PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  uint64_t id = 0;  // a row of range 0
+  while (common::ShardOfId(id, 64, 2) != 0) ++id;
+  const std::vector<float> grads = {1, -1};
+  auto push = [&] {
+    return (*client)->SparsePush("emb", {id}, grads, absl::Seconds(10));
+  };
+  ASSERT_OK(push());
+  const ShardSparseTables* primary = servers[0]->sparse_tables();
+  const ShardSparseTables* backup = servers[1]->backup_sparse_tables();
+  EXPECT_EQ(backup->row_pushes(), 1);
+
+  to_backup.Freeze();
+  ASSERT_OK(push());  // once the backup is given up
+  EXPECT_EQ(servers[0]->replication()->role(), Replication::Role::kDegraded);
+  ASSERT_OK(push());
+  EXPECT_EQ(primary->row_pushes(), 3);
+  EXPECT_LT(backup->row_pushes(), 3);
+
+  to_backup.Thaw();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  int64_t pushes = 3;
+  while (absl::Now() < deadline &&
+         (servers[1]->backup_replication()->repairs() == 0 ||
+          servers[0]->replication()->role() != Replication::Role::kPrimary)) {
+    ASSERT_OK(push());
+    ++pushes;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(servers[1]->backup_replication()->repairs(), 1);
+  EXPECT_EQ(servers[0]->replication()->role(), Replication::Role::kPrimary);
+  ASSERT_OK(push());
+  ++pushes;
+  EXPECT_EQ(primary->row_pushes(), pushes);
+  EXPECT_EQ(backup->row_pushes(), pushes);
+  EXPECT_EQ(RowsOf(backup), RowsOf(primary));
+  // Plain SGD at 0.5 from the row's initial values: every push moved it by
+  // (-0.5, 0.5), on both copies.
+  std::vector<float> row(2);
+  ASSERT_OK((*client)->SparsePull("emb", {id}, absl::MakeSpan(row),
+                                  absl::Seconds(10)));
+  std::vector<float> initial(2);
+  primary->tables()[0]->InitialRow(id, absl::MakeSpan(initial));
+  EXPECT_FLOAT_EQ(row[0], initial[0] - 0.5f * static_cast<float>(pushes));
+  EXPECT_FLOAT_EQ(row[1], initial[1] + 0.5f * static_cast<float>(pushes));
+}
+
 TEST(ReplicationTest, WhatIsNotReplicatedYetIsRefusedWithTheReason) {
   const std::vector<std::string> servers = {"127.0.0.1:1", "127.0.0.1:2"};
   ShardServerOptions allreduce =
