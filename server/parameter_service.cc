@@ -301,7 +301,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePush(
     return reactor;
   }
   if (status.ok()) {
-    absl::StatusOr<SparsePushResponse> applied = For(request->caller().shard()).shard.SparsePush(*request);
+    absl::StatusOr<SparsePushResponse> applied =
+        For(request->caller().shard()).shard.SparsePush(*request);
     status = ToGrpcStatus(applied.status());
     if (applied.ok()) *response = *std::move(applied);
   }
