@@ -20,6 +20,13 @@
 namespace monsoon::server {
 namespace {
 
+// No row (a slot number no row has).
+constexpr uint32_t kNoSlot = std::numeric_limits<uint32_t>::max();
+// How many ids ahead of the one in hand a pull or push starts loading an
+// id's index entry, and then its row: enough misses in flight to overlap
+// (tools/bench/sparse_bench measures it).
+constexpr size_t kPrefetchAhead = 16;
+
 int StateFloats(const SparseTableConfig& config) {
   switch (config.optimizer()) {
     case SparseTableConfig::SPARSE_ADAGRAD:
@@ -125,17 +132,33 @@ absl::Status SparseTable::Pull(absl::Span<const uint64_t> ids,
         " values, not ", out.size()));
   }
   absl::ReaderMutexLock lock(&mu_);
+  // Each id's index entry and row are cache misses in a large table: the
+  // entries are looked up, and then the rows read, kPrefetchAhead ids
+  // after their loads were started, so that the misses overlap.
+  std::vector<uint32_t> slots(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    float* into = out.data() + i * dim_;
+    if (i + kPrefetchAhead < ids.size())
+      index_.prefetch(ids[i + kPrefetchAhead]);
     auto it = index_.find(ids[i]);
-    if (it == index_.end()) {
+    slots[i] = it == index_.end() ? kNoSlot : it->second;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) PrefetchRow(slots[i + kPrefetchAhead]);
+    float* into = out.data() + i * dim_;
+    if (slots[i] == kNoSlot) {
       InitialRow(ids[i], absl::MakeSpan(into, dim_));
     } else {
-      const float* row = slab_ + size_t{it->second} * stride_;
+      const float* row = slab_ + size_t{slots[i]} * stride_;
       std::copy(row, row + dim_, into);
     }
   }
   return absl::OkStatus();
+}
+
+void SparseTable::PrefetchRow(uint32_t slot) const {
+  if (slot == kNoSlot) return;
+  __builtin_prefetch(slab_ + size_t{slot} * stride_, /*rw=*/1);
+  __builtin_prefetch(slots_.data() + slot, /*rw=*/1);
 }
 
 void SparseTable::ApplyRow(float* row, const float* grad,
@@ -243,13 +266,15 @@ absl::StatusOr<SparsePushResult> SparseTable::Push(
   };
   // Look every id up, and count the rows the push would create, before
   // writing anything. kNone: no row; kNotAdmitted: no row, and none made.
-  constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+  constexpr uint32_t kNone = kNoSlot;
   std::vector<uint32_t> slots(ids.size(), kNone);
   std::vector<uint32_t> counts(ids.size(), 0);  // pushes of a pending id
   absl::flat_hash_set<uint64_t> in_push;
   in_push.reserve(ids.size());
   int64_t existing = 0, admitted_new = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size())
+      index_.prefetch(ids[i + kPrefetchAhead]);
     if (!in_push.insert(ids[i]).second) {
       return refuse_locked(absl::InvalidArgumentError(absl::StrCat(
           "sparse table '", name, "': id ", ids[i],
@@ -289,6 +314,7 @@ absl::StatusOr<SparsePushResult> SparseTable::Push(
     result.evicted = EvictLeastRecent(rows + admitted_new - max_rows, in_push);
   }
   for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) PrefetchRow(slots[i + kPrefetchAhead]);
     uint32_t slot = slots[i];
     if (slot != kNone) slots_[slot].last_pushed = step;
     if (slot == kNone) {

@@ -151,6 +151,9 @@ class SparseTable {
   void EvictSlot(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t EvictUnseenLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRow(float* row, const float* grad, float learning_rate) const;
+  // Starts loading slot's row and its Slot into the cache (nothing for
+  // kNoSlot in the .cc).
+  void PrefetchRow(uint32_t slot) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const SparseTableConfig config_;
