@@ -735,31 +735,49 @@ TEST(ReplicationTest, BothCopiesLostFallBackAndTheWorkerCountsTheLoss) {
 // partition heals it tells the backup so, and the backup, which no longer
 // follows, copies the range again (the repairer) and the run is protected
 // again. Nothing acknowledged is lost throughout.
+// Two replicated processes where shard 0's process reaches shard 1's (its
+// range's backup) through a proxy that a test can freeze; everyone else
+// directly. A client of rank 0 of 2.
+struct PartitionablePair {
+  explicit PartitionablePair(const TrainingConfig& config)
+      : ports{FreePort(), FreePort()},
+        to_backup(std::make_unique<testutil::TcpProxy>(ports[1])) {
+    if (to_backup->port() == 0) return;
+    const std::vector<std::string> direct = {
+        absl::StrCat("127.0.0.1:", ports[0]),
+        absl::StrCat("127.0.0.1:", ports[1])};
+    servers = StartBehind(config, ports, [&](int s) {
+      std::vector<std::string> peers = direct;
+      if (s == 0) peers[1] = to_backup->address();
+      return peers;
+    });
+    if (servers.size() != 2) return;
+    worker::PsClientOptions options;
+    options.server_addresses = direct;
+    options.config = config;
+    options.worker_rank = 0;
+    options.num_workers = 2;
+    options.connect_timeout = absl::Seconds(10);
+    absl::StatusOr<std::unique_ptr<worker::PsClient>> connected =
+        worker::PsClient::Connect(options);
+    EXPECT_TRUE(connected.ok()) << connected.status();
+    if (connected.ok()) client = *std::move(connected);
+  }
+  bool ready() const { return client != nullptr; }
+
+  std::vector<int> ports;
+  std::unique_ptr<testutil::TcpProxy> to_backup;
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  std::unique_ptr<worker::PsClient> client;
+};
+
 TEST(ReplicationTest, APartitionBetweenPrimaryAndBackupHealsIntoProtectionAgain) {
   const TrainingConfig config = PlainSgd();
-  std::vector<int> ports = {FreePort(), FreePort()};
-  // Shard 0's process reaches shard 1's (its range's backup) through the
-  // proxy; everyone else directly.
-  testutil::TcpProxy to_backup(ports[1]);
-  ASSERT_NE(to_backup.port(), 0);
-  const std::vector<std::string> direct = {absl::StrCat("127.0.0.1:", ports[0]),
-                                           absl::StrCat("127.0.0.1:", ports[1])};
-  std::vector<std::unique_ptr<ShardServer>> servers =
-      StartBehind(config, ports, [&](int s) {
-        std::vector<std::string> peers = direct;
-        if (s == 0) peers[1] = to_backup.address();
-        return peers;
-      });
-  ASSERT_EQ(servers.size(), 2u);
-  worker::PsClientOptions options;
-  options.server_addresses = direct;
-  options.config = config;
-  options.worker_rank = 0;
-  options.num_workers = 2;
-  options.connect_timeout = absl::Seconds(10);
-  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
-      worker::PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  PartitionablePair pair(config);
+  ASSERT_TRUE(pair.ready());
+  testutil::TcpProxy& to_backup = *pair.to_backup;
+  std::vector<std::unique_ptr<ShardServer>>& servers = pair.servers;
+  std::unique_ptr<worker::PsClient>* client = &pair.client;
   const std::vector<float> ones(8, 1.0f);
   ASSERT_OK((*client)->Push(ones, {0, 0}, 4));
 
@@ -1507,28 +1525,11 @@ TEST(ReplicationTest, APartitionHealsIntoProtectionAgainWhenOnlyRowsArePushed) {
       "layer_sizes: [3, 2] mode: DOWNPOUR optimizer: SGD learning_rate: 0.5 "
       "momentum: 0 sparse_buckets: 64 sparse_tables { name: 'emb' dim: 2 "
       "optimizer: SPARSE_SGD max_rows: 100 }");
-  std::vector<int> ports = {FreePort(), FreePort()};
-  testutil::TcpProxy to_backup(ports[1]);
-  ASSERT_NE(to_backup.port(), 0);
-  const std::vector<std::string> direct = {
-      absl::StrCat("127.0.0.1:", ports[0]),
-      absl::StrCat("127.0.0.1:", ports[1])};
-  std::vector<std::unique_ptr<ShardServer>> servers =
-      StartBehind(config, ports, [&](int s) {
-        std::vector<std::string> peers = direct;
-        if (s == 0) peers[1] = to_backup.address();
-        return peers;
-      });
-  ASSERT_EQ(servers.size(), 2u);
-  worker::PsClientOptions options;
-  options.server_addresses = direct;
-  options.config = config;
-  options.worker_rank = 0;
-  options.num_workers = 2;
-  options.connect_timeout = absl::Seconds(10);
-  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
-      worker::PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  PartitionablePair pair(config);
+  ASSERT_TRUE(pair.ready());
+  testutil::TcpProxy& to_backup = *pair.to_backup;
+  std::vector<std::unique_ptr<ShardServer>>& servers = pair.servers;
+  std::unique_ptr<worker::PsClient>* client = &pair.client;
   uint64_t id = 0;  // a row of range 0
   while (common::ShardOfId(id, 64, 2) != 0) ++id;
   const std::vector<float> grads = {1, -1};
