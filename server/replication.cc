@@ -1015,7 +1015,10 @@ void Replication::TellBackupRowsLaterLocked(const SparsePushRequest& request,
   // A row push far ahead of the backup's count: it cannot apply it, stops
   // following (RowsDiverged) and will not take the range over. A range
   // whose workers push only rows would otherwise never tell it.
-  auto notice = std::make_shared<SparsePushRequest>(request);
+  // Never applied, so it carries no rows.
+  auto notice = std::make_shared<SparsePushRequest>();
+  *notice->mutable_caller() = request.caller();
+  notice->set_table(request.table());
   notice->mutable_caller()->set_shard(options_.range);
   notice->set_from_primary(true);
   notice->set_replica_epoch(epoch_);

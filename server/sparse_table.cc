@@ -137,8 +137,9 @@ absl::Status SparseTable::Pull(absl::Span<const uint64_t> ids,
   // after their loads were started, so that the misses overlap.
   std::vector<uint32_t> slots(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (i + kPrefetchAhead < ids.size())
+    if (i + kPrefetchAhead < ids.size()) {
       index_.prefetch(ids[i + kPrefetchAhead]);
+    }
     auto it = index_.find(ids[i]);
     slots[i] = it == index_.end() ? kNoSlot : it->second;
   }
@@ -265,16 +266,16 @@ absl::StatusOr<SparsePushResult> SparseTable::Push(
     return status;
   };
   // Look every id up, and count the rows the push would create, before
-  // writing anything. kNone: no row; kNotAdmitted: no row, and none made.
-  constexpr uint32_t kNone = kNoSlot;
-  std::vector<uint32_t> slots(ids.size(), kNone);
+  // writing anything. kNoSlot: no row.
+  std::vector<uint32_t> slots(ids.size(), kNoSlot);
   std::vector<uint32_t> counts(ids.size(), 0);  // pushes of a pending id
   absl::flat_hash_set<uint64_t> in_push;
   in_push.reserve(ids.size());
   int64_t existing = 0, admitted_new = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (i + kPrefetchAhead < ids.size())
+    if (i + kPrefetchAhead < ids.size()) {
       index_.prefetch(ids[i + kPrefetchAhead]);
+    }
     if (!in_push.insert(ids[i]).second) {
       return refuse_locked(absl::InvalidArgumentError(absl::StrCat(
           "sparse table '", name, "': id ", ids[i],
@@ -316,8 +317,8 @@ absl::StatusOr<SparsePushResult> SparseTable::Push(
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i + kPrefetchAhead < ids.size()) PrefetchRow(slots[i + kPrefetchAhead]);
     uint32_t slot = slots[i];
-    if (slot != kNone) slots_[slot].last_pushed = step;
-    if (slot == kNone) {
+    if (slot != kNoSlot) slots_[slot].last_pushed = step;
+    if (slot == kNoSlot) {
       if (!Admits(ids[i], counts[i])) {
         if (pending_.size() >= static_cast<size_t>(max_rows) &&
             !pending_.contains(ids[i])) {
