@@ -5,8 +5,10 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 #include <netinet/in.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -1119,6 +1122,12 @@ class ScriptedShard : public ParameterService::CallbackService {
     std::lock_guard<std::mutex> lock(mu_);
     script_ = std::move(codes);
   }
+  // From now on, Register answers UNAVAILABLE for as long as `unavailable`
+  // says so (called on each Register, under the shard's lock).
+  void UnavailableWhile(std::function<bool()> unavailable) {
+    std::lock_guard<std::mutex> lock(mu_);
+    unavailable_ = std::move(unavailable);
+  }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -1131,6 +1140,8 @@ class ScriptedShard : public ParameterService::CallbackService {
       if (!script_.empty()) {
         code = script_.front();
         script_.pop_front();
+      } else if (unavailable_ && unavailable_()) {
+        code = grpc::StatusCode::UNAVAILABLE;
       }
     }
     if (code != grpc::StatusCode::OK) {
@@ -1149,6 +1160,7 @@ class ScriptedShard : public ParameterService::CallbackService {
   const uint64_t params_;
   std::mutex mu_;
   std::deque<grpc::StatusCode> script_;
+  std::function<bool()> unavailable_;
   int registrations_ = 0;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
@@ -1205,6 +1217,57 @@ TEST(PsClientTest, ReconnectEndsAtOnceForAStopOrARefusal) {
   EXPECT_THAT(client->Reconnect(absl::Seconds(30), absl::ZeroDuration()),
               StatusIs(absl::StatusCode::kCancelled));
   EXPECT_EQ(shard.registrations(), 2);
+}
+
+// Time this process did not run (a SIGSTOP here; a paused machine, a
+// process swapped out) is not taken as the shard's silence: a worker
+// stopped for longer than its whole connect timeout, while the shard was
+// not answering yet, still registers once it runs again.
+TEST(PsClientTest, TimeThisProcessDidNotRunDoesNotCountAgainstTheWait) {
+  const TrainingConfig config = ResolvedConfig(kSmallConfig);
+  ScriptedShard shard(config, {});
+  // The first Register starts a helper that stops this process for 3 s;
+  // the shard answers UNAVAILABLE until the helper has ended, that is until
+  // this process runs again.
+  std::mutex mu;
+  pid_t helper = 0;
+  bool helper_ended = false;
+  shard.UnavailableWhile([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    if (helper == 0) {
+      const std::string script = absl::StrCat(
+          "kill -STOP ", getpid(), "; sleep 3; kill -CONT ", getpid());
+      std::vector<char*> argv = {const_cast<char*>("sh"),
+                                 const_cast<char*>("-c"),
+                                 const_cast<char*>(script.c_str()), nullptr};
+      if (posix_spawn(&helper, "/bin/sh", nullptr, nullptr, argv.data(),
+                      environ) != 0) {
+        helper = -1;
+      }
+      return true;
+    }
+    if (helper > 0 && !helper_ended) {
+      int status = 0;
+      helper_ended = waitpid(helper, &status, WNOHANG) == helper;
+    }
+    return !helper_ended;
+  });
+  PsClientOptions options;
+  options.server_addresses = {shard.address()};
+  options.config = config;
+  options.worker_rank = 0;
+  options.num_workers = 1;
+  options.connect_timeout = absl::Seconds(2);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(options);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_GT(helper, 0) << "could not start /bin/sh to stop this process";
+    if (!helper_ended) waitpid(helper, nullptr, 0);
+  }
+  ASSERT_TRUE(absl::Now() - start > absl::Seconds(3))
+      << "this process was not stopped";
+  EXPECT_OK(client.status());
 }
 
 TEST(PsClientTest, AFrozenShardIsUnavailableWithinThePeerTimeout) {

@@ -302,9 +302,16 @@ class PsClient : public ParameterClient, public RingRendezvous {
   // Registers with shard s, retrying with backoff while it is unreachable,
   // until `deadline`; logs the wait every `log_every` (zero: never). `why`
   // ends the message of the UNAVAILABLE it returns at the deadline.
+  // Time this process did not run (a stopped process, a paused machine)
+  // does not count: an attempt that ended over a second past its own
+  // deadline, or a backoff that did, is logged, and moves `deadline` by
+  // that time (NoteStall).
   absl::StatusOr<RegisterResponse> RegisterWith(int s, absl::Time deadline,
                                                 absl::Duration log_every,
                                                 const std::string& why);
+  void NoteStall(int s, absl::Duration stall, absl::Time* deadline);
+  // How long TakeOver waits for the backup's answer at most.
+  static constexpr absl::Duration kTakeOverWait = absl::Seconds(2);
   // With replicas: asks the backup of shard s's range (the next shard's
   // process) to take the range over, within `deadline`; on success the
   // calls for shard s go there from now on (logged with `why`, what shard

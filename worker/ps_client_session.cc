@@ -16,6 +16,19 @@
 #include "worker/ps_client.h"
 
 namespace monsoon::worker {
+namespace {
+
+// How long this process did not run while it waited for something due by
+// `due` that it saw end at `end` (a stopped process, a paused machine): the
+// time past `due`, where that is more than a second (a call may end a
+// little after its deadline); zero otherwise. Such a time says nothing of
+// a shard, so it does not count against the wait for one.
+absl::Duration StallPast(absl::Time due, absl::Time end) {
+  const absl::Duration late = end - due;
+  return late > absl::Seconds(1) ? late : absl::ZeroDuration();
+}
+
+}  // namespace
 
 absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     int s, absl::Time deadline, absl::Duration log_every,
@@ -46,10 +59,20 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     const bool can_take_over = replicas_ > 0;
     context.set_wait_for_ready(!can_take_over);
     // Short attempts, so that a stop or a log line is never far off.
-    context.set_deadline(
-        absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
+    const absl::Time attempt_due =
+        std::min(deadline, absl::Now() + absl::Seconds(1));
+    context.set_deadline(absl::ToChronoTime(attempt_due));
     grpc::Status status = shard.stub->Register(&context, request, &response);
     if (status.ok()) return response;
+    // A failure that lasted far past its own deadline: this process did not
+    // run meanwhile, and the attempt is made again, with the wait extended
+    // by that time, rather than taken as the shard's silence.
+    absl::Time due = attempt_due;  // of the last call made
+    if (const absl::Duration stall = StallPast(due, absl::Now());
+        stall > absl::ZeroDuration()) {
+      NoteStall(s, stall, &deadline);
+      continue;
+    }
     // ALREADY_EXISTS: another worker holds this rank; if it has died (this
     // is its restart), its lease runs out soon. CANCELLED (this client's
     // stop was checked above): the call reached a shard that is shutting
@@ -79,6 +102,7 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
     if (can_take_over &&
         (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+      due = std::min(deadline, absl::Now() + kTakeOverWait);
       absl::StatusOr<RegisterResponse> taken =
           TakeOver(s, request, deadline, status.error_message());
       if (taken.ok()) return taken;
@@ -91,6 +115,11 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
                                          taken.status().message()));
     }
     const absl::Time now = absl::Now();
+    if (const absl::Duration stall = StallPast(due, now);
+        stall > absl::ZeroDuration()) {
+      NoteStall(s, stall, &deadline);
+      continue;
+    }
     if (now + backoff >= deadline &&
         status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
       return Annotate(common::ToAbslStatus(status), s, shard.address);
@@ -109,9 +138,24 @@ absl::StatusOr<RegisterResponse> PsClient::RegisterWith(
                   absl::ToDoubleSeconds(now - start), status.error_message());
       last_log = now;
     }
+    const absl::Time wake = absl::Now() + backoff;
     absl::SleepFor(backoff);
+    if (const absl::Duration stall = StallPast(wake, absl::Now());
+        stall > absl::ZeroDuration()) {
+      NoteStall(s, stall, &deadline);
+    }
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+}
+
+void PsClient::NoteStall(int s, absl::Duration stall, absl::Time* deadline) {
+  common::LogWarning(
+      "%s %d: this process did not run for %.1f s (stopped, or its machine "
+      "paused) while it waited for shard %d at %s; that time does not count "
+      "against the wait for the shard",
+      worker_rank_ >= 0 ? "worker" : "evaluator", std::max(worker_rank_, 0),
+      absl::ToDoubleSeconds(stall), s, shards_[s].address);
+  *deadline += stall;
 }
 
 PsClient::Shard PsClient::Connection(const std::string& address) const {
@@ -175,7 +219,7 @@ absl::StatusOr<RegisterResponse> PsClient::TakeOver(
   backup.Prepare(&context);
   // The backup asks the primary itself first (within half a second).
   context.set_deadline(
-      absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(2))));
+      absl::ToChronoTime(std::min(deadline, absl::Now() + kTakeOverWait)));
   RegisterResponse response;
   grpc::Status status = backup.stub->Register(&context, ask, &response);
   if (!status.ok()) {
