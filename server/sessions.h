@@ -50,6 +50,10 @@ class Sessions {
   absl::Status Check(int rank, uint64_t session) const;
   // A call from `rank`: renews its lease.
   void Touch(int rank);
+  // This shard's process did not run for `stall` (stopped, or its machine
+  // paused): no worker could reach it then, so that time does not count
+  // against any lease (each last call moves on by it).
+  void Forgive(absl::Duration stall);
   bool Alive(int rank, absl::Time now) const;
   // Time since the rank's last call (InfiniteDuration if it never called).
   absl::Duration SinceContact(int rank, absl::Time now) const;

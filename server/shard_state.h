@@ -197,6 +197,7 @@ class ShardState {
     return sessions_.Check(rank, session);
   }
   void Touch(int rank) { sessions_.Touch(rank); }
+  void ForgiveStall(absl::Duration stall) { sessions_.Forgive(stall); }
   bool Alive(int rank, absl::Time now) const {
     return sessions_.Alive(rank, now);
   }

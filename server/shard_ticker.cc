@@ -20,8 +20,23 @@ ShardTicker::ShardTicker(ShardState* state, UpdateRule* rule,
       serving_(std::move(serving)),
       last_log_(absl::Now()),
       thread_([this] {
-        while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
-          Tick(absl::Now());
+        constexpr absl::Duration kEvery = absl::Milliseconds(200);
+        absl::Time last = absl::Now();
+        while (!stop_.WaitForNotificationWithTimeout(kEvery)) {
+          const absl::Time now = absl::Now();
+          // A tick over a second late: this process did not run meanwhile
+          // (stopped, a paused machine), and no worker could reach it.
+          if (const absl::Duration late = now - last - kEvery;
+              late > absl::Seconds(1)) {
+            state_->ForgiveStall(late);
+            common::LogWarning(
+                "shard %d: this process did not run for %.1f s (stopped, or "
+                "its machine paused); that time does not count against the "
+                "workers' leases",
+                state_->shard(), absl::ToDoubleSeconds(late));
+          }
+          last = now;
+          Tick(now);
         }
       }) {}
 

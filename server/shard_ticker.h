@@ -3,7 +3,9 @@
 // live workers have all pushed closes; a waiting step logs whom it waits
 // for), waits past their deadline answered, waits that a lapsed or departed
 // worker no longer holds let go (bounded staleness), lapsed leases logged,
-// and a line of the shard's progress every `log_every`. The thread starts
+// and a line of the shard's progress every `log_every`. Time the process did
+// not run (a tick over a second late) does not count against the leases
+// (ShardState::ForgiveStall). The thread starts
 // in the constructor and is joined by Stop or the destructor.
 #ifndef MONSOON_SERVER_SHARD_TICKER_H_
 #define MONSOON_SERVER_SHARD_TICKER_H_

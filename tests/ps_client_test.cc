@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
@@ -1219,6 +1220,48 @@ TEST(PsClientTest, ReconnectEndsAtOnceForAStopOrARefusal) {
   EXPECT_EQ(shard.registrations(), 2);
 }
 
+// Stops this process (SIGSTOP, as a paused machine would) for `stop`, from
+// a helper process started by Start; Ended says whether the helper has
+// sent SIGCONT and ended, Wait waits for that. Thread-safe.
+class ProcessStopper {
+ public:
+  explicit ProcessStopper(absl::Duration stop) : stop_(stop) {}
+  ~ProcessStopper() { Wait(); }
+  // Starts the helper (once); false if it could not be started.
+  bool Start() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (helper_ != 0) return helper_ > 0;
+    const std::string script =
+        absl::StrFormat("kill -STOP %d; sleep %.1f; kill -CONT %d", getpid(),
+                        absl::ToDoubleSeconds(stop_), getpid());
+    std::vector<char*> argv = {const_cast<char*>("sh"), const_cast<char*>("-c"),
+                               const_cast<char*>(script.c_str()), nullptr};
+    if (posix_spawn(&helper_, "/bin/sh", nullptr, nullptr, argv.data(),
+                    environ) != 0) {
+      helper_ = -1;
+    }
+    return helper_ > 0;
+  }
+  bool Ended() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (helper_ > 0 && !ended_) {
+      ended_ = waitpid(helper_, nullptr, WNOHANG) == helper_;
+    }
+    return ended_;
+  }
+  void Wait() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (helper_ > 0 && !ended_)
+      ended_ = waitpid(helper_, nullptr, 0) == helper_;
+  }
+
+ private:
+  const absl::Duration stop_;
+  std::mutex mu_;
+  pid_t helper_ = 0;
+  bool ended_ = false;
+};
+
 // Time this process did not run (a SIGSTOP here; a paused machine, a
 // process swapped out) is not taken as the shard's silence: a worker
 // stopped for longer than its whole connect timeout, while the shard was
@@ -1226,31 +1269,13 @@ TEST(PsClientTest, ReconnectEndsAtOnceForAStopOrARefusal) {
 TEST(PsClientTest, TimeThisProcessDidNotRunDoesNotCountAgainstTheWait) {
   const TrainingConfig config = ResolvedConfig(kSmallConfig);
   ScriptedShard shard(config, {});
-  // The first Register starts a helper that stops this process for 3 s;
-  // the shard answers UNAVAILABLE until the helper has ended, that is until
-  // this process runs again.
-  std::mutex mu;
-  pid_t helper = 0;
-  bool helper_ended = false;
+  // The first Register stops this process for 3 s; the shard answers
+  // UNAVAILABLE until the process runs again.
+  ProcessStopper stopper(absl::Seconds(3));
+  std::atomic<bool> started{true};
   shard.UnavailableWhile([&] {
-    std::lock_guard<std::mutex> lock(mu);
-    if (helper == 0) {
-      const std::string script = absl::StrCat(
-          "kill -STOP ", getpid(), "; sleep 3; kill -CONT ", getpid());
-      std::vector<char*> argv = {const_cast<char*>("sh"),
-                                 const_cast<char*>("-c"),
-                                 const_cast<char*>(script.c_str()), nullptr};
-      if (posix_spawn(&helper, "/bin/sh", nullptr, nullptr, argv.data(),
-                      environ) != 0) {
-        helper = -1;
-      }
-      return true;
-    }
-    if (helper > 0 && !helper_ended) {
-      int status = 0;
-      helper_ended = waitpid(helper, &status, WNOHANG) == helper;
-    }
-    return !helper_ended;
+    if (!stopper.Start()) started = false;
+    return !stopper.Ended();
   });
   PsClientOptions options;
   options.server_addresses = {shard.address()};
@@ -1260,14 +1285,37 @@ TEST(PsClientTest, TimeThisProcessDidNotRunDoesNotCountAgainstTheWait) {
   options.connect_timeout = absl::Seconds(2);
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(options);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    ASSERT_GT(helper, 0) << "could not start /bin/sh to stop this process";
-    if (!helper_ended) waitpid(helper, nullptr, 0);
-  }
-  ASSERT_TRUE(absl::Now() - start > absl::Seconds(3))
+  stopper.Wait();
+  ASSERT_TRUE(started) << "could not start /bin/sh to stop this process";
+  ASSERT_GT(absl::Now() - start, absl::Seconds(3))
       << "this process was not stopped";
   EXPECT_OK(client.status());
+}
+
+// The same for a shard: time it did not run does not count against its
+// workers' leases (2 s here). Stopped for 3 s just after the worker's
+// push, it does not count the worker as gone.
+TEST(PsClientTest, TimeAShardDidNotRunDoesNotCountAgainstTheLeases) {
+  const TrainingConfig config = ResolvedConfig(
+      "layer_sizes: [6, 5, 3] mode: DOWNPOUR optimizer: SGD learning_rate: 1 "
+      "momentum: 0 chunk_bytes: 262144");
+  std::vector<std::unique_ptr<server::ShardServer>> servers =
+      StartShards(config, 1, 1);
+  ASSERT_EQ(servers.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Connect(OptionsFor(servers, config)));
+  ASSERT_OK(client->Push(Ramp53(), {0}, 4));
+  const absl::Time start = absl::Now();
+  ProcessStopper stopper(absl::Seconds(3));
+  ASSERT_TRUE(stopper.Start()) << "could not start /bin/sh";
+  stopper.Wait();
+  ASSERT_GT(absl::Now() - start, absl::Seconds(3))
+      << "this process was not stopped";
+  // The ticker's next ticks (five a second) have run.
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_LT(servers[0]->state()->SinceContact(0, absl::Now()),
+            testutil::kTestLease);
+  EXPECT_TRUE(servers[0]->state()->Alive(0, absl::Now()));
 }
 
 TEST(PsClientTest, AFrozenShardIsUnavailableWithinThePeerTimeout) {

@@ -265,6 +265,23 @@ TEST(ShardStateTest, ALapsedLeaseIsReportedOnceUntilTheRankCallsAgain) {
   EXPECT_EQ(again[0].first, 1);
 }
 
+// Time the shard's process did not run (ForgiveStall) does not count
+// against a lease: a rank silent for 60 s of which the shard ran 5 is live
+// (lease 10 s), and lapses once the shard has run 10 s since its call.
+TEST(ShardStateTest, TimeTheShardDidNotRunDoesNotCountAgainstALease) {
+  ShardState state(Layout(), 1, 0, 1);
+  state.set_lease(absl::Seconds(10));
+  ASSERT_TRUE(state.OpenSession(0, 11).ok());
+  state.Touch(0);
+  const absl::Time now = absl::Now();
+  state.ForgiveStall(absl::Seconds(55));
+  EXPECT_TRUE(state.Alive(0, now + absl::Seconds(60)));
+  EXPECT_THAT(state.NewlyLapsed(now + absl::Seconds(60)), IsEmpty());
+  EXPECT_LT(state.SinceContact(0, now + absl::Seconds(60)), absl::Seconds(6));
+  EXPECT_FALSE(state.Alive(0, now + absl::Seconds(66)));
+  EXPECT_THAT(state.NewlyLapsed(now + absl::Seconds(66)), SizeIs(1));
+}
+
 // Bounded staleness (SSP): with max_staleness 1 and batches of 4, a pull
 // of a worker more than 1 step ahead of the slowest live worker waits, and
 // goes when the slowest advances, leaves, or stops calling for its lease.
