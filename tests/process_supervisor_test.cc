@@ -100,5 +100,39 @@ TEST(ProcessSupervisorTest, SendsEachChildItsStopSignal) {
   EXPECT_EQ(lines, (std::vector<std::string>{"evaluator: INT", "plain: TERM"}));
 }
 
+// A launcher started with `&` from a script ignores SIGINT (and a child
+// inherits what its parent ignores, which a shell then cannot trap): the
+// children still get their stop signals.
+TEST(ProcessSupervisorTest, StopsChildrenWithSignalsTheSupervisorIgnores) {
+  struct sigaction ignore = {};
+  ignore.sa_handler = SIG_IGN;
+  struct sigaction before_int = {};
+  struct sigaction before_term = {};
+  ASSERT_EQ(sigaction(SIGINT, &ignore, &before_int), 0);
+  ASSERT_EQ(sigaction(SIGTERM, &ignore, &before_term), 0);
+  std::vector<std::string> lines;
+  {
+    ProcessSupervisor supervisor;
+    int up = 0;
+    CollectLines(supervisor, &lines, &up);
+    const std::vector<std::string> argv = {
+        "/bin/sh", "-c",
+        "trap 'echo TERM; exit 0' TERM; trap 'echo INT; exit 0' INT; echo up; "
+        "while :; do sleep 0.02; done"};
+    absl::StatusOr<int> plain = supervisor.Start("plain", argv);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<int> evaluator = supervisor.Start("evaluator", argv);
+    ASSERT_TRUE(evaluator.ok()) << evaluator.status();
+    supervisor.SetStopSignal(*evaluator, SIGINT);
+    ASSERT_TRUE(
+        supervisor.Pump([&] { return up == 2; }, absl::Seconds(30)).ok());
+    supervisor.StopAll(absl::Seconds(30));
+  }
+  sigaction(SIGINT, &before_int, nullptr);
+  sigaction(SIGTERM, &before_term, nullptr);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"evaluator: INT", "plain: TERM"}));
+}
+
 }  // namespace
 }  // namespace monsoon::tools

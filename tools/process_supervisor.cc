@@ -22,6 +22,10 @@ extern char** environ;
 namespace monsoon::tools {
 namespace {
 
+// Signals a child gets with their default action, whatever the supervisor
+// ignores (a shell resets them so for the commands it starts).
+constexpr int kDefaultedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE};
+
 sigset_t SupervisedSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -98,6 +102,14 @@ absl::StatusOr<int> ProcessSupervisor::Start(
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    // The stop signals as a shell would give a command, whatever this
+    // process ignores: a launcher started with `&` from a script ignores
+    // SIGINT, and a child that inherited that could not be stopped with it.
+    struct sigaction default_action = {};
+    default_action.sa_handler = SIG_DFL;
+    for (int signal : kDefaultedSignals) {
+      sigaction(signal, &default_action, nullptr);
+    }
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     execve(args[0], args.data(), envp.data());
@@ -259,7 +271,12 @@ absl::StatusOr<int> RunCommand(const std::vector<std::string>& argv,
   sigset_t none;
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  sigset_t defaulted;
+  sigemptyset(&defaulted);
+  for (int signal : kDefaultedSignals) sigaddset(&defaulted, signal);
+  posix_spawnattr_setsigdefault(&attributes, &defaulted);
+  posix_spawnattr_setflags(&attributes,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   std::vector<char*> args;
   for (const std::string& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
