@@ -368,14 +368,14 @@ TEST(ReplicationTest, AClientThatStartsAfterTheFirstShardDiedFindsItsBackup) {
   pair.servers[0]->Shutdown(absl::ZeroDuration());
   pair.servers[0].reset();
   // The client has heard from no shard yet: it learns from shard 1's
-  // process that it holds a copy of shard 0's range, and has it take over.
+  // process that it holds a copy of shard 0's range, and has it take over
+  // (a client that waited for shard 0's process would give up at the
+  // connect timeout).
   worker::PsClientOptions options = pair.Client(config, 1);
   options.connect_timeout = absl::Seconds(20);
-  const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
       worker::PsClient::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ((*client)->ledger().take_overs, 1);
   EXPECT_EQ(pair.servers[1]->backup_replication()->role(),
             Replication::Role::kDegraded);
