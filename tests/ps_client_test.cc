@@ -39,6 +39,7 @@
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
 #include "tests/local_shards.h"
+#include "tests/running_time.h"
 #include "tests/status_matchers.h"
 #include "tests/tcp_proxy.h"
 #include "tests/test_util.h"
@@ -824,12 +825,12 @@ TEST_F(SyncTwoWorkersTest,
   }
   ASSERT_EQ(servers[1]->state()->version(), 1);
   absl::SleepFor(absl::Milliseconds(200));
-  const absl::Time lost = absl::Now();
+  testutil::RunningTime lost;
   servers[1].reset();
   EXPECT_THAT(push->Wait(), StatusIs(absl::StatusCode::kUnavailable,
                                      HasSubstr("shard 1 at 127.0.0.1:")));
   // Within a few of the wait's 100 ms ticks, not the pull's 60 s.
-  EXPECT_LT(absl::Now() - lost, absl::Seconds(10));
+  EXPECT_LT(lost.Elapsed(), absl::Seconds(10));
 }
 
 TEST(PsClientTest, SyncPushPullPastTheTimeoutIsDeadlineExceeded) {
@@ -1290,6 +1291,18 @@ TEST(PsClientTest, TimeThisProcessDidNotRunDoesNotCountAgainstTheWait) {
   ASSERT_GT(absl::Now() - start, absl::Seconds(3))
       << "this process was not stopped";
   EXPECT_OK(client.status());
+}
+
+// The tests' stopwatch leaves out the time the process was stopped.
+TEST(PsClientTest, RunningTimeLeavesOutTimeTheProcessDidNotRun) {
+  testutil::RunningTime running;
+  const absl::Time start = absl::Now();
+  ProcessStopper stopper(absl::Seconds(3));
+  ASSERT_TRUE(stopper.Start()) << "could not start /bin/sh";
+  stopper.Wait();
+  ASSERT_GT(absl::Now() - start, absl::Seconds(3))
+      << "this process was not stopped";
+  EXPECT_LT(running.Elapsed(), absl::Seconds(1));
 }
 
 // The same for a shard: time it did not run does not count against its
