@@ -1252,8 +1252,16 @@ class ProcessStopper {
   }
   void Wait() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (helper_ > 0 && !ended_)
+    if (helper_ > 0 && !ended_) {
       ended_ = waitpid(helper_, nullptr, 0) == helper_;
+    }
+  }
+  // Start, then Wait: a test failure unless this process was stopped.
+  void StopNow() {
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(Start()) << "could not start /bin/sh";
+    Wait();
+    ASSERT_GT(absl::Now() - start, stop_) << "this process was not stopped";
   }
 
  private:
@@ -1296,12 +1304,7 @@ TEST(PsClientTest, TimeThisProcessDidNotRunDoesNotCountAgainstTheWait) {
 // The tests' stopwatch leaves out the time the process was stopped.
 TEST(PsClientTest, RunningTimeLeavesOutTimeTheProcessDidNotRun) {
   testutil::RunningTime running;
-  const absl::Time start = absl::Now();
-  ProcessStopper stopper(absl::Seconds(3));
-  ASSERT_TRUE(stopper.Start()) << "could not start /bin/sh";
-  stopper.Wait();
-  ASSERT_GT(absl::Now() - start, absl::Seconds(3))
-      << "this process was not stopped";
+  ASSERT_NO_FATAL_FAILURE(ProcessStopper(absl::Seconds(3)).StopNow());
   EXPECT_LT(running.Elapsed(), absl::Seconds(1));
 }
 
@@ -1318,12 +1321,7 @@ TEST(PsClientTest, TimeAShardDidNotRunDoesNotCountAgainstTheLeases) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
                        PsClient::Connect(OptionsFor(servers, config)));
   ASSERT_OK(client->Push(Ramp53(), {0}, 4));
-  const absl::Time start = absl::Now();
-  ProcessStopper stopper(absl::Seconds(3));
-  ASSERT_TRUE(stopper.Start()) << "could not start /bin/sh";
-  stopper.Wait();
-  ASSERT_GT(absl::Now() - start, absl::Seconds(3))
-      << "this process was not stopped";
+  ASSERT_NO_FATAL_FAILURE(ProcessStopper(absl::Seconds(3)).StopNow());
   // The ticker's next ticks (five a second) have run.
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_LT(servers[0]->state()->SinceContact(0, absl::Now()),
